@@ -1,0 +1,47 @@
+"""One proxy per run directory (SPEC section 3): a `filelock` lock held for the proxy's life.
+
+The lock is an advisory flock on `.proxy.lock`: the kernel releases it when the holder dies, so a
+lock left by a dead process never blocks, and its descriptor is close-on-exec, so the worker never
+inherits it. `.proxy.owner.json` names the holder (host, pid, start time) for the refusal message.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+from filelock import FileLock, Timeout
+
+from shared.atomic_io import atomic_write_json
+from shared.run_layout import RunLayout
+
+
+class RunLockError(RuntimeError):
+    """Another live proxy owns the run directory; the message names its host and pid."""
+
+
+class RunLock:
+    def __init__(self, layout: RunLayout) -> None:
+        self.layout = layout
+        self._lock = FileLock(str(layout.proxy_lock), timeout=0)
+
+    def acquire(self) -> None:
+        """Take the lock or raise RunLockError naming the holder."""
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            try:
+                o = json.loads(self.layout.proxy_owner.read_text())
+                who = f"proxy pid {o['pid']} on host {o['host']} (since {time.ctime(o['started_at'])})"
+            except (OSError, ValueError, KeyError):
+                who = "another proxy (owner file unreadable)"
+            raise RunLockError(
+                f"{self.layout.root}: already owned by {who}; stop it first "
+                f"(kill -TERM <pid>) or use another --run-dir") from None
+        atomic_write_json(self.layout.proxy_owner, {"host": socket.gethostname(), "pid": os.getpid(),
+                                                    "started_at": time.time()})
+
+    def release(self) -> None:
+        if self._lock.is_locked:
+            self._lock.release()

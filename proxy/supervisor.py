@@ -1,0 +1,392 @@
+"""Supervision of the worker (SPEC section 6): spawn, forward signals, file reports, restart.
+
+One incarnation = resolve the resume point, make the history and the bandit describe exactly that
+checkpoint, post the policies, spawn `python -m worker` (argv list, no shell, its own session),
+then watch: file every report into the sidecars, forward signals, detect crash and hang. A worker
+that exits non-zero or hangs is restarted from the newest valid checkpoint with back-off, up to
+`max_restarts`; SIGTERM/SIGINT/SIGHUP to the proxy stop the worker cleanly and exit 0.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from proxy.mixture import MixtureController, Phase
+from proxy.run_setup import read_phases, write_phases
+from proxy.sidecars import SamplesLog, read_json_tolerant, write_state
+from shared.atomic_io import atomic_write_json
+from shared.checkpoint_format import clean_stale_temporaries, find_latest_valid
+from shared.checkpoint_manifest import manifest_checksums, read_manifest
+from shared.config import RunConfig
+from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
+from shared.loss_history import LossHistory, read_records
+from shared.run_layout import RunLayout
+
+log = logging.getLogger("proxy")
+
+EXIT_FATAL_WORKER = 3       # worker/trainer.py EXIT_FATAL: do not restart
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class SupervisorError(RuntimeError):
+    """The run cannot go on; the message says why and what to do. Exit code 1 or 2."""
+
+    def __init__(self, msg: str, code: int = 1) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+@dataclass
+class ProxyOptions:
+    """Options of `python -m proxy run` that are not part of run.json (they may differ per start)."""
+
+    max_steps: int | None = None       # None: run.json's
+    usr1_at: str = "step"
+    device: str = "auto"
+    keep_last: int = 3
+    keep_every: int = 10000
+    max_restarts: int = 3
+    hang_timeout: float = 300.0        # seconds without a report before the worker counts as hung
+    stop_timeout: float = 120.0        # seconds a stopping worker gets before SIGKILL
+    print_every: int = 10              # steps between progress lines
+    samples_keep: int = 50             # audits kept in .samples.json
+    from_scratch: bool = False         # allow step 0 when history exists but no checkpoint does
+    pivot: dict | None = None          # {"label", "caps", "floors"}: start a new phase at resume
+    backoff: float = 1.0               # first restart delay, seconds (doubles, max 30)
+    stop_at_step: int | None = None    # ask the worker to checkpoint and stop here (pivot)
+
+
+@dataclass
+class LiveStats:
+    step: int = 0
+    loss: float | None = None
+    ema: float | None = None
+    tok_per_s: float | None = None
+    last_checkpoint: dict | None = None
+    recent: list = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, layout: RunLayout, cfg: RunConfig, opts: ProxyOptions) -> None:
+        self.layout, self.cfg, self.opts = layout, cfg, opts
+        self.max_steps = opts.max_steps or cfg.max_steps
+        self.arm_names = sorted(a.name for a in cfg.arms)
+        self.stop_requested: str | None = None
+        self.usr1_pending = 0
+        self.stats = LiveStats()
+        self.proc: subprocess.Popen | None = None
+        self._status_t = 0.0
+
+    # ------------------------------------------------------------------ signals
+    def install_signal_handlers(self) -> None:
+        def on_stop(signum, frame):
+            if self.stop_requested is None:
+                self.stop_requested = signal.Signals(signum).name
+
+        def on_usr1(signum, frame):
+            self.usr1_pending += 1
+
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, on_stop)
+        signal.signal(signal.SIGUSR1, on_usr1)
+
+    # ------------------------------------------------------------------ resume point
+    def _resolve_resume(self, history: LossHistory) -> tuple[int, Path | None]:
+        root = self.layout.root
+        for p in clean_stale_temporaries(root):
+            log.info("removed stale temporary %s", p.name)
+        checks = manifest_checksums(read_manifest(root))
+        info, rejected = find_latest_valid(root, self.cfg.n_params, checks)
+        for path, why in rejected:
+            log.warning("rejected %s: %s (file kept)", path.name, why)
+        if info is None:
+            if history.last_step and not self.opts.from_scratch:
+                raise SupervisorError(
+                    f"{root}: the history holds {len(history):,} records (to step "
+                    f"{history.last_step:,}) but no valid checkpoint exists"
+                    + (f" ({len(rejected)} rejected, see above)" if rejected else "")
+                    + "; restore a checkpoint, or pass --from-scratch to start again from step 0 "
+                    "(the history past 0 is then moved to .loss.rewound.json)", code=2)
+            return 0, None
+        if rejected:
+            log.warning("resuming from %s instead", info.path.name)
+        return info.step, info.path
+
+    def _align_history(self, history: LossHistory, step: int) -> None:
+        if history.last_step is not None and history.last_step > step:
+            n = history.rewind(step, self.layout.loss_rewound,
+                               f"resumed from step {step}; records past it moved aside")
+            log.warning("%s: %d records past step %d moved to %s (they do not match the "
+                        "checkpoint loaded)", self.layout.loss.name, n, step,
+                        self.layout.loss_rewound.name)
+        elif (history.last_step or 0) < step:
+            log.warning("%s ends at step %s but the checkpoint is step %d: the history has a gap",
+                        self.layout.loss.name, history.last_step, step)
+
+    def _prepare_mixture(self, step: int) -> MixtureController:
+        phases = read_phases(self.layout)
+        phases = [p for p in phases if p.start_step <= step] or phases[:1]
+        records_of = lambda ph: read_records(self.layout.loss, ph.start_step + 1, step)
+        mix = self._replay(phases[-1], records_of(phases[-1]))
+        if self.opts.pivot is not None:
+            pv = self.opts.pivot
+            self.opts.pivot = None  # once: a restart after this resumes inside the new phase
+            new = Phase(index=phases[-1].index + 1, label=pv["label"], start_step=step,
+                        caps=pv["caps"], floors=pv["floors"],
+                        prior=mix.bandit.probabilities(),
+                        lifetime_pulls=dict(mix.bandit.pulls_lifetime))
+            self._archive_phase(step)
+            phases.append(new)
+            write_phases(self.layout, phases)
+            log.info("pivot: phase %d %r starts at step %d with caps %s floors %s",
+                     new.index, new.label, step, new.caps, new.floors)
+            mix = self._replay(new, [])
+        return mix
+
+    def _replay(self, phase: Phase, records: list[dict]) -> MixtureController:
+        mix = MixtureController(self.arm_names, phase, self.cfg.reward, self.cfg.bandit_warmup,
+                                self.cfg.probe_every)
+        for r in records:
+            mix.observe(r)
+        return mix
+
+    def _archive_phase(self, step: int) -> None:
+        dest = self.layout.pivot_archive(step)
+        dest.mkdir(parents=True, exist_ok=True)
+        for p in (self.layout.samples, self.layout.state):
+            if p.exists():
+                p.replace(dest / p.name)
+        log.info("archived .samples.json and .state.json to %s", dest)
+
+    # ------------------------------------------------------------------ one incarnation
+    def _spawn(self, resume: Path | None) -> subprocess.Popen:
+        o = self.opts
+        argv = [sys.executable, "-m", "worker", "--run-dir", str(self.layout.root),
+                "--max-steps", str(self.max_steps), "--usr1-at", o.usr1_at, "--device", o.device,
+                "--parent-pid", str(os.getpid()), "--keep-last", str(o.keep_last),
+                "--keep-every", str(o.keep_every)]
+        if resume is not None:
+            argv += ["--resume-from", str(resume)]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        return subprocess.Popen(argv, env=env, start_new_session=True, close_fds=True)
+
+    def _post_policies(self, mix: MixtureController, first_period: int) -> None:
+        pols = mix.policies_from(first_period)
+        update_handshake(self.layout, lambda d: d.__setitem__("policies", pols))
+
+    def run(self) -> int:
+        """Supervise until the run finishes or is stopped; returns the exit code."""
+        history = LossHistory(self.layout.loss)
+        for msg in history.repairs:
+            log.warning("%s", msg)
+        restarts = 0
+        try:
+            while True:
+                outcome, rc = self._incarnation(history)
+                if outcome == "done":
+                    return 0
+                if outcome == "fatal":
+                    raise SupervisorError(f"worker exited with code {rc}: the run cannot go on "
+                                          f"(see the worker's log above); not restarting")
+                if self.stop_requested:
+                    log.error("worker ended badly (%s, code %s) while stopping", outcome, rc)
+                    return 1
+                restarts += 1
+                if restarts > self.opts.max_restarts:
+                    raise SupervisorError(
+                        f"worker {outcome} (code {rc}) and {self.opts.max_restarts} restarts are "
+                        "used up; see logs/ for the cause, fix it, then run again")
+                delay = min(30.0, self.opts.backoff * 2 ** (restarts - 1))
+                log.warning("worker %s (code %s): restart %d of %d in %.1f s from the newest "
+                            "valid checkpoint", outcome, rc, restarts, self.opts.max_restarts, delay)
+                self._sleep(delay)
+                if self.stop_requested:
+                    return 0
+        finally:
+            history.close()
+            self._write_status(force=True, alive=False)
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.stop_requested:
+            time.sleep(0.05)
+
+    def _incarnation(self, history: LossHistory) -> tuple[str, int | None]:
+        step, resume = self._resolve_resume(history)
+        self._align_history(history, step)
+        mix = self._prepare_mixture(step)
+        self._check_state_file(mix, step)
+        samples = SamplesLog(self.layout.samples, {"label": mix.phase.label, "index": mix.phase.index},
+                             self.opts.samples_keep)
+        samples.trim_after(step, self.layout.archive / "rewound-samples.json")
+        reset_handshake(self.layout)
+        if self.opts.stop_at_step is not None:
+            stop_at = self.opts.stop_at_step
+            update_handshake(self.layout, lambda d: d["control"].update(
+                stop_at_step=stop_at, reason="pivot"))
+        self._post_policies(mix, policy_period(step + 1, self.cfg.probe_every))
+        if step >= self.max_steps:
+            log.info("step %d already reaches --max-steps %d: nothing to do", step, self.max_steps)
+            return "done", 0
+        if self.stop_requested:
+            return "done", 0
+        log.info("starting worker: %s", f"resume from {resume.name}" if resume else "fresh run")
+        self.stats = LiveStats(step=step)
+        self.proc = self._spawn(resume)
+        return self._watch(mix, samples, history)
+
+    def _check_state_file(self, mix: MixtureController, step: int) -> None:
+        st = read_json_tolerant(self.layout.state, None)
+        replayed = mix.bandit.to_dict()
+        if st is None:
+            return
+        if st.get("step") != step or st.get("phase", {}).get("index") != mix.phase.index:
+            log.warning("%s describes step %s, not the loaded checkpoint's step %d: rebuilt by "
+                        "replaying the history", self.layout.state.name, st.get("step"), step)
+            write_state(self.layout.state, replayed)
+        elif st != replayed:
+            log.warning("%s differs from the replay of the history at step %d; the replay wins",
+                        self.layout.state.name, step)
+            write_state(self.layout.state, replayed)
+
+    # ------------------------------------------------------------------ watching
+    def _signal_worker(self, sig: int) -> None:
+        try:
+            os.kill(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _watch(self, mix: MixtureController, samples: SamplesLog,
+               history: LossHistory) -> tuple[str, int | None]:
+        reader = ReportReader(self.layout)
+        snapshots: dict[int, dict] = {}
+        posted_next = mix._next
+        last_report = time.monotonic()
+        stop_sent_at: float | None = None
+        hung = False
+        while True:
+            if self.stop_requested and stop_sent_at is None:
+                log.info("%s received: asking worker pid %d to checkpoint and stop",
+                         self.stop_requested, self.proc.pid)
+                self._signal_worker(signal.SIGTERM)
+                stop_sent_at = time.monotonic()
+            while self.usr1_pending:
+                self.usr1_pending -= 1
+                log.info("SIGUSR1 received: forwarding to worker pid %d", self.proc.pid)
+                self._signal_worker(signal.SIGUSR1)
+            reports = reader.read()
+            if reports:
+                last_report = time.monotonic()
+            for r in reports:
+                self._file_report(r, mix, samples, history, snapshots)
+            if mix._next != posted_next:
+                posted_next = mix._next
+                self._post_policies(mix, policy_period(mix.folded_through + 1, self.cfg.probe_every) - 1)
+            rc = self.proc.poll()
+            if rc is not None:
+                for r in reader.read():
+                    self._file_report(r, mix, samples, history, snapshots)
+                history.flush()
+                if hung:
+                    return "hung", rc
+                if rc == 0:
+                    return "done", 0
+                if rc == EXIT_FATAL_WORKER:
+                    return "fatal", rc
+                if self.stop_requested and stop_sent_at is not None and rc == -signal.SIGTERM:
+                    log.info("worker stopped by SIGTERM before it was ready; nothing was lost")
+                    return "done", 0
+                return "crashed", rc
+            now = time.monotonic()
+            if stop_sent_at is not None and now - stop_sent_at > self.opts.stop_timeout:
+                log.error("worker pid %d did not exit %.0f s after SIGTERM: killing its process "
+                          "group", self.proc.pid, self.opts.stop_timeout)
+                self._kill_group()
+                stop_sent_at = math.inf
+            if not hung and stop_sent_at is None and now - last_report > self.opts.hang_timeout:
+                log.error("worker pid %d sent no report for %.0f s (hung?): stopping it",
+                          self.proc.pid, self.opts.hang_timeout)
+                hung = True
+                self._signal_worker(signal.SIGTERM)
+                self._signal_worker(signal.SIGCONT)
+                stop_sent_at = now
+            self._write_status()
+            time.sleep(0.02)
+
+    def _file_report(self, r: dict, mix: MixtureController, samples: SamplesLog,
+                     history: LossHistory, snapshots: dict) -> None:
+        kind = r.get("type")
+        if kind == "step":
+            rec = {k: v for k, v in r.items() if k != "type"}
+            rec["phase"] = {"label": mix.phase.label, "index": mix.phase.index}
+            if history.last_step is not None and rec["step"] <= history.last_step:
+                return  # already filed (a replayed report after a crash)
+            history.append(rec)
+            mix.observe(rec)
+            self._progress(rec, mix)
+        elif kind == "checkpoint_started":
+            snapshots[r["step"]] = mix.bandit.to_dict()
+        elif kind == "checkpoint":
+            if r.get("error"):
+                log.error("checkpoint step %d (%s) failed: %s", r["step"], r["reason"], r["error"])
+                return
+            history.flush()
+            snap = snapshots.pop(r["step"], None)
+            if snap is not None:
+                write_state(self.layout.state, snap)
+            self.stats.last_checkpoint = {"step": r["step"], "file": r["file"], "reason": r["reason"]}
+            log.info("checkpoint %s (step %d, %s, %s bytes, %.2f s)", r["file"], r["step"],
+                     r["reason"], f"{r['bytes']:,}", r["seconds"])
+        elif kind == "audit":
+            samples.add(r)
+            for arm, a in r["arms"].items():
+                log.info("sample @%d [%s] held-out %.3f: %r", r["step"], arm, a["loss"],
+                         (a["prompt"] + a["text"])[:160])
+        elif kind == "hello":
+            log.info("worker pid %d up: %s, %s parameters, resumed from step %d, world size %d",
+                     r["pid"], r["device"], f"{r['n_params']:,}", r["resumed_from"], r["world_size"])
+            self.stats.worker = r
+        elif kind == "event":
+            log.info("worker event: %s", {k: v for k, v in r.items() if k != "type"})
+
+    def _progress(self, rec: dict, mix: MixtureController) -> None:
+        s = self.stats
+        s.step, s.loss = rec["step"], rec["loss"]
+        if rec["loss"] is not None and math.isfinite(rec["loss"]):
+            s.ema = rec["loss"] if s.ema is None else 0.95 * s.ema + 0.05 * rec["loss"]
+        s.recent = (s.recent + [(rec.get("step_time") or 0.0)])[-20:]
+        tokens_per_step = self.cfg.batch_size * self.cfg.model.block_size
+        if s.recent and sum(s.recent) > 0:
+            s.tok_per_s = tokens_per_step * len(s.recent) / sum(s.recent)
+        if rec["step"] % self.opts.print_every == 0 or rec["step"] == self.max_steps:
+            p = " ".join(f"{a}={v:.2f}" for a, v in sorted(rec.get("p", {}).items()))
+            loss = f"{rec['loss']:.4f}" if rec["loss"] is not None else "nan"
+            print(f"step {rec['step']:>6}/{self.max_steps} | loss {loss} (ema {s.ema or 0:.4f}) | "
+                  f"{s.tok_per_s or 0:,.0f} tok/s | lr {rec['lr']:.2e} | p {p}", flush=True)
+
+    def _write_status(self, force: bool = False, alive: bool = True) -> None:
+        now = time.monotonic()
+        if not force and now - self._status_t < 1.0:
+            return
+        self._status_t = now
+        s = self.stats
+        atomic_write_json(self.layout.root / ".status.json", {
+            "proxy_pid": os.getpid(), "proxy_alive": alive,
+            "worker_pid": self.proc.pid if self.proc and self.proc.poll() is None else None,
+            "step": s.step, "max_steps": self.max_steps, "loss": s.loss, "loss_ema": s.ema,
+            "tokens_per_s": s.tok_per_s, "last_checkpoint": s.last_checkpoint,
+            "time": time.time()})

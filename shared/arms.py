@@ -1,0 +1,169 @@
+"""Data sources (arms): read each arm's text, fingerprint it (SPEC section 7).
+
+The embedded default needs nothing downloaded: three arms built from the running Python
+installation's own files:
+  repo-docstrings  docstrings extracted (with `ast`) from standard-library modules
+  repo-code        the source code of those modules
+  python-docs      the reference documentation text that ships with Python (`pydoc_data`)
+Users add arms from text files/directories/globs, JSON Lines (a text field) or pre-tokenized
+uint16 token files (nanoGPT's format).
+
+What it is not: tokenization and batching (`shared/tokenizer.py`, `worker/data.py`).
+"""
+from __future__ import annotations
+
+import ast
+import glob
+import hashlib
+import json
+import os
+import sysconfig
+import warnings
+from pathlib import Path
+
+from shared.config import ArmSpec, ConfigError
+
+MAX_ARM_BYTES = 2_000_000  # text per arm read at creation; bounds tokenizer training and disk
+_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3", "turtledemo"}
+
+
+class ArmSourceError(ConfigError):
+    """An arm's source is missing or unreadable; the message names the arm and the path."""
+
+
+def _stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        out += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
+    return out
+
+
+def _docstrings(source: str) -> list[str]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    docs = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc and len(doc) > 20:
+                docs.append(doc)
+    return docs
+
+
+def _take(chunks, limit: int) -> str:
+    parts, total = [], 0
+    for c in chunks:
+        parts.append(c)
+        total += len(c) + 2
+        if total >= limit:
+            break
+    return "\n\n".join(parts)[:limit]
+
+
+def _python_docstrings(limit: int) -> str:
+    def gen():
+        for f in _stdlib_files():
+            for d in _docstrings(f.read_text(encoding="utf-8", errors="replace")):
+                yield d
+    return _take(gen(), limit)
+
+
+def _python_code(limit: int) -> str:
+    return _take((f.read_text(encoding="utf-8", errors="replace") for f in _stdlib_files()), limit)
+
+
+def _python_docs(limit: int) -> str:
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:
+        raise ArmSourceError("arm python-docs: this Python has no pydoc_data (reference docs); "
+                             "remove the arm or install a full Python") from e
+    return _take((topics[k] for k in sorted(topics)), limit)
+
+
+def _text_files(arm: ArmSpec) -> list[Path]:
+    p = Path(arm.source).expanduser()
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        return sorted(q for q in p.rglob("*") if q.is_file())
+    files = sorted(Path(x) for x in glob.glob(arm.source, recursive=True) if Path(x).is_file())
+    if not files:
+        raise ArmSourceError(f"arm {arm.name}: source {arm.source!r} matches no file; "
+                             "fix the path or remove the arm")
+    return files
+
+
+def _jsonl_text(arm: ArmSpec, limit: int) -> str:
+    def gen():
+        for f in _text_files(arm):
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                for lineno, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except ValueError:
+                        warnings.warn(f"{f}:{lineno}: not JSON, skipped (arm {arm.name})")
+                        continue
+                    text = obj.get(arm.field) if isinstance(obj, dict) else None
+                    if isinstance(text, str) and text:
+                        yield text
+    return _take(gen(), limit)
+
+
+def read_arm_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
+    """The text of a (non-token) arm, at most `limit` characters, deterministic for a source.
+
+    Raises ArmSourceError when the source is missing or yields no text.
+    """
+    if arm.kind == "python-docstrings":
+        text = _python_docstrings(limit)
+    elif arm.kind == "python-code":
+        text = _python_code(limit)
+    elif arm.kind == "python-docs":
+        text = _python_docs(limit)
+    elif arm.kind == "text":
+        text = _take((f.read_text(encoding="utf-8", errors="replace") for f in _text_files(arm)),
+                     limit)
+    elif arm.kind == "jsonl":
+        text = _jsonl_text(arm, limit)
+    else:
+        raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} has no text; "
+                             "kinds: python-docstrings, python-code, python-docs, text, jsonl, tokens")
+    if not text.strip():
+        raise ArmSourceError(f"arm {arm.name}: source {arm.source or arm.kind!r} gave no text")
+    return text
+
+
+def fingerprint_text(text: str) -> str:
+    """sha256 of the arm's UTF-8 text, as "sha256:<hex>"."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def fingerprint_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def parse_arm_option(text: str) -> ArmSpec:
+    """Parse `--arm NAME=KIND:SOURCE[:FIELD]`, e.g. `notes=text:docs/*.md`,
+    `chat=jsonl:data.jsonl:content`, `web=tokens:train.bin`. Raises ConfigError."""
+    name, sep, rest = text.partition("=")
+    kind, sep2, source = rest.partition(":")
+    if not sep or not sep2 or not name or not source:
+        raise ConfigError(f"--arm {text!r}: expected NAME=KIND:SOURCE[:FIELD] "
+                          "with KIND one of text, jsonl, tokens")
+    field = "text"
+    if kind == "jsonl" and ":" in source:
+        source, field = source.rsplit(":", 1)
+    if kind not in ("text", "jsonl", "tokens"):
+        raise ConfigError(f"--arm {text!r}: kind {kind!r} unknown; use text, jsonl or tokens")
+    return ArmSpec(name=name, kind=kind, source=source, field=field)

@@ -1,0 +1,83 @@
+"""Atomic small-file I/O for the run directory: write-to-temporary, fsync, rename, fsync dir.
+
+What it is: the one way `shared/`, `proxy/` and `worker/` write sidecar JSONs and other small
+files so that a reader never sees a half-written file, even after a kill or a power cut.
+What it is not: an appender (see `shared/loss_history.py`) or a checkpoint writer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+__all__ = ["fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json"]
+
+
+def fsync_dir(path) -> None:
+    """fsync a directory so that a rename or a create inside it survives a power cut."""
+    try:
+        fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # e.g. platforms that cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    """Replace `path` with `data` atomically: a temporary in the same directory, fsync, rename.
+
+    On any error the temporary is removed and the previous file (if any) is left intact.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                               dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+def atomic_write_json(path, obj: Any) -> None:
+    """Write `obj` as compact JSON plus a newline, atomically."""
+    text = json.dumps(obj, indent=None, separators=(",", ":")) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def read_json(path, default: Any = None) -> Any:
+    """Parse the JSON file at `path`; `default` when it does not exist.
+
+    Garbage raises ValueError naming the file and the byte offset of the first bad byte.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return default
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 at byte {e.start} ({len(raw)} bytes in file); "
+                         f"restore it from a backup or move it aside") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        offset = len(text[:e.pos].encode("utf-8"))
+        raise ValueError(f"{path}: invalid JSON at byte {offset} of {len(raw)} ({e.msg}); "
+                         f"restore it from a backup or move it aside") from None

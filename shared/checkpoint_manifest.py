@@ -1,0 +1,192 @@
+"""The checkpoint manifest ``checkpoints.json`` and the retention plan (SPEC 4 Manifest, Retention).
+
+What it is: a small JSON file beside the ``.bin`` files recording, per checkpoint, its step,
+file name, byte size, checksum, why it was written and whether it is pinned; plus the pure
+function that decides which checkpoints retention may delete.
+
+What it is not: the checkpoint format (``shared/checkpoint_format.py``); the ``.bin`` stays
+byte-exact and a ``.bin`` without an entry still loads. It deletes no checkpoint itself.
+One writer per run directory (the proxy's run lock, SPEC 3): read-modify-write is not locked.
+
+On disk:
+    {"format": "andrea-checkpoints/1",
+     "checkpoints": [{"step": 100, "file": "step_000100.bin", "nbytes": 68,
+                      "checksum": "crc32:2d4562e7", "reason": "cadence",
+                      "pinned": false, "time": 1764500000.0}, ...]}   # ascending step
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import warnings
+from dataclasses import asdict, dataclass
+
+from shared.checkpoint_format import INT32_MAX, fsync_directory
+
+MANIFEST_NAME = "checkpoints.json"
+MANIFEST_FORMAT = "andrea-checkpoints/1"
+REASONS = frozenset({"cadence", "sigusr1", "sigterm", "pivot", "final", "alarm"})
+
+
+@dataclass
+class ManifestEntry:
+    """One checkpoint's manifest record (SPEC 4 Manifest).
+
+    step: optimizer updates completed (= the file's header step), 0..INT32_MAX.
+    file: bare file name, e.g. "step_000100.bin". nbytes: file size in bytes.
+    checksum: "crc32:%08x" as returned by write_checkpoint / file_checksum.
+    reason: why it was written, one of REASONS. pinned: retention never deletes it.
+    time: when it became durable, seconds since the epoch (time.time()).
+    Raises ValueError from __post_init__ on a wrong type or value.
+    """
+
+    step: int
+    file: str
+    nbytes: int
+    checksum: str
+    reason: str
+    pinned: bool
+    time: float
+
+    def __post_init__(self):
+        for name in ("step", "nbytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"manifest entry {name} = {value!r}: must be an int >= 0")
+        if self.step > INT32_MAX:
+            raise ValueError(f"manifest entry step = {self.step:,}: exceeds int32")
+        if not isinstance(self.file, str) or not self.file or "/" in self.file:
+            raise ValueError(f"manifest entry file = {self.file!r}: must be a bare file name")
+        if not isinstance(self.checksum, str):
+            raise ValueError(f"manifest entry checksum = {self.checksum!r}: must be a str")
+        if self.reason not in REASONS:
+            raise ValueError(f"manifest entry reason = {self.reason!r}: must be one of "
+                             f"{', '.join(sorted(REASONS))}")
+        if not isinstance(self.pinned, bool):
+            raise ValueError(f"manifest entry pinned = {self.pinned!r}: must be true/false")
+        if isinstance(self.time, bool) or not isinstance(self.time, (int, float)):
+            raise ValueError(f"manifest entry time = {self.time!r}: must be a number")
+        self.time = float(self.time)
+
+
+def manifest_path(directory: os.PathLike | str) -> pathlib.Path:
+    """Path of the manifest in a run directory: ``directory / "checkpoints.json"`` (SPEC 4)."""
+    return pathlib.Path(directory) / MANIFEST_NAME
+
+
+def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
+    """The manifest of ``directory`` as {step: ManifestEntry} (SPEC 4 Manifest, SPEC 9).
+
+    A missing manifest gives {}. An unreadable or garbage file gives {} and a
+    warnings.warn (UserWarning) naming the file and what is wrong; a single bad entry is
+    skipped with a warning naming its index. Never raises for bad content.
+    """
+    path = manifest_path(directory)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        warnings.warn(f"{path}: cannot read the checkpoint manifest ({exc}); checkpoints "
+                      f"are validated without checksums", stacklevel=2)
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        warnings.warn(f"{path}: not valid JSON ({exc}); ignoring the manifest, checkpoints "
+                      f"are validated without checksums; it is rewritten at the next save",
+                      stacklevel=2)
+        return {}
+    records = doc.get("checkpoints") if isinstance(doc, dict) else None
+    if not isinstance(records, list):
+        warnings.warn(f"{path}: no 'checkpoints' list (format {MANIFEST_FORMAT} expected); "
+                      f"ignoring the manifest, it is rewritten at the next save",
+                      stacklevel=2)
+        return {}
+    entries: dict[int, ManifestEntry] = {}
+    for index, record in enumerate(records):
+        try:
+            if not isinstance(record, dict):
+                raise ValueError(f"expected an object, got {type(record).__name__}")
+            entry = ManifestEntry(**{k: record[k] for k in ManifestEntry.__dataclass_fields__})
+        except (KeyError, TypeError, ValueError) as exc:
+            warnings.warn(f"{path}: entry {index} skipped ({exc!s})", stacklevel=2)
+            continue
+        entries[entry.step] = entry
+    return entries
+
+
+def _write_manifest(directory: os.PathLike | str, entries: dict[int, ManifestEntry]) -> None:
+    path = manifest_path(directory)
+    tmp = path.with_name(f".{MANIFEST_NAME}.tmp-{os.getpid()}")
+    doc = {"format": MANIFEST_FORMAT,
+           "checkpoints": [asdict(entries[s]) for s in sorted(entries)]}
+    data = (json.dumps(doc, indent=1) + "\n").encode("utf-8")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_directory(path.parent)
+
+
+def record_checkpoint(directory: os.PathLike | str, entry: ManifestEntry) -> None:
+    """Add or replace the entry for ``entry.step`` in the manifest, atomically (SPEC 4).
+
+    Read-modify-write: read_manifest, set, write ``.checkpoints.json.tmp-{pid}``, fsync,
+    os.replace, fsync the directory. Call after the checkpoint itself is durable.
+    Raises OSError if the manifest cannot be written (the old manifest stays intact).
+    """
+    entries = read_manifest(directory)
+    entries[entry.step] = entry
+    _write_manifest(directory, entries)
+
+
+def remove_entries(directory: os.PathLike | str, steps) -> None:
+    """Drop the entries for ``steps`` (iterable of int) from the manifest, atomically.
+
+    Steps without an entry are ignored; nothing is written when nothing changes.
+    Raises OSError if the manifest cannot be written.
+    """
+    entries = read_manifest(directory)
+    drop = {int(s) for s in steps} & entries.keys()
+    if drop:
+        for step in drop:
+            del entries[step]
+        _write_manifest(directory, entries)
+
+
+def manifest_checksums(entries: dict[int, ManifestEntry]) -> dict[int, str]:
+    """{step: "crc32:%08x"} from read_manifest's result, for find_latest_valid (SPEC 4 Validity)."""
+    return {step: entry.checksum for step, entry in entries.items()}
+
+
+def plan_retention(steps: list[int], pinned: set[int], keep_last: int,
+                   keep_every: int) -> list[int]:
+    """Steps retention may delete, ascending (SPEC 4 Retention). Pure: touches no file.
+
+    steps: the checkpoints present (duplicates ignored). Keeps the newest ``keep_last``
+    (>= 2: the newest may still be being written), every step with
+    ``step % keep_every == 0`` when keep_every > 0 (0 disables), and every pinned step;
+    returns all the others.
+    Raises ValueError if keep_last < 2 or keep_every < 0.
+    """
+    if keep_last < 2:
+        raise ValueError(f"keep_last = {keep_last}: must be >= 2 (the newest checkpoint may "
+                         f"still be being written, SPEC 4 Retention)")
+    if keep_every < 0:
+        raise ValueError(f"keep_every = {keep_every}: must be >= 0 (0 disables it)")
+    ordered = sorted(set(steps))
+    newest = set(ordered[-keep_last:])
+    return [s for s in ordered
+            if s not in newest and s not in pinned
+            and not (keep_every > 0 and s % keep_every == 0)]

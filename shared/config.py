@@ -1,0 +1,211 @@
+"""Run configuration: model presets, the parameter table, and the resolved run config.
+
+This is the contract both sides read from `run.json` (SPEC section 3). It is pure Python (no torch,
+no numpy) so that the proxy can compute a model's exact parameter count and checkpoint size
+without building the model, and reject a mismatched checkpoint before anything starts.
+
+What it is not: the model itself (`worker/model.py`) or the CLI (`proxy/cli.py`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.checkpoint_format import INT32_MAX, expected_size
+
+DEFAULT_BPE_VOCAB = 2305  # the published ANDREA-12M vocabulary (SPEC section 5)
+
+
+class ConfigError(ValueError):
+    """A configuration value was refused; the message names the value, the rule and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture of a GPT: pre-norm, GELU MLP, learned positions, biases on, untied head.
+
+    The output head has no bias (nanoGPT's `lm_head`); that is what makes `andrea-12m` exactly
+    12,811,008 parameters with a 2305-token vocabulary (SPEC section 5).
+    """
+
+    n_layer: int    # transformer blocks
+    n_head: int     # attention heads per block
+    n_embd: int     # model width (channels)
+    block_size: int  # context length in tokens
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "block_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model {name}={getattr(self, name)} must be >= 1")
+        if self.n_embd % self.n_head:
+            raise ConfigError(
+                f"model n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
+                "pick a width that is a multiple of the head count")
+
+
+# Published ANDREA shapes (SPEC section 5). `andrea-tiny` is the CPU demo (about a million
+# parameters with the BPE vocabulary); `andrea-test` is for the test suite (tens of thousands).
+PRESETS: dict[str, ModelShape] = {
+    "andrea-test": ModelShape(n_layer=2, n_head=2, n_embd=32, block_size=32),
+    "andrea-tiny": ModelShape(n_layer=3, n_head=4, n_embd=128, block_size=128),
+    "andrea-12m": ModelShape(n_layer=6, n_head=12, n_embd=384, block_size=1024),
+    "andrea-120m": ModelShape(n_layer=12, n_head=12, n_embd=768, block_size=1024),
+}
+
+
+def parameter_table(shape: ModelShape, vocab_size: int) -> list[tuple[str, tuple[int, ...], int]]:
+    """The checkpoint's parameter order as (name, shape, offset in elements) rows.
+
+    Order = the model's parameter iterator (SPEC section 4): token embedding, position embedding,
+    per layer (ln_1, attention c_attn/c_proj, ln_2, MLP c_fc/c_proj, each weight then bias), the
+    final norm, then the output head. Linear weights are (out_features, in_features) as torch
+    stores them. Offsets count float32 elements from the start of each array region.
+    """
+    d, V = shape.n_embd, vocab_size
+    rows: list[tuple[str, tuple[int, ...]]] = [
+        ("transformer.wte.weight", (V, d)),
+        ("transformer.wpe.weight", (shape.block_size, d)),
+    ]
+    for i in range(shape.n_layer):
+        p = f"transformer.h.{i}."
+        rows += [
+            (p + "ln_1.weight", (d,)), (p + "ln_1.bias", (d,)),
+            (p + "attn.c_attn.weight", (3 * d, d)), (p + "attn.c_attn.bias", (3 * d,)),
+            (p + "attn.c_proj.weight", (d, d)), (p + "attn.c_proj.bias", (d,)),
+            (p + "ln_2.weight", (d,)), (p + "ln_2.bias", (d,)),
+            (p + "mlp.c_fc.weight", (4 * d, d)), (p + "mlp.c_fc.bias", (4 * d,)),
+            (p + "mlp.c_proj.weight", (d, 4 * d)), (p + "mlp.c_proj.bias", (d,)),
+        ]
+    rows += [("transformer.ln_f.weight", (d,)), ("transformer.ln_f.bias", (d,)),
+             ("lm_head.weight", (V, d))]
+    table, offset = [], 0
+    for name, shp in rows:
+        table.append((name, shp, offset))
+        offset += math.prod(shp)
+    return table
+
+
+def count_parameters(shape: ModelShape, vocab_size: int) -> int:
+    """Exact number of float32 parameters of `shape` with `vocab_size` tokens."""
+    name, shp, off = parameter_table(shape, vocab_size)[-1]
+    return off + math.prod(shp)
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One data source (SPEC section 7). `kind` is one of: python-docstrings, python-code,
+    python-docs (the embedded defaults, read from the running Python installation), text (a
+    file, directory or glob of text files), jsonl (JSON Lines with a text `field`), tokens
+    (pre-tokenized uint16 file, nanoGPT style)."""
+
+    name: str
+    kind: str
+    source: str = ""      # path or glob for text/jsonl/tokens; empty for the defaults
+    field: str = "text"   # JSON Lines field holding the text
+
+
+DEFAULT_ARMS: tuple[ArmSpec, ...] = (
+    ArmSpec("repo-docstrings", "python-docstrings"),
+    ArmSpec("repo-code", "python-code"),
+    ArmSpec("python-docs", "python-docs"),
+)
+
+
+@dataclass
+class RunConfig:
+    """Everything `run.json` holds, resolved at creation (SPEC section 3).
+
+    Units: steps are optimizer updates; `batch_size` is sequences per update (global, across
+    ranks); `lr` is the peak learning rate; `warmup_steps`/`lr_decay_steps` are steps.
+    """
+
+    preset: str = "andrea-tiny"
+    model: ModelShape = field(default_factory=lambda: PRESETS["andrea-tiny"])
+    tokenizer: str = "bpe"          # "bpe" (trained on the arms) or "bytes" (vocabulary 256)
+    vocab_size: int = DEFAULT_BPE_VOCAB
+    seed: int = 1337
+    batch_size: int = 16            # sequences per optimizer update, all ranks together
+    lr: float = 3e-3                # peak learning rate
+    min_lr_ratio: float = 0.1       # cosine floor, as a fraction of lr
+    warmup_steps: int = 50          # linear warm-up, steps
+    lr_decay_steps: int = 600       # end of the cosine, steps (the planned total at creation)
+    max_steps: int = 600            # planned number of updates
+    weight_decay: float = 0.1       # on matrices only
+    grad_clip: float = 1.0          # global norm; 0 = off
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    dropout: float = 0.0
+    checkpoint_every: int = 100     # cadence, steps
+    sample_every: int = 100         # sample audit cadence, steps
+    probe_every: int = 25           # held-out probe cadence = bandit policy period, steps
+    probe_sequences: int = 8        # held-out sequences per arm per probe
+    arms: list[ArmSpec] = field(default_factory=lambda: list(DEFAULT_ARMS))
+    caps: dict[str, float] = field(default_factory=dict)
+    floors: dict[str, float] = field(default_factory=dict)
+    reward: str = "heldout_progress"
+    bandit_warmup: int = 200        # steps on the prior before the first bandit update
+
+    @property
+    def n_params(self) -> int:
+        return count_parameters(self.model, self.vocab_size)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return expected_size(self.n_params)
+
+    def validate(self) -> None:
+        """Refuse bad numbers before anything starts (SPEC section 9). Raises ConfigError."""
+        positive = ("batch_size", "checkpoint_every", "sample_every", "probe_every",
+                    "probe_sequences", "max_steps", "lr_decay_steps")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"lr={self.lr} must be a positive finite number")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if self.tokenizer not in ("bpe", "bytes"):
+            raise ConfigError(f"tokenizer={self.tokenizer!r}: choose 'bpe' or 'bytes'")
+        if self.reward not in ("heldout_progress", "train_loss"):
+            raise ConfigError(f"reward={self.reward!r}: choose heldout_progress or train_loss")
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names) or not names:
+            raise ConfigError(f"arm names must be unique and non-empty, got {names}")
+        if self.n_params > INT32_MAX:
+            raise ConfigError(
+                f"{self.preset}: {self.n_params:,} parameters exceed the checkpoint format's "
+                f"int32 limit ({INT32_MAX:,}); use a smaller model")
+        if self.max_steps > INT32_MAX:
+            raise ConfigError(f"max_steps={self.max_steps:,} exceeds int32 ({INT32_MAX:,})")
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["n_params"] = self.n_params
+        d["checkpoint_bytes"] = self.checkpoint_bytes
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RunConfig":
+        d = dict(d)
+        d.pop("n_params", None)
+        d.pop("checkpoint_bytes", None)
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
+        d["model"] = ModelShape(**d["model"])
+        d["arms"] = [ArmSpec(**a) for a in d.get("arms", [])]
+        return cls(**d)
+
+
+def load_run_config(path: Path) -> RunConfig:
+    """Read `run.json`. Raises ConfigError naming the file when it is missing or unreadable."""
+    try:
+        return RunConfig.from_json(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; is this a run directory?") from None
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{path}: unreadable run config ({e}); restore it from a backup "
+                          "or start a new run directory") from e

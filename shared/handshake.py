@@ -1,0 +1,152 @@
+"""The proxy <-> worker handshake (SPEC section 6): two files in the run directory.
+
+`.handshake.json` (small, read-modify-write under `.handshake.lock` with `filelock`, finite
+timeouts, replaced atomically):
+    {"protocol": 1,
+     "worker":   {"pid", "pids", "n_params", "resumed_from", "device", "world_size", "started_at"},
+     "policies": {"<period>": {"period", "first_step", "phase_index", "p": {arm: prob}}},
+     "control":  {"stop_at_step": int|null, "checkpoint_at_step": int|null, "reason": str|null}}
+The proxy posts policies and control requests; the worker announces itself. Policy period v
+covers updates v*P+1 .. (v+1)*P (P = probe_every) and is computed from reports of updates up to
+(v-1)*P: a fixed lag of one period, which is what keeps runs deterministic (BANDIT.md).
+
+`.reports.jsonl` (append-only, one JSON object per line, written by the worker with O_APPEND):
+    {"type": "hello"|"step"|"checkpoint_started"|"checkpoint"|"audit"|"event", ...}
+The proxy tails complete lines only, so a kill mid-line loses nothing that was whole.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock, Timeout
+
+from shared.atomic_io import atomic_write_json
+from shared.run_layout import RunLayout
+
+PROTOCOL = 1
+LOCK_TIMEOUT_S = 10.0
+
+
+class HandshakeError(RuntimeError):
+    """The handshake file could not be locked or read; the message names the file."""
+
+
+def policy_period(step: int, period: int) -> int:
+    """The policy period of update `step` (1-based): (step - 1) // period."""
+    return (step - 1) // period
+
+
+def _empty() -> dict:
+    return {"protocol": PROTOCOL, "worker": None, "policies": {},
+            "control": {"stop_at_step": None, "checkpoint_at_step": None, "reason": None}}
+
+
+def read_handshake(layout: RunLayout) -> dict:
+    """The current handshake, or an empty one if missing or unreadable (never raises on garbage:
+    both sides rewrite their sections)."""
+    try:
+        d = json.loads(layout.handshake.read_text())
+        return d if isinstance(d, dict) and d.get("protocol") == PROTOCOL else _empty()
+    except (FileNotFoundError, ValueError):
+        return _empty()
+
+
+def update_handshake(layout: RunLayout, change: Callable[[dict], None],
+                     timeout: float = LOCK_TIMEOUT_S) -> dict:
+    """Lock, read, apply `change(d)` in place, write atomically, unlock. Returns the new dict.
+
+    Raises HandshakeError if the lock is not acquired within `timeout` seconds."""
+    try:
+        with FileLock(str(layout.handshake_lock), timeout=timeout):
+            d = read_handshake(layout)
+            change(d)
+            atomic_write_json(layout.handshake, d)
+            return d
+    except Timeout:
+        raise HandshakeError(f"{layout.handshake_lock}: not acquired in {timeout:.0f} s; "
+                             "another process holds it (a stuck proxy or worker?)") from None
+
+
+def reset_handshake(layout: RunLayout) -> None:
+    """Start a worker incarnation from a clean slate: empty handshake, no reports."""
+    update_handshake(layout, lambda d: (d.clear(), d.update(_empty())))
+    try:
+        layout.reports.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _finite(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+class ReportWriter:
+    """Worker side: append one JSON line per report with a single O_APPEND write."""
+
+    def __init__(self, layout: RunLayout) -> None:
+        self.fd = os.open(layout.reports, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, report: dict) -> None:
+        line = json.dumps(_finite(report), separators=(",", ":"), allow_nan=False) + "\n"
+        os.write(self.fd, line.encode("utf-8"))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class ReportReader:
+    """Proxy side: yields complete report lines appended since the last call."""
+
+    def __init__(self, layout: RunLayout) -> None:
+        self.path = layout.reports
+        self.offset = 0
+        self._partial = b""
+
+    def read(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        out = []
+        for line in lines:
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass  # a torn line from a killed writer: nothing whole was in it
+        return out
+
+
+def wait_for_policy(layout: RunLayout, period: int, timeout: float,
+                    should_stop: Callable[[], bool] = lambda: False) -> tuple[dict | None, dict]:
+    """Worker side: block until the proxy has posted policy `period`; returns (policy, control).
+
+    Polls every 5 ms. Returns (None, control) if `should_stop()` turns true first. Raises
+    HandshakeError after `timeout` seconds (the proxy is gone or stuck)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        d = read_handshake(layout)
+        pol = d["policies"].get(str(period))
+        if pol is not None or should_stop():
+            return pol, d.get("control") or {}
+        if time.monotonic() > deadline:
+            raise HandshakeError(f"{layout.handshake}: no policy for period {period} after "
+                                 f"{timeout:.0f} s; is the proxy running?")
+        time.sleep(0.005)

@@ -1,0 +1,613 @@
+"""`.loss.json`: the run's append-only per-step history (SPEC section 7).
+
+What it is: one JSON array, valid JSON on disk between appends, one record per line, appended in
+O(1) by overwriting the closing bracket, for the life of the run (~200,000 records):
+
+    [
+    {"step":1,...},
+    {"step":2,...}
+    ]
+
+An empty history is "[\\n]\\n". Records are written with `json.dumps(rec, separators=(",", ":"),
+allow_nan=False)`, "step" first; non-finite floats (NaN, +-inf, at any depth) become null and
+nothing else is added. Numpy/torch scalars and arrays are converted through `.tolist()`.
+
+Opening a history repairs a torn tail left by a kill or a power cut (cut mid-record, NUL padding,
+two records glued on one line, no closing "]"): every complete record is kept, only the tail is
+rewritten, and a warning names the file and the byte offset. A file that is not a history at all
+is moved aside to `<name>.corrupt-<unix time>` and a fresh history starts.
+
+What it is not: safe for two writers at once (the proxy's run-directory lock guarantees one),
+nor a general JSON library. Stdlib only; never imports torch, proxy or worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import math
+import operator
+import os
+import re
+import time
+from typing import Iterable, Iterator
+
+from shared.atomic_io import atomic_write_bytes, fsync_dir
+
+__all__ = ["LossHistory", "read_records", "iter_records", "rewind", "repair", "jsonable"]
+
+log = logging.getLogger("shared.loss_history")
+
+_CLOSE = b"\n]\n"                  # the tail every healthy history ends with
+_EMPTY = b"[\n]\n"                 # a history with no records
+_STRUCTURAL = b" \t\r\n,[]"        # bytes between records that carry no data
+_STEP_AT_LINE_START = re.compile(rb'\n\{"step":(-?\d+)[,}]')  # literal prefix: fast search
+_MAX_BACKSCAN_LINES = 64           # lines looked at from the end to find the last clean record
+_MAX_LISTED = 5                    # damage kinds / dropped steps listed in one warning
+_decoder = json.JSONDecoder()
+
+
+# ---------------------------------------------------------------------------------------------
+# encoding
+
+def jsonable(value):
+    """`value` with every non-finite float replaced by None (recursively); tuples become lists,
+    numpy/torch scalars and arrays go through `.tolist()`. Nothing is added or renamed."""
+    t = type(value)
+    if t is float:
+        return value if math.isfinite(value) else None
+    if value is None or t is str or t is int or t is bool:
+        return value
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float):          # float subclasses, e.g. numpy.float64
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, (int, str)):
+        return value
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):                  # numpy / torch scalars and arrays
+        return jsonable(tolist())
+    return value                          # let json.dumps name the unsupported type
+
+
+def _encode(record, path) -> tuple[int, bytes]:
+    """(step, one-line JSON bytes) for a record; ValueError/TypeError naming the problem."""
+    if not isinstance(record, dict):
+        raise TypeError(f"{path}: a history record must be a dict, got {type(record).__name__}")
+    step = record.get("step")
+    try:
+        if isinstance(step, bool):
+            raise TypeError
+        step = operator.index(step)
+    except TypeError:
+        raise ValueError(f"{path}: a history record needs an int \"step\", got {step!r}") from None
+    rec = {"step": step}
+    for key, value in record.items():
+        if key != "step":
+            rec[key] = jsonable(value)
+    return step, json.dumps(rec, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
+# ---------------------------------------------------------------------------------------------
+# scanning (pure functions over the file's bytes)
+
+def _lines(data: bytes, pos: int) -> Iterator[tuple[int, bytes]]:
+    n = len(data)
+    while pos < n:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            nl = n
+        yield pos, data[pos:nl]
+        pos = nl + 1
+
+
+def _clean_record(line: bytes):
+    """(obj, length) when `line` is exactly one JSON object, optionally followed by ','."""
+    core = line[:-1] if line.endswith(b",") else line
+    if core[:1] != b"{" or core[-1:] != b"}":
+        return None
+    try:
+        obj = json.loads(core)
+    except ValueError:
+        return None
+    return (obj, len(core)) if isinstance(obj, dict) else None
+
+
+def _is_step(step) -> bool:
+    return type(step) is int
+
+
+def _tokens(line: bytes, base: int):
+    """Yield ("rec", start, end, obj) and ("bad", start, end, why) for one line; structural
+    bytes (whitespace, commas, brackets) between them are not reported."""
+    hit = _clean_record(line)
+    if hit is not None:
+        yield "rec", base, base + hit[1], hit[0]
+        return
+    text = line.decode("latin-1")        # one char per byte, so offsets stay byte offsets
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in " \t\r,[]":
+            i += 1
+            continue
+        if c == "{":
+            try:
+                obj, j = _decoder.raw_decode(text, i)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                try:                     # re-read from bytes so non-ASCII text decodes as UTF-8
+                    obj = json.loads(line[i:j])
+                except ValueError:
+                    pass
+                yield "rec", base + i, base + j, obj
+                i = j
+                continue
+            j = text.find('{"step"', i + 1)
+            j = n if j < 0 else j
+            nul = text.find("\x00", i, j)         # a torn record then a NUL-padded block
+            j = j if nul < 0 else nul
+            yield "bad", base + i, base + j, "incomplete record"
+            i = j
+            continue
+        j = text.find("{", i + 1)
+        j = n if j < 0 else j
+        yield "bad", base + i, base + j, "NUL bytes" if "\x00" in text[i:j] else "unexpected bytes"
+        i = j
+
+
+def _walk(data: bytes, pos: int, prev_step, monotonic: bool, notes: list):
+    """Yield (start, end, step, obj, shares_line) for each record to keep in data[pos:], in
+    file order. Damage is appended to `notes` as (offset, bytes_dropped, kind)."""
+    for line_start, line in _lines(data, pos):
+        record_on_line = False
+        for kind, s, e, x in _tokens(line, line_start):
+            if kind == "bad":
+                notes.append((s, len(data[s:e].translate(None, _STRUCTURAL)), x))
+                continue
+            shares_line, record_on_line = record_on_line, True
+            step = x.get("step")
+            if not _is_step(step):
+                notes.append((s, e - s, 'JSON object without an int "step"'))
+                continue
+            if monotonic and prev_step is not None and step <= prev_step:
+                notes.append((s, e - s, f"step {step} not after step {prev_step}"
+                                        " (duplicate after a crash?)"))
+                continue
+            yield s, e, step, x, shares_line
+            prev_step = step
+
+
+def _prefix_ok(data: bytes, cut: int, monotonic: bool):
+    """Number of records when data[:cut] is a canonical history prefix ("[\\n{..},\\n...{..}"),
+    checked at C speed without parsing every record; None when it is not provably so."""
+    if data[:3] != b"[\n{" or data.find(b"\x00", 0, cut) >= 0 or data.find(b"}{", 0, cut) >= 0:
+        return None
+    n = data.count(b"\n", 0, cut)
+    if data.count(b"\n{", 0, cut) != n or data.count(b"},\n", 0, cut) != n - 1:
+        return None
+    if monotonic:
+        steps = _STEP_AT_LINE_START.findall(data, 0, cut)
+        if len(steps) != n:
+            return None
+        steps = list(map(int, steps))
+        if any(a >= b for a, b in zip(steps, steps[1:])):
+            return None
+    return n
+
+
+def _trusted_prefix(data: bytes, monotonic: bool):
+    """(cut, count, last_step) for the longest canonical prefix ending at a clean record line
+    near the end of the file, or None (then the whole file must be walked)."""
+    end = len(data)
+    for _ in range(_MAX_BACKSCAN_LINES):
+        nl = data.rfind(b"\n", 0, end)
+        hit = _clean_record(data[nl + 1:end])
+        if hit is not None:
+            if not _is_step(hit[0].get("step")):
+                return None
+            cut = nl + 1 + hit[1]
+            n = _prefix_ok(data, cut, monotonic)
+            return None if n is None else (cut, n, hit[0]["step"])
+        if nl < 0:
+            return None
+        end = nl
+    return None
+
+
+class _Plan:
+    """What opening a history found: the offset to cut at, the bytes to write there (None when
+    healthy), the record count and last step afterwards, and the warnings."""
+
+    def __init__(self, kind, cut=0, tail=None, count=0, last_step=None, messages=()):
+        self.kind, self.cut, self.tail = kind, cut, tail
+        self.count, self.last_step, self.messages = count, last_step, list(messages)
+
+
+def _first_byte(data: bytes) -> bytes:
+    return data.lstrip(b" \t\r\n")[:1]
+
+
+def _plan(data: bytes, path, monotonic: bool) -> _Plan:
+    if not data.strip(b" \t\r\n"):
+        return _Plan("empty", messages=[f"{path}: empty file ({len(data)} bytes); "
+                                        "starting a fresh history"])
+    if _first_byte(data) != b"[":
+        return _Plan("garbage")
+    trusted = _trusted_prefix(data, monotonic)
+    if trusted is not None:
+        cut, count, last_step = trusted
+        if data[cut:] == _CLOSE:
+            return _Plan("ok", cut, None, count, last_step)
+    else:
+        cut, count, last_step = (1, 0, None) if data[:1] == b"[" else (0, 0, None)
+    notes: list = []
+    rewrite: list[bytes] = []
+    glued = False
+    chain_end, chain = cut, count
+    for s, e, step, _obj, shares_line in _walk(data, cut, last_step, monotonic, notes):
+        glued = glued or shares_line
+        sep = b",\n" if count else b"\n"
+        if not rewrite and not notes and chain_end > 0 and data[chain_end:s] == sep:
+            chain_end, chain = e, chain + 1          # still canonical: keep in place
+        else:
+            rewrite.append(sep + data[s:e])
+        count += 1
+        last_step = step
+    if not rewrite and not notes and data[chain_end:] == (_CLOSE if chain_end else b""):
+        return _Plan("ok", chain_end, None, count, last_step)
+    tail = (b"" if chain_end else b"[") + b"".join(rewrite) + _CLOSE
+    dropped = sum(n for _, n, _ in notes)
+    kinds: dict[str, list[int]] = {}
+    for offset, _, kind in notes:
+        kinds.setdefault(kind.split(" not after")[0] if kind.startswith("step ") else kind,
+                         []).append(offset)
+    why = [f"{k} at byte {offs[0]}" + (f" (+{len(offs) - 1} more)" if len(offs) > 1 else "")
+           for k, offs in kinds.items()]
+    if glued:
+        why.append("records glued on one line (all kept)")
+    if data.rstrip(b"\x00 \t\r\n,")[-1:] != b"]":
+        why.append("no closing ]")
+    if not why:
+        why.append(f"tail {data[chain_end:][:16]!r} is not {_CLOSE!r}")
+    more = f"; +{len(why) - _MAX_LISTED} more" if len(why) > _MAX_LISTED else ""
+    messages = [f"{path}: torn tail at byte {chain_end} ({dropped} bytes dropped: "
+                f"{'; '.join(why[:_MAX_LISTED])}{more}); kept {count} records, "
+                f"last step {last_step}"]
+    dups = [(o, k) for o, _, k in notes if k.startswith("step ")]
+    for offset, kind in dups[:_MAX_LISTED]:
+        messages.append(f"{path}: dropped the record at byte {offset}: {kind}")
+    if len(dups) > _MAX_LISTED:
+        messages.append(f"{path}: dropped {len(dups) - _MAX_LISTED} more out-of-order records")
+    return _Plan("repair", chain_end, tail, count, last_step, messages)
+
+
+# ---------------------------------------------------------------------------------------------
+# low-level writes
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        if hasattr(os, "pwrite"):
+            n = os.pwrite(fd, view[done:], offset + done)
+        else:  # pragma: no cover - platforms without pwrite
+            os.lseek(fd, offset + done, os.SEEK_SET)
+            n = os.write(fd, view[done:])
+        if n <= 0:
+            raise OSError(f"short write at byte {offset + done}")
+        done += n
+
+
+def _sync(fd: int) -> None:
+    (getattr(os, "fdatasync", None) or os.fsync)(fd)
+
+
+def _move_aside(path: str) -> str:
+    stamp = int(time.time())
+    aside = f"{path}.corrupt-{stamp}"
+    k = 1
+    while os.path.exists(aside):
+        aside = f"{path}.corrupt-{stamp}.{k}"
+        k += 1
+    os.replace(path, aside)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return aside
+
+
+# ---------------------------------------------------------------------------------------------
+# the appender
+
+class LossHistory:
+    """Appender for one history file. Opening repairs a torn tail (see module docstring); the
+    warnings are logged and kept in `self.repairs`. One writer at a time.
+
+    Writes go straight to the OS (pwrite, no user-space buffer), so a killed process loses
+    nothing it appended; `fsync=True` makes every append durable against power cuts too.
+    `monotonic=False` (used for `.loss.rewound.json`) accepts steps in any order.
+    """
+
+    def __init__(self, path, *, fsync: bool = False, monotonic: bool = True):
+        self.path = os.fspath(path)
+        self.fsync = fsync
+        self.monotonic = monotonic
+        self.repairs: list[str] = []
+        self.last_step: int | None = None
+        self.bytes_written = 0     # bytes passed to write by appends (benchmarks, O(1) tests)
+        self._fd: int | None = None
+        self._end = 1              # offset of the closing "\n]\n" (end of the last record)
+        self._count = 0
+        self._open()
+
+    # -- open / repair
+    def _open(self) -> None:
+        if not os.path.exists(self.path):
+            atomic_write_bytes(self.path, _EMPTY)
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
+            plan = _plan(data, self.path, self.monotonic)
+            if plan.kind == "garbage":
+                os.close(fd)
+                fd = None
+                aside = _move_aside(self.path)
+                atomic_write_bytes(self.path, _EMPTY)
+                fd = os.open(self.path, os.O_RDWR)
+                head = data[:16]
+                plan = _Plan("fresh", messages=[
+                    f"{self.path}: not a loss history ({len(data)} bytes, starts with {head!r}, "
+                    f"expected '['); moved aside to {aside} and started a fresh history"])
+            elif plan.kind == "empty":
+                os.ftruncate(fd, 0)
+                _pwrite_all(fd, _EMPTY, 0)
+                _sync(fd)
+            elif plan.kind == "repair":
+                os.ftruncate(fd, plan.cut)            # truncate first: a crash now is a
+                _pwrite_all(fd, plan.tail, plan.cut)  # plain "no closing ]", still repairable
+                _sync(fd)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        self._fd = fd
+        self._count = plan.count
+        self.last_step = plan.last_step
+        self._end = os.fstat(fd).st_size - len(_CLOSE)
+        for message in plan.messages:
+            log.warning("%s", message)
+        self.repairs.extend(plan.messages)
+
+    # -- appends
+    def append(self, record: dict) -> None:
+        """Append one record; its int "step" must be greater than `last_step`."""
+        self.append_many((record,))
+
+    def append_many(self, records: Iterable[dict]) -> None:
+        """Append a batch with one write call; all-or-nothing on validation errors."""
+        if self._fd is None:
+            raise ValueError(f"{self.path}: history is closed")
+        chunks = []
+        last = self.last_step
+        for record in records:
+            step, raw = _encode(record, self.path)
+            if self.monotonic and last is not None and step <= last:
+                raise ValueError(
+                    f"{self.path}: record step {step} is not after the last step {last}; the "
+                    "history holds one record per step - to resume from an earlier checkpoint, "
+                    "rewind() the history to it first")
+            chunks.append(raw)
+            last = step
+        if not chunks:
+            return
+        buf = (b",\n" if self._count else b"\n") + b",\n".join(chunks) + _CLOSE
+        self._write_at(self._end, buf)
+        self._end += len(buf) - len(_CLOSE)
+        self._count += len(chunks)
+        self.last_step = last
+        if self.fsync:
+            _sync(self._fd)
+
+    def _write_at(self, offset: int, buf: bytes) -> None:
+        try:
+            _pwrite_all(self._fd, buf, offset)
+        except BaseException:
+            # e.g. disk full mid-write: put the closing bracket back so the file stays valid
+            try:
+                os.ftruncate(self._fd, self._end)
+                _pwrite_all(self._fd, _CLOSE, self._end)
+            except OSError:
+                pass
+            raise
+        self.bytes_written += len(buf)
+
+    # -- lifecycle
+    def flush(self, fsync: bool = False) -> None:
+        """Appends are already in the OS; `fsync=True` (or the constructor's) makes them
+        durable."""
+        if self._fd is not None and (fsync or self.fsync):
+            _sync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                self.flush()
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def rewind(self, keep_upto_step: int, rewound_path, reason: str) -> int:
+        """`rewind()` on this open history; returns the number of records moved."""
+        self.close()
+        try:
+            return rewind(self.path, keep_upto_step, rewound_path, reason)
+        finally:
+            self._open()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __enter__(self) -> "LossHistory":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LossHistory({self.path!r}, records={self._count}, last_step={self.last_step})"
+
+
+# ---------------------------------------------------------------------------------------------
+# readers and maintenance
+
+def _read_bytes(path) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Parsing 200,000 records allocates millions of containers; the cyclic collector would
+    rescan them all several times over (3x slower) and can find nothing to free."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _records_from_bytes(data: bytes, path, monotonic: bool) -> list[dict]:
+    trusted = _trusted_prefix(data, monotonic)
+    if trusted is not None and data[trusted[0]:] == _CLOSE:
+        try:
+            with _gc_paused():
+                records = json.loads(data)
+        except ValueError:
+            records = None
+        if isinstance(records, list) and len(records) == trusted[1]:
+            return records
+    if not data.strip(b" \t\r\n"):
+        return []
+    if _first_byte(data) != b"[":
+        log.warning("%s: not a loss history (starts with %r); read no records", path, data[:16])
+        return []
+    notes: list = []
+    with _gc_paused():
+        records = [obj for _, _, _, obj, _ in _walk(data, 0, None, monotonic, notes)]
+    if notes:
+        log.warning("%s: read %d records around damage (%d places, first at byte %d: %s)",
+                    path, len(records), len(notes), notes[0][0], notes[0][2])
+    return records
+
+
+def read_records(path, start_step: int | None = None, end_step: int | None = None, *,
+                 monotonic: bool = True) -> list[dict]:
+    """All records (optionally start_step <= step <= end_step) in file order. Tolerant: damage
+    is skipped in memory with a warning and nothing is written; a missing file reads as []."""
+    data = _read_bytes(path)
+    if data is None:
+        return []
+    records = _records_from_bytes(data, os.fspath(path), monotonic)
+    if start_step is None and end_step is None:
+        return records
+    lo = -math.inf if start_step is None else start_step
+    hi = math.inf if end_step is None else end_step
+    return [r for r in records if lo <= r["step"] <= hi]
+
+
+def iter_records(path, *, monotonic: bool = True) -> Iterator[dict]:
+    """Records one at a time (line by line, little memory), tolerant like `read_records`."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        head = f.read(4096)
+        if not head.strip(b" \t\r\n"):
+            return
+        if _first_byte(head) != b"[":
+            log.warning("%s: not a loss history (starts with %r); read no records", path,
+                        head[:16])
+            return
+        f.seek(0)
+        prev_step, offset, damaged = None, 0, 0
+        for line in f:
+            body = line[:-1] if line.endswith(b"\n") else line
+            for kind, _s, _e, x in _tokens(body, offset):
+                if kind == "rec" and _is_step(x.get("step")) and not (
+                        monotonic and prev_step is not None and x["step"] <= prev_step):
+                    prev_step = x["step"]
+                    yield x
+                elif kind == "rec" or body.strip(b"\x00"):
+                    damaged += 1
+            offset += len(line)
+        if damaged:
+            log.warning("%s: skipped %d damaged or out-of-order pieces while reading", path,
+                        damaged)
+
+
+def repair(path, *, monotonic: bool = True) -> list[str]:
+    """Repair a history in place (what opening it does); returns the warnings. A missing file
+    is left missing."""
+    if not os.path.exists(path):
+        return []
+    history = LossHistory(path, fsync=True, monotonic=monotonic)
+    history.close()
+    return history.repairs
+
+
+def rewind(path, keep_upto_step: int, rewound_path, reason: str) -> int:
+    """Move the records with step > keep_upto_step to `rewound_path` (appended, each with
+    "rewound_reason" and "rewound_at"), then cut `path` right after the last kept record.
+    The rewound file is written and fsynced before `path` is truncated, so a crash in between
+    leaves the records in both files, never in neither. Returns the number moved."""
+    path = os.fspath(path)
+    repair(path)                                    # canonical layout from here on
+    data = _read_bytes(path)
+    if data is None or data == _EMPTY:
+        return 0
+    moved: list[dict] = []
+    end = len(data) - len(_CLOSE)                   # end of the last record
+    cut = 1
+    while end > 1:
+        nl = data.rfind(b"\n", 0, end)
+        hit = _clean_record(data[nl + 1:end])
+        if hit is None or not _is_step(hit[0].get("step")):
+            raise ValueError(f"{path}: unreadable record line at byte {nl + 1} while rewinding "
+                             f"to step {keep_upto_step}; move the file aside and run repair()")
+        record, length = hit
+        if record["step"] <= keep_upto_step:
+            cut = nl + 1 + length
+            break
+        moved.append(record)
+        end = nl
+    if not moved:
+        return 0
+    moved.reverse()
+    now = time.time()
+    for record in moved:
+        record["rewound_reason"] = reason
+        record["rewound_at"] = now
+    with LossHistory(rewound_path, fsync=True, monotonic=False) as out:
+        out.append_many(moved)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, cut)                       # truncate first: see LossHistory._open
+        _pwrite_all(fd, _CLOSE, cut)
+        _sync(fd)
+    finally:
+        os.close(fd)
+    log.warning("%s: rewound %d records (steps %d..%d) to %s: %s", path, len(moved),
+                moved[0]["step"], moved[-1]["step"], os.fspath(rewound_path), reason)
+    return len(moved)

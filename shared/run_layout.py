@@ -1,0 +1,51 @@
+"""The run directory's names (SPEC section 3), in one place for both sides.
+
+    runs/<name>/
+      run.json, tokenizer.json, phases.json, checkpoints.json, step_NNNNNN.bin
+      .loss.json  .loss.rewound.json  .samples.json  .state.json
+      .handshake.json (+ .handshake.lock)  .reports.jsonl  .proxy.lock
+      data/<arm>.train.u16  data/<arm>.heldout.u16  data/arms.json
+      archive/pivot-<step>/   logs/
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Paths of one run directory. Pure names: creating nothing except in `ensure()`."""
+
+    root: Path
+
+    def __init__(self, root) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    run_json = property(lambda s: s.root / "run.json")
+    tokenizer = property(lambda s: s.root / "tokenizer.json")
+    phases = property(lambda s: s.root / "phases.json")
+    loss = property(lambda s: s.root / ".loss.json")
+    loss_rewound = property(lambda s: s.root / ".loss.rewound.json")
+    samples = property(lambda s: s.root / ".samples.json")
+    state = property(lambda s: s.root / ".state.json")
+    handshake = property(lambda s: s.root / ".handshake.json")
+    handshake_lock = property(lambda s: s.root / ".handshake.lock")
+    reports = property(lambda s: s.root / ".reports.jsonl")
+    proxy_lock = property(lambda s: s.root / ".proxy.lock")
+    proxy_owner = property(lambda s: s.root / ".proxy.owner.json")
+    data = property(lambda s: s.root / "data")
+    arms_index = property(lambda s: s.root / "data" / "arms.json")
+    archive = property(lambda s: s.root / "archive")
+    logs = property(lambda s: s.root / "logs")
+
+    def arm_tokens(self, arm: str, split: str) -> Path:
+        """Token file of `arm` for `split` ("train" or "heldout"): flat uint16, no header."""
+        return self.data / f"{arm}.{split}.u16"
+
+    def pivot_archive(self, step: int) -> Path:
+        return self.archive / f"pivot-{step}"
+
+    def ensure(self) -> None:
+        for d in (self.root, self.data, self.archive, self.logs):
+            d.mkdir(parents=True, exist_ok=True)

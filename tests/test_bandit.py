@@ -1,0 +1,449 @@
+"""Tests for proxy/bandit.py: projection, config errors, rewards, determinism, pivots, retirement."""
+import json
+import math
+import random
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from proxy.bandit import (Bandit, BanditConfig, BanditConfigError, QuantileScaler,
+                          parse_arm_values, project_to_box, replay, resolve_bounds)
+
+ARMS = ["python-docs", "repo-code", "repo-docstrings"]
+
+
+def kl(p, q):
+    return sum(p[a] * math.log(p[a] / q[a]) for a in p if p[a] > 0)
+
+
+# ----------------------------------------------------------------------------- projection
+
+def test_worked_example_from_bandit_md():
+    names = ["a", "b", "c", "d"]
+    q = dict(zip(names, [.90, .05, .03, .02]))
+    floors = dict(zip(names, [.05, .05, .10, .05]))
+    caps = dict(zip(names, [.5, .6, .6, .6]))
+    p = project_to_box(q, floors, caps)
+    assert [p[n] for n in names] == pytest.approx([.50, .25, .15, .10], abs=1e-12)
+    assert math.fsum(p.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_projection_inside_box_is_identity():
+    q = {"a": .2, "b": .3, "c": .5}
+    p = project_to_box(q, {"a": .1}, {"c": .6})
+    assert p == pytest.approx(q, abs=1e-15)
+
+
+def test_zero_weights_stay_at_floor_unless_caps_force_them_up():
+    p = project_to_box({"a": 1.0, "b": 0.0, "c": 0.0}, {"b": .1}, {})
+    assert p == pytest.approx({"a": .9, "b": .1, "c": 0.0})
+    p = project_to_box({"a": 1.0, "b": 0.0, "c": 0.0}, {"b": .1}, {"a": .5})
+    assert p == pytest.approx({"a": .5, "b": .25, "c": .25})
+    p = project_to_box({"a": 0.0, "b": 0.0}, {}, {"a": .3})
+    assert p == pytest.approx({"a": .3, "b": .7})
+
+
+@st.composite
+def boxes(draw):
+    k = draw(st.integers(1, 8))
+    names = [f"arm{i}" for i in range(k)]
+    unit = st.floats(0.0, 1.0, allow_nan=False)
+    lo = [draw(unit) for _ in names]
+    scale = draw(st.floats(0.0, 1.0))
+    s = sum(lo)
+    floors = [x * scale / s if s > 1 else x * scale for x in lo]
+    caps = [f + (1 - f) * draw(unit) for f in floors]
+    if sum(caps) < 1:
+        t = (1 - sum(caps)) / max(1e-300, sum(1 - c for c in caps))
+        caps = [min(1.0, c + t * (1 - c)) for c in caps]
+    caps = [max(c, f) for c, f in zip(caps, floors)]
+    assume(sum(floors) <= 1 + 1e-9 and sum(caps) >= 1 - 1e-9)
+    weight = st.one_of(st.just(0.0), st.floats(1e-12, 1.0), st.floats(0.0, 1e3),
+                       st.floats(0.0, 1e300, allow_subnormal=True))
+    q = [draw(weight) for _ in names]
+    return dict(zip(names, q)), dict(zip(names, floors)), dict(zip(names, caps))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(boxes())
+def test_projection_always_inside_box_and_sums_to_one(box):
+    q, floors, caps = box
+    p = project_to_box(q, floors, caps)
+    assert sorted(p) == sorted(q)
+    for a in p:
+        assert floors[a] <= p[a] <= caps[a]
+    assert abs(math.fsum(p.values()) - 1.0) <= 1e-9
+
+
+def test_projection_is_the_kl_minimiser_against_feasible_perturbations():
+    rng = random.Random(1234)
+    checked = 0
+    for _ in range(200):
+        k = rng.randint(2, 6)
+        names = [f"a{i}" for i in range(k)]
+        qv = [rng.random() ** 3 + 1e-6 for _ in names]
+        s = sum(qv)
+        q = {n: v / s for n, v in zip(names, qv)}
+        floors = {n: rng.uniform(0, 0.8 / k) for n in names}
+        caps = {n: max(floors[n], rng.uniform(1.2 / k, 1.0)) for n in names}
+        p = project_to_box(q, floors, caps)
+        base = kl(p, q)
+        for _ in range(20):
+            d = [rng.gauss(0, 1) for _ in names]
+            mean = sum(d) / k
+            d = {n: x - mean for n, x in zip(names, d)}
+            # largest step that keeps p + t d inside the box
+            t = min([(caps[n] - p[n]) / d[n] for n in names if d[n] > 0]
+                    + [(floors[n] - p[n]) / d[n] for n in names if d[n] < 0])
+            if t <= 1e-9:
+                continue
+            for frac in (0.1, 0.5, 1.0):
+                pp = {n: p[n] + frac * t * d[n] for n in names}
+                if all(floors[n] - 1e-12 <= pp[n] <= caps[n] + 1e-12 for n in names):
+                    assert kl(pp, q) >= base - 1e-12
+                    checked += 1
+    assert checked > 500
+
+
+def test_projection_refuses_negative_or_nan_weights():
+    with pytest.raises(ValueError):
+        project_to_box({"a": -1.0, "b": 1.0}, {}, {})
+    with pytest.raises(ValueError):
+        project_to_box({"a": math.nan, "b": 1.0}, {}, {})
+
+
+# ----------------------------------------------------------------------------- config errors
+
+def test_parse_arm_values_reads_operator_text():
+    assert parse_arm_values("repo-code=0.5, python-docs=0.2", ARMS, "--caps") == {
+        "repo-code": 0.5, "python-docs": 0.2}
+    assert parse_arm_values("", ARMS, "--caps") == {}
+    assert parse_arm_values("   ", ARMS, "--caps") == {}
+
+
+def test_parse_unknown_arm_lists_known_ones():
+    with pytest.raises(BanditConfigError, match=r"unknown arm 'repo-tests'.*python-docs, repo-code, repo-docstrings"):
+        parse_arm_values("repo-tests=0.1", ARMS, "--floors")
+
+
+@pytest.mark.parametrize("text,pattern", [
+    ("repo-code=abc", "not a number"),
+    ("repo-code=nan", "NaN"),
+    ("repo-code=1.5", r"outside \[0, 1\]"),
+    ("repo-code=-0.1", r"outside \[0, 1\]"),
+    ("repo-code=inf", r"outside \[0, 1\]"),
+    ("repo-code=0.1,repo-code=0.2", "given twice"),
+    ("repo-code", "not ARM=VALUE"),
+])
+def test_parse_refuses_bad_values_naming_arm_and_rule(text, pattern):
+    with pytest.raises(BanditConfigError, match=pattern) as e:
+        parse_arm_values(text, ARMS, "--caps")
+    assert "--caps" in str(e.value)
+
+
+def test_resolve_bounds_defaults_and_order():
+    caps, floors = resolve_bounds(ARMS, {"repo-code": 0.5}, {"python-docs": 0.1})
+    assert caps == {"python-docs": 1.0, "repo-code": 0.5, "repo-docstrings": 1.0}
+    assert floors == {"python-docs": 0.1, "repo-code": 0.0, "repo-docstrings": 0.0}
+
+
+def test_resolve_bounds_refuses_unknown_arm():
+    with pytest.raises(BanditConfigError, match="unknown arm 'nope'"):
+        resolve_bounds(ARMS, {"nope": 0.5}, {})
+
+
+def test_resolve_bounds_refuses_floor_above_cap_naming_arm():
+    with pytest.raises(BanditConfigError, match=r"repo-code \(floor 0.4 > cap 0.3\)"):
+        resolve_bounds(ARMS, {"repo-code": 0.3}, {"repo-code": 0.4})
+
+
+def test_resolve_bounds_refuses_floors_summing_above_one():
+    with pytest.raises(BanditConfigError, match=r"sum of floors = 1.2 > 1"):
+        resolve_bounds(ARMS, {}, {"repo-code": 0.6, "python-docs": 0.6})
+
+
+def test_resolve_bounds_refuses_caps_summing_below_one():
+    with pytest.raises(BanditConfigError, match=r"sum of caps = 0.9 < 1"):
+        resolve_bounds(ARMS, {a: 0.3 for a in ARMS}, {})
+
+
+def test_resolve_bounds_refuses_values_outside_unit_interval():
+    with pytest.raises(BanditConfigError, match="not a probability"):
+        resolve_bounds(ARMS, {"repo-code": 1.5}, {})
+    with pytest.raises(BanditConfigError, match="not a probability"):
+        resolve_bounds(ARMS, {}, {"repo-code": math.nan})
+
+
+def test_resolve_bounds_accepts_exact_sums_with_slack():
+    caps, floors = resolve_bounds(["a", "b", "c"], {"a": 0.1, "b": 0.2, "c": 0.7}, {"a": 0.1, "b": 0.2, "c": 0.7})
+    assert caps == floors
+
+
+def test_bad_config_values_are_refused():
+    with pytest.raises(BanditConfigError, match="reward"):
+        BanditConfig(reward="ucb")
+    with pytest.raises(BanditConfigError, match="share"):
+        BanditConfig(share=1.0)
+    with pytest.raises(BanditConfigError, match="discount"):
+        BanditConfig(discount=0.0)
+    with pytest.raises(BanditConfigError, match="eta"):
+        BanditConfig(eta=math.nan)
+
+
+# ----------------------------------------------------------------------------- scaler
+
+def test_quantile_scaler_maps_to_unit_interval():
+    s = QuantileScaler()
+    assert s.scale(3.0) == 0.0
+    s.add(1.0)
+    assert (s.scale(0.5), s.scale(1.0), s.scale(2.0)) == (-1.0, 0.0, 1.0)
+    for v in range(101):
+        s.add(float(v))
+    q20, q80 = s.quantile(0.2), s.quantile(0.8)
+    assert s.scale(q20 - 1) == -1.0 and s.scale(q80 + 1) == 1.0
+    assert s.scale((q20 + q80) / 2) == pytest.approx(0.0)
+
+
+def test_quantile_scaler_keeps_last_thousand_and_round_trips():
+    s = QuantileScaler()
+    for v in range(2500):
+        s.add(float(v % 997) * 0.5)
+    assert len(s) == 1000
+    t = QuantileScaler.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert t.to_dict() == s.to_dict()
+    assert t.quantile(0.2) == s.quantile(0.2) and t.quantile(0.8) == s.quantile(0.8)
+
+
+# ----------------------------------------------------------------------------- records
+
+def synthetic_records(n_steps, arms=ARMS, batch=16, probe_every=25, seed=0, drops=None,
+                      phase_index=0, start=0):
+    """Per-step records; probe loss of arm a falls by drops[a] per probe (plus noise)."""
+    rng = random.Random(seed)
+    drops = drops or {a: 0.01 for a in arms}
+    probe = {a: 4.0 for a in arms}
+    out = []
+    for step in range(start + 1, start + n_steps + 1):
+        p = {a: 1.0 / len(arms) for a in arms}
+        counts = {a: 0 for a in arms}
+        for _ in range(batch):
+            counts[rng.choice(arms)] += 1
+        rec = {"step": step, "phase_index": phase_index, "arms": counts, "p": p,
+               "arm_loss": {a: 3.0 + rng.random() for a in arms if counts[a]},
+               "probe": None, "batch_size": batch}
+        if step % probe_every == 0:
+            for a in arms:
+                probe[a] -= drops[a] + rng.gauss(0, 0.002)
+            rec["probe"] = dict(probe)
+        out.append(rec)
+    return out
+
+
+def make(config=None, floors=None, caps=None, **kw):
+    return Bandit(ARMS, floors or {}, caps or {}, config or BanditConfig(), **kw)
+
+
+@pytest.mark.parametrize("reward", ["heldout_progress", "train_loss"])
+def test_replay_of_two_thousand_records_is_deterministic_and_round_trips(reward):
+    cfg = BanditConfig(reward=reward)
+    recs = synthetic_records(2000, drops={"python-docs": 0.01, "repo-code": 0.03, "repo-docstrings": 0.0})
+    floors, caps = {"python-docs": 0.1, "repo-code": 0.1, "repo-docstrings": 0.05}, {"repo-code": 0.6}
+    a = replay(ARMS, floors, caps, cfg, recs, 0, "initial", 0)
+    b = replay(ARMS, floors, caps, cfg, json.loads(json.dumps(recs)), 0, "initial", 0)
+    da = a.to_dict()
+    assert da == b.to_dict()
+    assert da["step"] == 2000 and da["phase"]["updates"] > 0
+    text = json.dumps(da, allow_nan=False)
+    back = Bandit.from_dict(json.loads(text))
+    assert back.to_dict() == da
+    # the restored bandit continues exactly like the original
+    more = synthetic_records(300, seed=7, start=2000)
+    for r in more:
+        assert a.observe(r) == back.observe(r)
+    assert a.to_dict() == back.to_dict()
+
+
+def test_replay_upto_step_matches_prefix():
+    recs = synthetic_records(600)
+    full = replay(ARMS, {}, {}, BanditConfig(), recs, 0, "initial", 0, upto_step=400)
+    prefix = replay(ARMS, {}, {}, BanditConfig(), recs[:400], 0, "initial", 0)
+    assert full.to_dict() == prefix.to_dict()
+
+
+def test_records_of_other_phases_and_old_steps_are_ignored():
+    b = make()
+    recs = synthetic_records(10)
+    for r in recs:
+        b.observe(r)
+    before = b.to_dict()
+    assert b.observe(recs[3]) is False
+    other = dict(synthetic_records(11)[-1], phase_index=1)
+    assert b.observe(other) is False
+    assert b.to_dict() == before
+
+
+def test_repetitive_arm_whose_probe_drops_fastest_gains_but_never_passes_cap():
+    cfg = BanditConfig()
+    caps = {"repo-docstrings": 0.5}
+    floors = {a: 0.1 for a in ARMS}
+    b = make(cfg, floors, caps)
+    recs = synthetic_records(3000, drops={"python-docs": 0.005, "repo-code": 0.005, "repo-docstrings": 0.05})
+    p0 = b.probabilities()
+    changed_before_warmup = False
+    for r in recs:
+        changed = b.observe(r)
+        if r["step"] <= cfg.warmup_steps:
+            changed_before_warmup |= changed
+            assert b.probabilities() == p0
+        p = b.probabilities()
+        for a in ARMS:
+            assert floors[a] - 1e-12 <= p[a] <= caps.get(a, 1.0) + 1e-12
+    assert not changed_before_warmup
+    p = b.probabilities()
+    assert p["repo-docstrings"] > p0["repo-docstrings"]
+    assert p["repo-docstrings"] == pytest.approx(0.5)
+    assert p["repo-docstrings"] > max(p["python-docs"], p["repo-code"])
+
+
+def test_heldout_progress_ignores_train_loss():
+    recs = synthetic_records(800)
+    other = json.loads(json.dumps(recs))
+    rng = random.Random(5)
+    for r in other:
+        r["arm_loss"] = {a: rng.uniform(0.01, 9.0) for a in ARMS}
+    a = replay(ARMS, {}, {}, BanditConfig(), recs, 0, "x", 0)
+    b = replay(ARMS, {}, {}, BanditConfig(), other, 0, "x", 0)
+    assert a.to_dict() == b.to_dict()
+    assert a.updates > 0
+
+
+def test_first_probe_only_sets_baseline():
+    cfg = BanditConfig(warmup_steps=0)
+    b = make(cfg)
+    rec = {"step": 1, "phase_index": 0, "arms": {"repo-code": 4}, "p": {}, "probe": {a: 3.0 for a in ARMS},
+           "batch_size": 4}
+    assert b.observe(rec) is False
+    assert len(b.scaler) == 0 and b.last_probe["repo-code"] == 3.0
+    rec2 = dict(rec, step=2, probe={a: 2.5 for a in ARMS})
+    assert b.observe(rec2) is True
+    assert len(b.scaler) == 3
+
+
+def test_train_loss_divides_by_the_recorded_p():
+    cfg = BanditConfig(reward="train_loss", warmup_steps=0, share=0.0, discount=1.0, eta=0.1)
+    recorded_p = {"python-docs": 0.5, "repo-code": 0.25, "repo-docstrings": 0.25}
+    counts = {"python-docs": 3, "repo-code": 1, "repo-docstrings": 0}
+    losses = {"python-docs": 2.0, "repo-code": 4.0}
+    rec = {"step": 1, "phase_index": 0, "arms": counts, "p": recorded_p, "arm_loss": losses,
+           "probe": None, "batch_size": 4}
+    b = make(cfg, prior={"python-docs": 0.2, "repo-code": 0.3, "repo-docstrings": 0.5})
+    assert b.probabilities() != pytest.approx(recorded_p)
+    start = dict(b.logw)
+    assert b.observe(rec) is True
+    ref = QuantileScaler()
+    for a in ("python-docs", "repo-code"):
+        ref.add(losses[a])
+    g = {a: counts[a] * ref.scale(losses[a]) / (4 * recorded_p[a]) for a in losses}
+    g["repo-docstrings"] = 0.0
+    raw = {a: start[a] + 0.1 * g[a] for a in ARMS}
+    top = max(raw.values())
+    assert b.logw == pytest.approx({a: raw[a] - top for a in ARMS}, abs=1e-12)
+    assert g["repo-code"] == pytest.approx(1.0) and g["python-docs"] == pytest.approx(-1.5)
+
+
+def test_pulls_counted_every_record_including_warmup():
+    b = make()
+    recs = synthetic_records(50)
+    for r in recs:
+        b.observe(r)
+    for a in ARMS:
+        assert b.pulls[a] == sum(r["arms"][a] for r in recs) == b.pulls_lifetime[a]
+    assert b.step == 50 and b.to_dict()["arms"]["repo-code"]["pulls"] == b.pulls["repo-code"]
+
+
+def test_exp3s_share_keeps_every_log_weight_finite_from_zero_prior():
+    cfg = BanditConfig(warmup_steps=0)
+    b = make(cfg, prior={"repo-code": 1.0})
+    assert b.logw["python-docs"] == -math.inf
+    d = json.loads(json.dumps(b.to_dict(), allow_nan=False))
+    assert Bandit.from_dict(d).to_dict() == d
+    for r in synthetic_records(100):
+        b.observe(r)
+    assert all(math.isfinite(v) for v in b.logw.values())
+    assert max(b.logw.values()) == 0.0
+
+
+# ----------------------------------------------------------------------------- pivot and retire
+
+def test_pivot_resets_pulls_and_ema_but_keeps_lifetime_pulls():
+    b = make(floors={a: 0.05 for a in ARMS})
+    for r in synthetic_records(1000, drops={"python-docs": 0.0, "repo-code": 0.04, "repo-docstrings": 0.0}):
+        b.observe(r)
+    old_p = b.probabilities()
+    new_floors, new_caps = {"python-docs": 0.3}, {"repo-code": 0.4}
+    nb = b.pivot(new_floors, new_caps, "v3", start_step=1000)
+    d = nb.to_dict()
+    assert d["phase"] == {"label": "v3", "index": 1, "started_at_step": 1000, "updates": 0, "steps": 0}
+    assert d["version"] == 0 and d["step"] == 1000 and d["scaler"]["values"] == []
+    for a in ARMS:
+        assert d["arms"][a]["pulls"] == 0 and d["arms"][a]["ema_n"] == 0
+        assert d["arms"][a]["ema_reward"] == 0.0 and d["arms"][a]["last_probe"] is None
+        assert d["arms"][a]["pulls_lifetime"] == b.pulls_lifetime[a] > 0
+    expected = project_to_box(old_p, {"python-docs": 0.3}, {"repo-code": 0.4})
+    assert nb.probabilities() == pytest.approx(expected, abs=1e-12)
+    # the new phase learns inside the new box and ignores old-phase records
+    assert nb.observe(synthetic_records(1001)[-1]) is False
+    recs = synthetic_records(1000, seed=3, phase_index=1, start=1000,
+                             drops={"python-docs": 0.0, "repo-code": 0.05, "repo-docstrings": 0.0})
+    for r in recs:
+        nb.observe(r)
+        p = nb.probabilities()
+        assert p["python-docs"] >= 0.3 - 1e-12 and p["repo-code"] <= 0.4 + 1e-12
+    assert nb.updates > 0
+    rebuilt = replay(ARMS, new_floors, new_caps, BanditConfig(), recs, 1, "v3", 1000, prior=old_p,
+                     lifetime_pulls=b.pulls_lifetime)
+    assert rebuilt.to_dict() == nb.to_dict()
+
+
+def test_retire_moves_arm_out_and_reprojects():
+    b = make(floors={"python-docs": 0.2, "repo-docstrings": 0.3}, caps={"repo-code": 0.6})
+    recs = synthetic_records(300)
+    for r in recs:
+        b.observe(r)
+    v = b.version
+    b.retire("repo-docstrings", "source changed (fingerprint mismatch)")
+    assert b.arms == ["python-docs", "repo-code"]
+    assert b.version == v + 1
+    p = b.probabilities()
+    assert set(p) == {"python-docs", "repo-code"}
+    assert math.fsum(p.values()) == pytest.approx(1.0) and p["repo-code"] <= 0.6 + 1e-12
+    d = b.to_dict()
+    assert d["retired"]["repo-docstrings"]["reason"].startswith("source changed")
+    assert d["retired"]["repo-docstrings"]["pulls"] > 0
+    assert "repo-docstrings" not in d["arms"] and "repo-docstrings" not in d["floors"]
+    # never pulled again: records still naming it add nothing
+    for r in synthetic_records(100, seed=9, start=300):
+        b.observe(r)
+    assert "repo-docstrings" not in b.pulls
+    assert Bandit.from_dict(json.loads(json.dumps(b.to_dict()))).to_dict() == b.to_dict()
+    # retired section survives a pivot
+    assert "repo-docstrings" in b.pivot({}, {}, "v2", 400).retired
+
+
+def test_retire_refuses_infeasible_remaining_bounds_and_unknown_arms():
+    b = make(caps={"python-docs": 0.4, "repo-code": 0.4})
+    before = b.to_dict()
+    with pytest.raises(BanditConfigError, match="sum of caps"):
+        b.retire("repo-docstrings", "gone")
+    assert b.to_dict() == before
+    with pytest.raises(BanditConfigError, match="unknown arm"):
+        b.retire("nope", "gone")
+
+
+def test_bandit_keyed_by_name_not_position():
+    cfg = BanditConfig(warmup_steps=0)
+    recs = synthetic_records(200)
+    a = replay(ARMS, {}, {}, cfg, recs, 0, "x", 0)
+    b = replay(list(reversed(ARMS)), {}, {}, cfg, recs, 0, "x", 0)
+    assert a.to_dict() == b.to_dict()

@@ -1,0 +1,312 @@
+"""`.loss.json` (SPEC section 7): valid JSON between appends, O(1) appends, torn-tail repair on
+open without losing a complete record, rewind to `.loss.rewound.json`. Real files only."""
+
+import json
+import os
+
+import pytest
+
+from shared.loss_history import LossHistory, iter_records, read_records, repair, rewind
+
+
+def rec(step, **extra):
+    r = {"step": step, "loss": 4.0 / step, "lr": 3e-4, "tokens": 4096 * step,
+         "arms": {"repo-code": step % 3, "repo-docstrings": 1, "python-docs": 2},
+         "phase": {"label": "base", "index": 0}, "time": 1.7e9 + step}
+    r.update(extra)
+    return r
+
+
+def build(path, n, start=1):
+    with LossHistory(path) as h:
+        for s in range(start, start + n):
+            h.append(rec(s))
+    return path.read_bytes()
+
+
+def steps_on_disk(path):
+    with open(path) as f:
+        return [r["step"] for r in json.load(f)]
+
+
+@pytest.fixture
+def hist(tmp_path):
+    return tmp_path / ".loss.json"
+
+
+# --- format and appends -----------------------------------------------------------------------
+
+def test_new_history_is_empty_json_array(hist):
+    with LossHistory(hist) as h:
+        assert len(h) == 0 and h.last_step is None and h.repairs == []
+    assert hist.read_bytes() == b"[\n]\n"
+    assert json.loads(hist.read_text()) == []
+
+
+def test_file_is_valid_json_after_every_append(hist):
+    with LossHistory(hist) as h:
+        for s in range(1, 40):
+            h.append(rec(s))
+            assert steps_on_disk(hist) == list(range(1, s + 1))
+        h.append_many([rec(s) for s in range(40, 50)])
+        assert steps_on_disk(hist) == list(range(1, 50))
+
+
+def test_one_record_per_line_layout(hist):
+    build(hist, 3)
+    lines = hist.read_text().split("\n")
+    assert lines[0] == "[" and lines[-2:] == ["]", ""]
+    assert [json.loads(line.rstrip(","))["step"] for line in lines[1:-2]] == [1, 2, 3]
+    assert lines[1].startswith('{"step":1,') and lines[1].endswith("},")
+    assert lines[3].endswith("}")
+
+
+def test_thousand_appends_read_back(hist):
+    with LossHistory(hist) as h:
+        for s in range(1, 1001):
+            h.append(rec(s))
+        assert len(h) == 1000 and h.last_step == 1000
+    records = read_records(hist)
+    assert [r["step"] for r in records] == list(range(1, 1001))
+    assert records[499] == json.loads(json.dumps(rec(500)))
+    assert [r["step"] for r in iter_records(hist)] == list(range(1, 1001))
+    assert [r["step"] for r in read_records(hist, 10, 20)] == list(range(10, 21))
+    with LossHistory(hist) as h:          # reopen: count and last step recovered
+        assert len(h) == 1000 and h.last_step == 1000 and h.repairs == []
+        h.append(rec(1001))
+    assert steps_on_disk(hist)[-1] == 1001
+
+
+def test_append_refuses_step_not_after_last(hist):
+    with LossHistory(hist) as h:
+        h.append(rec(5))
+        for bad in (5, 4):
+            with pytest.raises(ValueError, match=rf"step {bad} .*last step 5"):
+                h.append(rec(bad))
+        with pytest.raises(ValueError):                 # all-or-nothing batch
+            h.append_many([rec(6), rec(7), rec(7)])
+        with pytest.raises(ValueError, match="int"):
+            h.append({"loss": 1.0})
+        with pytest.raises(ValueError, match="int"):
+            h.append({"step": 6.0})
+        assert h.last_step == 5 and len(h) == 1
+    assert steps_on_disk(hist) == [5]
+
+
+def test_nan_and_inf_become_null_and_nothing_is_added(hist):
+    with LossHistory(hist) as h:
+        h.append({"step": 1, "loss": float("nan"), "arm_loss": {"a": float("inf"), "b": 1.5},
+                  "p": [0.5, float("-inf")], "t": (1, 2)})
+    (r,) = json.loads(hist.read_text())
+    assert r == {"step": 1, "loss": None, "arm_loss": {"a": None, "b": 1.5},
+                 "p": [0.5, None], "t": [1, 2]}
+
+
+def test_append_is_o1_bytes_written_independent_of_history_length(hist):
+    record = rec(10**6, probe={"a": 1.0})
+    with LossHistory(hist) as h:
+        h.append_many([rec(s) for s in range(1, 20_001)])
+        growth = {}
+        for label, step in (("early", 20_001), ("late", 20_002)):
+            size0, written0 = os.stat(hist).st_size, h.bytes_written
+            calls = []
+            real = h._write_at
+            h._write_at = lambda off, buf: (calls.append(len(buf)), real(off, buf))
+            h.append(dict(record, step=step))
+            h._write_at = real
+            line = len(json.dumps(dict(record, step=step), separators=(",", ":")))
+            growth[label] = (os.stat(hist).st_size - size0, h.bytes_written - written0)
+            assert calls == [line + 5]                  # ",\n" + record + "\n]\n", one write
+            assert growth[label] == (line + 2, line + 5)
+    # a fresh history: the same cost as at 20,000 records
+    small = hist.parent / "small.json"
+    with LossHistory(small) as h:
+        h.append(rec(1))
+        size0, written0 = os.stat(small).st_size, h.bytes_written
+        h.append(dict(record, step=20_001))
+        assert (os.stat(small).st_size - size0, h.bytes_written - written0) == growth["early"]
+
+
+# --- torn tails -------------------------------------------------------------------------------
+
+def test_cut_at_every_byte_of_the_last_record_keeps_all_complete_records(hist):
+    full = build(hist, 5)
+    end4 = full.index(b'{"step":5') - 2               # end of record 4 ("},\n" before record 5)
+    end5 = len(full) - 3
+    for k in range(end4, len(full)):
+        hist.write_bytes(full[:k])
+        with LossHistory(hist) as h:
+            want = 5 if k >= end5 else 4
+            assert len(h) == want and h.last_step == want, k
+            if k == len(full):
+                assert h.repairs == []
+            else:
+                assert len(h.repairs) == 1, k
+                assert f"torn tail at byte {end4 if k < end5 else end5}" in h.repairs[0], k
+                assert str(hist) in h.repairs[0]
+        assert steps_on_disk(hist) == list(range(1, want + 1)), k
+        if want == 4:
+            assert hist.read_bytes() == full[:end4] + b"\n]\n"
+        with LossHistory(hist) as h:                    # repaired: appends continue
+            assert h.repairs == []
+            h.append(rec(6))
+        assert steps_on_disk(hist) == list(range(1, want + 1)) + [6]
+
+
+@pytest.mark.parametrize("torn_at", [None, 7])
+def test_nul_padding_after_power_cut_is_dropped(hist, torn_at, caplog):
+    full = build(hist, 5)
+    body = full if torn_at is None else full[:len(full) - 3 - torn_at]
+    hist.write_bytes(body + b"\x00" * 4096)
+    with caplog.at_level("WARNING", logger="shared.loss_history"):
+        with LossHistory(hist) as h:
+            want = 5 if torn_at is None else 4
+            assert len(h) == want
+            assert "NUL bytes" in h.repairs[0] and "torn tail at byte" in h.repairs[0]
+    assert "torn tail at byte" in caplog.text
+    assert steps_on_disk(hist) == list(range(1, want + 1))
+    assert b"\x00" not in hist.read_bytes()
+
+
+def test_nul_block_over_the_tail_keeps_complete_records(hist):
+    full = build(hist, 5)
+    k = full.index(b'{"step":4') + 10                  # record 4 and 5 overwritten by zeros
+    hist.write_bytes(full[:k] + b"\x00" * (len(full) - k))
+    with LossHistory(hist) as h:
+        assert len(h) == 3 and "NUL bytes" in h.repairs[0]
+    assert steps_on_disk(hist) == [1, 2, 3]
+
+
+def test_glued_records_are_both_recovered(hist):
+    full = build(hist, 3)
+    r4, r5 = (json.dumps(rec(s), separators=(",", ":")).encode() for s in (4, 5))
+    hist.write_bytes(full[:-3] + b",\n" + r4 + r5 + b"\n]\n")
+    with LossHistory(hist) as h:
+        assert len(h) == 5 and h.last_step == 5
+        assert f"torn tail at byte {len(full) - 3 + 2 + len(r4)}" in h.repairs[0]  # after r4
+        assert "glued" in h.repairs[0] and "0 bytes dropped" in h.repairs[0]
+    assert steps_on_disk(hist) == [1, 2, 3, 4, 5]
+    assert hist.read_text().count("\n") == 5 + 2        # one record per line again
+
+
+def test_torn_record_glued_to_a_complete_one(hist):
+    full = build(hist, 3)
+    r4, r5 = (json.dumps(rec(s), separators=(",", ":")).encode() for s in (4, 5))
+    hist.write_bytes(full[:-3] + b",\n" + r4[:20] + r5 + b"\n]\n")
+    with LossHistory(hist) as h:
+        assert h.last_step == 5 and len(h) == 4
+        assert "incomplete record" in h.repairs[0]
+    assert steps_on_disk(hist) == [1, 2, 3, 5]
+
+
+def test_missing_closing_bracket(hist):
+    full = build(hist, 3)
+    hist.write_bytes(full[:-2])                          # "...}\n"
+    with LossHistory(hist) as h:
+        assert len(h) == 3 and "no closing ]" in h.repairs[0]
+        assert f"torn tail at byte {len(full) - 3}" in h.repairs[0]
+    assert hist.read_bytes() == full
+
+
+def test_duplicate_steps_after_a_crash_are_dropped_with_a_warning(hist):
+    full = build(hist, 4)
+    r3 = json.dumps(rec(3), separators=(",", ":")).encode()
+    r5 = json.dumps(rec(5), separators=(",", ":")).encode()
+    hist.write_bytes(full[:-3] + b",\n" + r3 + b",\n" + r5 + b"\n]\n")
+    with LossHistory(hist) as h:
+        assert len(h) == 5 and h.last_step == 5
+        assert any("step 3 not after step 4" in m for m in h.repairs)
+    assert steps_on_disk(hist) == [1, 2, 3, 4, 5]
+
+
+def test_garbage_file_is_moved_aside_and_a_fresh_history_started(hist):
+    hist.write_bytes(b"\x00\x00garbage that is not a history")
+    with LossHistory(hist) as h:
+        assert len(h) == 0 and "moved aside" in h.repairs[0]
+        h.append(rec(1))
+    (aside,) = [p for p in hist.parent.iterdir() if ".corrupt-" in p.name]
+    assert aside.read_bytes() == b"\x00\x00garbage that is not a history"
+    assert steps_on_disk(hist) == [1]
+
+
+def test_zero_length_file_starts_fresh(hist):
+    hist.write_bytes(b"")
+    with LossHistory(hist) as h:
+        assert len(h) == 0 and "empty file" in h.repairs[0]
+    assert hist.read_bytes() == b"[\n]\n"
+
+
+def test_readers_tolerate_damage_without_writing(hist):
+    full = build(hist, 5)
+    damaged = full[:-20] + b"\x00" * 50
+    hist.write_bytes(damaged)
+    assert [r["step"] for r in read_records(hist)] == [1, 2, 3, 4]
+    assert [r["step"] for r in iter_records(hist)] == [1, 2, 3, 4]
+    assert hist.read_bytes() == damaged
+    assert read_records(hist.parent / "missing.json") == []
+
+
+def test_explicit_repair_returns_messages(hist):
+    full = build(hist, 3)
+    hist.write_bytes(full[:-10])
+    (msg,) = repair(hist)
+    assert "torn tail at byte" in msg
+    assert repair(hist) == []
+    assert steps_on_disk(hist) == [1, 2]
+
+
+# --- rewind -----------------------------------------------------------------------------------
+
+def test_rewind_moves_records_past_the_checkpoint_with_the_reason(hist):
+    build(hist, 250)
+    rewound = hist.parent / ".loss.rewound.json"
+    assert rewind(hist, 200, rewound, "resumed from step_000200.bin") == 50
+    assert steps_on_disk(hist) == list(range(1, 201))
+    moved = json.loads(rewound.read_text())
+    assert [r["step"] for r in moved] == list(range(201, 251))
+    assert all(r["rewound_reason"] == "resumed from step_000200.bin" for r in moved)
+    assert all(isinstance(r["rewound_at"], float) for r in moved)
+    assert {k: v for k, v in moved[0].items() if not k.startswith("rewound_")} == \
+        json.loads(json.dumps(rec(201)))
+    # a second crash: the rewound file is appended to, even with steps going back
+    with LossHistory(hist) as h:
+        assert h.last_step == 200
+        h.append_many([rec(s) for s in range(201, 231)])
+    assert rewind(hist, 200, rewound, "second crash") == 30
+    assert [r["step"] for r in read_records(rewound, monotonic=False)] == \
+        list(range(201, 251)) + list(range(201, 231))
+    assert rewind(hist, 200, rewound, "nothing to do") == 0
+    assert rewind(hist, 0, rewound, "from scratch") == 200
+    assert hist.read_bytes() == b"[\n]\n"
+
+
+def test_rewind_through_an_open_history(hist):
+    rewound = hist.parent / ".loss.rewound.json"
+    with LossHistory(hist) as h:
+        h.append_many([rec(s) for s in range(1, 11)])
+        assert h.rewind(6, rewound, "resume") == 4
+        assert len(h) == 6 and h.last_step == 6
+        h.append(rec(7))
+    assert steps_on_disk(hist) == list(range(1, 8))
+
+
+def test_rewind_repairs_a_torn_tail_first(hist):
+    full = build(hist, 10)
+    hist.write_bytes(full[:-15])
+    rewound = hist.parent / ".loss.rewound.json"
+    assert rewind(hist, 5, rewound, "crash") == 4
+    assert steps_on_disk(hist) == [1, 2, 3, 4, 5]
+    assert steps_on_disk(rewound) == [6, 7, 8, 9]
+
+
+def test_numpy_like_scalars_are_converted(hist):
+    class Scalar:
+        def __init__(self, v):
+            self.v = v
+
+        def tolist(self):
+            return self.v
+
+    with LossHistory(hist) as h:
+        h.append({"step": 1, "loss": Scalar(float("nan")), "n": Scalar(3)})
+    assert json.loads(hist.read_text()) == [{"step": 1, "loss": None, "n": 3}]

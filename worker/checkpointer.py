@@ -1,0 +1,139 @@
+"""Checkpoint writing without stalling training (SPEC section 4).
+
+At the step boundary `snapshot()` copies weights, m and v (three contiguous flat buffers) into a
+preallocated host buffer (pinned memory on CUDA); a background thread then writes the file with
+`shared.checkpoint_format.write_checkpoint` (atomic), records it in the manifest and applies
+retention, deleting only after the new file is durable. One write is in flight at a time: a new
+snapshot first waits for the previous write. `wait()` is what SIGTERM and the end of a run call.
+
+What it is not: the format (shared/checkpoint_format.py) or the decision of when to write
+(worker/trainer.py).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from shared.checkpoint_format import CheckpointError, parse_checkpoint_name, write_checkpoint, \
+    list_checkpoints
+from shared.checkpoint_manifest import ManifestEntry, plan_retention, read_manifest, \
+    record_checkpoint, remove_entries
+
+log = logging.getLogger("worker.checkpointer")
+
+PINNED_REASONS = frozenset({"sigusr1", "pivot", "final", "alarm"})
+DISK_MARGIN_BYTES = 64 << 20
+
+
+@dataclass
+class WriteResult:
+    step: int
+    reason: str
+    path: str | None
+    nbytes: int
+    seconds: float
+    error: str | None = None
+
+
+class Checkpointer:
+    """Background checkpoint writer for a flat model of `n_params` float32 parameters.
+
+    on_done(WriteResult) is called from the writer thread after each attempt.
+    """
+
+    def __init__(self, run_dir: Path, n_params: int, keep_last: int = 3, keep_every: int = 10000,
+                 pin_memory: bool = False,
+                 on_done: Callable[[WriteResult], None] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.n = n_params
+        self.keep_last, self.keep_every = keep_last, keep_every
+        host = torch.empty(3 * n_params, dtype=torch.float32, pin_memory=pin_memory)
+        self._host_t = host
+        self._host = host.numpy()
+        self._thread: threading.Thread | None = None
+        self._on_done = on_done or (lambda r: None)
+        self.last_result: WriteResult | None = None
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> WriteResult | None:
+        """Block until the write in flight (if any) is durable or failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        return self.last_result
+
+    def snapshot(self, step: int, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+                 reason: str, background: bool = True) -> float:
+        """Copy the three flat buffers to host and start writing `step_{step}.bin`.
+
+        Returns the seconds training was held (the wait for a previous write plus the copy)."""
+        t0 = time.perf_counter()
+        self.wait()
+        n = self.n
+        for i, src in enumerate((w, m, v)):
+            self._host_t[i * n:(i + 1) * n].copy_(src.detach().reshape(-1), non_blocking=True)
+        if w.is_cuda:
+            torch.cuda.synchronize()
+        held = time.perf_counter() - t0
+        if background:
+            self._thread = threading.Thread(target=self._write, args=(step, reason),
+                                            name=f"ckpt-{step}", daemon=False)
+            self._thread.start()
+        else:
+            self._write(step, reason)
+        return held
+
+    def _free_bytes(self) -> int:
+        return shutil.disk_usage(self.run_dir).free
+
+    def _write(self, step: int, reason: str) -> None:
+        t0 = time.perf_counter()
+        need = 8 + 12 * self.n + DISK_MARGIN_BYTES
+        try:
+            if self._free_bytes() < need:
+                self.apply_retention(exclude_newest=False)
+                if self._free_bytes() < need:
+                    raise CheckpointError(
+                        f"{self.run_dir}: {self._free_bytes():,} bytes free, a checkpoint needs "
+                        f"{need:,} (with margin); free disk space", rule="disk")
+            n = self.n
+            path, nbytes, checksum = write_checkpoint(
+                self.run_dir, step, self._host[:n], self._host[n:2 * n], self._host[2 * n:])
+            record_checkpoint(self.run_dir, ManifestEntry(
+                step=step, file=path.name, nbytes=nbytes, checksum=checksum, reason=reason,
+                pinned=reason in PINNED_REASONS, time=time.time()))
+            self.apply_retention()
+            res = WriteResult(step, reason, str(path), nbytes, time.perf_counter() - t0)
+        except Exception as e:  # the writer must never die silently: report the failure
+            log.error("checkpoint step %d (%s) FAILED: %s", step, reason, e)
+            res = WriteResult(step, reason, None, 0, time.perf_counter() - t0, error=str(e))
+        self.last_result = res
+        self._on_done(res)
+
+    def apply_retention(self, exclude_newest: bool = True) -> list[int]:
+        """Delete checkpoints retention allows (SPEC section 4); never pinned ones, never a file
+        without a manifest entry (another writer's). Returns the deleted steps."""
+        entries = read_manifest(self.run_dir)
+        present = {s for s, _ in list_checkpoints(self.run_dir)}
+        known = [s for s in present if s in entries]
+        pinned = {s for s, e in entries.items() if e.pinned}
+        doomed = plan_retention(known, pinned, self.keep_last, self.keep_every)
+        for s in doomed:
+            try:
+                (self.run_dir / entries[s].file).unlink()
+                log.info("retention: deleted %s", entries[s].file)
+            except FileNotFoundError:
+                pass
+        if doomed:
+            remove_entries(self.run_dir, doomed)
+        return doomed

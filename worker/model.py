@@ -1,0 +1,154 @@
+"""The GPT (SPEC section 5): pre-norm transformer, causal self-attention, GELU MLP, learned
+position embeddings, biases on, untied output head (no head bias). nanoGPT's shape, so that the
+parameter iterator gives the checkpoint order of `shared.config.parameter_table`.
+
+Parameters live in ONE contiguous float32 buffer (`GPT.flat`), each `nn.Parameter` a view into it
+in checkpoint order; the optimizer's exp_avg / exp_avg_sq are views into two more flat buffers
+(`worker/optim.py`). A checkpoint is then three contiguous copies, and a resume three more.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from shared.config import ModelShape, parameter_table
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, shape: ModelShape, dropout: float) -> None:
+        super().__init__()
+        self.n_head, self.n_embd, self.dropout = shape.n_head, shape.n_embd, dropout
+        self.c_attn = nn.Linear(shape.n_embd, 3 * shape.n_embd)
+        self.c_proj = nn.Linear(shape.n_embd, shape.n_embd)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: ModelShape, dropout: float) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(shape.n_embd, 4 * shape.n_embd)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * shape.n_embd, shape.n_embd)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, shape: ModelShape, dropout: float) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(shape.n_embd)
+        self.attn = CausalSelfAttention(shape, dropout)
+        self.ln_2 = nn.LayerNorm(shape.n_embd)
+        self.mlp = MLP(shape, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT over `vocab_size` tokens with architecture `shape`.
+
+    forward(idx: int64 (B, T)) -> logits float32 (B, T, vocab_size); T <= block_size.
+    `flat`: float32 (n_params,) holding every parameter in checkpoint order.
+    """
+
+    def __init__(self, shape: ModelShape, vocab_size: int, dropout: float = 0.0,
+                 seed: int = 0) -> None:
+        super().__init__()
+        self.shape, self.vocab_size = shape, vocab_size
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, shape.n_embd),
+            wpe=nn.Embedding(shape.block_size, shape.n_embd),
+            drop=nn.Dropout(dropout),
+            h=nn.ModuleList([Block(shape, dropout) for _ in range(shape.n_layer)]),
+            ln_f=nn.LayerNorm(shape.n_embd),
+        ))
+        self.lm_head = nn.Linear(shape.n_embd, vocab_size, bias=False)
+        self.table = parameter_table(shape, vocab_size)
+        self._check_order()
+        self._init_weights(seed)
+        self.flat = self._flatten()
+
+    def _check_order(self) -> None:
+        got = [(n, tuple(p.shape)) for n, p in self.named_parameters()]
+        want = [(n, s) for n, s, _ in self.table]
+        if got != want:  # a programming error: the file order would silently change
+            raise RuntimeError(f"parameter order differs from shared.config.parameter_table: "
+                               f"{got[:3]}... vs {want[:3]}...")
+
+    def _init_weights(self, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        std_proj = 0.02 / math.sqrt(2 * self.shape.n_layer)  # GPT-2 scaled residual init
+        for name, p in self.named_parameters():
+            with torch.no_grad():
+                if name.endswith("c_proj.weight"):
+                    p.normal_(0.0, std_proj, generator=g)
+                elif p.dim() == 2:
+                    p.normal_(0.0, 0.02, generator=g)
+                elif "ln_" in name and name.endswith("weight"):
+                    p.fill_(1.0)
+                else:
+                    p.zero_()
+
+    def _flatten(self) -> torch.Tensor:
+        n = sum(p.numel() for p in self.parameters())
+        flat = torch.empty(n, dtype=torch.float32)
+        for (name, p), (_, _, off) in zip(self.named_parameters(), self.table):
+            flat[off:off + p.numel()].copy_(p.detach().reshape(-1))
+            p.data = flat[off:off + p.numel()].view_as(p)
+        return flat
+
+    def to_device(self, device: torch.device) -> "GPT":
+        """Move to `device` keeping parameters as views of one flat buffer."""
+        flat = self.flat.to(device)
+        for (name, p), (_, _, off) in zip(self.named_parameters(), self.table):
+            p.data = flat[off:off + p.numel()].view_as(p)
+        self.flat = flat
+        return self
+
+    @property
+    def n_params(self) -> int:
+        return self.flat.numel()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (6N + attention), PaLM appendix B / nanoGPT estimate_mfu."""
+        s = self.shape
+        return 6 * self.n_params + 12 * s.n_layer * s.n_embd * s.block_size
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
+                 top_k: int | None = 40, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Sample continuations. idx int64 (B, T0) -> (B, T0 + max_new_tokens)."""
+        for _ in range(max_new_tokens):
+            ctx = idx[:, -self.shape.block_size:]
+            logits = self(ctx)[:, -1, :] / max(temperature, 1e-6)
+            if top_k:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            probs = F.softmax(logits, dim=-1)
+            nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(idx.device)
+            idx = torch.cat((idx, nxt), dim=1)
+        return idx
