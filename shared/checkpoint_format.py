@@ -26,8 +26,10 @@ import operator
 import os
 import pathlib
 import re
+import queue
 import struct
 import sys
+import threading
 import zlib
 from dataclasses import dataclass
 
@@ -48,7 +50,7 @@ class CheckpointError(ValueError):
     The message is operator-facing: file, value, rule, what to do. ``path`` is the file
     concerned (or None) and ``rule`` a short machine-readable key: "name", "limits",
     "empty", "short-header", "header-n", "size", "step", "n_params", "checksum", "dtype",
-    "shape", "io".
+    "shape", "io", "disk".
     """
 
     def __init__(self, message: str, *, path: os.PathLike | str | None = None,
@@ -295,11 +297,17 @@ def validate_checkpoint(path: os.PathLike | str, n_params: int | None,
     return info
 
 
-def _readinto_exact(f, view: memoryview, path: pathlib.Path, info: CheckpointInfo) -> None:
+def _readinto_exact(f, view: memoryview, path: pathlib.Path, info: CheckpointInfo,
+                    crc: "_BackgroundCrc | None" = None) -> None:
     # Raw reads may be short (Linux caps one read at ~2 GiB); loop until the buffer is full.
+    # With a crc, read in CHECKSUM_CHUNK pieces and checksum each read piece in the helper
+    # thread while the next one is read.
     done, total = 0, len(view)
     while done < total:
-        got = f.readinto(view[done:])
+        end = total if crc is None else min(total, done + CHECKSUM_CHUNK)
+        got = f.readinto(view[done:end])
+        if got and crc is not None:
+            crc.feed(view[done:done + got])
         if not got:
             raise CheckpointError(
                 f"{path.name}: ended after {HEADER_BYTES + done:,} of {info.nbytes:,} bytes "
@@ -315,8 +323,9 @@ def load_checkpoint(path: os.PathLike | str, n_params: int | None,
 
     Same arguments and CheckpointError rules as ``validate_checkpoint``, checked on the same
     open file that is then read. The three arrays are float32, 1-D, length n_params,
-    contiguous, writable views of ONE preallocated buffer of 3*n_params (one read, no extra
-    copy; the checksum, when given, is computed over the bytes already in memory).
+    contiguous, writable views of ONE preallocated buffer of 3*n_params (read straight into
+    it, no extra copy; the checksum, when given, is computed in a helper thread over each
+    8 MiB piece already read while the next piece is read).
     """
     path = pathlib.Path(path)
     n_params = _check_expected_n(n_params)
@@ -327,11 +336,17 @@ def load_checkpoint(path: os.PathLike | str, n_params: int | None,
             n = info.n_params
             buf = np.empty(3 * n, dtype=_F32)
             f.seek(HEADER_BYTES)
-            _readinto_exact(f, memoryview(buf).cast("B"), path, info)
+            crc = (_BackgroundCrc(zlib.crc32(_HEADER.pack(info.step, n)))
+                   if want is not None else None)
+            try:
+                _readinto_exact(f, memoryview(buf).cast("B"), path, info, crc)
+            finally:
+                if crc is not None:
+                    crc.close()
     except OSError as exc:
         raise _open_error(path, exc) from exc
-    if want is not None:
-        got = _format_crc(zlib.crc32(buf, zlib.crc32(_HEADER.pack(info.step, n))))
+    if crc is not None:
+        got = _format_crc(crc.result())
         if got != want:
             raise _checksum_mismatch(path, got, want)
     if sys.byteorder != "little":
@@ -343,6 +358,48 @@ def load_checkpoint(path: os.PathLike | str, n_params: int | None,
 
 def _format_crc(crc: int) -> str:
     return "crc32:%08x" % (crc & 0xFFFFFFFF)
+
+
+class _BackgroundCrc:
+    """zlib.crc32 of the buffers fed to it, in order, computed by a helper thread.
+
+    zlib.crc32 and file I/O both release the GIL, so the checksum of a 150 MB checkpoint
+    (~0.05 s) overlaps the write + fsync (or the read) instead of adding to it (issue 3
+    benchmark). Buffers fed must not change until ``result()`` returns. ``close()`` abandons
+    the computation (on an error path); both are idempotent.
+    """
+
+    def __init__(self, initial: int = 0):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._crc = initial
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="checkpoint-crc32", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            view = self._queue.get()
+            if view is None:
+                return
+            if self._error is None:
+                try:
+                    self._crc = zlib.crc32(view, self._crc)
+                except BaseException as exc:  # reported by result(), never lost
+                    self._error = exc
+
+    def feed(self, view) -> None:
+        self._queue.put(view)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def result(self) -> int:
+        self.close()
+        if self._error is not None:
+            raise self._error
+        return self._crc
 
 
 def _crc_of_stream(f) -> str:
@@ -410,9 +467,10 @@ def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
     e.g. a CPU tensor's numpy view); each buffer is written directly, without concatenation.
     step: int in [0, INT32_MAX]; n in [1, INT32_MAX].
     Writes ``.{final_name}.tmp-{pid}`` in the same directory (header, weights, m, v), computes
-    crc32 over exactly the bytes written, flushes, fsyncs (if ``fsync``), renames over the
-    final name with os.replace and fsyncs the directory. An existing file for the same step
-    is replaced atomically.
+    crc32 over exactly the bytes written (in a helper thread, overlapping the write and the
+    fsync; the arrays must not change during the call), flushes, fsyncs (if ``fsync``),
+    renames over the final name with os.replace and fsyncs the directory. An existing file
+    for the same step is replaced atomically.
     Returns (final_path, nbytes, "crc32:%08x"), nbytes = 8 + 12*n.
     Raises CheckpointError for bad inputs (rules "limits", "dtype", "shape", before any file
     is touched) and for any OSError (rule "io", errno text in the message, the OSError as
@@ -432,26 +490,44 @@ def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
             f"parameters in the same order", rule="shape")
     check_int32_limits(step, n)
 
-    final = directory / final_name
-    tmp = directory / f".{final_name}.tmp-{os.getpid()}"
     header = _HEADER.pack(step, n)
-    renamed = False
-    try:
+    views = [memoryview(arr).cast("B") for arr in arrays]
+    crc = _BackgroundCrc(zlib.crc32(header))
+    for view in views:
+        crc.feed(view)
+
+    def write_body(tmp: pathlib.Path) -> None:
         with open(tmp, "wb") as f:
             f.write(header)
-            crc = zlib.crc32(header)
-            for arr in arrays:
-                view = memoryview(arr).cast("B")
+            for view in views:
                 f.write(view)
-                crc = zlib.crc32(view, crc)
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
+
+    final = _atomic_commit(directory, final_name, write_body, crc, fsync)
+    return final, HEADER_BYTES + 12 * n, _format_crc(crc.result())
+
+
+def _atomic_commit(directory: pathlib.Path, final_name: str, write_body, crc: _BackgroundCrc,
+                   fsync: bool) -> pathlib.Path:
+    """Temporary -> write_body(tmp) -> crc done -> os.replace -> directory fsync (SPEC 4).
+
+    On any exception the temporary is removed, the crc thread stopped, and an OSError becomes
+    a CheckpointError (rule "io") naming errno; other checkpoints are never touched.
+    """
+    final = directory / final_name
+    tmp = directory / f".{final_name}.tmp-{os.getpid()}"
+    renamed = False
+    try:
+        write_body(tmp)
+        crc.result()  # the checksum is complete before the file becomes visible
         os.replace(tmp, final)
         renamed = True
         if fsync:
             fsync_directory(directory)
     except BaseException as exc:
+        crc.close()
         if not renamed:
             try:
                 os.unlink(tmp)
@@ -467,7 +543,128 @@ def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
                 f"earlier checkpoints are intact; free disk space or fix the directory, then "
                 f"retry", path=where, rule="io") from exc
         raise
-    return final, HEADER_BYTES + 12 * n, _format_crc(crc)
+    return final
+
+
+# ---------------------------------------------------------------------------- file images
+
+DIRECT_ALIGN = 4096   # bytes: O_DIRECT needs buffer address, file offset and length aligned
+
+
+def image_offset(address: int, align: int = DIRECT_ALIGN) -> int:
+    """Bytes to skip from ``address`` to the next multiple of ``align`` (0 if aligned)."""
+    return -address % align
+
+
+def alloc_checkpoint_image(n_params: int) -> np.ndarray:
+    """A zeroed, 4096-byte-aligned uint8 array of ``8 + 12 * n_params`` bytes: a file image.
+
+    Layout = the file's (SPEC 4): header at [0:8], weights, m, v as float32 from byte 8 on
+    (``image_arrays`` gives the views). ``write_checkpoint_image`` writes it with O_DIRECT
+    where the filesystem allows. Raises CheckpointError (rule "limits") for a bad n_params.
+    """
+    check_int32_limits(0, n_params)
+    size = expected_size(n_params)
+    raw = np.zeros(size + DIRECT_ALIGN, dtype=np.uint8)
+    off = image_offset(raw.ctypes.data)
+    return raw[off:off + size]
+
+
+def image_arrays(image: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weights, m, v): float32 views of a file image's three regions (no copy)."""
+    n = _image_n(image)
+    flat = image[HEADER_BYTES:].view(_F32)
+    return flat[:n], flat[n:2 * n], flat[2 * n:]
+
+
+def _image_n(image) -> int:
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 1 \
+            or not image.flags.c_contiguous:
+        raise CheckpointError(
+            f"checkpoint image must be a 1-D C-contiguous uint8 array, got "
+            f"{getattr(image, 'dtype', type(image).__name__)} "
+            f"{getattr(image, 'shape', '')}: allocate it with alloc_checkpoint_image",
+            rule="shape")
+    size = image.shape[0]
+    if size < HEADER_BYTES + 12 or (size - HEADER_BYTES) % 12:
+        raise CheckpointError(
+            f"checkpoint image of {size:,} bytes is not 8 + 12 x n_params with n_params >= 1: "
+            f"allocate it with alloc_checkpoint_image", rule="shape")
+    return (size - HEADER_BYTES) // 12
+
+
+def _clear_direct(fd: int) -> None:
+    import fcntl
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+
+
+def _write_image(tmp: pathlib.Path, view: memoryview, aligned: bool, fsync: bool) -> None:
+    """Write ``view`` to a new file ``tmp``: the 4096-aligned bulk with O_DIRECT when possible
+    (no copy into the page cache), the rest (and everything, where O_DIRECT is refused or the
+    buffer is not aligned) with plain write(2); short writes are continued; then fsync."""
+    o_direct = getattr(os, "O_DIRECT", 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    direct = bool(o_direct) and aligned
+    fd = None
+    if direct:
+        try:
+            fd = os.open(tmp, flags | o_direct, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # EINVAL: this filesystem has no O_DIRECT
+                raise
+            direct = False
+    if fd is None:
+        fd = os.open(tmp, flags, 0o644)
+    try:
+        total = len(view)
+        bulk = total - total % DIRECT_ALIGN
+        done = 0
+        while done < total:
+            if direct and (done >= bulk or done % DIRECT_ALIGN):
+                _clear_direct(fd)
+                direct = False
+            try:
+                got = os.write(fd, view[done:bulk if direct else total])
+            except OSError as exc:
+                if direct and exc.errno == errno.EINVAL:  # alignment refused: plain writes
+                    _clear_direct(fd)
+                    direct = False
+                    continue
+                raise
+            if got == 0:
+                raise OSError(errno.EIO, f"write(2) wrote 0 bytes at offset {done:,}")
+            done += got
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint_image(directory: os.PathLike | str, step: int, image: np.ndarray, *,
+                           fsync: bool = True) -> tuple[pathlib.Path, int, str]:
+    """Write a file image (``alloc_checkpoint_image``) as ``step_NNNNNN.bin``, atomically.
+
+    The fast path of the background writer (issue 3 benchmark): the image already holds the
+    file's bytes, so the write is ONE sequential write of one buffer; when the image is
+    4096-aligned and the filesystem supports it, with O_DIRECT (the kernel reads the buffer
+    directly, no copy into the page cache), then fsync. Sets the header bytes image[0:8] to
+    (step, n_params); weights, m, v must already be in place and must not change during the
+    call. Same temporary/rename/directory-fsync protocol, return value (final_path, nbytes,
+    "crc32:%08x") and errors as ``write_checkpoint`` (rules "limits", "shape", "io").
+    """
+    directory = pathlib.Path(directory)
+    final_name = checkpoint_name(step)
+    step = int(step)
+    n = _image_n(image)
+    check_int32_limits(step, n)
+    image[:HEADER_BYTES] = np.frombuffer(_HEADER.pack(step, n), dtype=np.uint8)
+    view = memoryview(image).cast("B")
+    crc = _BackgroundCrc()
+    crc.feed(view)
+    aligned = image_offset(image.ctypes.data) == 0
+    final = _atomic_commit(directory, final_name,
+                           lambda tmp: _write_image(tmp, view, aligned, fsync), crc, fsync)
+    return final, HEADER_BYTES + 12 * n, _format_crc(crc.result())
 
 
 # ---------------------------------------------------------------------------- directories
@@ -521,6 +718,30 @@ def list_checkpoints(directory: os.PathLike | str) -> list[tuple[int, pathlib.Pa
     return found
 
 
+def scan_for_resume(directory: os.PathLike | str, n_params: int | None,
+                    checksums: dict[int, str] | None = None
+                    ) -> tuple[CheckpointInfo | None, list[CheckpointError]]:
+    """Like ``find_latest_valid`` but each rejection is the CheckpointError itself (SPEC 4, 9).
+
+    Returns (info, rejected): rejected lists, newest first, one CheckpointError per newer file
+    that failed, with ``.path`` (the file), ``.rule`` (the rule it broke: "size", "step",
+    "n_params", "checksum", ...) and the operator message as ``str(err)``. Deletes nothing.
+    Raises CheckpointError if n_params is outside 1..INT32_MAX or the directory cannot be
+    listed.
+    """
+    n_params = _check_expected_n(n_params)
+    checksums = checksums or {}
+    rejected: list[CheckpointError] = []
+    for step, path in reversed(list_checkpoints(directory)):
+        try:
+            return validate_checkpoint(path, n_params, checksums.get(step)), rejected
+        except CheckpointError as exc:
+            if exc.path is None:
+                exc.path = path
+            rejected.append(exc)
+    return None, rejected
+
+
 def find_latest_valid(directory: os.PathLike | str, n_params: int | None,
                       checksums: dict[int, str] | None = None
                       ) -> tuple[CheckpointInfo | None, list[tuple[pathlib.Path, str]]]:
@@ -533,14 +754,41 @@ def find_latest_valid(directory: os.PathLike | str, n_params: int | None,
     file passing validate_checkpoint (None if none does) and rejected lists (path, reason)
     for every newer file that failed, newest first. Deletes nothing.
     Raises CheckpointError if n_params is outside 1..INT32_MAX or the directory cannot be
-    listed.
+    listed. ``scan_for_resume`` gives the same with each failure's rule.
     """
-    n_params = _check_expected_n(n_params)
-    checksums = checksums or {}
-    rejected: list[tuple[pathlib.Path, str]] = []
-    for step, path in reversed(list_checkpoints(directory)):
-        try:
-            return validate_checkpoint(path, n_params, checksums.get(step)), rejected
-        except CheckpointError as exc:
-            rejected.append((path, str(exc)))
-    return None, rejected
+    info, rejected = scan_for_resume(directory, n_params, checksums)
+    return info, [(err.path, str(err)) for err in rejected]
+
+
+QUARANTINE_DIR = "rejected"   # run-directory subfolder for checkpoints resume rejected
+
+
+def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR
+                          ) -> pathlib.Path:
+    """Move a rejected checkpoint into ``<its directory>/<folder>/``, keeping it (SPEC 4, 9).
+
+    Why: a rejected ``step_000300.bin`` left in place would be overwritten when training
+    reaches step 300 again, or deleted by retention; in the quarantine folder it is out of
+    reach of both, and of ``list_checkpoints``. The name is kept; if the folder already holds
+    that name, ``.1``, ``.2``, ... is appended. Same filesystem, so it is a rename (no copy);
+    the directories are fsynced. Returns the new path.
+    Raises CheckpointError (rule "io") if the folder cannot be created or the rename fails
+    (the file then stays where it was).
+    """
+    path = pathlib.Path(path)
+    dest_dir = path.parent / folder
+    try:
+        dest_dir.mkdir(exist_ok=True)
+        dest, k = dest_dir / path.name, 0
+        while dest.exists():
+            k += 1
+            dest = dest_dir / f"{path.name}.{k}"
+        os.rename(path, dest)
+        fsync_directory(dest_dir)
+        fsync_directory(path.parent)
+    except OSError as exc:
+        raise CheckpointError(
+            f"{path.name}: cannot move it to {dest_dir} ({exc.strerror or exc}): it stays "
+            f"where it is; move it aside by hand before training reaches its step",
+            path=path, rule="io") from exc
+    return dest

@@ -23,6 +23,8 @@ import pathlib
 import warnings
 from dataclasses import asdict, dataclass
 
+from filelock import FileLock
+
 from shared.checkpoint_format import INT32_MAX, fsync_directory
 
 MANIFEST_NAME = "checkpoints.json"
@@ -139,6 +141,25 @@ def _write_manifest(directory: os.PathLike | str, entries: dict[int, ManifestEnt
     fsync_directory(path.parent)
 
 
+def _locked(directory: os.PathLike | str) -> FileLock:
+    """The manifest's read-modify-write lock: the worker's writer thread records and retires
+    checkpoints while the proxy may pin one (collapse watch), in two processes."""
+    return FileLock(str(pathlib.Path(directory) / f".{MANIFEST_NAME}.lock"), timeout=30)
+
+
+def set_pinned(directory: os.PathLike | str, step: int) -> bool:
+    """Pin the entry of `step` so retention never deletes it; False if it has no entry
+    (already retired). Locked against the worker's concurrent updates."""
+    with _locked(directory):
+        entries = read_manifest(directory)
+        if step not in entries:
+            return False
+        if not entries[step].pinned:
+            entries[step].pinned = True
+            _write_manifest(directory, entries)
+        return True
+
+
 def record_checkpoint(directory: os.PathLike | str, entry: ManifestEntry) -> None:
     """Add or replace the entry for ``entry.step`` in the manifest, atomically (SPEC 4).
 
@@ -146,9 +167,10 @@ def record_checkpoint(directory: os.PathLike | str, entry: ManifestEntry) -> Non
     os.replace, fsync the directory. Call after the checkpoint itself is durable.
     Raises OSError if the manifest cannot be written (the old manifest stays intact).
     """
-    entries = read_manifest(directory)
-    entries[entry.step] = entry
-    _write_manifest(directory, entries)
+    with _locked(directory):
+        entries = read_manifest(directory)
+        entries[entry.step] = entry
+        _write_manifest(directory, entries)
 
 
 def remove_entries(directory: os.PathLike | str, steps) -> None:
@@ -157,12 +179,13 @@ def remove_entries(directory: os.PathLike | str, steps) -> None:
     Steps without an entry are ignored; nothing is written when nothing changes.
     Raises OSError if the manifest cannot be written.
     """
-    entries = read_manifest(directory)
-    drop = {int(s) for s in steps} & entries.keys()
-    if drop:
-        for step in drop:
-            del entries[step]
-        _write_manifest(directory, entries)
+    with _locked(directory):
+        entries = read_manifest(directory)
+        drop = {int(s) for s in steps} & entries.keys()
+        if drop:
+            for step in drop:
+                del entries[step]
+            _write_manifest(directory, entries)
 
 
 def manifest_checksums(entries: dict[int, ManifestEntry]) -> dict[int, str]:

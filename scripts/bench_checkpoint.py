@@ -1,0 +1,145 @@
+"""Benchmark the checkpoint path at the andrea-12m size (issue 3, SPEC 10). Prints ratios.
+
+  .venv/bin/python scripts/bench_checkpoint.py [--dir DIR] [--repeats 5] [--n-params N]
+
+Side by side, in one run, on the same filesystem (DIR, default: a temporary folder under the
+current directory), alternating the two sides of each pair and reporting medians:
+
+  write   the worker's write, shared.checkpoint_format.write_checkpoint_image of the file
+          image (temporary, one O_DIRECT write where possible, crc32 in a helper thread,
+          fsync, rename, directory fsync) vs a raw sequential buffered write + fsync of the
+          same bytes                                                        target <= 1.15
+          (also shown: write_checkpoint of three separate arrays, buffered)
+  stall   seconds Checkpointer.snapshot() holds training (copy into the host buffer, background
+          write) vs a synchronous Checkpointer write of the same state (copy + write, in the
+          training thread)                                                  target <= 0.10
+          (also shown: vs write_checkpoint of the live arrays, no copy, in the training thread)
+  load    load_checkpoint (validated, one readinto) vs np.fromfile of the same file
+          target <= 1.20; also shown: the load with the manifest checksum verified (resume)
+
+Both sides of the write pair end in fsync, so neither is flattered by the page cache; both
+sides of the load pair read a file just written (page cache warm for both).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from shared import checkpoint_format as cf  # noqa: E402
+
+N_12M = 12_811_008
+
+
+def _raw_write(path: pathlib.Path, header: bytes, arrays) -> None:
+    with open(path, "wb") as f:
+        f.write(header)
+        for a in arrays:
+            f.write(memoryview(a).cast("B"))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default=None, help="folder on the filesystem to measure")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--n-params", type=int, default=N_12M)
+    a = ap.parse_args(argv)
+    n = a.n_params
+    rng = np.random.default_rng(0)
+    buf = rng.standard_normal(3 * n, dtype=np.float32)
+    w, m, v = buf[:n], buf[n:2 * n], buf[2 * n:]
+    header = cf._HEADER.pack(100, n)
+    with tempfile.TemporaryDirectory(prefix="bench_ckpt_", dir=a.dir or os.getcwd()) as d:
+        d = pathlib.Path(d)
+        print(f"checkpoint benchmark: n_params {n:,}, file {cf.expected_size(n):,} bytes, "
+              f"{a.repeats} repeats, in {d}")
+
+        # ---- write: ours vs raw write + fsync
+        # Each side creates a new file, as a run does (a new step each time); the previous
+        # file is deleted outside the timed region (retention's job, after the write).
+        # "ours" is the worker's path: write_checkpoint_image of the Checkpointer's host
+        # buffer (the file image); "arrays" is write_checkpoint of three separate arrays.
+        image = cf.alloc_checkpoint_image(n)
+        for dst, src in zip(cf.image_arrays(image), (w, m, v)):
+            dst[:] = src
+        ours, raw, arrays = [], [], []
+        for i in range(a.repeats):
+            raw.append(_timed(lambda: _raw_write(d / "raw.bin", header, (w, m, v))))
+            os.unlink(d / "raw.bin")
+            ours.append(_timed(lambda: cf.write_checkpoint_image(d, 100 + i, image)))
+            os.unlink(d / cf.checkpoint_name(100 + i))
+            arrays.append(_timed(lambda: cf.write_checkpoint(d, 100 + i, w, m, v)))
+            if i < a.repeats - 1:
+                os.unlink(d / cf.checkpoint_name(100 + i))
+        t_ours, t_raw, t_arr = (statistics.median(x) for x in (ours, raw, arrays))
+        print(f"write   ours {t_ours:.4f} s   raw write+fsync {t_raw:.4f} s   "
+              f"ratio {t_ours / t_raw:.3f}  (target <= 1.15)")
+        print(f"        write_checkpoint of three arrays (buffered) {t_arr:.4f} s   "
+              f"ratio {t_arr / t_raw:.3f}")
+        crc = statistics.median(_timed(lambda: zlib.crc32(buf)) for _ in range(3))
+        print(f"        (crc32 of the same bytes alone: {crc:.4f} s; ours computes it in a "
+              f"helper thread during the write and fsync; {os.cpu_count()} CPUs, load "
+              f"average {os.getloadavg()[0]:.1f})")
+
+        # ---- load: ours vs np.fromfile
+        path = d / cf.checkpoint_name(100 + a.repeats - 1)
+        checksum = cf.file_checksum(path)
+        ours, raw, checked = [], [], []
+        for i in range(a.repeats):
+            raw.append(_timed(lambda: np.fromfile(path, dtype=np.uint8)))
+            ours.append(_timed(lambda: cf.load_checkpoint(path, n)))
+            checked.append(_timed(lambda: cf.load_checkpoint(path, n, checksum)))
+        t_ours, t_raw, t_chk = (statistics.median(x) for x in (ours, raw, checked))
+        print(f"load    ours {t_ours:.4f} s   raw np.fromfile {t_raw:.4f} s   "
+              f"ratio {t_ours / t_raw:.3f}  (target <= 1.20)")
+        print(f"load+checksum (resume path) {t_chk:.4f} s   ratio to raw {t_chk / t_raw:.3f}")
+        os.unlink(path)
+
+        # ---- stall: snapshot() held time vs a synchronous write of the same state
+        import torch
+        from worker.checkpointer import Checkpointer
+        tw, tm, tv = (torch.from_numpy(x) for x in (w, m, v))
+        ck = Checkpointer(d, n, keep_last=2, keep_every=0)
+        held, sync = [], []
+        step = 1
+        for i in range(a.repeats):   # keep_last=2: retention deletes outside snapshot()
+            sync.append(_timed(lambda: ck.snapshot(step, tw, tm, tv, "cadence",
+                                                   background=False)))
+            step += 1
+            held.append(ck.snapshot(step, tw, tm, tv, "cadence"))
+            t_bg = _timed(ck.wait)   # the write goes on while "training" would
+            step += 1
+        live = []   # the classic synchronous checkpoint: write the live arrays, then train on
+        for i in range(a.repeats):
+            live.append(_timed(lambda: cf.write_checkpoint(d, 10_000 + i, w, m, v)))
+            os.unlink(d / cf.checkpoint_name(10_000 + i))
+        t_held, t_sync, t_live = (statistics.median(x) for x in (held, sync, live))
+        print(f"stall   snapshot held {t_held:.4f} s   synchronous write {t_sync:.4f} s   "
+              f"ratio {t_held / t_sync:.3f}  (target <= 0.10)")
+        print(f"        vs a synchronous write_checkpoint of the live arrays {t_live:.4f} s   "
+              f"ratio {t_held / t_live:.3f}")
+        print(f"        (last background write finished {t_bg:.3f} s after snapshot returned)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Issue 3 operator tools: `python -m proxy inspect PATH` and `export PATH --to X.safetensors`.
+
+A real model's flat parameters are written with the real writer into a run directory that
+has a real run.json; the tools run as real processes.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from proc_helpers import ROOT
+from shared import checkpoint_format as cf
+from shared import checkpoint_manifest as cm
+from shared.config import PRESETS, RunConfig, parameter_table
+
+VOCAB = 256
+
+
+def _proxy(*args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture()
+def run_with_checkpoint(tmp_path):
+    """(run_dir, model, path): andrea-test with bytes vocabulary, checkpoint of step 7."""
+    from worker.model import GPT
+    cfg = RunConfig(preset="andrea-test", model=PRESETS["andrea-test"], tokenizer="bytes",
+                    vocab_size=VOCAB)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps(cfg.to_json()))
+    model = GPT(cfg.model, VOCAB, seed=3)
+    flat = model.flat.detach().numpy()
+    m = (flat * 0.5).astype("float32")
+    v = (flat * flat).astype("float32")
+    path, nbytes, checksum = cf.write_checkpoint(run, 7, flat, m, v)
+    cm.record_checkpoint(run, cm.ManifestEntry(step=7, file=path.name, nbytes=nbytes,
+                                               checksum=checksum, reason="sigusr1",
+                                               pinned=True, time=0.0))
+    return run, model, path
+
+
+def test_inspect_prints_header_size_checksum_table_and_norms(run_with_checkpoint):
+    run, model, path = run_with_checkpoint
+    r = _proxy("inspect", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert f"header     step 7, n_params {model.n_params:,}" in out
+    assert f"size       {8 + 12 * model.n_params:,} bytes" in out and ": ok" in out
+    assert f"{cm.read_manifest(run)[7].checksum}: match; written for sigusr1, pinned yes" in out
+    assert "valid      yes" in out
+    for name, shape, offset in parameter_table(PRESETS["andrea-test"], VOCAB):
+        assert any(line.startswith(name) and f"{offset:,}" in line and str(tuple(shape)) in line
+                   for line in out.splitlines()), name
+    assert "|weights|" in out and "|m|" in out and "|v|" in out
+
+
+def test_inspect_reports_a_flipped_byte_and_a_truncated_file_with_their_rules(
+        run_with_checkpoint):
+    run, _, path = run_with_checkpoint
+    data = bytearray(path.read_bytes())
+    data[5000] ^= 0x01
+    path.write_bytes(bytes(data))
+    r = _proxy("inspect", str(path))
+    assert r.returncode == 1
+    assert "MISMATCH: manifest records" in r.stdout and "NO (rule: checksum)" in r.stdout
+    path.write_bytes(bytes(data[:1000]))
+    r = _proxy("inspect", str(path))
+    assert r.returncode == 1 and "(rule: size)" in r.stdout and "truncated" in r.stdout
+
+
+def test_export_writes_named_weights_that_a_fresh_model_loads_and_runs_identically(run_with_checkpoint,
+                                                                       tmp_path):
+    from safetensors.numpy import load_file
+    from worker.model import GPT
+    run, model, path = run_with_checkpoint
+    out = tmp_path / "model.safetensors"
+    r = _proxy("export", str(path), "--to", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    tensors = load_file(str(out))
+    table = parameter_table(PRESETS["andrea-test"], VOCAB)
+    assert sorted(tensors) == sorted(name for name, _, _ in table)
+    fresh = GPT(PRESETS["andrea-test"], VOCAB, seed=99)
+    res = fresh.load_state_dict({k: torch.from_numpy(a) for k, a in tensors.items()},
+                                strict=False)
+    assert res.unexpected_keys == []
+    assert set(res.missing_keys) <= {name for name, _ in fresh.named_buffers()}
+    for name, p in model.named_parameters():
+        assert tuple(tensors[name].shape) == tuple(p.shape)
+        torch.testing.assert_close(dict(fresh.named_parameters())[name], p, rtol=0, atol=0)
+    idx = torch.arange(16).view(1, -1)
+    torch.testing.assert_close(fresh(idx), model(idx), rtol=0, atol=0)
+    # an existing output is not overwritten without --force; a corrupt file is refused
+    assert _proxy("export", str(path), "--to", str(out)).returncode == 2
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    r = _proxy("export", str(path), "--to", str(out), "--force")
+    assert r.returncode == 1 and "(rule: checksum)" in r.stdout
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]

@@ -1,0 +1,149 @@
+"""Issue 3 / SPEC 4: the worker's background checkpoint writer (worker/checkpointer.py).
+
+Real files, real threads; write failures are real kernel errors (a file-size limit set with
+setrlimit in a child process makes write(2) fail midway with EFBIG), and the free-space check
+is fed a small figure at its dependency (shutil.disk_usage).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from proc_helpers import ROOT
+from shared import checkpoint_format as cf
+from shared import checkpoint_manifest as cm
+from worker import checkpointer as ck
+from worker.checkpointer import Checkpointer
+
+
+def _state(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(n, generator=g) for _ in range(3))
+
+
+def _file_arrays(path, n):
+    step, w, m, v = cf.load_checkpoint(path, n)
+    return step, w.copy(), m.copy(), v.copy()
+
+
+def test_snapshot_copies_the_state_so_training_can_change_it_during_the_write(tmp_path):
+    n = 200_000
+    w, m, v = _state(n, 0)
+    expect = [t.clone().numpy() for t in (w, m, v)]
+    done = []
+    c = Checkpointer(tmp_path, n, keep_last=2, keep_every=0, on_done=done.append)
+    held = c.snapshot(10, w, m, v, "cadence")
+    assert isinstance(held, float) and held >= 0.0
+    for t in (w, m, v):          # "training" goes on while the file is being written
+        t.add_(1.0)
+    r = c.wait()
+    assert r.error is None and done == [r] and r.step == 10 and r.nbytes == 8 + 12 * n
+    step, *arrays = _file_arrays(tmp_path / "step_000010.bin", n)
+    assert step == 10
+    for got, want in zip(arrays, expect):
+        np.testing.assert_array_equal(got, want)
+    entry = cm.read_manifest(tmp_path)[10]
+    assert entry.checksum == cf.file_checksum(tmp_path / "step_000010.bin")
+    assert (entry.reason, entry.pinned) == ("cadence", False)
+
+
+def test_back_to_back_snapshots_write_one_at_a_time_and_both_land(tmp_path):
+    n = 100_000
+    c = Checkpointer(tmp_path, n, keep_last=3, keep_every=0)
+    w, m, v = _state(n, 1)
+    c.snapshot(1, w, m, v, "cadence")
+    w2 = w + 5
+    c.snapshot(2, w2, m, v, "sigusr1")   # waits for write 1, then starts write 2
+    assert c.wait().step == 2
+    np.testing.assert_array_equal(_file_arrays(tmp_path / "step_000001.bin", n)[1], w.numpy())
+    np.testing.assert_array_equal(_file_arrays(tmp_path / "step_000002.bin", n)[1], w2.numpy())
+    man = cm.read_manifest(tmp_path)
+    assert [(s, e.reason, e.pinned) for s, e in sorted(man.items())] == [
+        (1, "cadence", False), (2, "sigusr1", True)]
+
+
+def test_retention_keeps_last_k_multiples_and_pinned_and_ignores_foreign_files(tmp_path):
+    n = 1000
+    c = Checkpointer(tmp_path, n, keep_last=2, keep_every=30)
+    w, m, v = _state(n, 2)
+    cf.write_checkpoint(tmp_path, 5, w.numpy(), m.numpy(), v.numpy())  # another writer's
+    for step in range(10, 101, 10):
+        c.snapshot(step, w, m, v, "sigusr1" if step == 40 else "cadence")
+    c.wait()
+    assert [s for s, _ in cf.list_checkpoints(tmp_path)] == [5, 30, 40, 60, 90, 100]
+    assert sorted(cm.read_manifest(tmp_path)) == [30, 40, 60, 90, 100]
+
+
+def test_short_disk_applies_retention_then_fails_without_touching_files(tmp_path, monkeypatch):
+    n = 1000
+    done = []
+    c = Checkpointer(tmp_path, n, keep_last=2, keep_every=0, on_done=done.append)
+    w, m, v = _state(n, 3)
+    for step in (10, 20, 30):
+        c.snapshot(step, w, m, v, "cadence")
+        c.wait()
+    c.keep_last = 3  # nothing is doomed by the plan alone...
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    real = shutil.disk_usage
+    monkeypatch.setattr(ck.shutil, "disk_usage",
+                        lambda p: real(p)._replace(free=ck.DISK_MARGIN_BYTES // 2))
+    c.snapshot(40, w + 1, m, v, "cadence")
+    r = c.wait()
+    monkeypatch.undo()
+    assert r.error is not None and r.path is None
+    assert "bytes free" in r.error and "free disk space" in r.error
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert after == before                       # nothing written, nothing harmed
+    assert not any(cf.is_temporary_name(x) for x in os.listdir(tmp_path))
+    # the next cadence, with space again, succeeds
+    c.snapshot(50, w, m, v, "cadence")
+    assert c.wait().error is None
+    assert [s for s, _ in cf.list_checkpoints(tmp_path)] == [20, 30, 50]
+
+
+# A child with a real file-size limit: write(2) fails with EFBIG halfway through the file.
+FSIZE_CHILD = textwrap.dedent("""
+    import json, resource, sys
+    import torch
+    from worker.checkpointer import Checkpointer
+    run_dir, n = sys.argv[1], int(sys.argv[2])
+    out = []
+    c = Checkpointer(run_dir, n, keep_last=2, keep_every=0,
+                     on_done=lambda r: out.append([r.step, r.error]))
+    w, m, v = (torch.full((n,), float(i)) for i in (1, 2, 3))
+    c.snapshot(10, w, m, v, "cadence"); c.wait()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, ((8 + 12 * n) // 2, hard))
+    c.snapshot(20, w + 1, m, v, "cadence"); c.wait()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    c.snapshot(30, w + 2, m, v, "cadence"); c.wait()
+    print(json.dumps(out))
+""")
+
+
+def test_write_failing_midway_removes_temporary_keeps_previous_and_next_cadence_succeeds(
+        tmp_path):
+    n = 250_000                                   # 3 MB file, limit at 1.5 MB
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", FSIZE_CHILD, str(tmp_path), str(n)], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    results = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [s for s, _ in results] == [10, 20, 30]
+    assert results[0][1] is None and results[2][1] is None
+    err = results[1][1]
+    assert "step_000020.bin: write failed" in err and "EFBIG" in err
+    assert "temporary was removed" in err and "FAILED" in r.stderr
+    names = sorted(os.listdir(tmp_path))  # no temporary: only the manifest (and its lock)
+    assert names == [".checkpoints.json.lock", "checkpoints.json", "step_000010.bin",
+                     "step_000030.bin"]
+    step, w, _, _ = cf.load_checkpoint(tmp_path / "step_000010.bin", n,
+                                       cm.read_manifest(tmp_path)[10].checksum)
+    assert step == 10 and (w == 1.0).all()
+    assert sorted(cm.read_manifest(tmp_path)) == [10, 30]
