@@ -1,0 +1,46 @@
+"""File the step reports a dead proxy never read (issue 4, SPEC section 7 `.loss.json`).
+
+When the proxy is killed (SIGKILL, OOM killer, power to a login node...), its worker notices
+within seconds, finishes its step, checkpoints and exits, but the last few step reports sit
+unfiled in `.reports.jsonl`. The next proxy's first incarnation resets the handshake, which
+deletes that file; so before anything else the new proxy appends the reports that continue the
+history (step last+1, last+2, ... without a gap) to `.loss.json`, each marked "filed_late". The
+usual resume logic then rewinds whatever lies past the checkpoint it loads, so `.loss.json` ends
+up holding exactly one record per step 1..S, as if the proxy had never died.
+"""
+from __future__ import annotations
+
+import logging
+
+from shared.handshake import ReportReader
+from shared.loss_history import LossHistory
+from shared.run_layout import RunLayout
+
+log = logging.getLogger("proxy")
+
+
+def salvage_step_reports(layout: RunLayout, history: LossHistory, phases: list) -> int:
+    """Append to `history` the step reports in `.reports.jsonl` that continue it without a gap.
+
+    `phases`: proxy.mixture.Phase list (oldest first); a record of step s gets the phase whose
+    start_step < s, as the live proxy would have filed it. Returns the number of records filed.
+    """
+    last = history.last_step or 0
+    recs = []
+    for r in ReportReader(layout).read():
+        if r.get("type") != "step" or r.get("step") != last + 1:
+            continue
+        rec = {k: v for k, v in r.items() if k != "type"}
+        ph = [p for p in phases if p.start_step < rec["step"]] or phases[:1]
+        if ph:
+            rec["phase"] = {"label": ph[-1].label, "index": ph[-1].index}
+        rec["filed_late"] = "filed from .reports.jsonl by the next proxy (the previous one died)"
+        recs.append(rec)
+        last += 1
+    if recs:
+        history.append_many(recs)
+        history.flush()
+        log.warning("%s: filed %d step reports (steps %d..%d) that the previous proxy never read "
+                    "(it died); nothing was lost", layout.loss.name, len(recs), recs[0]["step"],
+                    recs[-1]["step"])
+    return len(recs)

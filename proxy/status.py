@@ -1,0 +1,222 @@
+"""`python -m proxy status --run-dir DIR [--json]`: how a run is doing (SPEC section 6, issue 4).
+
+Shows step, loss and its EMA, tokens/s, the last checkpoint, worker pid and health, and the arm
+probabilities. Works while the run is live and after it stopped (however it stopped: the files
+are read, never trusted blindly):
+
+  .status.json        the live proxy's summary, rewritten every second (may be stale)
+  .proxy.owner.json   who holds the run lock; the pid is checked against /proc (and its start
+                      time, so a recycled pid is not taken for the proxy)
+  .loss.json          its tail: the last records (step, loss, EMA over them, tokens/s)
+  checkpoints.json    plus the step_*.bin files actually present: the last checkpoint
+  .state.json         arm probabilities and pulls (else the last record's `p`)
+  .handshake.json     the worker's pid(s)
+
+Reads only; takes no lock, so it never disturbs a running proxy. Exit 0, or 2 when DIR is not a
+run directory.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import time
+
+from shared.run_layout import RunLayout
+
+TAIL_BYTES = 1 << 17       # the last 128 KiB of .loss.json: a few hundred records
+EMA_ALPHA = 0.05           # the proxy's progress-line EMA (proxy/supervisor.py)
+STALE_S = 30.0             # no step for this long (and 10x the usual step time): stalled
+
+
+def _read_json(path, default=None):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def tail_records(path, nbytes: int = TAIL_BYTES) -> list[dict]:
+    """The complete records in the last `nbytes` of a `.loss.json` (one record per line), in
+    order; a torn or partial line is skipped."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            f.seek(max(0, size - nbytes))
+            data = f.read()
+    except OSError:
+        return []
+    out = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        line = line.strip().lstrip("[").rstrip("]").rstrip(",").strip()
+        if line.startswith("{"):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r, dict) and isinstance(r.get("step"), int):
+                out.append(r)
+    return out
+
+
+def _proc_state(pid) -> str | None:
+    """One-letter /proc state of `pid` (R, S, D, T, Z...), or None if it does not exist."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _proxy_alive(owner: dict | None) -> bool:
+    """True if the lock holder named in .proxy.owner.json is a live process on this host that
+    started before it wrote the file (so not a recycled pid)."""
+    if not owner or owner.get("host") != socket.gethostname():
+        return False
+    pid = owner.get("pid")
+    if _proc_state(pid) in (None, "Z", "X"):
+        return False
+    try:
+        import psutil
+        return psutil.Process(int(pid)).create_time() <= float(owner.get("started_at", 0)) + 5
+    except Exception:
+        return True
+
+
+def collect_status(run_dir) -> dict:
+    """Everything `status` shows, as a dict (the `--json` output)."""
+    layout = RunLayout(run_dir)
+    from shared.config import load_run_config
+    cfg = load_run_config(layout.run_json)
+    st = _read_json(layout.root / ".status.json", {}) or {}
+    owner = _read_json(layout.proxy_owner)
+    hs = _read_json(layout.handshake, {}) or {}
+    worker = hs.get("worker") or {}
+    recs = tail_records(layout.loss)
+    now = time.time()
+
+    d: dict = {"run_dir": str(layout.root), "preset": cfg.preset, "n_params": cfg.n_params,
+               "max_steps": st.get("max_steps") or cfg.max_steps}
+    last = recs[-1] if recs else None
+    d["step"] = last["step"] if last else 0
+    d["loss"] = last.get("loss") if last else None
+    ema = None
+    for r in recs:
+        x = r.get("loss")
+        if isinstance(x, (int, float)) and math.isfinite(x):
+            ema = x if ema is None else (1 - EMA_ALPHA) * ema + EMA_ALPHA * x
+    d["loss_ema"] = ema
+    recent = recs[-20:]
+    times = [r.get("step_time") for r in recent if isinstance(r.get("step_time"), (int, float))]
+    tok_per_step = cfg.batch_size * cfg.model.block_size
+    tps = [r["tokens_per_s"] for r in recent if isinstance(r.get("tokens_per_s"), (int, float))]
+    d["tokens_per_s"] = (sum(tps) / len(tps) if tps else  # the worker's own figure (update only)
+                         tok_per_step * len(times) / sum(times) if times and sum(times) > 0 else None)
+    d["last_step_age_s"] = now - last["time"] if last and last.get("time") else None
+    d["skipped_recent"] = sum(1 for r in recent if r.get("skipped"))
+
+    from shared.checkpoint_format import list_checkpoints
+    from shared.checkpoint_manifest import read_manifest
+    present = dict(list_checkpoints(layout.root))
+    entries = read_manifest(layout.root)
+    if present:
+        s = max(present)
+        e = entries.get(s)
+        d["last_checkpoint"] = {"step": s, "file": os.path.basename(str(present[s])),
+                                "reason": e.reason if e else None,
+                                "pinned": e.pinned if e else None,
+                                "age_s": now - e.time if e else None}
+    else:
+        d["last_checkpoint"] = None
+    d["checkpoints"] = sorted(present)
+
+    state = _read_json(layout.state, {}) or {}
+    if state.get("arms"):
+        d["arms"] = {n: {"p": a.get("p"), "pulls": a.get("pulls")}
+                     for n, a in sorted(state["arms"].items())}
+    elif last and last.get("p"):
+        d["arms"] = {n: {"p": p, "pulls": None} for n, p in sorted(last["p"].items())}
+    else:
+        d["arms"] = {}
+
+    proxy_alive = _proxy_alive(owner)
+    wpid = st.get("worker_pid") or worker.get("pid")
+    wstate = _proc_state(wpid)
+    worker_alive = wstate not in (None, "Z", "X")
+    d.update(proxy_pid=(owner or {}).get("pid"), proxy_host=(owner or {}).get("host"),
+             proxy_alive=proxy_alive, worker_pid=wpid if worker_alive else None,
+             worker_pids=worker.get("pids") if worker_alive else [],
+             worker_state=wstate)
+    usual = (sum(times) / len(times)) if times else 0.0
+    age = d["last_step_age_s"]
+    if proxy_alive and worker_alive:
+        if wstate == "T":
+            health = f"STOPPED (worker pid {wpid} is stopped: SIGSTOP?); the proxy's hang timeout will act"
+        elif age is None or (worker.get("started_at") and last and last.get("time", 0) < worker["started_at"]):
+            health = "starting (worker up, no step yet)"
+        elif age > max(STALE_S, 10 * usual):
+            health = f"STALLED: no step for {age:.0f} s (worker state {wstate})"
+        else:
+            health = "running"
+    elif proxy_alive:
+        health = "proxy up, no worker (starting, restarting or finishing)"
+    elif worker_alive:
+        health = (f"PROXY GONE but worker pid {wpid} still runs (it should checkpoint and exit "
+                  "within seconds)")
+    elif d["step"] >= d["max_steps"]:
+        health = "finished"
+    else:
+        health = "stopped (resume with `python -m proxy run --run-dir DIR`)"
+    d["health"] = health
+    return d
+
+
+def format_status(d: dict) -> str:
+    """The human-readable table of `collect_status`'s dict."""
+    lines = [f"run         {d['run_dir']}  ({d['preset']}, {d['n_params']:,} parameters)",
+             f"health      {d['health']}",
+             f"processes   proxy pid {d['proxy_pid']} on {d['proxy_host']} "
+             f"({'alive' if d['proxy_alive'] else 'not running'}), worker pid "
+             f"{d['worker_pid'] or '-'}" + (f" (state {d['worker_state']})" if d['worker_pid'] else ""),
+             f"step        {d['step']:,} / {d['max_steps']:,}"
+             + (f"  (last step {d['last_step_age_s']:.0f} s ago)" if d["last_step_age_s"] is not None else "")]
+    if d["loss"] is not None:
+        ema = f"{d['loss_ema']:.4f}" if d["loss_ema"] is not None else "-"
+        lines.append(f"loss        {d['loss']:.4f}  (EMA {ema})")
+    elif d["step"]:
+        lines.append("loss        non-finite (update skipped)")
+    if d["skipped_recent"]:
+        lines.append(f"skipped     {d['skipped_recent']} of the last 20 updates (non-finite loss)")
+    if d["tokens_per_s"]:
+        lines.append(f"tokens/s    {d['tokens_per_s']:,.0f}")
+    c = d["last_checkpoint"]
+    if c:
+        extra = ", ".join(x for x in (c["reason"], "pinned" if c["pinned"] else None,
+                                      f"{c['age_s']:.0f} s ago" if c["age_s"] is not None else None) if x)
+        lines.append(f"checkpoint  {c['file']} (step {c['step']:,}" + (f", {extra})" if extra else ")"))
+    else:
+        lines.append("checkpoint  none yet")
+    if d["arms"]:
+        lines.append("arms        " + "  ".join(
+            f"{n}: p={a['p']:.3f}" + (f" pulls={a['pulls']}" if a.get("pulls") is not None else "")
+            for n, a in d["arms"].items() if a.get("p") is not None))
+    return "\n".join(lines)
+
+
+def cmd_status(a) -> int:
+    """`python -m proxy status --run-dir DIR [--json]`."""
+    layout = RunLayout(a.run_dir)
+    if not layout.run_json.exists():
+        print(f"{layout.root}: not a run directory (no run.json); pass the --run-dir given to "
+              "`python -m proxy run`", file=sys.stderr)
+        return 2
+    d = collect_status(layout.root)
+    if getattr(a, "json", False):
+        print(json.dumps(d, indent=1, sort_keys=True))
+    else:
+        print(format_status(d))
+    return 0

@@ -1,0 +1,148 @@
+"""Supervision overhead (SPEC section 10, issue 4): steps/s of the worker under the proxy
+(handshake read per step, a report per step, sidecars, bandit, signal checks) vs the same training
+loop alone (worker.trainer.Trainer.train_step driven in-process with a fixed policy), same model,
+same seed, same data, side by side, alternating. Target: ratio >= 0.98.
+
+    .venv/bin/python scripts/bench_supervision.py [--preset andrea-tiny] [--steps 200] [--rounds 2]
+
+Both sides see the bandit's prior (uniform) for every step (--bandit-warmup past the end), and no
+checkpoint or sample audit falls inside the timed window (cadence past the end), so they do the
+same arithmetic; the loss of every timed step is compared as a check. Steps/s under the proxy are
+measured from the `time` field of `.loss.json` records (the interval before each of steps
+W+1..N, so start-up and the final checkpoint are not counted); alone, from wall time around the
+same steps. The ratio uses the median step interval (robust to other processes' bursts on a
+shared machine); the mean-based ratio is printed too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def proxy_args(run_dir: Path, a) -> list[str]:
+    return [sys.executable, "-m", "proxy", "run", "--run-dir", str(run_dir), "--preset", a.preset,
+            "--tokenizer", "bytes", "--max-steps", str(a.steps), "--checkpoint-every", str(10 * a.steps),
+            "--bandit-warmup", str(10 * a.steps), "--print-every", str(10 * a.steps), "--seed", "1337",
+            "--device", a.device]
+
+
+def under_proxy(template: Path, work: Path, a) -> tuple[float, list[float]]:
+    d = work / f"proxy-{time.monotonic_ns()}"
+    shutil.copytree(template, d)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run(proxy_args(d, a), cwd=ROOT, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"proxy run failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    recs = json.loads((d / ".loss.json").read_text())
+    t = {x["step"]: x["time"] for x in recs}
+    w, n = a.warmup, a.steps
+    intervals = [t[k] - t[k - 1] for k in range(w + 1, n + 1)]
+    losses = [x["loss"] for x in recs if w < x["step"] <= n]
+    direct_cost(d, recs[-1])
+    shutil.rmtree(d, ignore_errors=True)
+    return intervals, losses
+
+
+DIRECT: list[float] = []
+
+
+def direct_cost(run_dir: Path, rec: dict, n: int = 300) -> None:
+    """The worker's own per-step supervision work, timed alone (insensitive to other load):
+    one read of the real `.handshake.json` (policy + control) and one report line appended."""
+    from shared.handshake import ReportWriter, read_handshake
+    from shared.run_layout import RunLayout
+    layout = RunLayout(run_dir)
+    layout.reports.unlink(missing_ok=True)
+    w = ReportWriter(layout)
+    rec = dict(rec, type="step")
+    t0 = time.perf_counter()
+    for _ in range(n):
+        read_handshake(layout)
+        w.write(rec)
+    DIRECT.append((time.perf_counter() - t0) / n)
+    w.close()
+
+
+def alone(template: Path, work: Path, a) -> tuple[float, list[float]]:
+    """The same loop in this process: Trainer.train_step(k, uniform policy) for k = 1..N."""
+    import torch  # noqa: F401  (lazily: the proxy side must not pay for it)
+    from worker.signals import SignalFlags
+    from worker.trainer import Trainer, WorkerOptions
+    d = work / f"alone-{time.monotonic_ns()}"
+    shutil.copytree(template, d)
+    tr = Trainer(WorkerOptions(run_dir=d, device=a.device), SignalFlags())
+    probs = {n: 1.0 / len(tr.sampler.names) for n in tr.sampler.names}
+    losses, intervals, prev = [], [], None
+    for k in range(1, a.steps + 1):
+        rec = tr.train_step(k, probs)
+        now = time.time()
+        if k > a.warmup:
+            intervals.append(now - prev)
+            losses.append(rec["loss"])
+        prev = now
+    shutil.rmtree(d, ignore_errors=True)
+    return intervals, losses
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="andrea-tiny")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20, help="untimed first steps")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (median taken)")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda (the same on both sides)")
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-supervision-"))
+    try:
+        from proxy import cli, pivot
+        from proxy.run_setup import create_run
+        from shared.run_layout import RunLayout
+        template = work / "template"
+        p = argparse.ArgumentParser()
+        sub = p.add_subparsers(dest="cmd")
+        rp = sub.add_parser("run")
+        cli._add_run_args(rp)
+        pivot.add_run_extras(rp)
+        args = p.parse_args(["run"] + proxy_args(template, a)[4:])
+        create_run(RunLayout(template), cli._config_from_args(args))
+        sup, alo = [], []
+        same = True
+        for i in range(a.rounds):
+            i_p, l_p = under_proxy(template, work, a)
+            i_a, l_a = alone(template, work, a)
+            same &= l_p == l_a
+            sup += i_p
+            alo += i_a
+            print(f"round {i + 1}: step time (median) under the proxy {statistics.median(i_p) * 1e3:.1f} ms, "
+                  f"alone {statistics.median(i_a) * 1e3:.1f} ms; mean {statistics.mean(i_p) * 1e3:.1f} / "
+                  f"{statistics.mean(i_a) * 1e3:.1f} ms", flush=True)
+        # the median step interval resists bursts of load from other processes on a shared
+        # machine; the mean (total time) is printed too
+        med_p, med_a = statistics.median(sup), statistics.median(alo)
+        print(f"\n{a.preset}, {a.steps} steps (timed {a.warmup + 1}..{a.steps}), {a.rounds} rounds")
+        print(f"steps/s under the proxy (median step) {1 / med_p:.2f}   (mean: {1 / statistics.mean(sup):.2f})")
+        print(f"steps/s alone (median step)           {1 / med_a:.2f}   (mean: {1 / statistics.mean(alo):.2f})")
+        print(f"identical losses on both sides        {'yes' if same else 'NO'}")
+        print(f"ratio, median step (target >= 0.98)   {med_a / med_p:.3f}")
+        print(f"ratio, mean step                      {statistics.mean(alo) / statistics.mean(sup):.3f}")
+        per = statistics.median(DIRECT)
+        print(f"worker's supervision work per step    {per * 1e6:.0f} us (handshake read + report) = "
+              f"{per / med_a * 100:.2f}% of a step -> ratio bound {med_a / (med_a + per):.4f}")
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

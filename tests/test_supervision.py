@@ -1,0 +1,217 @@
+"""The process tree (issue 4, SPEC sections 6 and 9): proxy death, worker crash and hang, one
+proxy per run directory, PID 1 / orphan reaping, NaN storms, and `status` live and after a stop.
+Real processes and real signals; the worker's fault hooks (worker/fault_injection.py) make the
+faults exact."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from issue4_helpers import (ROOT, _env, clone, cmd, create_template, hello_pid, kill_run,
+                            manifest, output, proxy_log, reports, run, run_processes, start,
+                            wait_report)
+from proc_helpers import checkpoint_steps, last_step, loss_records, wait_for
+from shared.checkpoint_format import checkpoint_name, load_checkpoint
+
+SUP = ["--max-steps", "400", "--checkpoint-every", "10"]
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    return create_template(tmp_path_factory.mktemp("tpl") / "run", *SUP)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def status_json(run_dir) -> dict:
+    r = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run_dir), "--json"],
+                       cwd=ROOT, env=_env(None), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_proxy_sigkill_worker_checkpoints_and_exits_nothing_remains_and_the_next_run_starts_cleanly(template, tmp_path):
+    b = clone(template, tmp_path / "run")
+    proc = start(b, *SUP)
+    try:
+        wpid = hello_pid(b, 180)
+        wait_for(lambda: last_step(b) >= 5, 120, what="training")
+        # one proxy per run directory: a second is refused, naming host and pid
+        second = run(b, *SUP, timeout=120)
+        assert second.returncode != 0
+        assert f"proxy pid {proc.pid} on host {os.uname().nodename}" in second.stderr
+        # no lock descriptor leaks into the worker
+        fds = [os.readlink(f"/proc/{wpid}/fd/{fd}") for fd in os.listdir(f"/proc/{wpid}/fd")]
+        assert not [f for f in fds if f.endswith(".proxy.lock")], fds
+        live = status_json(b)
+        assert live["proxy_alive"] and live["worker_pid"] == wpid and live["step"] >= 5
+        assert live["health"] in ("running", "starting (worker up, no step yet)") and live["arms"]
+        t_kill = time.time()
+        proc.kill()
+        proc.wait(30)
+        wait_for(lambda: gone(wpid), 60, what="the orphaned worker to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stopped = [r for r in reports(b) if r.get("event") == "stopped"]
+    assert stopped and stopped[-1]["why"] in ("SIGTERM", "parent-died"), stopped
+    noticed = stopped[-1]["time"] - t_kill
+    print(f"worker stopped {noticed:.2f} s after the proxy's SIGKILL")
+    assert noticed < 30  # SPEC: within a few seconds (PDEATHSIG: at the end of the step)
+    s = stopped[-1]["step"]
+    assert max(checkpoint_steps(b)) == s, "the worker checkpoints on its own"
+    wait_for(lambda: not run_processes(b), 30, what="no process of the run to remain")
+    after = status_json(b)
+    assert not after["proxy_alive"] and after["worker_pid"] is None and after["health"].startswith("stopped")
+    assert after["last_checkpoint"]["step"] == s
+    # the next run starts cleanly (the dead proxy's lock does not block) and loses no record
+    r = run(b, "--max-steps", str(s + 5), "--checkpoint-every", "10", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [x["step"] for x in loss_records(b)] == list(range(1, s + 6))
+
+
+def test_worker_crash_restarts_from_the_newest_checkpoint_then_gives_up_after_max_restarts(template, tmp_path):
+    b = clone(template, tmp_path / "run")
+    proc = start(b, *SUP, "--max-restarts", "1")
+    try:
+        first = hello_pid(b, 180)
+        wait_for(lambda: last_step(b) >= 12, 120, what="step 12")
+        os.kill(first, signal.SIGKILL)
+        second = wait_for(lambda: (p := hello_pid(b, 120)) != first and p, 120, what="a restarted worker")
+        wait_for(lambda: [r for r in reports(b) if r.get("type") == "step"], 120, what="it to train")
+        os.kill(second, signal.SIGKILL)
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_run(b)
+    assert rc != 0
+    log = proxy_log(b)
+    assert "restart 1 of 1" in log and "resume from step_" in log
+    assert "restarts are used up" in log
+    recs = loss_records(b)
+    assert [x["step"] for x in recs] == list(range(1, len(recs) + 1))
+
+
+def test_a_stopped_worker_is_named_stopped_and_restarted(template, tmp_path):
+    """SIGSTOP: no report for --hang-timeout; the proxy names the process and its state, sends
+    SIGTERM + SIGCONT to the worker's group, the worker checkpoints, and is restarted."""
+    b = clone(template, tmp_path / "run")
+    proc = start(b, *SUP, "--hang-timeout", "15", "--stop-timeout", "60")
+    try:
+        wpid = hello_pid(b, 180)
+        wait_for(lambda: last_step(b) >= 4, 120, what="training")
+        os.kill(wpid, signal.SIGSTOP)
+        wait_for(lambda: (p := hello_pid(b, 120)) != wpid and p, 180, what="a restarted worker")
+        wait_for(lambda: status_json(b)["worker_pid"] not in (None, wpid), 60,
+                 what="status to show the new worker")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_run(b)
+    log = proxy_log(b)
+    assert f"pid {wpid} (" in log and "stopped (SIGSTOP?)" in log, log[-3000:]
+    assert "restart 1 of 3" in log
+    recs = loss_records(b)
+    assert [x["step"] for x in recs] == list(range(1, len(recs) + 1))
+
+
+def test_a_hung_worker_that_ignores_sigterm_is_killed_after_stop_timeout_and_restarted(template, tmp_path):
+    b = clone(template, tmp_path / "run")
+    r = run(b, "--max-steps", "16", "--checkpoint-every", "10", "--hang-timeout", "20",
+            "--stop-timeout", "4", env={"ANDREA_TEST_HANG_AT_STEP": "13"}, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = proxy_log(b)
+    hung = int((b / ".test-hang-done").read_text())
+    assert "sent no report" in log and "did not exit" in log and f"pid {hung} (" in log
+    assert "restart 1 of 3" in log and "resume from step_000010.bin" in log
+    assert [x["step"] for x in loss_records(b)] == list(range(1, 17))
+    assert gone(hung)
+
+
+def test_orphans_of_the_worker_are_reaped_by_the_proxy_subreaper(template, tmp_path):
+    b = clone(template, tmp_path / "run")
+    pidfile = tmp_path / "orphan.pid"
+    proc = start(b, *SUP, env={"ANDREA_TEST_ORPHAN_FILE": str(pidfile)})
+    try:
+        orphan = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 180,
+                              what="the orphan"))
+        assert psutil.Process(orphan).ppid() == proc.pid, "re-parented to the proxy (subreaper)"
+        # sleep 2 exits; without reaping it would stay a zombie child of the proxy
+        wait_for(lambda: not psutil.pid_exists(orphan), 60, what="the orphan to be reaped")
+        wait_for(lambda: last_step(b) >= 3, 60, what="training")
+        assert proc.poll() is None
+        assert not [c for c in psutil.Process(proc.pid).children() if c.status() == psutil.STATUS_ZOMBIE]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_run(b)
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare --pid (a PID namespace)")
+def test_proxy_as_pid_1_reaps_orphans_and_stops_cleanly_on_sigterm(template, tmp_path):
+    b = clone(template, tmp_path / "run")
+    pidfile = tmp_path / "orphan.pid"
+    log = open(tmp_path / "pid1.out", "wb")
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *cmd(b, *SUP)], cwd=ROOT,
+                             env=_env({"ANDREA_TEST_ORPHAN_FILE": str(pidfile)}), stdout=log,
+                             stderr=subprocess.STDOUT)
+    try:
+        init = wait_for(lambda: psutil.Process(outer.pid).children(), 60, what="the namespace's PID 1")[0]
+        ns = [l for l in open(f"/proc/{init.pid}/status") if l.startswith("NSpid:")][0].split()
+        assert ns[-1] == "1", f"the proxy must be PID 1 in its namespace: {ns}"
+        wait_for(lambda: pidfile.exists(), 180, what="the orphan")
+        wait_for(lambda: last_step(b) >= 3, 120, what="training")
+        time.sleep(3)  # the orphan (sleep 2) has exited by now: it must not stay a zombie
+        zombies = [c for c in init.children() if c.status() == psutil.STATUS_ZOMBIE]
+        assert not zombies, zombies
+        init.send_signal(signal.SIGTERM)  # PID 1 ignores signals it has no handler for
+        assert outer.wait(timeout=120) == 0
+    finally:
+        if outer.poll() is None:
+            outer.kill()
+        kill_run(b)
+    assert manifest(b)[-1][1] == "sigterm"
+
+
+def test_nan_loss_is_skipped_and_recorded_and_a_run_of_them_stops_with_the_last_good_state(template, tmp_path):
+    b = clone(template, tmp_path / "run")
+    r = run(b, *SUP, env={"ANDREA_TEST_NAN_AT_STEP": "3,11-15"}, timeout=300)
+    assert r.returncode != 0, "a NaN storm is fatal"
+    assert "not restarting" in r.stderr and "restart 1" not in r.stderr
+    assert "(non-finite loss)" in r.stderr, "the exit names the reason"
+    recs = loss_records(b)
+    assert [x["step"] for x in recs] == list(range(1, 16))
+    assert "skipped" in recs[2] and recs[2]["loss"] is None
+    assert [x["step"] for x in recs if x.get("skipped")] == [3, 11, 12, 13, 14, 15]
+    m = {s: (reason, pinned) for s, reason, pinned in manifest(b)}
+    assert m[15] == ("alarm", True)
+    _, w10, m10, v10 = load_checkpoint(b / checkpoint_name(10), 42_880)
+    s, w15, m15, v15 = load_checkpoint(b / checkpoint_name(15), 42_880)
+    assert s == 15
+    assert np.array_equal(w10, w15) and np.array_equal(m10, m15) and np.array_equal(v10, v15), \
+        "the alarm checkpoint holds the last good state"
+    assert np.isfinite(w15).all()

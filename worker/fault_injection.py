@@ -1,0 +1,97 @@
+"""Fault-injection hooks for tests (issue 4), read from environment variables. Off unless set.
+
+These let a test put a real worker process into an exact fault at an exact step, so that signal
+and supervision tests are deterministic instead of racing a 10 ms step:
+
+  ANDREA_TEST_NAN_AT_STEP=5,9-13     the loss of these updates is multiplied by NaN (the update
+                                     is then skipped and recorded; SPEC section 9)
+  ANDREA_TEST_PAUSE_AT_STEP=N:SECS[,N:SECS]  update N sleeps SECS seconds before its boundary,
+                                     once per run directory (it first reports
+                                     {"type": "event", "event": "test-pause"})
+  ANDREA_TEST_STEAL_SIGNAL=SIGUSR1   a "library" resets that handler before the worker's check
+  ANDREA_TEST_WRITE_DELAY=SECS       every checkpoint write sleeps SECS seconds before writing
+                                     (a window to signal "during a write")
+  ANDREA_TEST_HANG_AT_STEP=N         update N blocks for ever (signals set flags but the step never
+                                     ends), once per run directory (marker `.test-hang-done`)
+  ANDREA_TEST_ORPHAN_FILE=PATH       at start-up the worker leaves an orphaned grandchild
+                                     (`sleep 2`) and writes its pid to PATH (tests the reaper)
+
+Production runs never set them; nothing here changes results when they are unset.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+
+def _steps(spec: str) -> set[int]:
+    out: set[int] = set()
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.update(range(int(a), int(b) + 1))
+        else:
+            out.add(int(part))
+    return out
+
+
+_NAN = _steps(os.environ.get("ANDREA_TEST_NAN_AT_STEP", ""))
+
+
+def poison_loss(step: int, loss):
+    """`loss` (a 0-d torch tensor) times NaN when `step` is listed in ANDREA_TEST_NAN_AT_STEP."""
+    return loss * float("nan") if step in _NAN else loss
+
+
+def pause_in_step(step: int, report, run_dir: Path | None = None) -> None:
+    """Sleep inside update `step` if ANDREA_TEST_PAUSE_AT_STEP lists `step:secs` (comma-separated
+    pairs); each pause happens once per run directory (marker `.test-pause-<step>`), so a
+    restarted worker does not pause again. Reports {"type": "event", "event": "test-pause"} first."""
+    for part in filter(None, os.environ.get("ANDREA_TEST_PAUSE_AT_STEP", "").split(",")):
+        n, secs = part.split(":")
+        if int(n) != step:
+            continue
+        if run_dir is not None:
+            marker = Path(run_dir) / f".test-pause-{step}"
+            if marker.exists():
+                return
+            marker.write_text(str(os.getpid()))
+        report({"type": "event", "event": "test-pause", "step": step, "time": time.time()})
+        time.sleep(float(secs))
+
+
+def steal_signal() -> None:
+    """If ANDREA_TEST_STEAL_SIGNAL names a signal (e.g. SIGUSR1), reset it to the default
+    action, as a misbehaving library would; the worker's handler check must notice."""
+    name = os.environ.get("ANDREA_TEST_STEAL_SIGNAL")
+    if name:
+        import signal
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
+def hang_in_step(step: int, run_dir: Path) -> None:
+    """Block for ever in update `step` (once per run directory) if ANDREA_TEST_HANG_AT_STEP=step."""
+    spec = os.environ.get("ANDREA_TEST_HANG_AT_STEP")
+    marker = Path(run_dir) / ".test-hang-done"
+    if spec and int(spec) == step and not marker.exists():
+        marker.write_text(str(os.getpid()))
+        while True:  # time.sleep resumes after each signal handler (PEP 475): a real hang
+            time.sleep(3600)
+
+
+def write_delay() -> None:
+    """Sleep ANDREA_TEST_WRITE_DELAY seconds (called by the checkpoint writer thread)."""
+    secs = os.environ.get("ANDREA_TEST_WRITE_DELAY")
+    if secs:
+        time.sleep(float(secs))
+
+
+def leave_orphan() -> None:
+    """If ANDREA_TEST_ORPHAN_FILE is set: start `sh -c 'sleep 2 & echo $! > FILE'` and wait for
+    the shell, so `sleep` is orphaned and re-parented to the nearest subreaper (the proxy)."""
+    path = os.environ.get("ANDREA_TEST_ORPHAN_FILE")
+    if path:
+        subprocess.run(["sh", "-c", f"sleep 2 & echo $! > '{path}.tmp' && mv '{path}.tmp' '{path}'"],
+                       check=True)
