@@ -63,3 +63,24 @@ class SamplesLog:
 
 def write_state(path: Path, snapshot: dict) -> None:
     atomic_write_json(path, snapshot)
+
+
+def replay_run(layout, cfg, step: int, retirements: dict | None = None):
+    """The MixtureController of the phase in force at `step`, rebuilt by replaying `.loss.json`
+    from that phase's start to `step` (BANDIT.md "Determinism"): what the supervisor does at
+    every resume. `retirements`: {arm: (step, reason)} (default: those in data/arms.json).
+    Its `bandit.to_dict()` equals `.state.json` written with checkpoint `step`."""
+    from proxy.mixture import MixtureController
+    from proxy.run_setup import read_phases
+    from shared.loss_history import read_records
+    if retirements is None:
+        from proxy.zombies import retirements as read_retirements
+        retirements = read_retirements(layout, step)
+    phases = [p for p in read_phases(layout) if p.start_step <= step] or read_phases(layout)[:1]
+    ph = phases[-1]
+    mix = MixtureController(sorted(a.name for a in cfg.arms), ph, cfg.reward, cfg.bandit_warmup,
+                            cfg.probe_every, retirements)
+    for r in read_records(layout.loss, ph.start_step + 1, step):
+        mix.observe(r)
+    mix.apply_retirements(step)
+    return mix

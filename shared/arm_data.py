@@ -4,7 +4,10 @@ At run creation every arm's text is tokenized once into `data/<arm>.u16` (flat u
 style); `tokens` arms point at their own file instead. The last part of each arm's tokens is a
 fixed held-out split that is never trained on: it feeds the bandit's probes and the sample audits.
 
-Index entry per arm: name, kind, source, fingerprint, path, n_tokens, heldout_start.
+Index entry per arm: name, kind, source, fingerprint (content, "sha256:..."), path, n_tokens,
+heldout_start, source_fingerprint (cheap, "stat:...": file list, sizes, mtimes; checked at every
+start) and retired (null, or {"step", "reason"} once the proxy retired the arm as a zombie: the
+worker then never loads it).
 """
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.arms import ArmSourceError, fingerprint_file, fingerprint_text, read_arm_text
+from shared.arms import ArmSourceError, fingerprint_file, fingerprint_text, read_arm_text, \
+    source_fingerprint
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, RunConfig
 from shared.run_layout import RunLayout
@@ -32,6 +36,8 @@ class ArmData:
     path: str           # absolute, or relative to the run directory
     n_tokens: int
     heldout_start: int
+    source_fingerprint: str = ""      # "stat:<hex>" at creation ("" in runs made before it)
+    retired: dict | None = None       # {"step", "reason"} when retired as a zombie
 
     def tokens(self, run_dir: Path) -> np.ndarray:
         """All tokens as a read-only uint16 memmap of length n_tokens."""
@@ -67,23 +73,30 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
         rel = Path("data") / f"{arm.name}.u16"
         ids.tofile(layout.root / rel)
         path, fp = str(rel), fingerprint_text(text)
+    try:
+        sfp = source_fingerprint(arm)
+    except ArmSourceError:
+        sfp = ""
     hold = heldout_size(n, cfg)
     if n - hold < cfg.model.block_size + 2:
         raise ArmSourceError(
             f"arm {arm.name}: {n:,} tokens is too small for context {cfg.model.block_size} "
             f"plus {hold:,} held-out tokens; give it more text")
-    return ArmData(arm.name, arm.kind, arm.source, fp, path, n, n - hold)
+    return ArmData(arm.name, arm.kind, arm.source, fp, path, n, n - hold, sfp)
 
 
 def write_arm_index(layout: RunLayout, arms: list[ArmData]) -> None:
     atomic_write_json(layout.arms_index, {"arms": [asdict(a) for a in arms]})
 
 
-def read_arm_index(layout: RunLayout) -> dict[str, ArmData]:
-    """The run's arms by name. Raises ArmSourceError naming the file when missing or garbage."""
+def read_arm_index(layout: RunLayout, include_retired: bool = False) -> dict[str, ArmData]:
+    """The run's arms by name; retired (zombie) arms only with `include_retired` (the worker
+    never loads them, SPEC section 7). Raises ArmSourceError naming the file when missing or
+    garbage."""
     try:
         d = json.loads(layout.arms_index.read_text())
-        return {a["name"]: ArmData(**a) for a in d["arms"]}
+        arms = {a["name"]: ArmData(**a) for a in d["arms"]}
+        return arms if include_retired else {n: a for n, a in arms.items() if not a.retired}
     except FileNotFoundError:
         raise ArmSourceError(f"{layout.arms_index}: missing; the run directory is incomplete "
                              "(was creation interrupted? remove the directory and start again)") from None

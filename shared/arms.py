@@ -64,12 +64,40 @@ def _take(chunks, limit: int) -> str:
     return "\n\n".join(parts)[:limit]
 
 
+def cache_dir() -> Path:
+    """Where derived data that is slow to rebuild is cached: $ANDREA_CACHE_DIR, else
+    $XDG_CACHE_HOME/andrea, else ~/.cache/andrea."""
+    env = os.environ.get("ANDREA_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "andrea"
+
+
 def _python_docstrings(limit: int) -> str:
+    """Docstrings of the standard library. Parsing every module takes seconds, so the text is
+    cached per installation, keyed by the modules' names, sizes and mtimes (a changed stdlib
+    misses the cache and is parsed again); an unwritable cache is simply skipped."""
+    import sys
+    files = _stdlib_files()
+    key = hashlib.sha256(f"{_stat_digest(files, sys.version)}\0{limit}".encode()).hexdigest()[:24]
+    cached = cache_dir() / f"python-docstrings-{key}.txt"
+    try:
+        return cached.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass
+
     def gen():
-        for f in _stdlib_files():
+        for f in files:
             for d in _docstrings(f.read_text(encoding="utf-8", errors="replace")):
                 yield d
-    return _take(gen(), limit)
+    text = _take(gen(), limit)
+    try:
+        from shared.atomic_io import atomic_write_bytes
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cached, text.encode("utf-8"))
+    except OSError:
+        pass
+    return text
 
 
 def _python_code(limit: int) -> str:
@@ -167,3 +195,56 @@ def parse_arm_option(text: str) -> ArmSpec:
     if kind not in ("text", "jsonl", "tokens"):
         raise ConfigError(f"--arm {text!r}: kind {kind!r} unknown; use text, jsonl or tokens")
     return ArmSpec(name=name, kind=kind, source=source, field=field)
+
+
+def _stat_digest(files: list[Path], extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode("utf-8"))
+    for f in files:
+        st = f.stat()
+        h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+    return "stat:" + h.hexdigest()
+
+
+def source_fingerprint(arm: ArmSpec) -> str:
+    """A cheap fingerprint of an arm's SOURCE (not its text): sha256 over the source's file list
+    with sizes and mtimes, as "stat:<hex>" (SPEC section 7 "Zombie arms").
+
+    For the embedded defaults the files are the standard-library modules (plus the Python version
+    and stdlib path); python-docs hashes `pydoc_data/topics.py`. It is computed in milliseconds
+    at every start, so the proxy can notice a changed or vanished source without re-reading the
+    text; a mismatch is confirmed with the content fingerprint before an arm is retired.
+    Raises ArmSourceError (a ConfigError) when the source is gone or matches no file.
+    """
+    import sys
+    if arm.kind in ("python-docstrings", "python-code"):
+        files = _stdlib_files()
+        if not files:
+            raise ArmSourceError(f"arm {arm.name}: no standard-library sources under "
+                                 f"{sysconfig.get_paths()['stdlib']}")
+        return _stat_digest(files, f"{sys.version}\0{sysconfig.get_paths()['stdlib']}")
+    if arm.kind == "python-docs":
+        try:
+            import pydoc_data.topics as t
+        except ImportError as e:
+            raise ArmSourceError(f"arm {arm.name}: this Python has no pydoc_data") from e
+        return _stat_digest([Path(t.__file__)], sys.version)
+    if arm.kind in ("text", "jsonl"):
+        return _stat_digest(_text_files(arm), arm.field if arm.kind == "jsonl" else "")
+    if arm.kind == "tokens":
+        p = Path(arm.source).expanduser()
+        if not p.is_file():
+            raise ArmSourceError(f"arm {arm.name}: token file {p} not found")
+        return _stat_digest([p.resolve()])
+    raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} unknown")
+
+
+def content_fingerprint(arm: ArmSpec) -> str:
+    """The content fingerprint stored at creation ("sha256:<hex>" of the text, or of the token
+    file). Slow (reads the source); used only to confirm a `source_fingerprint` mismatch.
+    Raises ArmSourceError when the source is gone."""
+    if arm.kind == "tokens":
+        p = Path(arm.source).expanduser()
+        if not p.is_file():
+            raise ArmSourceError(f"arm {arm.name}: token file {p} not found")
+        return fingerprint_file(p.resolve())
+    return fingerprint_text(read_arm_text(arm))

@@ -36,7 +36,7 @@ from typing import Iterable, Iterator
 
 from shared.atomic_io import atomic_write_bytes, fsync_dir
 
-__all__ = ["LossHistory", "read_records", "iter_records", "rewind", "repair", "jsonable"]
+__all__ = ["LossHistory", "read_records", "read_records_after", "iter_records", "rewind", "repair", "jsonable"]
 
 log = logging.getLogger("shared.loss_history")
 
@@ -46,6 +46,7 @@ _STRUCTURAL = b" \t\r\n,[]"        # bytes between records that carry no data
 _STEP_AT_LINE_START = re.compile(rb'\n\{"step":(-?\d+)[,}]')  # literal prefix: fast search
 _MAX_BACKSCAN_LINES = 64           # lines looked at from the end to find the last clean record
 _MAX_LISTED = 5                    # damage kinds / dropped steps listed in one warning
+_LINE_STEP = re.compile(rb'\{"step":(-?\d+)[,}]')  # a record line's start
 _decoder = json.JSONDecoder()
 
 
@@ -446,7 +447,7 @@ class LossHistory:
         """`rewind()` on this open history; returns the number of records moved."""
         self.close()
         try:
-            return rewind(self.path, keep_upto_step, rewound_path, reason)
+            return rewind(self.path, keep_upto_step, rewound_path, reason, repaired=True)
         finally:
             self._open()
 
@@ -526,6 +527,51 @@ def read_records(path, start_step: int | None = None, end_step: int | None = Non
     return [r for r in records if lo <= r["step"] <= hi]
 
 
+def read_records_after(path, after_step: int, end_step: int | None = None) -> list[dict]:
+    """Records with after_step < step <= end_step, reading only the file's tail.
+
+    Scans backwards from the end for the line of a record with step <= after_step (records
+    are one per line, "step" first), then parses forward from there: the cost is the tail, not
+    the 200,000-record history. Falls back to `read_records` when the tail is damaged.
+    """
+    hi = math.inf if end_step is None else end_step
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            pos, chunk, tail = size, 1 << 20, b""
+            while True:
+                start = max(0, pos - chunk)
+                f.seek(start)
+                tail = f.read(pos - start) + tail
+                pos = start
+                first_nl = tail.find(b"\n") if pos > 0 else -1
+                lines = tail[first_nl + 1:].split(b"\n")
+                found = None
+                for i, line in enumerate(lines):
+                    m = _LINE_STEP.match(line)
+                    if m and int(m.group(1)) <= after_step:
+                        found = i
+                if found is not None or pos == 0:
+                    break
+                chunk *= 2
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines[(found + 1) if found is not None else 0:]:
+        line = line.rstrip(b",").strip()
+        if not line or line in (b"[", b"]"):
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return read_records(path, after_step + 1, end_step)
+        if not isinstance(rec, dict) or not _is_step(rec.get("step")):
+            return read_records(path, after_step + 1, end_step)
+        if after_step < rec["step"] <= hi:
+            out.append(rec)
+    return out
+
+
 def iter_records(path, *, monotonic: bool = True) -> Iterator[dict]:
     """Records one at a time (line by line, little memory), tolerant like `read_records`."""
     try:
@@ -567,13 +613,15 @@ def repair(path, *, monotonic: bool = True) -> list[str]:
     return history.repairs
 
 
-def rewind(path, keep_upto_step: int, rewound_path, reason: str) -> int:
+def rewind(path, keep_upto_step: int, rewound_path, reason: str, *, repaired: bool = False) -> int:
     """Move the records with step > keep_upto_step to `rewound_path` (appended, each with
     "rewound_reason" and "rewound_at"), then cut `path` right after the last kept record.
     The rewound file is written and fsynced before `path` is truncated, so a crash in between
-    leaves the records in both files, never in neither. Returns the number moved."""
+    leaves the records in both files, never in neither. Returns the number moved.
+    `repaired=True` skips the repair pass (the caller just opened the history, which repairs)."""
     path = os.fspath(path)
-    repair(path)                                    # canonical layout from here on
+    if not repaired:
+        repair(path)                                # canonical layout from here on
     data = _read_bytes(path)
     if data is None or data == _EMPTY:
         return 0

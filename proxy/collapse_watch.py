@@ -1,0 +1,137 @@
+"""Watching for collapse (BANDIT.md "Watching for collapse"; issue 5).
+
+Each sample audit is scored per arm for repetition: distinct-1 and distinct-2 (unique unigrams /
+bigrams over all of them) and the share of the most repeated n-gram (occurrences x n / pieces,
+the largest over n = 1..4, capped at 1). A sample is degenerate when distinct-2 < `min_distinct2`
+or the top n-gram share > `max_top_share`; an audit is bad when at least half its arms'
+samples are. Two bad audits in a row raise the alarm: the last checkpoint before the first of
+them is pinned in `checkpoints.json` (retention never deletes it), an alarm is written into the
+log and into the history (the next `.loss.json` record carries it under "alarm"), and with
+`--stop-on-collapse` the run stops (the worker checkpoints with reason "alarm").
+
+Pieces are words and punctuation marks (regex `\\w+|[^\\w\\s]`), so "region region region" has
+distinct-1 = 1/3 and a top share of 1.0, while ordinary prose scores near distinct-2 = 0.9.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import re
+import time
+
+from shared.checkpoint_format import list_checkpoints
+from shared.checkpoint_manifest import read_manifest, set_pinned
+from shared.run_layout import RunLayout
+
+log = logging.getLogger("proxy.collapse")
+
+_PIECE = re.compile(r"\w+|[^\w\s]")
+MIN_PIECES = 6               # shorter samples are not judged (too little text to tell)
+
+
+def repetition_scores(text: str) -> dict:
+    """{"pieces", "distinct_1", "distinct_2", "top_ngram_share", "top_ngram"} for one sample.
+
+    distinct_k = unique k-grams / k-grams (1.0 when there are none); top_ngram_share = max over
+    n = 1..4 of (count of the most frequent n-gram) * n / pieces, capped at 1."""
+    pieces = _PIECE.findall(text)
+    n = len(pieces)
+
+    def distinct(k: int) -> float:
+        grams = [tuple(pieces[i:i + k]) for i in range(n - k + 1)]
+        return len(set(grams)) / len(grams) if grams else 1.0
+
+    top_share, top = 0.0, ""
+    for k in range(1, 5):
+        grams = collections.Counter(tuple(pieces[i:i + k]) for i in range(n - k + 1))
+        if not grams:
+            continue
+        g, c = grams.most_common(1)[0]
+        if c < 2:
+            continue
+        share = min(1.0, c * k / n)
+        if share > top_share:
+            top_share, top = share, " ".join(g)
+    return {"pieces": n, "distinct_1": distinct(1), "distinct_2": distinct(2),
+            "top_ngram_share": top_share, "top_ngram": top}
+
+
+class CollapseWatch:
+    """Scores audits and raises the collapse alarm (see the module docstring).
+
+    min_distinct2, max_top_share: the degeneration thresholds (unitless ratios in [0, 1]).
+    stop_on_collapse: the caller stops the run when `on_audit` returns an alarm and this is set.
+    """
+
+    def __init__(self, layout: RunLayout, stop_on_collapse: bool = False,
+                 min_distinct2: float = 0.3, max_top_share: float = 0.6) -> None:
+        self.layout = layout
+        self.stop_on_collapse = stop_on_collapse
+        self.min_distinct2, self.max_top_share = min_distinct2, max_top_share
+        self.bad_in_a_row = 0
+        self.first_bad_step: int | None = None
+        self.pending: dict | None = None      # alarm not yet written into a history record
+        self.alarms: list[dict] = []
+
+    def degenerate(self, s: dict) -> bool:
+        return s["pieces"] >= MIN_PIECES and (s["distinct_2"] < self.min_distinct2
+                                               or s["top_ngram_share"] > self.max_top_share)
+
+    def score(self, audit: dict) -> dict:
+        """Per-arm scores and the verdict: {"arms": {arm: scores}, "bad_arms": [...], "bad"}."""
+        arms = {a: repetition_scores(v.get("text", "")) for a, v in sorted(audit.get("arms", {}).items())}
+        bad_arms = [a for a, s in arms.items() if self.degenerate(s)]
+        return {"arms": arms, "bad_arms": bad_arms,
+                "bad": bool(arms) and 2 * len(bad_arms) >= len(arms)}
+
+    def on_audit(self, audit: dict) -> dict | None:
+        """Score one audit (stored in it under "collapse"); returns the alarm when this is the
+        second bad audit in a row, else None. Pins the checkpoint (see `pin_before`)."""
+        verdict = self.score(audit)
+        audit["collapse"] = verdict
+        step = int(audit["step"])
+        if not verdict["bad"]:
+            self.bad_in_a_row, self.first_bad_step = 0, None
+            return None
+        self.bad_in_a_row += 1
+        if self.first_bad_step is None:
+            self.first_bad_step = step
+        if self.bad_in_a_row < 2:
+            log.warning("sample audit at step %d looks degenerate (arms %s); one more and the "
+                        "collapse alarm goes off", step, ", ".join(verdict["bad_arms"]))
+            return None
+        pinned = self.pin_before(self.first_bad_step)
+        alarm = {"kind": "collapse", "audit_steps": [self.first_bad_step, step],
+                 "bad_arms": verdict["bad_arms"], "pinned_checkpoint": pinned,
+                 "scores": {a: {k: v for k, v in s.items() if k != "top_ngram"}
+                            for a, s in verdict["arms"].items()},
+                 "stop": self.stop_on_collapse, "time": time.time()}
+        log.error("COLLAPSE ALARM: sample audits at steps %d and %d are degenerate (arms %s: "
+                  "%s); %s%s", self.first_bad_step, step, ", ".join(verdict["bad_arms"]),
+                  "; ".join(f"{a} distinct-2 {verdict['arms'][a]['distinct_2']:.2f}, top n-gram "
+                            f"{verdict['arms'][a]['top_ngram']!r} {verdict['arms'][a]['top_ngram_share']:.0%}"
+                            for a in verdict["bad_arms"]),
+                  f"pinned {pinned} (the last checkpoint before them)" if pinned else
+                  "no checkpoint before them to pin",
+                  "; stopping the run (--stop-on-collapse)" if self.stop_on_collapse else "")
+        self.alarms.append(alarm)
+        self.pending = alarm
+        self.bad_in_a_row, self.first_bad_step = 0, None
+        return alarm
+
+    def pin_before(self, step: int) -> str | None:
+        """Pin the newest checkpoint with a step < `step` that is on disk and in the manifest;
+        returns its file name, or None when there is none."""
+        entries = read_manifest(self.layout.root)
+        on_disk = {s for s, _ in list_checkpoints(self.layout.root)}
+        cands = sorted(s for s in entries if s < step and s in on_disk)
+        if not cands:
+            return None
+        e = entries[cands[-1]]
+        return e.file if set_pinned(self.layout.root, e.step) else None
+
+    def annotate(self, record: dict) -> None:
+        """Put a pending alarm into a `.loss.json` record about to be appended ("alarm")."""
+        if self.pending is not None:
+            record["alarm"] = self.pending
+            self.pending = None

@@ -1,0 +1,120 @@
+"""`python -m proxy fork --from RUN_DIR[:STEP] --run-dir NEW_DIR`: an audit fork (SPEC section 6).
+
+A new run directory that starts from checkpoint STEP of another run (default: its newest valid
+one) with that run's history up to it, so two configurations can be compared from the same
+weights. Copied: run.json, tokenizer.json, data/ (hard links where the file system allows, else
+copies; `tokens` arms keep pointing at their own source file), phases.json (the phases that
+started at or before STEP), the checkpoint file and its manifest entry (pinned), and the
+`.loss.json` records 1..STEP. `.state.json` is not copied: the new run's proxy rebuilds the bandit
+by replaying the copied history (BANDIT.md "Determinism"). `python -m proxy run --run-dir
+NEW_DIR` (optionally after `pivot`) then resumes from the checkpoint.
+
+The source run may be live: every file copied is written atomically there (or, for `.loss.json`,
+read tolerantly up to STEP), so a fork never sees a torn file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from shared.atomic_io import atomic_write_json
+from shared.checkpoint_format import checkpoint_name, validate_checkpoint, CheckpointError, \
+    find_latest_valid
+from shared.checkpoint_manifest import ManifestEntry, manifest_checksums, read_manifest, \
+    record_checkpoint
+from shared.config import ConfigError, load_run_config
+from shared.loss_history import LossHistory, read_records
+from shared.run_layout import RunLayout
+
+
+class ForkError(RuntimeError):
+    """The fork cannot be made; the message names the path, the value and the fix."""
+
+
+def parse_from(text: str) -> tuple[Path, int | None]:
+    """"RUN_DIR" or "RUN_DIR:STEP" -> (path, step or None)."""
+    head, sep, tail = text.rpartition(":")
+    if sep and tail.isdigit() and head:
+        return Path(head), int(tail)
+    return Path(text), None
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
+    """Make the audit fork; returns the checkpoint step it starts from.
+
+    Raises ForkError when the source is not a run, the step has no valid checkpoint, or the new
+    directory already holds a run (or anything else)."""
+    src, dst = RunLayout(src_dir), RunLayout(new_dir)
+    try:
+        cfg = load_run_config(src.run_json)
+    except ConfigError as e:
+        raise ForkError(f"--from {src_dir}: not a run directory ({e})") from None
+    if dst.root.exists() and any(dst.root.iterdir()):
+        raise ForkError(f"--run-dir {dst.root}: exists and is not empty; an audit fork needs a "
+                        "new directory")
+    entries = read_manifest(src.root)
+    checks = manifest_checksums(entries)
+    if step is None:
+        info, _ = find_latest_valid(src.root, cfg.n_params, checks)
+        if info is None:
+            raise ForkError(f"--from {src_dir}: no valid checkpoint to fork from")
+        step = info.step
+    ck = src.root / checkpoint_name(step)
+    try:
+        validate_checkpoint(ck, cfg.n_params, checks.get(step))
+    except CheckpointError as e:
+        have = sorted(entries)
+        raise ForkError(f"--from {src_dir}:{step}: {e}; checkpoints in the manifest: {have}") from None
+    history = read_records(src.loss, 1, step)
+    if history and history[-1]["step"] != step:
+        print(f"fork: warning: the source history ends at step {history[-1]['step']}, not "
+              f"{step}", file=sys.stderr)
+    dst.ensure()
+    for name in ("tokenizer.json",):
+        shutil.copy2(src.root / name, dst.root / name)
+    for f in sorted(src.data.iterdir()):
+        if f.is_file():
+            _link_or_copy(f, dst.data / f.name)
+    phases = json.loads(src.phases.read_text())
+    phases["phases"] = [p for p in phases["phases"] if p["start_step"] <= step] or phases["phases"][:1]
+    atomic_write_json(dst.phases, phases)
+    _link_or_copy(ck, dst.root / ck.name)
+    e = entries.get(step)
+    if e is not None:
+        record_checkpoint(dst.root, ManifestEntry(step=e.step, file=e.file, nbytes=e.nbytes,
+                                                  checksum=e.checksum, reason=e.reason,
+                                                  pinned=True, time=e.time))
+    with LossHistory(dst.loss) as h:
+        h.append_many(history)
+    atomic_write_json(dst.root / "fork.json", {"from": str(src.root.resolve()), "step": step,
+                                               "checkpoint": ck.name})
+    shutil.copy2(src.run_json, dst.run_json)           # last: its presence marks a complete run
+    return step
+
+
+def cmd_fork(a) -> int:
+    src, step = parse_from(a.from_run)
+    try:
+        s = fork_run(src, step, Path(a.run_dir))
+    except ForkError as e:
+        print(f"fork refused: {e}", file=sys.stderr)
+        return 2
+    print(f"fork: {a.run_dir} starts from {src}/{checkpoint_name(s)} (step {s}) with its "
+          f"history; run it with: python -m proxy run --run-dir {a.run_dir}")
+    return 0
+
+
+def add_fork_parser(sub) -> None:
+    p = sub.add_parser("fork", help="audit fork: a new run starting from another run's checkpoint")
+    p.add_argument("--from", dest="from_run", required=True, metavar="RUN_DIR[:STEP]")
+    p.add_argument("--run-dir", required=True, help="the new run directory (must not exist)")

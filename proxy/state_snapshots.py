@@ -1,0 +1,72 @@
+"""`.state.snapshots.jsonl`: the mixture controller's state at every durable checkpoint.
+
+Why: a resume from checkpoint S must rebuild the bandit exactly as it was after update S
+(SPEC section 7). Replaying `.loss.json` from the phase start does that but costs seconds at
+200,000 records; starting from the newest snapshot at or before S and replaying only the records
+after it gives the same state (Bandit.from_dict is exact) in milliseconds. Snapshots are a cache:
+when none fits, the supervisor replays from the phase start.
+
+One JSON object per line, appended: {"step", "phase_index", "phase_start", "next", "policies",
+"bandit"} (MixtureController.to_snapshot), or {"rewound_to": S} when the history was cut back to
+S, which invalidates every earlier line with a step past S.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from shared.run_layout import RunLayout
+
+SNAPSHOTS = ".state.snapshots.jsonl"
+
+
+def _path(layout: RunLayout):
+    return layout.root / SNAPSHOTS
+
+
+def _append(layout: RunLayout, obj: dict) -> None:
+    line = (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    fd = os.open(_path(layout), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def append_snapshot(layout: RunLayout, snap: dict) -> None:
+    """Record the controller state of a durable checkpoint (MixtureController.to_snapshot())."""
+    _append(layout, snap)
+
+
+def mark_rewound(layout: RunLayout, step: int) -> None:
+    """The history was cut back to `step`: snapshots past it no longer describe the run."""
+    if _path(layout).exists():
+        _append(layout, {"rewound_to": int(step)})
+
+
+def find_snapshot(layout: RunLayout, phase_index: int, phase_start: int,
+                  upto_step: int) -> dict | None:
+    """The newest valid snapshot of this phase with phase_start <= step <= upto_step, or None.
+    Torn or garbage lines (a kill mid-append) are skipped."""
+    try:
+        lines = _path(layout).read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return None
+    limit = upto_step
+    for raw in reversed(lines):
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if "rewound_to" in obj:
+            limit = min(limit, int(obj["rewound_to"]))
+            continue
+        try:
+            if (obj["phase_index"] == phase_index and obj["phase_start"] == phase_start
+                    and phase_start <= obj["step"] <= limit):
+                return obj
+        except (KeyError, TypeError):
+            continue
+    return None

@@ -1,0 +1,129 @@
+"""Arms (SPEC section 7, issue 5): text file/dir/glob, JSON Lines field and uint16 token sources
+with a held-out split never trained on; zombie arms retired by name; bad bounds refused."""
+import json
+
+import numpy as np
+
+from proc_helpers import loss_records, run_proxy
+from proxy.bandit import Bandit, BanditConfig
+from proxy.sidecars import replay_run
+from shared.arm_data import heldout_size, read_arm_index
+from shared.config import load_run_config
+from shared.run_layout import RunLayout
+from worker.data import ArmSampler
+
+PROSE = ("It was a bright cold day in April, and the clocks were striking thirteen. "
+         "Winston Smith slipped quickly through the glass doors of Victory Mansions. ")
+
+
+def make_sources(d):
+    (d / "notes").mkdir(parents=True)
+    (d / "notes" / "a.md").write_text(PROSE * 60)
+    (d / "notes" / "b.md").write_text(PROSE.upper() * 60)
+    (d / "single.txt").write_text("lorem ipsum dolor sit amet " * 400)
+    with open(d / "chat.jsonl", "w") as f:
+        for i in range(300):
+            f.write(json.dumps({"id": i, "content": f"message {i}: hello there, how are you?"}) + "\n")
+        f.write("not json\n")
+    n = 20_000
+    toks = np.random.default_rng(0).integers(0, 200, n).astype(np.uint16)
+    return toks
+
+
+def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_path):
+    src = tmp_path / "src"
+    toks = make_sources(src)
+    n = len(toks)
+    from shared.config import RunConfig, PRESETS
+    cfg = RunConfig(model=PRESETS["andrea-test"])
+    hold = heldout_size(n, cfg)
+    toks[n - hold:] = 255                                   # marks the held-out split
+    toks.tofile(src / "web.bin")
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "10", "--checkpoint-every", "10", "--probe-every", "5",
+                  "--arm", f"dir=text:{src / 'notes'}", "--arm", f"glob=text:{src}/notes/*.md",
+                  "--arm", f"file=text:{src / 'single.txt'}",
+                  "--arm", f"chat=jsonl:{src / 'chat.jsonl'}:content",
+                  "--arm", f"web=tokens:{src / 'web.bin'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = {"dir", "glob", "file", "chat", "web"}
+    index = read_arm_index(RunLayout(run))
+    assert set(index) == names
+    assert all(a.fingerprint.startswith("sha256:") and a.source_fingerprint.startswith("stat:")
+               for a in index.values())
+    assert index["web"].heldout_start == n - hold and index["web"].n_tokens == n
+    chat = bytes(np.asarray(index["chat"].tokens(run)[:40], dtype=np.uint8)).decode()
+    assert chat.startswith("message 0: hello there") and "{" not in chat
+    recs = loss_records(run)
+    assert set(recs[4]["probe"]) == names and sum(sum(x["arms"].values()) for x in recs) == 80
+    sampler = ArmSampler(run, index, 32)
+    for k in range(1, 200):                                 # the held-out split is never drawn
+        b = sampler.draw(1, k, {"web": 1.0}, 8)
+        assert int(b.x.max()) < 255 and int(b.y.max()) < 255
+    assert (sampler.heldout_windows("web", 8) == 255).all()
+
+
+def test_bad_bounds_and_unknown_arms_are_refused_before_the_run_is_created(tmp_path):
+    for args, words in [(["--caps", "repo-code=0.1,python-docs=0.1,repo-docstrings=0.1"], "sum of caps"),
+                        (["--floors", "repo-code=0.7,python-docs=0.7"], "sum of floors"),
+                        (["--floors", "repo-code=0.5", "--caps", "repo-code=0.4"], "floor above cap"),
+                        (["--caps", "nope=0.5"], "unknown arm 'nope'"),
+                        (["--floors", "repo-code=-0.1"], "outside [0, 1]"),
+                        (["--arm", "x=text:/does/not/exist*"], "matches no file")]:
+        run = tmp_path / f"run{len(words)}"
+        r = run_proxy(run, "--max-steps", "5", *args)
+        assert r.returncode == 2 and words in r.stderr, (args, r.stderr[-1500:])
+        assert not (run / "run.json").exists()
+
+
+def test_zombie_arm_is_reported_retired_by_name_and_never_pulled_again(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "keep.txt").write_text(PROSE * 80)
+    (src / "gone.txt").write_text("lorem ipsum dolor sit amet " * 600)
+    (src / "third.txt").write_text("the quick brown fox jumps over the lazy dog " * 400)
+    run = tmp_path / "run"
+    arms = ["--arm", f"keep=text:{src / 'keep.txt'}", "--arm", f"gone=text:{src / 'gone.txt'}",
+            "--arm", f"third=text:{src / 'third.txt'}"]
+    common = ["--checkpoint-every", "20", "--probe-every", "5", "--bandit-warmup", "5"]
+    assert run_proxy(run, "--max-steps", "20", *common, *arms).returncode == 0
+    (src / "gone.txt").unlink()
+    (src / "third.txt").write_text("the quick brown fox jumps over the lazy dog " * 400)  # touched, same text
+    r = run_proxy(run, "--max-steps", "40", *common, *arms)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "arm gone is a zombie: source gone" in r.stderr and "arm third is a zombie" not in r.stderr
+    index = read_arm_index(RunLayout(run), include_retired=True)
+    assert index["gone"].retired["step"] == 20 and index["third"].retired is None
+    recs = loss_records(run)
+    assert all(x["arms"].get("gone", 0) == 0 and "gone" not in (x.get("probe") or {}) for x in recs[20:])
+    assert any(x["arms"].get("gone", 0) for x in recs[:20])
+    state = json.loads((run / ".state.json").read_text())
+    assert set(state["arms"]) == {"keep", "third"} and state["retired"]["gone"]["retired_at_step"] == 20
+    assert state["retired"]["gone"]["pulls"] == sum(x["arms"].get("gone", 0) for x in recs[:20])
+    layout = RunLayout(run)
+    assert replay_run(layout, load_run_config(layout.run_json), 40).bandit.to_dict() == state
+    # a third start does not report it again and keeps it retired
+    r = run_proxy(run, "--max-steps", "45", *common, *arms)
+    assert r.returncode == 0 and "is a zombie" not in r.stderr
+
+
+def test_arm_statistics_are_keyed_by_name_whatever_the_order_or_set_of_arms():
+    cfg = BanditConfig(warmup_steps=0)
+    recs = [{"step": k, "phase_index": 0, "arms": {"a": 3, "b": 4, "c": 1},
+             "p": {"a": 0.3, "b": 0.5, "c": 0.2}, "arm_loss": {"a": 2.0, "b": 3.0, "c": 1.0},
+             "probe": {"a": 3 - k / 50, "b": 4 - k / 20, "c": 2 - k / 100} if k % 5 == 0 else None}
+            for k in range(1, 61)]
+    x, y = Bandit(["a", "b", "c"], None, None, cfg), Bandit(["c", "a", "b"], None, None, cfg)
+    for r in recs:
+        x.observe(r)
+        y.observe(r)
+    assert x.to_dict() == y.to_dict() and x.updates > 0
+    before = x.to_dict()["arms"]
+    x.retire("b", "source gone")
+    after = x.to_dict()
+    assert after["retired"]["b"]["pulls"] == before["b"]["pulls"]
+    assert all(after["arms"][a]["pulls"] == before[a]["pulls"] for a in ("a", "c"))
+    assert "b" not in x.probabilities()
+    more = {"step": 61, "phase_index": 0, "arms": {"a": 5, "c": 3, "b": 0}, "p": {"a": 0.6, "c": 0.4}}
+    x.observe(more)
+    assert x.pulls["a"] == before["a"]["pulls"] + 5 and "b" not in x.pulls

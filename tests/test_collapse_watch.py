@@ -1,0 +1,64 @@
+"""Collapse watch (issue 5, BANDIT.md "Watching for collapse"): repetition scores per audit; two
+bad audits in a row pin the last checkpoint before them, write an alarm into the history and the
+log, and with --stop-on-collapse stop the run."""
+import json
+
+from proc_helpers import loss_records, run_proxy
+from proxy.collapse_watch import CollapseWatch, repetition_scores
+from shared.checkpoint_manifest import read_manifest
+from shared.run_layout import RunLayout
+
+
+def test_repetition_scores_tell_region_region_region_from_prose():
+    rep = repetition_scores("region region region region region region region region")
+    prose = repetition_scores("The quick brown fox jumps over the lazy dog, then naps under "
+                              "an old oak tree near the river.")
+    assert rep["distinct_1"] == 1 / 8 and rep["top_ngram_share"] == 1.0
+    assert rep["top_ngram"].startswith("region")
+    assert prose["distinct_2"] == 1.0 and prose["top_ngram_share"] < 0.2
+    w = CollapseWatch(RunLayout("/nonexistent"))
+    assert w.degenerate(rep) and not w.degenerate(prose)
+    assert not w.degenerate(repetition_scores("a a a"))  # too short to judge
+
+
+def _audit(step, text):
+    return {"type": "audit", "step": step, "arms": {"x": {"prompt": "", "text": text, "loss": 1.0},
+                                                     "y": {"prompt": "", "text": text, "loss": 1.0}}}
+
+
+def test_one_bad_audit_then_a_good_one_raises_no_alarm(tmp_path):
+    w = CollapseWatch(RunLayout(tmp_path))
+    assert w.on_audit(_audit(10, "go go go go go go go go go go")) is None
+    assert w.on_audit(_audit(20, "a perfectly ordinary sentence with many different words in it")) is None
+    assert w.on_audit(_audit(30, "go go go go go go go go go go")) is None
+    assert w.alarms == []
+
+
+def test_two_degenerate_audits_pin_the_checkpoint_before_them_alarm_the_history_and_stop(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a " * 30000)
+    (src / "b.txt").write_text("b a " * 15000)
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "300", "--checkpoint-every", "10", "--sample-every", "10",
+                  "--probe-every", "5", "--arm", f"a=text:{src / 'a.txt'}",
+                  "--arm", f"b=text:{src / 'b.txt'}", "--stop-on-collapse", timeout=600)
+    out = r.stdout + r.stderr
+    assert "COLLAPSE ALARM" in out, out[-3000:]
+    assert r.returncode != 0, "--stop-on-collapse must stop the run with a non-zero exit"
+    records = loss_records(run)
+    alarms = [x for x in records if x.get("alarm")]
+    assert len(alarms) == 1
+    alarm = alarms[0]["alarm"]
+    first_bad, second_bad = alarm["audit_steps"]
+    assert second_bad == first_bad + 10 and alarms[0]["step"] > second_bad
+    assert records[-1]["step"] < 300, "the run went on after the alarm"
+    manifest = read_manifest(run)
+    pinned = alarm["pinned_checkpoint"]
+    step = int(pinned[5:11])
+    assert step < first_bad and step == max(s for s in manifest if s < first_bad)
+    assert manifest[step].pinned and (run / pinned).exists(), "retention deleted the pinned checkpoint"
+    audits = json.loads((run / ".samples.json").read_text())["audits"]
+    assert all("collapse" in a for a in audits)
+    assert [a["collapse"]["bad"] for a in audits if a["step"] in (first_bad, second_bad)] == [True, True]
+    assert "COLLAPSE ALARM" in (run / "logs" / "proxy.log").read_text()

@@ -1,0 +1,58 @@
+"""The three sidecars at full scale (SPEC section 7, issue 5): .state.json = replay of .loss.json,
+the rewind path when the newest checkpoint is corrupt, and the bounded .samples.json."""
+import json
+
+from proc_helpers import loss_records, run_proxy
+from proxy.sidecars import replay_run
+from shared.checkpoint_format import checkpoint_name
+from shared.config import load_run_config
+from shared.loss_history import read_records
+from shared.run_layout import RunLayout
+
+COMMON = ["--checkpoint-every", "20", "--sample-every", "20", "--probe-every", "5",
+          "--bandit-warmup", "5"]
+
+
+def replayed_state(run, step):
+    layout = RunLayout(run)
+    return replay_run(layout, load_run_config(layout.run_json), step).bandit.to_dict()
+
+
+def test_replaying_the_history_from_the_phase_start_reproduces_state_json_exactly(tmp_path):
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "60", *COMMON).returncode == 0
+    state = json.loads((run / ".state.json").read_text())
+    assert state["step"] == 60 and state["phase"]["updates"] > 0, "the bandit never updated"
+    assert replayed_state(run, 60) == state
+    assert replayed_state(run, 40) != state
+
+
+def test_corrupt_newest_checkpoint_rewinds_history_archives_audits_and_rebuilds_state(tmp_path):
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "60", *COMMON).returncode == 0
+    newest = run / checkpoint_name(60)
+    newest.write_bytes(newest.read_bytes()[:1000])           # torn: the resume must fall back to 40
+    r = run_proxy(run, "--max-steps", "40", *COMMON)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "rejected step_000060.bin" in r.stderr
+    assert newest.exists() or (run / "rejected" / newest.name).exists(), "the bad file must be kept"
+    assert [x["step"] for x in loss_records(run)] == list(range(1, 41))
+    rewound = read_records(run / ".loss.rewound.json", monotonic=False)
+    assert [x["step"] for x in rewound] == list(range(41, 61))
+    assert all("resumed from step 40" in x["rewound_reason"] for x in rewound)
+    assert [a["step"] for a in json.loads((run / "archive" / "rewound-samples.json").read_text())] == [60]
+    assert [a["step"] for a in json.loads((run / ".samples.json").read_text())["audits"]] == [20, 40]
+    state = json.loads((run / ".state.json").read_text())
+    assert state["step"] == 40 and state == replayed_state(run, 40)
+
+
+def test_samples_json_keeps_only_the_last_n_audits_of_the_phase(tmp_path):
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "30", "--checkpoint-every", "10", "--sample-every", "5",
+                  "--samples-keep", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads((run / ".samples.json").read_text())
+    assert d["phase"] == {"label": "initial", "index": 0}
+    assert [a["step"] for a in d["audits"]] == [25, 30]
+    assert set(d["audits"][0]["arms"]) == {"repo-docstrings", "repo-code", "python-docs"}
+    assert all({"prompt", "text", "loss"} <= set(a) for a in d["audits"][0]["arms"].values())
