@@ -33,6 +33,7 @@ class FlatAdamW:
     """AdamW whose m and v are the flat buffers `m` and `v` (float32, (n_params,)).
 
     `set_step(S)` sets every parameter's AdamW step to S (the resumed checkpoint's header step).
+    `fused=True` (the trainer passes it on CUDA) uses torch's fused AdamW; otherwise foreach.
     """
 
     def __init__(self, model: GPT, cfg: RunConfig, fused: bool | None = None) -> None:
@@ -44,7 +45,8 @@ class FlatAdamW:
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": cfg.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
-        kw = {"fused": True} if fused else {}
+        # fused kernels on CUDA (one launch for all parameters); foreach on CPU (issue 6)
+        kw = {"fused": True} if fused else {"foreach": True}
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                      eps=cfg.eps, **kw)
         self._fused = bool(fused)

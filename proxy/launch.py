@@ -1,0 +1,185 @@
+"""Launching the worker with torchrun and reaching its ranks (SPEC sections 5 and 6, issue 6).
+
+With `--nproc-per-node N > 1` or any rendezvous option the proxy starts
+`python -m torch.distributed.run --nproc-per-node N ... -m worker ARGS` instead of
+`python -m worker ARGS`. torchrun's elastic agent treats every signal it handles as "stop
+everything" (it forwards SIGTERM to the ranks and SIGKILLs them after its own 30 s shutdown
+timeout), and it starts each rank in its own session. So the proxy never signals the agent while
+the ranks are known: every rank adds its pid to the handshake's `worker.pids` when it starts
+(worker/trainer.py `announce`), and SIGUSR1/SIGTERM go to those pids directly. The agent exits by
+itself once all ranks have exited. Restarts are the proxy's job (`--max-restarts 0` for the
+agent), so a rank that dies takes the whole group down and the proxy resumes all ranks from the
+newest valid checkpoint.
+
+What it is not: the supervision loop (proxy/supervisor.py) or process-group set-up inside the
+worker (worker/distributed.py). No torch import here: the proxy stays light.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from shared.handshake import read_handshake
+from shared.run_layout import RunLayout
+
+log = logging.getLogger("proxy.launch")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """torchrun options passed through from `python -m proxy run` (torchrun's own names)."""
+
+    nproc_per_node: int = 1
+    nnodes: str | None = None          # "N" or "MIN:MAX"
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None   # host:port of the rendezvous
+    rdzv_id: str | None = None
+    rdzv_backend: str | None = None    # default c10d when an endpoint is given
+
+    @property
+    def uses_torchrun(self) -> bool:
+        return self.nproc_per_node > 1 or any(
+            v is not None for v in (self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id,
+                                    self.rdzv_backend))
+
+    def world_size(self) -> int:
+        """Ranks in the whole job (nproc_per_node x the maximum number of nodes)."""
+        nodes = int(str(self.nnodes).split(":")[-1]) if self.nnodes else 1
+        return self.nproc_per_node * nodes
+
+
+def add_launch_args(ap) -> None:
+    """The `python -m proxy run` options for torchrun and speed (argparse parser `ap`)."""
+    ap.add_argument("--nproc-per-node", type=int, default=1,
+                    help="ranks on this node; > 1 launches the worker with torchrun (DDP)")
+    ap.add_argument("--nnodes", default=None, help="torchrun --nnodes (N or MIN:MAX)")
+    ap.add_argument("--node-rank", type=int, default=None, help="torchrun --node-rank")
+    ap.add_argument("--rdzv-endpoint", default=None, help="torchrun --rdzv-endpoint HOST:PORT")
+    ap.add_argument("--rdzv-id", default=None, help="torchrun --rdzv-id (same on every node)")
+    ap.add_argument("--rdzv-backend", default=None, help="torchrun --rdzv-backend (c10d)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the training step")
+
+
+def apply_launch_args(a, opts, cfg) -> None:
+    """Copy the launch options of namespace `a` into ProxyOptions `opts`. Raises
+    shared.config.ConfigError when --nproc-per-node < 1 or the world size does not divide the
+    run's global batch (each rank takes an equal slice)."""
+    from shared.config import ConfigError
+    lo = LaunchOptions(nproc_per_node=a.nproc_per_node, nnodes=a.nnodes, node_rank=a.node_rank,
+                       rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id,
+                       rdzv_backend=a.rdzv_backend)
+    if lo.nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node {lo.nproc_per_node}: must be >= 1")
+    try:
+        world = lo.world_size()
+    except ValueError:
+        raise ConfigError(f"--nnodes {lo.nnodes!r}: give N or MIN:MAX (integers)") from None
+    if cfg.batch_size % world:
+        raise ConfigError(f"run.json batch_size={cfg.batch_size} is not divisible by the world "
+                          f"size {world} (--nproc-per-node x --nnodes): each rank takes an equal "
+                          "slice of the global batch; choose a world size that divides it")
+    opts.launch = lo
+    opts.compile = a.compile
+
+
+def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> list[str]:
+    """argv that runs `python -m worker worker_args` under torchrun with `opts`.
+
+    Single node without a rendezvous endpoint: `--standalone` (a private store on a free port,
+    so several runs on one box never collide)."""
+    argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(opts.nproc_per_node),
+            "--max-restarts", "0", "--monitor-interval", "0.5"]
+    if opts.rdzv_endpoint is None and opts.nnodes in (None, "1", "1:1"):
+        argv.append("--standalone")
+    else:
+        if opts.nnodes is not None:
+            argv += ["--nnodes", str(opts.nnodes)]
+        if opts.node_rank is not None:
+            argv += ["--node-rank", str(opts.node_rank)]
+        argv += ["--rdzv-backend", opts.rdzv_backend or "c10d"]
+        if opts.rdzv_endpoint is not None:
+            argv += ["--rdzv-endpoint", opts.rdzv_endpoint]
+        if opts.rdzv_id is not None:
+            argv += ["--rdzv-id", opts.rdzv_id]
+    return argv + ["-m", "worker", *worker_args]
+
+
+def rank_pids(layout: RunLayout) -> list[int]:
+    """The pids the ranks of the current incarnation announced (`worker.pids`), maybe partial
+    while ranks are still starting; [] before the first announces."""
+    w = read_handshake(layout).get("worker") or {}
+    return [int(p) for p in w.get("pids") or [] if isinstance(p, int) and p > 0]
+
+
+def signal_pids(pids: list[int], sig: int) -> int:
+    """Send `sig` to each pid that still exists; returns how many were signalled."""
+    n = 0
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            n += 1
+        except ProcessLookupError:
+            pass
+    return n
+
+
+def kill_ranks(pids: list[int]) -> None:
+    """SIGKILL each rank and its session's process group (torchrun starts each rank as a
+    session leader, so the agent's group does not contain them)."""
+    for pid in pids:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def agent_descendants(agent_pid: int) -> list[int]:
+    """Pids of every process below the torchrun agent (ranks that may not have announced yet)."""
+    try:
+        import psutil
+        return [c.pid for c in psutil.Process(agent_pid).children(recursive=True)]
+    except Exception:  # noqa: BLE001 - the agent is gone or psutil cannot see it: nothing to add
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _is_our_rank(pid: int, run_dir: str) -> bool:
+    """Guard against pid reuse: the process's command line names `-m worker` and our run dir."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"worker" in argv and os.fsencode(run_dir) in argv
+
+
+def reap_leftover_ranks(pids: list[int], run_dir: str, grace: float = 10.0) -> list[int]:
+    """After the agent exited: wait up to `grace` seconds for ranks still running (this run's
+    only), then SIGKILL them. Returns the pids that had to be killed (logged: nothing may be
+    left holding a GPU)."""
+    ours = [p for p in pids if _is_our_rank(p, run_dir)]
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(_alive(p) for p in ours):
+        time.sleep(0.05)
+    left = [p for p in ours if _alive(p)]
+    if left:
+        log.error("ranks %s outlived the torchrun agent by %.0f s: killing them", left, grace)
+        kill_ranks(left)
+    return left

@@ -1,0 +1,146 @@
+"""Multi-process training under `torchrun` (SPEC section 5, issue 6): process group set-up and
+the small collectives that keep every rank in lock-step.
+
+`init_distributed(device)` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR/PORT) and joins the process group: gloo on CPU, nccl on CUDA. Without those
+variables (a plain `python -m worker`) it returns a world of one and nothing here communicates.
+
+`agree(events)` is the step-boundary collective: every rank contributes a vector of small ints
+(stop requested, SIGUSR1 seen, control request seen, ...) and all receive the element-wise MAX,
+so a signal that reached one rank only still gives the same checkpoint and stop decision on all.
+`sum_floats(values)` aggregates per-rank statistics (loss sums, per-arm sums and counts) so the
+step record rank 0 writes is global.
+
+What it is not: the decisions themselves (worker/trainer.py) or the launcher (proxy/supervisor.py).
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger("worker.distributed")
+
+# Collectives wait this long before failing (a rank that died mid-step makes the others raise
+# instead of hanging; the proxy then restarts all ranks from the newest checkpoint).
+COLLECTIVE_TIMEOUT_S = 600.0
+
+
+class DistributedError(ValueError):
+    """The process group could not be set up or the world size does not fit the run (a
+    configuration error: the worker exits EXIT_FATAL); the message names the value and the fix."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: rank in [0, world_size), local_rank on its node."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None   # "gloo" / "nccl" when a process group is up, else None
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (torch.distributed.run) launched this process."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedError(f"environment {name}={raw!r} is not an integer; torchrun sets it, "
+                               "do not set it by hand") from None
+
+
+def resolve_device(requested: str, local_rank: int) -> torch.device:
+    """The device of this rank: `requested` ("auto", "cpu", "cuda", "cuda:N"); under several
+    ranks on CUDA, "auto"/"cuda" mean cuda:LOCAL_RANK."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(requested)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", local_rank if torch.cuda.device_count() > local_rank else 0)
+    return dev
+
+
+def init_distributed(requested_device: str) -> tuple[DistInfo, torch.device]:
+    """Join the process group torchrun described, or return a world of one.
+
+    Backend: nccl when the device is CUDA, gloo on CPU. Raises DistributedError when the
+    environment is inconsistent (e.g. RANK >= WORLD_SIZE)."""
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    device = resolve_device(requested_device, local_rank)
+    if world <= 1:
+        return DistInfo(), device
+    if not 0 <= rank < world:
+        raise DistributedError(f"environment RANK={rank} is outside WORLD_SIZE={world}: "
+                               "launch the worker through torchrun (python -m proxy run "
+                               "--nproc-per-node N)")
+    import torch.distributed as dist
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    kw = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend=backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S), **kw)
+    log.info("rank %d of %d (local rank %d) joined the %s process group on %s",
+             rank, world, local_rank, backend, device)
+    return DistInfo(rank, world, local_rank, backend), device
+
+
+def _comm_device(info: DistInfo) -> torch.device:
+    if info.backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def agree(info: DistInfo, events: list[int]) -> list[int]:
+    """Step-boundary agreement: element-wise MAX of `events` (small non-negative ints) over all
+    ranks. Every rank must call it at the same point with the same length. World of one: returns
+    `events` unchanged."""
+    if not info.enabled:
+        return list(events)
+    import torch.distributed as dist
+    t = torch.tensor(events, dtype=torch.int64, device=_comm_device(info))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(x) for x in t.tolist()]
+
+
+def sum_floats(info: DistInfo, values: list[float]) -> list[float]:
+    """Element-wise SUM of float64 `values` over all ranks (loss sums, per-arm sums and counts)."""
+    if not info.enabled:
+        return list(values)
+    import torch.distributed as dist
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [float(x) for x in t.tolist()]
+
+
+def shutdown(info: DistInfo) -> None:
+    """Leave the process group (best effort: a peer may already be gone)."""
+    if not info.enabled:
+        return
+    import torch.distributed as dist
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - exiting anyway; say why, do not mask the exit code
+        log.warning("destroy_process_group: %s", e)

@@ -1,0 +1,82 @@
+"""Throughput accounting (issue 6): tokens/s and model FLOPs utilisation (MFU).
+
+MFU = achieved training FLOP/s (the model's FLOPs per token x tokens/s, all ranks together) /
+(peak FLOP/s of one device x world size). The peak comes from a per-device table on CUDA (dense
+bf16 tensor-core figures from the vendors' data sheets) and, on CPU, from a short fp32 matmul
+timed when the worker starts (`measure_cpu_matmul_peak`): on a CPU there is no data sheet figure
+the process can trust, and the matmul is the best the BLAS in this process can do.
+
+What it is not: the timing of steps (worker/trainer.py) or the progress line (proxy/supervisor.py).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+# Dense (no sparsity) bf16 peak FLOP/s per device, by a substring of torch.cuda.get_device_name().
+# Order matters: the first match wins (e.g. "H100 PCIe" before "H100").
+CUDA_BF16_PEAK: tuple[tuple[str, float], ...] = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),          # SXM / NVL
+    ("H800", 989e12),
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("A10G", 70e12),           # nominally 125 TFLOP/s with sparsity; 70 dense
+    ("A10", 125e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+    ("V100", 125e12),          # fp16 tensor cores (V100 has no bf16)
+    ("T4", 65e12),             # fp16
+)
+
+
+def cuda_peak_flops(device: torch.device) -> tuple[float | None, str]:
+    """(peak FLOP/s, source) of a CUDA device from `CUDA_BF16_PEAK`; (None, why) if unknown."""
+    name = torch.cuda.get_device_name(device)
+    for key, peak in CUDA_BF16_PEAK:
+        if key in name:
+            return peak, f"table: {name} bf16 dense {peak / 1e12:.0f} TFLOP/s"
+    return None, f"{name} is not in worker/perf.py CUDA_BF16_PEAK; MFU not reported"
+
+
+def measure_cpu_matmul_peak(n: int = 1024, seconds: float = 0.5) -> float:
+    """FLOP/s of an (n x n) @ (n x n) fp32 matmul on this process's CPU threads, best of a
+    short timed loop (about `seconds` of wall time). Used as the CPU's peak for MFU."""
+    g = torch.Generator().manual_seed(0)  # leave the global RNG untouched
+    a = torch.randn(n, n, generator=g)
+    b = torch.randn(n, n, generator=g)
+    c = torch.empty(n, n)
+    torch.mm(a, b, out=c)  # warm-up (BLAS thread pool, caches)
+    best = 0.0
+    end = time.perf_counter() + seconds
+    while True:
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=c)
+        dt = time.perf_counter() - t0
+        if dt > 0:
+            best = max(best, 2.0 * n ** 3 / dt)
+        if time.perf_counter() > end:
+            return best
+
+
+def device_peak_flops(device: torch.device) -> tuple[float | None, str]:
+    """(peak FLOP/s of ONE device, how it was obtained) for MFU."""
+    if device.type == "cuda":
+        return cuda_peak_flops(device)
+    peak = measure_cpu_matmul_peak()
+    return peak, f"measured: fp32 1024^3 matmul {peak / 1e9:.1f} GFLOP/s"
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_per_device: float | None,
+        world_size: int = 1) -> float | None:
+    """Model FLOPs utilisation in [0, 1+] or None when the peak is unknown."""
+    if not peak_per_device or tokens_per_s <= 0:
+        return None
+    return flops_per_token * tokens_per_s / (peak_per_device * world_size)
