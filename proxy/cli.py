@@ -3,6 +3,10 @@
   run      create or resume a run and supervise its worker
   status   step, loss and EMA, tokens/s, last checkpoint, arm probabilities, worker health
   inspect  a checkpoint: header, validity, checksum, parameter table, norms
+  pivot    polish pivot: stop at the next boundary, restart with new caps/floors (SPEC 8)
+  fork     audit fork: a new run from another run's checkpoint and history
+  plot     PNG of loss and EMA, pivots, held-out loss per arm, the arm mixture
+  export   a checkpoint's weights as model.safetensors (named tensors)
 """
 from __future__ import annotations
 
@@ -73,6 +77,8 @@ def _add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--print-every", type=int, default=10, help="steps between progress lines")
     ap.add_argument("--from-scratch", action="store_true",
                     help="start at step 0 even though the history has records but no checkpoint")
+    from proxy.launch import add_launch_args
+    add_launch_args(ap)  # --nproc-per-node, --nnodes, --node-rank, --rdzv-*, --compile (issue 6)
 
 
 def _config_from_args(a) -> RunConfig:
@@ -123,6 +129,8 @@ def _check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
 
 
 def cmd_run(a) -> int:
+    from proxy.proc_tree import EarlySignals
+    EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal (issue 4)
     from proxy.run_lock import RunLock, RunLockError
     from proxy.run_setup import create_run
     from proxy.supervisor import ProxyOptions, Supervisor, SupervisorError
@@ -154,6 +162,10 @@ def cmd_run(a) -> int:
                             max_restarts=a.max_restarts, hang_timeout=a.hang_timeout,
                             stop_timeout=a.stop_timeout, print_every=a.print_every,
                             from_scratch=a.from_scratch)
+        from proxy.pivot import apply_run_extras
+        apply_run_extras(a, opts, cfg)  # --samples-keep, --stop-on-collapse, hidden --pivot-*
+        from proxy.launch import apply_launch_args
+        apply_launch_args(a, opts, cfg)  # torchrun options; world size must divide the batch
         if opts.keep_last < 2:
             raise ConfigError(f"--keep-last {opts.keep_last}: must be >= 2 (the newest checkpoint "
                               "may still be being written)")
@@ -188,89 +200,8 @@ def _print_settings(cfg: RunConfig, a) -> None:
 
 
 def cmd_status(a) -> int:
-    layout = RunLayout(a.run_dir)
-    if not layout.run_json.exists():
-        print(f"{layout.root}: not a run directory (no run.json)", file=sys.stderr)
-        return 2
-    from proxy.sidecars import read_json_tolerant
-    st = {}
-    try:
-        st = json.loads((layout.root / ".status.json").read_text())
-    except (OSError, ValueError):
-        pass
-    state = {}
-    try:
-        state = json.loads(layout.state.read_text())
-    except (OSError, ValueError):
-        pass
-
-    def alive(pid):
-        if not pid:
-            return False
-        try:
-            os.kill(pid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    proxy_alive = st.get("proxy_alive") and alive(st.get("proxy_pid"))
-    worker_pid = st.get("worker_pid")
-    age = time.time() - st["time"] if st.get("time") else None
-    health = ("running" if proxy_alive and alive(worker_pid) and age is not None and age < 30
-              else "stalled?" if proxy_alive else "stopped")
-    print(f"run        {layout.root}")
-    print(f"health     {health}  (proxy pid {st.get('proxy_pid')}, worker pid {worker_pid})")
-    print(f"step       {st.get('step')} / {st.get('max_steps')}")
-    if st.get("loss") is not None:
-        print(f"loss       {st['loss']:.4f}  (EMA {st.get('loss_ema') or 0:.4f})")
-    if st.get("tokens_per_s"):
-        print(f"tokens/s   {st['tokens_per_s']:,.0f}")
-    print(f"checkpoint {st.get('last_checkpoint')}")
-    if state.get("arms"):
-        print("arms       " + "  ".join(f"{n}: p={v['p']:.3f} pulls={v['pulls']}"
-                                        for n, v in sorted(state["arms"].items())))
-    return 0
-
-
-def cmd_inspect(a) -> int:
-    import numpy as np
-    from shared.checkpoint_format import CheckpointError, load_checkpoint, read_header, \
-        file_checksum, parse_checkpoint_name
-    from shared.checkpoint_manifest import read_manifest
-    from shared.config import parameter_table
-    path = Path(a.path)
-    try:
-        step, n = read_header(path)
-    except CheckpointError as e:
-        print(f"INVALID: {e}")
-        return 1
-    print(f"file       {path}\nheader     step {step:,}, n_params {n:,}")
-    print(f"size       {path.stat().st_size:,} bytes (expected {8 + 12 * n:,})")
-    entries = read_manifest(path.parent)
-    s = parse_checkpoint_name(path.name)
-    want = entries[s].checksum if s in entries else None
-    cfg = None
-    try:
-        cfg = load_run_config(path.parent / "run.json")
-    except ConfigError:
-        pass
-    try:
-        _, w, m, v = load_checkpoint(path, cfg.n_params if cfg else None, want)
-    except CheckpointError as e:
-        print(f"INVALID    {e}")
-        return 1
-    print(f"checksum   {file_checksum(path)} "
-          + (f"(manifest: match, reason {entries[s].reason}, pinned {entries[s].pinned})" if want
-             else "(no manifest entry)"))
-    print("valid      yes")
-    for name, arr in (("weights", w), ("m", m), ("v", v)):
-        print(f"|{name}|".ljust(11) + f"L2 {float(np.linalg.norm(arr)):.6g}  max|x| {float(np.abs(arr).max()):.6g}")
-    if cfg is not None:
-        print(f"\nparameter table ({cfg.preset}, vocabulary {cfg.vocab_size}):")
-        print(f"{'name':<40} {'shape':<16} {'offset':>12} {'|w|':>10}")
-        for name, shp, off in parameter_table(cfg.model, cfg.vocab_size):
-            size = int(np.prod(shp))
-            print(f"{name:<40} {str(tuple(shp)):<16} {off:>12,} {float(np.linalg.norm(w[off:off + size])):>10.4f}")
-    return 0
+    from proxy.status import cmd_status as status  # issue 4: proxy/status.py
+    return status(a)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,14 +210,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m proxy", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    _add_run_args(sub.add_parser("run", help="create or resume a run and supervise it"))
+    from proxy import fork, pivot, plot
+    p = sub.add_parser("run", help="create or resume a run and supervise it")
+    _add_run_args(p)
+    pivot.add_run_extras(p)
+    pivot.add_pivot_parser(sub)
+    fork.add_fork_parser(sub)
+    plot.add_plot_parser(sub)
     p = sub.add_parser("status", help="show a run's progress and health")
     p.add_argument("--run-dir", required=True)
-    p = sub.add_parser("inspect", help="check and describe a checkpoint file")
-    p.add_argument("path")
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
+    from proxy import checkpoint_tools
+    checkpoint_tools.add_inspect_args(sub.add_parser("inspect", help="check and describe a checkpoint file"))
+    checkpoint_tools.add_export_args(sub.add_parser("export", help="write a checkpoint's weights as safetensors"))
     a = ap.parse_args(argv)
     if a.cmd == "run":
         return cmd_run(a)
+    if a.cmd in ("pivot", "fork", "plot"):
+        return {"pivot": pivot.cmd_pivot, "fork": fork.cmd_fork, "plot": plot.cmd_plot}[a.cmd](a)
     if a.cmd == "status":
         return cmd_status(a)
-    return cmd_inspect(a)
+    if a.cmd == "inspect":
+        return checkpoint_tools.cmd_inspect(a)
+    if a.cmd == "export":
+        return checkpoint_tools.cmd_export(a)

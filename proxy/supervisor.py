@@ -18,7 +18,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.collapse_watch import CollapseWatch
+from proxy.launch import LaunchOptions, agent_descendants, kill_ranks, rank_pids, \
+    reap_leftover_ranks, signal_pids, torchrun_argv
+from proxy import proc_tree
 from proxy.mixture import MixtureController, Phase
+from proxy.report_salvage import salvage_step_reports
+from proxy.pivot import poll_pivot_request
+from proxy.zombies import handle_zombies
 from proxy.run_setup import read_phases, write_phases
 from proxy.sidecars import SamplesLog, read_json_tolerant, write_state
 from shared.atomic_io import atomic_write_json
@@ -26,11 +33,13 @@ from shared.checkpoint_format import clean_stale_temporaries, find_latest_valid
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import RunConfig
 from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
-from shared.loss_history import LossHistory, read_records
+from proxy.state_snapshots import append_snapshot, find_snapshot, mark_rewound
+from shared.loss_history import LossHistory, read_records, read_records_after
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
 
+STARTUP_GRACE_S = 300.0     # before its hello a worker may be importing torch / compiling
 EXIT_FATAL_WORKER = 3       # worker/trainer.py EXIT_FATAL: do not restart
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,6 +70,9 @@ class ProxyOptions:
     pivot: dict | None = None          # {"label", "caps", "floors"}: start a new phase at resume
     backoff: float = 1.0               # first restart delay, seconds (doubles, max 30)
     stop_at_step: int | None = None    # ask the worker to checkpoint and stop here (pivot)
+    stop_on_collapse: bool = False     # the collapse alarm also stops the run (issue 5)
+    launch: LaunchOptions = field(default_factory=LaunchOptions)  # torchrun (issue 6)
+    compile: bool = False              # torch.compile in the worker (issue 6)
 
 
 @dataclass
@@ -83,9 +95,14 @@ class Supervisor:
         self.stats = LiveStats()
         self.proc: subprocess.Popen | None = None
         self._status_t = 0.0
+        self._worker_exit_code: int | None = None  # from the worker's "stopped" event
+        self.pending_events: list[dict] = []  # attached to the next step record filed (issue 4)
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT/SIGHUP -> stop the worker cleanly; SIGUSR1 -> forward. Takes over the
+        signals proxy_tree.EarlySignals caught during start-up, and makes the proxy a child
+        subreaper so orphans of the worker's tree are re-parented to it and reaped (PID 1 too)."""
         def on_stop(signum, frame):
             if self.stop_requested is None:
                 self.stop_requested = signal.Signals(signum).name
@@ -96,16 +113,33 @@ class Supervisor:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, on_stop)
         signal.signal(signal.SIGUSR1, on_usr1)
+        early_stop, early_usr1 = proc_tree.EarlySignals.take()
+        if early_stop and self.stop_requested is None:
+            self.stop_requested = early_stop
+            log.info("%s received during start-up: no worker will be started", early_stop)
+        self.usr1_pending += early_usr1
+        self.subreaper = proc_tree.become_subreaper()
 
     # ------------------------------------------------------------------ resume point
     def _resolve_resume(self, history: LossHistory) -> tuple[int, Path | None]:
         root = self.layout.root
         for p in clean_stale_temporaries(root):
             log.info("removed stale temporary %s", p.name)
+        from shared.checkpoint_format import CheckpointError, quarantine_checkpoint, \
+            scan_for_resume
         checks = manifest_checksums(read_manifest(root))
-        info, rejected = find_latest_valid(root, self.cfg.n_params, checks)
-        for path, why in rejected:
-            log.warning("rejected %s: %s (file kept)", path.name, why)
+        info, rejected = scan_for_resume(root, self.cfg.n_params, checks)
+        for err in rejected:  # one line per rejected file, with the rule it broke (SPEC 4)
+            log.warning("rejected %s (rule: %s): %s", err.path.name, err.rule, err)
+        if rejected and (info is not None or self.opts.from_scratch or not history.last_step):
+            # Training will pass these steps again: move them where neither the new file of
+            # the same step nor retention can touch them (kept, never deleted).
+            for err in rejected:
+                try:
+                    dest = quarantine_checkpoint(err.path)
+                    log.warning("kept rejected %s as %s", err.path.name, dest.relative_to(root))
+                except CheckpointError as e:
+                    log.error("%s", e)
         if info is None:
             if history.last_step and not self.opts.from_scratch:
                 raise SupervisorError(
@@ -113,7 +147,8 @@ class Supervisor:
                     f"{history.last_step:,}) but no valid checkpoint exists"
                     + (f" ({len(rejected)} rejected, see above)" if rejected else "")
                     + "; restore a checkpoint, or pass --from-scratch to start again from step 0 "
-                    "(the history past 0 is then moved to .loss.rewound.json)", code=2)
+                    "(the history past 0 is then moved to .loss.rewound.json); rejected files "
+                    "stay where they are", code=2)
             return 0, None
         if rejected:
             log.warning("resuming from %s instead", info.path.name)
@@ -126,6 +161,7 @@ class Supervisor:
             log.warning("%s: %d records past step %d moved to %s (they do not match the "
                         "checkpoint loaded)", self.layout.loss.name, n, step,
                         self.layout.loss_rewound.name)
+            mark_rewound(self.layout, step)
         elif (history.last_step or 0) < step:
             log.warning("%s ends at step %s but the checkpoint is step %d: the history has a gap",
                         self.layout.loss.name, history.last_step, step)
@@ -133,8 +169,8 @@ class Supervisor:
     def _prepare_mixture(self, step: int) -> MixtureController:
         phases = read_phases(self.layout)
         phases = [p for p in phases if p.start_step <= step] or phases[:1]
-        records_of = lambda ph: read_records(self.layout.loss, ph.start_step + 1, step)
-        mix = self._replay(phases[-1], records_of(phases[-1]))
+        mix = self._rebuild(phases[-1], step)
+        mix.apply_retirements(step)
         if self.opts.pivot is not None:
             pv = self.opts.pivot
             self.opts.pivot = None  # once: a restart after this resumes inside the new phase
@@ -150,9 +186,29 @@ class Supervisor:
             mix = self._replay(new, [])
         return mix
 
+    def _rebuild(self, phase: Phase, step: int) -> MixtureController:
+        """The controller as it was after update `step`: from the newest snapshot at or before
+        `step` plus the records after it, else by replaying the phase from its start."""
+        t0 = time.perf_counter()
+        snap = find_snapshot(self.layout, phase.index, phase.start_step, step)
+        if snap is not None:
+            mix = self._replay(phase, [])
+            mix.restore(snap)
+            records = read_records_after(self.layout.loss, snap["step"], step)
+        else:
+            mix = self._replay(phase, [])
+            records = read_records(self.layout.loss, phase.start_step + 1, step)
+        for r in records:
+            mix.observe(r)
+        log.info("bandit rebuilt at step %d in %.2f s (%s, %d records replayed)", step,
+                 time.perf_counter() - t0,
+                 f"from the step-{snap['step']} snapshot" if snap else "from the phase start",
+                 len(records))
+        return mix
+
     def _replay(self, phase: Phase, records: list[dict]) -> MixtureController:
         mix = MixtureController(self.arm_names, phase, self.cfg.reward, self.cfg.bandit_warmup,
-                                self.cfg.probe_every)
+                                self.cfg.probe_every, getattr(self, "retirements", None))
         for r in records:
             mix.observe(r)
         return mix
@@ -174,9 +230,15 @@ class Supervisor:
                 "--keep-every", str(o.keep_every)]
         if resume is not None:
             argv += ["--resume-from", str(resume)]
+        if o.compile:
+            argv.append("--compile")
+        self._worker_exit_code = None
+        if o.launch.uses_torchrun:  # ranks watch the proxy's pid (--parent-pid), not the agent
+            argv = torchrun_argv(sys.executable, argv[3:], o.launch)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-        return subprocess.Popen(argv, env=env, start_new_session=True, close_fds=True)
+        with proc_tree.signals_blocked(not o.launch.uses_torchrun):  # worker unblocks them
+            return subprocess.Popen(argv, env=env, start_new_session=True, close_fds=True)
 
     def _post_policies(self, mix: MixtureController, first_period: int) -> None:
         pols = mix.policies_from(first_period)
@@ -187,6 +249,16 @@ class Supervisor:
         history = LossHistory(self.layout.loss)
         for msg in history.repairs:
             log.warning("%s", msg)
+        salvage_step_reports(self.layout, history, read_phases(self.layout))  # a dead proxy's
+        if self.max_steps != self.cfg.max_steps:
+            log.warning("!!! --max-steps %d differs from the %d planned at creation (run.json): the "
+                        "learning-rate schedule stays the planned one (warm-up %d, cosine to step "
+                        "%d, flat after); recorded in .loss.json as an event !!!", self.max_steps,
+                        self.cfg.max_steps, self.cfg.warmup_steps, self.cfg.lr_decay_steps)
+            self.pending_events.append({
+                "event": "max-steps-changed", "max_steps": self.max_steps,
+                "planned_max_steps": self.cfg.max_steps, "lr_decay_steps": self.cfg.lr_decay_steps,
+                "warmup_steps": self.cfg.warmup_steps, "time": time.time()})
         restarts = 0
         try:
             while True:
@@ -194,8 +266,9 @@ class Supervisor:
                 if outcome == "done":
                     return 0
                 if outcome == "fatal":
-                    raise SupervisorError(f"worker exited with code {rc}: the run cannot go on "
-                                          f"(see the worker's log above); not restarting")
+                    why = getattr(self, "_worker_stop_why", None) or "see the worker's log above"
+                    raise SupervisorError(f"worker exited with code {rc} ({why}): the run cannot "
+                                          f"go on; not restarting")
                 if self.stop_requested:
                     log.error("worker ended badly (%s, code %s) while stopping", outcome, rc)
                     return 1
@@ -222,6 +295,8 @@ class Supervisor:
     def _incarnation(self, history: LossHistory) -> tuple[str, int | None]:
         step, resume = self._resolve_resume(history)
         self._align_history(history, step)
+        self.retirements = handle_zombies(self.layout, self.cfg.arms, step)  # SPEC 7 zombie arms
+        self.collapse = CollapseWatch(self.layout, self.opts.stop_on_collapse)
         mix = self._prepare_mixture(step)
         self._check_state_file(mix, step)
         samples = SamplesLog(self.layout.samples, {"label": mix.phase.label, "index": mix.phase.index},
@@ -258,17 +333,45 @@ class Supervisor:
             write_state(self.layout.state, replayed)
 
     # ------------------------------------------------------------------ watching
-    def _signal_worker(self, sig: int) -> None:
+    def _signal_worker(self, sig: int) -> bool:
+        """Signal the worker; under torchrun the ranks directly (proxy/launch.py), never the
+        agent once they are known. Returns False when a SIGUSR1 has no rank to go to yet."""
+        if self.opts.launch.uses_torchrun:
+            pids = rank_pids(self.layout)
+            if pids:
+                signal_pids(pids, sig)
+                return True
+            if sig == signal.SIGUSR1:
+                return False  # the agent would take it as "stop all": keep it pending
         try:
             os.kill(self.proc.pid, sig)
         except ProcessLookupError:
             pass
+        return True
+
+    def _signal_tree(self, sig: int) -> None:
+        """`sig` to the worker's whole process group (its own session), or to the ranks under
+        torchrun."""
+        if self.opts.launch.uses_torchrun:
+            self._signal_worker(sig)
+        else:
+            proc_tree.signal_group(self.proc.pid, sig)
+
+    def _who(self) -> str:
+        """The worker's processes with their state, for 'which process did not answer'."""
+        pids = proc_tree.group_members(self.proc.pid) or [self.proc.pid]
+        if self.opts.launch.uses_torchrun:
+            pids = sorted(set(pids) | set(rank_pids(self.layout)))
+        return "; ".join(proc_tree.describe(p) for p in pids)
 
     def _kill_group(self) -> None:
+        ranks = (rank_pids(self.layout) + agent_descendants(self.proc.pid)
+                 if self.opts.launch.uses_torchrun else [])
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        kill_ranks(ranks)  # torchrun starts each rank in its own session
 
     def _watch(self, mix: MixtureController, samples: SamplesLog,
                history: LossHistory) -> tuple[str, int | None]:
@@ -284,15 +387,22 @@ class Supervisor:
                          self.stop_requested, self.proc.pid)
                 self._signal_worker(signal.SIGTERM)
                 stop_sent_at = time.monotonic()
-            while self.usr1_pending:
+            while self.usr1_pending and (not self.opts.launch.uses_torchrun
+                                         or getattr(self.stats, "worker", None) is not None):
+                # A single worker starts with SIGUSR1 blocked (proc_tree.signals_blocked) and
+                # unblocks it once its handler is in: forward at once, so signals sent during
+                # start-up coalesce in the kernel into one request. torchrun's agent would treat
+                # SIGUSR1 as "stop all": held until the ranks announce their pids (issue 4, 6).
+                if not self._signal_worker(signal.SIGUSR1):
+                    break  # torchrun ranks not announced yet: forwarded once they are
                 self.usr1_pending -= 1
-                log.info("SIGUSR1 received: forwarding to worker pid %d", self.proc.pid)
-                self._signal_worker(signal.SIGUSR1)
+                log.info("SIGUSR1 received: forwarded to worker pid %d", self.proc.pid)
             reports = reader.read()
             if reports:
                 last_report = time.monotonic()
             for r in reports:
                 self._file_report(r, mix, samples, history, snapshots)
+            poll_pivot_request(self.layout, self.cfg, history.last_step or 0)  # `proxy pivot`
             if mix._next != posted_next:
                 posted_next = mix._next
                 self._post_policies(mix, policy_period(mix.folded_through + 1, self.cfg.probe_every) - 1)
@@ -301,29 +411,38 @@ class Supervisor:
                 for r in reader.read():
                     self._file_report(r, mix, samples, history, snapshots)
                 history.flush()
+                if self.opts.launch.uses_torchrun:  # nothing may outlive the agent
+                    reap_leftover_ranks(rank_pids(self.layout), str(self.layout.root))
                 if hung:
                     return "hung", rc
                 if rc == 0:
                     return "done", 0
-                if rc == EXIT_FATAL_WORKER:
-                    return "fatal", rc
-                if self.stop_requested and stop_sent_at is not None and rc == -signal.SIGTERM:
+                if rc == EXIT_FATAL_WORKER or self._worker_exit_code == EXIT_FATAL_WORKER:
+                    return "fatal", rc  # (torchrun reports a rank's code 3 as its own 1)
+                if self.stop_requested and stop_sent_at is not None and (
+                        rc == -signal.SIGTERM or (self.opts.launch.uses_torchrun
+                                                  and getattr(self.stats, "worker", None) is None)):
                     log.info("worker stopped by SIGTERM before it was ready; nothing was lost")
                     return "done", 0
                 return "crashed", rc
             now = time.monotonic()
             if stop_sent_at is not None and now - stop_sent_at > self.opts.stop_timeout:
-                log.error("worker pid %d did not exit %.0f s after SIGTERM: killing its process "
-                          "group", self.proc.pid, self.opts.stop_timeout)
+                log.error("worker did not exit %.0f s after SIGTERM; not answering: %s; killing "
+                          "its process group (SIGKILL)", self.opts.stop_timeout, self._who())
                 self._kill_group()
                 stop_sent_at = math.inf
-            if not hung and stop_sent_at is None and now - last_report > self.opts.hang_timeout:
-                log.error("worker pid %d sent no report for %.0f s (hung?): stopping it",
-                          self.proc.pid, self.opts.hang_timeout)
+            ready = getattr(self.stats, "worker", None) is not None
+            limit = self.opts.hang_timeout if ready else max(self.opts.hang_timeout, STARTUP_GRACE_S)
+            if not hung and stop_sent_at is None and now - last_report > limit:
+                log.error("worker sent no report for %.0f s (hung?): %s; stopping its process "
+                          "group (SIGTERM + SIGCONT, SIGKILL after %.0f s)", limit, self._who(),
+                          self.opts.stop_timeout)
                 hung = True
-                self._signal_worker(signal.SIGTERM)
-                self._signal_worker(signal.SIGCONT)
+                self._signal_tree(signal.SIGTERM)
+                self._signal_tree(signal.SIGCONT)
                 stop_sent_at = now
+            if getattr(self, "subreaper", False) or os.getpid() == 1:  # orphans re-parented to us (issue 4)
+                proc_tree.reap_orphans({self.proc.pid})
             self._write_status()
             time.sleep(0.02)
 
@@ -333,13 +452,16 @@ class Supervisor:
         if kind == "step":
             rec = {k: v for k, v in r.items() if k != "type"}
             rec["phase"] = {"label": mix.phase.label, "index": mix.phase.index}
+            self.collapse.annotate(rec)
             if history.last_step is not None and rec["step"] <= history.last_step:
                 return  # already filed (a replayed report after a crash)
+            if self.pending_events:  # e.g. a changed plan (issue 4): one record per step stays
+                rec["events"], self.pending_events = self.pending_events, []
             history.append(rec)
             mix.observe(rec)
             self._progress(rec, mix)
         elif kind == "checkpoint_started":
-            snapshots[r["step"]] = mix.bandit.to_dict()
+            snapshots[r["step"]] = mix.to_snapshot()
         elif kind == "checkpoint":
             if r.get("error"):
                 log.error("checkpoint step %d (%s) failed: %s", r["step"], r["reason"], r["error"])
@@ -347,12 +469,18 @@ class Supervisor:
             history.flush()
             snap = snapshots.pop(r["step"], None)
             if snap is not None:
-                write_state(self.layout.state, snap)
+                write_state(self.layout.state, snap["bandit"])
+                append_snapshot(self.layout, snap)
             self.stats.last_checkpoint = {"step": r["step"], "file": r["file"], "reason": r["reason"]}
             log.info("checkpoint %s (step %d, %s, %s bytes, %.2f s)", r["file"], r["step"],
                      r["reason"], f"{r['bytes']:,}", r["seconds"])
         elif kind == "audit":
+            alarm = self.collapse.on_audit(r)
             samples.add(r)
+            if alarm and self.opts.stop_on_collapse:
+                at = max(r["step"], history.last_step or 0) + 1
+                update_handshake(self.layout, lambda d: d["control"].update(
+                    stop_at_step=at, reason="alarm"))
             for arm, a in r["arms"].items():
                 log.info("sample @%d [%s] held-out %.3f: %r", r["step"], arm, a["loss"],
                          (a["prompt"] + a["text"])[:160])
@@ -361,6 +489,9 @@ class Supervisor:
                      r["pid"], r["device"], f"{r['n_params']:,}", r["resumed_from"], r["world_size"])
             self.stats.worker = r
         elif kind == "event":
+            if r.get("event") == "stopped":
+                self._worker_exit_code = r.get("exit_code")
+                self._worker_stop_why = r.get("why")  # named in the fatal exit's message
             log.info("worker event: %s", {k: v for k, v in r.items() if k != "type"})
 
     def _progress(self, rec: dict, mix: MixtureController) -> None:
@@ -375,8 +506,9 @@ class Supervisor:
         if rec["step"] % self.opts.print_every == 0 or rec["step"] == self.max_steps:
             p = " ".join(f"{a}={v:.2f}" for a, v in sorted(rec.get("p", {}).items()))
             loss = f"{rec['loss']:.4f}" if rec["loss"] is not None else "nan"
+            mfu = f" | mfu {rec['mfu']:.1%}" if rec.get("mfu") is not None else ""
             print(f"step {rec['step']:>6}/{self.max_steps} | loss {loss} (ema {s.ema or 0:.4f}) | "
-                  f"{s.tok_per_s or 0:,.0f} tok/s | lr {rec['lr']:.2e} | p {p}", flush=True)
+                  f"{s.tok_per_s or 0:,.0f} tok/s{mfu} | lr {rec['lr']:.2e} | p {p}", flush=True)
 
     def _write_status(self, force: bool = False, alive: bool = True) -> None:
         now = time.monotonic()

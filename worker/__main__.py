@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-last", type=int, default=3)
     ap.add_argument("--keep-every", type=int, default=10000)
     ap.add_argument("--policy-timeout", type=float, default=120.0)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the training module")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s")
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                          resume_from=Path(args.resume_from) if args.resume_from else None,
                          max_steps=args.max_steps, usr1_at=args.usr1_at, device=args.device,
                          parent_pid=args.parent_pid, keep_last=args.keep_last,
-                         keep_every=args.keep_every, policy_timeout=args.policy_timeout)
+                         keep_every=args.keep_every, policy_timeout=args.policy_timeout,
+                         compile=args.compile)
     try:
         trainer = Trainer(opts, flags)
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback

@@ -28,11 +28,14 @@ from shared.handshake import ReportWriter, policy_period, read_handshake, update
     HandshakeError
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
+from worker import distributed as wdist
 from worker.checkpointer import Checkpointer, WriteResult
 from worker.data import ArmSampler
 from worker.model import GPT
 from worker.optim import FlatAdamW, learning_rate
-from worker.signals import SignalFlags
+from worker.perf import device_peak_flops, mfu
+from worker import fault_injection
+from worker.signals import SignalFlags, Usr1Requests
 
 log = logging.getLogger("worker.trainer")
 
@@ -56,6 +59,27 @@ class WorkerOptions:
     policy_timeout: float = 120.0    # seconds to wait for the proxy's policy
     max_nonfinite: int = 5           # consecutive non-finite steps before the run stops
     audit_tokens: int = 48           # tokens generated per arm per sample audit
+    compile: bool = False            # torch.compile the training module (issue 6)
+
+
+class _NoReports:
+    """Ranks other than 0 report nothing: rank 0 writes the (global) records."""
+
+    def write(self, report: dict) -> None:
+        pass
+
+
+class _NoCheckpointer:
+    """Ranks other than 0 write no checkpoint: rank 0 writes the file (SPEC section 5)."""
+
+    def snapshot(self, *a, **kw) -> float:
+        return 0.0
+
+    def busy(self) -> bool:
+        return False
+
+    def wait(self) -> None:
+        return None
 
 
 class Trainer:
@@ -64,30 +88,59 @@ class Trainer:
         self.layout = RunLayout(opts.run_dir)
         self.cfg: RunConfig = load_run_config(self.layout.run_json)
         self.max_steps = opts.max_steps or self.cfg.max_steps
-        self.rank, self.world_size = 0, 1
-        self.device = torch.device(
-            ("cuda" if torch.cuda.is_available() else "cpu") if opts.device == "auto" else opts.device)
+        self.dist, self.device = wdist.init_distributed(opts.device)
+        self.rank, self.world_size = self.dist.rank, self.dist.world_size
+        if self.cfg.batch_size % self.world_size:
+            raise wdist.DistributedError(
+                f"{self.layout.run_json}: batch_size={self.cfg.batch_size} is not divisible by "
+                f"the world size {self.world_size}: each rank takes an equal slice of the global "
+                "batch; pick --nproc-per-node/--nnodes that divide it")
+        if self.device.type == "cuda":  # TF32 for any fp32 matmul left outside autocast
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         self.tokenizer = RunTokenizer.load(self.layout.tokenizer)
         self.sampler = ArmSampler(self.layout.root, read_arm_index(self.layout), self.cfg.model.block_size)
         self.model = GPT(self.cfg.model, self.cfg.vocab_size, self.cfg.dropout, seed=self.cfg.seed)
         self.model.to_device(self.device)
-        self.opt = FlatAdamW(self.model, self.cfg)
+        self.opt = FlatAdamW(self.model, self.cfg, fused=self.device.type == "cuda")
         self.step = 0
         self.resumed_from = 0
         if opts.resume_from is not None:
             self._resume(Path(opts.resume_from))
-        self.reports = ReportWriter(self.layout)
-        self.ckpt = Checkpointer(self.layout.root, self.model.n_params, opts.keep_last,
-                                 opts.keep_every, pin_memory=self.device.type == "cuda",
-                                 on_done=self._on_checkpoint_done)
+        self.train_module = self._wrap_for_training()
+        self.flops_per_token = self.model.flops_per_token()
+        self.peak_flops, self.peak_source = (device_peak_flops(self.device) if self.rank == 0
+                                             else (None, "rank 0 measures"))
+        self.reports = ReportWriter(self.layout) if self.rank == 0 else _NoReports()
+        self.ckpt = (Checkpointer(self.layout.root, self.model.n_params, opts.keep_last,
+                                  opts.keep_every, pin_memory=self.device.type == "cuda",
+                                  on_done=self._on_checkpoint_done)
+                     if self.rank == 0 else _NoCheckpointer())
         self.last_written = self.step if opts.resume_from is not None else None
-        self.usr1_served = 0
-        self.usr1_target: int | None = None
+        self.usr1 = Usr1Requests(flags, opts.usr1_at, self.cfg.checkpoint_every)
+        self._last_reason: str | None = None   # reason of the newest snapshot (issue 4)
         self.nonfinite_run = 0
         self._probe_cache: dict[str, torch.Tensor] = {}
         self._policy: tuple[int, dict] | None = None
 
     # ------------------------------------------------------------------ set-up
+    def _wrap_for_training(self) -> torch.nn.Module:
+        """The module the training step runs: DDP over the ranks (gradients averaged in buckets
+        that the .grad tensors view), optionally torch.compile'd. Probes, audits and checkpoints
+        use the unwrapped `self.model`, whose parameters stay views of `model.flat`."""
+        module: torch.nn.Module = self.model
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            module = DDP(self.model, device_ids=[self.device] if self.device.type == "cuda" else None,
+                         gradient_as_bucket_view=True)
+            flat = self.model.flat.untyped_storage().data_ptr()
+            if any(p.untyped_storage().data_ptr() != flat for p in self.model.parameters()):
+                raise RuntimeError("DDP moved a parameter out of model.flat; checkpoints would "
+                                   "save stale weights")
+        if self.opts.compile:
+            module = torch.compile(module)
+        return module
+
     def _resume(self, path: Path) -> None:
         t0 = time.perf_counter()
         entries = read_manifest(self.layout.root)
@@ -104,10 +157,23 @@ class Trainer:
         log.info("resumed from %s (step %d) in %.2f s", path.name, step, time.perf_counter() - t0)
 
     def announce(self) -> None:
-        info = {"pid": os.getpid(), "pids": [os.getpid()], "n_params": self.model.n_params,
+        """Rank 0 announces the worker; every rank adds its pid to `worker.pids` under the lock
+        (the proxy sends SIGUSR1/SIGTERM to the ranks directly, never through torchrun)."""
+        info = {"pid": os.getpid(), "n_params": self.model.n_params,
                 "resumed_from": self.resumed_from, "device": str(self.device),
-                "world_size": self.world_size, "started_at": time.time()}
-        update_handshake(self.layout, lambda d: d.__setitem__("worker", info))
+                "world_size": self.world_size, "started_at": time.time(),
+                "peak_flops": self.peak_flops, "peak_source": self.peak_source}
+        pid = os.getpid()
+
+        def change(d: dict) -> None:
+            w = d.get("worker") or {}
+            pids = [p for p in w.get("pids", []) if p != pid] + [pid]
+            if self.rank == 0:
+                w.update(info)
+            w["pids"] = sorted(pids)
+            d["worker"] = w
+        update_handshake(self.layout, change)
+        info["pids"] = [pid]
         self.reports.write({"type": "hello", **info})
 
     # ------------------------------------------------------------------ one update
@@ -128,11 +194,31 @@ class Trainer:
                                      f"after {self.opts.policy_timeout:.0f} s; is the proxy alive?")
             time.sleep(0.005)
 
-    def _seq_losses(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = self.model(x.to(self.device))
-        tok = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.to(self.device).reshape(-1),
-                              reduction="none")
+    def _seq_losses(self, x: torch.Tensor, y: torch.Tensor,
+                    module: torch.nn.Module | None = None) -> torch.Tensor:
+        """Mean next-token loss per sequence, float32 (b,). `module`: the training module (DDP /
+        compiled) or, by default, the unwrapped model (probes: no collective). On CUDA the
+        forward runs under bf16 autocast; weights, m and v stay fp32 (issue 6)."""
+        module = self.model if module is None else module
+        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+                            enabled=self.device.type == "cuda"):
+            logits = module(x.to(self.device, non_blocking=True))
+        tok = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
+                              y.to(self.device, non_blocking=True).reshape(-1), reduction="none")
         return tok.view(y.shape).mean(dim=1)
+
+    def _global_losses(self, seq: torch.Tensor, arm_index: np.ndarray) -> tuple[float, dict]:
+        """(loss over the GLOBAL batch, per-arm mean loss over the global batch) from this rank's
+        per-sequence losses: one all_reduce of [sum, per-arm sums, per-arm counts]."""
+        seq_np = seq.detach().float().cpu().numpy().astype(np.float64)
+        names = self.sampler.names
+        local = [float(seq_np.sum())]
+        local += [float(seq_np[arm_index == i].sum()) for i in range(len(names))]
+        local += [float((arm_index == i).sum()) for i in range(len(names))]
+        tot = wdist.sum_floats(self.dist, local)
+        a = len(names)
+        arm_loss = {n: tot[1 + i] / tot[1 + a + i] for i, n in enumerate(names) if tot[1 + a + i] > 0}
+        return tot[0] / self.cfg.batch_size, arm_loss
 
     def train_step(self, k: int, probs: dict) -> dict:
         t0 = time.perf_counter()
@@ -140,13 +226,17 @@ class Trainer:
         batch = self.sampler.draw(cfg.seed, k, probs, cfg.batch_size, self.rank, self.world_size)
         lr = learning_rate(k, cfg)
         self.model.train()
-        seq = self._seq_losses(batch.x, batch.y)
-        loss = seq.mean()
+        seq = self._seq_losses(batch.x, batch.y, self.train_module)
+        loss = fault_injection.poison_loss(k, seq.mean())  # test hook; off unless set
         self.opt.zero_grad()
-        loss.backward()
+        loss.backward()  # under DDP: gradients averaged over the ranks = the global batch's
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        loss_v, gnorm_v = float(loss.detach()), float(gnorm)
+        if self.dist.enabled:  # every rank decides on the same (global) numbers
+            loss_v, global_arm_loss = self._global_losses(seq, batch.arm_index)
+        else:
+            loss_v, global_arm_loss = float(loss.detach()), None
+        gnorm_v = float(gnorm)
         rec = {"type": "step", "step": k, "loss": loss_v, "lr": lr,
                "tokens": k * cfg.batch_size * cfg.model.block_size,
                "arms": batch.counts, "p": {n: float(probs.get(n, 0.0)) for n in self.sampler.names},
@@ -161,12 +251,22 @@ class Trainer:
             self.nonfinite_run += 1
             rec["skipped"] = f"non-finite loss {loss_v} / grad norm {gnorm_v}: update not applied"
             log.error("step %d: %s", k, rec["skipped"])
-        seq_np = seq.detach().cpu().numpy()
-        rec["arm_loss"] = {n: float(seq_np[batch.arm_index == i].mean())
-                           for i, n in enumerate(self.sampler.names) if (batch.arm_index == i).any()}
-        if k % cfg.probe_every == 0:
+        if global_arm_loss is not None:
+            rec["arm_loss"] = global_arm_loss
+        else:
+            seq_np = seq.detach().cpu().numpy()
+            rec["arm_loss"] = {n: float(seq_np[batch.arm_index == i].mean())
+                               for i, n in enumerate(self.sampler.names)
+                               if (batch.arm_index == i).any()}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        train_time = time.perf_counter() - t0
+        if k % cfg.probe_every == 0 and self.rank == 0:
             rec["probe"] = self.probe()
         rec["step_time"] = time.perf_counter() - t0
+        tokens_per_s = cfg.batch_size * cfg.model.block_size / max(train_time, 1e-9)
+        rec["tokens_per_s"] = tokens_per_s  # global (all ranks), the update alone (no probe)
+        rec["mfu"] = mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world_size)
         rec["time"] = time.time()
         return rec
 
@@ -203,31 +303,43 @@ class Trainer:
         return {"type": "audit", "step": k, "arms": arms, "time": time.time()}
 
     # ------------------------------------------------------------------ boundary
+    def _agreed_events(self, k: int, control: dict) -> tuple[bool, bool, bool, bool, bool]:
+        """(SIGUSR1 seen, control checkpoint, control stop, stop signal, non-finite alarm) for
+        the boundary of update k, agreed by all ranks: the element-wise MAX over the ranks
+        (worker/distributed.py `agree`), so an event one rank saw is acted on by all."""
+        busy = getattr(self.ckpt, "busy", lambda: False)()  # several SIGUSR1 coalesce into one
+        usr1_new = self.usr1.arrived(writing_usr1=busy and self._last_reason == "sigusr1")
+        ctl_ckpt = control.get("checkpoint_at_step") is not None and k == control["checkpoint_at_step"]
+        ctl_stop = control.get("stop_at_step") is not None and k >= control["stop_at_step"]
+        events = [int(usr1_new), int(ctl_ckpt), int(ctl_stop), int(bool(self.flags.stop_reason)),
+                  int(self.nonfinite_run >= self.opts.max_nonfinite)]
+        if self.dist.enabled:
+            events = wdist.agree(self.dist, events)
+            if events[3] and not self.flags.stop_reason:
+                self.flags.stop_reason = "SIGTERM (another rank)"
+        return tuple(bool(e) for e in events)
+
     def _checkpoint_reasons(self, k: int, control: dict) -> tuple[list[str], bool]:
         reasons, stop = [], False
+        usr1_new, ctl_ckpt, ctl_stop, sig_stop, alarm = self._agreed_events(k, control)
         if k % self.cfg.checkpoint_every == 0:
             reasons.append("cadence")
-        if self.flags.usr1_count > self.usr1_served:  # several SIGUSR1 coalesce into one
-            self.usr1_served = self.flags.usr1_count
-            if self.usr1_target is None:
-                every = self.cfg.checkpoint_every
-                self.usr1_target = k if self.opts.usr1_at == "step" else -(-k // every) * every
-                log.info("SIGUSR1 received: checkpoint at step %d", self.usr1_target)
-        if self.usr1_target is not None and k >= self.usr1_target:
+        if usr1_new:
+            self.usr1.start(k)  # worker/signals.py Usr1Requests: coalescing, usr1_at
+        if self.usr1.due(k):
             reasons.append("sigusr1")
-            self.usr1_target = None
-        if control.get("checkpoint_at_step") is not None and k == control["checkpoint_at_step"]:
+        if ctl_ckpt:
             reasons.append(control.get("reason") or "sigusr1")
-        if control.get("stop_at_step") is not None and k >= control["stop_at_step"]:
+        if ctl_stop:
             reasons.append(control.get("reason") or "pivot")
             stop = True
-        if self.flags.stop_reason:
+        if sig_stop:
             reasons.append("sigterm")
             stop = True
         if k >= self.max_steps:
             reasons.append("final")
             stop = True
-        if self.nonfinite_run >= self.opts.max_nonfinite:
+        if alarm:
             reasons.append("alarm")
             stop = True
         return reasons, stop
@@ -238,7 +350,7 @@ class Trainer:
             return  # already on disk (e.g. resumed here, or cadence + SIGUSR1 on one step)
         self.reports.write({"type": "checkpoint_started", "step": k, "reason": reason})
         held = self.ckpt.snapshot(k, self.model.flat, self.opt.m, self.opt.v, reason)
-        self.last_written = k
+        self.last_written, self._last_reason = k, reason
         log.debug("checkpoint step %d: training held %.4f s", k, held)
 
     def _on_checkpoint_done(self, r: WriteResult) -> None:
@@ -256,41 +368,57 @@ class Trainer:
     def run(self) -> int:
         """Train until max_steps or a stop; returns the process exit code."""
         self.announce()
-        lost = self.flags.verify()
+        fault_injection.steal_signal()  # test hook; off unless set
+        lost = self.flags.verify_and_repair()  # after library start-up (NCCL takes SIGUSR1)
         if lost:
-            log.warning("signal handlers replaced by a library: %s; re-installing", ", ".join(lost))
-            self.flags.install()
+            self.reports.write({"type": "event", "event": "signal-handlers-replaced",
+                                "signals": lost, "time": time.time()})
+        fault_injection.leave_orphan()  # test hook; off unless set
         code = EXIT_OK
         while True:
             k = self.step + 1
-            reasons, stop = [], False
+            reasons, stop, control = [], False, {}
             if k > self.max_steps:
                 stop = True
-            elif self.flags.stop_reason:
+            elif self.flags.stop_reason and not self.dist.enabled:
                 reasons, stop = ["sigterm"], True
             else:
                 probs, control = self._policy_for(k)
+                if self.dist.enabled and wdist.agree(
+                        self.dist, [int(probs is None or bool(self.flags.stop_reason))])[0]:
+                    probs = None  # a rank is stopping: none starts update k (no DDP hang)
+                    self.flags.stop_reason = self.flags.stop_reason or "SIGTERM (another rank)"
                 if probs is None:
                     reasons, stop = ["sigterm"], True
                 else:
                     rec = self.train_step(k, probs)
+                    fault_injection.pause_in_step(k, self.reports.write, self.layout.root)  # test hooks
+                    fault_injection.hang_in_step(k, self.layout.root)
                     self.step = k
                     self.reports.write(rec)
-                    if k % self.cfg.sample_every == 0:
+                    if k % self.cfg.sample_every == 0 and self.rank == 0:
                         self.reports.write(self.sample_audit(k, rec.get("probe")))
                     reasons, stop = self._checkpoint_reasons(k, control)
             if reasons and self.step > 0:
                 self.checkpoint(self.step, reasons)
             if stop:
-                why = self.flags.stop_reason or ("non-finite loss" if "alarm" in reasons else
-                                                 "max steps" if self.step >= self.max_steps else "control")
+                nan_storm = self.nonfinite_run >= self.opts.max_nonfinite
+                why = self.flags.stop_reason or (
+                    "non-finite loss" if nan_storm else
+                    "collapse alarm from the proxy" if "alarm" in reasons else
+                    "max steps" if self.step >= self.max_steps else
+                    f"{control.get('reason') or 'control'} requested by the proxy")
                 r = self.ckpt.wait()
                 if r is not None and r.error:
-                    log.error("the last checkpoint failed: %s", r.error)
-                    code = EXIT_FATAL
+                    code = EXIT_FATAL  # SPEC 4 Disk: the stop path exits non-zero, saying so
+                    log.error("stopping (%s) but the checkpoint of step %d (%s) FAILED: %s; "
+                              "exiting with code %d: steps after the newest durable checkpoint "
+                              "will be trained again on resume", why, r.step, r.reason, r.error,
+                              code)
                 if "alarm" in reasons:
                     code = EXIT_FATAL
                 log.info("stopping at step %d (%s)", self.step, why)
                 self.reports.write({"type": "event", "event": "stopped", "step": self.step,
                                     "why": why, "exit_code": code, "time": time.time()})
+                wdist.shutdown(self.dist)
                 return code
