@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from shared.handshake import read_handshake
 from shared.run_layout import RunLayout
+from proxy.proc_tree import pid_alive
 
 log = logging.getLogger("proxy.launch")
 
@@ -146,20 +147,6 @@ def agent_descendants(agent_pid: int) -> list[int]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 def _is_our_rank(pid: int, run_dir: str) -> bool:
     """Guard against pid reuse: the process's command line names `-m worker` and our run dir."""
     try:
@@ -176,9 +163,9 @@ def reap_leftover_ranks(pids: list[int], run_dir: str, grace: float = 10.0) -> l
     left holding a GPU)."""
     ours = [p for p in pids if _is_our_rank(p, run_dir)]
     end = time.monotonic() + grace
-    while time.monotonic() < end and any(_alive(p) for p in ours):
+    while time.monotonic() < end and any(pid_alive(p) for p in ours):
         time.sleep(0.05)
-    left = [p for p in ours if _alive(p)]
+    left = [p for p in ours if pid_alive(p)]
     if left:
         log.error("ranks %s outlived the torchrun agent by %.0f s: killing them", left, grace)
         kill_ranks(left)

@@ -32,6 +32,7 @@ from shared.atomic_io import atomic_write_json
 from shared.config import ConfigError, RunConfig, load_run_config
 from shared.handshake import update_handshake
 from shared.run_layout import RunLayout
+from proxy.proc_tree import pid_alive
 
 log = logging.getLogger("proxy.pivot")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -112,20 +113,6 @@ def apply_run_extras(a, opts, cfg: RunConfig) -> None:
 
 
 # ------------------------------------------------------------------------------ the command
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
 
 def _old_run_args(pid: int) -> list[str]:
     """The `run` options of proxy `pid` (from /proc), minus the ones a pivot must not repeat."""
@@ -209,7 +196,7 @@ def cmd_pivot(a) -> int:
         print(f"pivot: asked proxy pid {pid} to checkpoint and stop at the next cadence boundary",
               flush=True)
         end, told = time.monotonic() + a.timeout, False
-        while _pid_alive(pid) or not _lock_free(layout):
+        while pid_alive(pid) or not _lock_free(layout):
             if not told:
                 try:
                     b = json.loads(request_path(layout).read_text()).get("stop_at_step")

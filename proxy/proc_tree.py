@@ -98,6 +98,21 @@ def reap_orphans(keep: set[int]) -> list[int]:
             return reaped
 
 
+def pid_alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie (a zombie has exited: only its status is left)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 def describe(pid: int) -> str:
     """'pid 123 (python -m worker ..., stopped (SIGSTOP?))' from /proc; for log lines that say
     which process did not answer."""

@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass
 
 from filelock import FileLock
 
-from shared.checkpoint_format import INT32_MAX, fsync_directory
+from shared.atomic_io import atomic_write_bytes
+from shared.checkpoint_format import INT32_MAX
 
 MANIFEST_NAME = "checkpoints.json"
 MANIFEST_FORMAT = "andrea-checkpoints/1"
@@ -122,23 +123,9 @@ def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
 
 def _write_manifest(directory: os.PathLike | str, entries: dict[int, ManifestEntry]) -> None:
     path = manifest_path(directory)
-    tmp = path.with_name(f".{MANIFEST_NAME}.tmp-{os.getpid()}")
     doc = {"format": MANIFEST_FORMAT,
            "checkpoints": [asdict(entries[s]) for s in sorted(entries)]}
-    data = (json.dumps(doc, indent=1) + "\n").encode("utf-8")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_directory(path.parent)
+    atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
 
 
 def _locked(directory: os.PathLike | str) -> FileLock:
