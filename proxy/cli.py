@@ -36,6 +36,7 @@ def _setup_logging(layout: RunLayout | None) -> None:
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(fmt)
     root.handlers[:] = [h]
+    logging.captureWarnings(True)  # library warnings (e.g. a garbage manifest) as log lines
     if layout is not None:
         layout.logs.mkdir(parents=True, exist_ok=True)
         fh = logging.FileHandler(layout.logs / "proxy.log")
@@ -95,6 +96,13 @@ def _config_from_args(a) -> RunConfig:
             setattr(cfg, name, v)
     if a.max_steps is not None:
         cfg.max_steps = cfg.lr_decay_steps = a.max_steps
+    if cfg.warmup_steps >= cfg.lr_decay_steps:
+        if a.warmup_steps is not None:
+            raise ConfigError(f"--warmup-steps {cfg.warmup_steps} must be below --max-steps "
+                              f"{cfg.max_steps} (the cosine schedule ends there)")
+        cfg.warmup_steps = cfg.lr_decay_steps // 10
+        log.warning("a %d-step run: learning-rate warm-up shortened to %d steps",
+                    cfg.max_steps, cfg.warmup_steps)
     cfg.sample_every = a.sample_every if a.sample_every is not None else cfg.checkpoint_every
     if a.arm:
         arms = [parse_arm_option(t) for t in a.arm]
@@ -128,6 +136,27 @@ def _check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
                     a.max_steps, cfg.max_steps, cfg.lr_decay_steps)
 
 
+def check_run_options(a) -> None:
+    """Refuse bad supervision numbers before anything is created or started (SPEC section 9).
+    Raises ConfigError naming the option, the value and the rule."""
+    rules = [("--keep-last", a.keep_last, a.keep_last >= 2,
+              "must be >= 2 (the newest checkpoint may still be being written)"),
+             ("--keep-every", a.keep_every, a.keep_every >= 0, "must be >= 0 (0 = off)"),
+             ("--max-restarts", a.max_restarts, a.max_restarts >= 0, "must be >= 0"),
+             ("--hang-timeout", a.hang_timeout, a.hang_timeout > 0, "must be > 0 seconds"),
+             ("--stop-timeout", a.stop_timeout, a.stop_timeout > 0, "must be > 0 seconds"),
+             ("--print-every", a.print_every, a.print_every >= 1, "must be >= 1 step"),
+             ("--seed", a.seed, a.seed is None or 0 <= a.seed < 2**63,
+              "must be in [0, 2**63) (numpy seeds are non-negative)")]
+    if a.max_steps is not None:
+        rules.append(("--max-steps", a.max_steps, a.max_steps >= 1, "must be >= 1"))
+    keep = getattr(a, "samples_keep", 1)
+    rules.append(("--samples-keep", keep, keep >= 1, "must be >= 1"))
+    for name, value, ok, rule in rules:
+        if not ok:
+            raise ConfigError(f"{name} {value}: {rule}")
+
+
 def cmd_run(a) -> int:
     from proxy.proc_tree import EarlySignals
     EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal (issue 4)
@@ -136,6 +165,12 @@ def cmd_run(a) -> int:
     from proxy.supervisor import ProxyOptions, Supervisor, SupervisorError
     from proxy.bandit import BanditConfigError
 
+    _setup_logging(None)
+    try:
+        check_run_options(a)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
     layout = RunLayout(a.run_dir)
     layout.root.mkdir(parents=True, exist_ok=True)
     _setup_logging(layout)
@@ -166,12 +201,11 @@ def cmd_run(a) -> int:
         apply_run_extras(a, opts, cfg)  # --samples-keep, --stop-on-collapse, hidden --pivot-*
         from proxy.launch import apply_launch_args
         apply_launch_args(a, opts, cfg)  # torchrun options; world size must divide the batch
-        if opts.keep_last < 2:
-            raise ConfigError(f"--keep-last {opts.keep_last}: must be >= 2 (the newest checkpoint "
-                              "may still be being written)")
         sup = Supervisor(layout, cfg, opts)
         sup.install_signal_handlers()
-        return sup.run()
+        code = sup.run()
+        log.info("proxy exiting with code %d at step %s", code, sup.stats.step)
+        return code
     except (ConfigError, BanditConfigError) as e:
         log.error("%s", e)
         return 2

@@ -422,7 +422,11 @@ class Supervisor:
                 if self.stop_requested and stop_sent_at is not None and (
                         rc == -signal.SIGTERM or (self.opts.launch.uses_torchrun
                                                   and getattr(self.stats, "worker", None) is None)):
-                    log.info("worker stopped by SIGTERM before it was ready; nothing was lost")
+                    if getattr(self.stats, "worker", None) is None:
+                        log.info("worker stopped by SIGTERM before it was ready; nothing was lost")
+                    else:
+                        log.warning("worker ended by SIGTERM (code %d) without its handler; steps "
+                                    "after the newest checkpoint are trained again on resume", rc)
                     return "done", 0
                 return "crashed", rc
             now = time.monotonic()

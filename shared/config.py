@@ -166,6 +166,8 @@ class RunConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"lr={self.lr} must be a positive finite number")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed={self.seed} must be in [0, 2**63) (numpy seeds are non-negative)")
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps={self.warmup_steps} must be >= 0")
         if self.tokenizer not in ("bpe", "bytes"):
