@@ -218,6 +218,14 @@ def cmd_pivot(a) -> int:
     if info is None:
         print(f"pivot: {layout.root} has no valid checkpoint to pivot at", file=sys.stderr)
         return 1
+    planned = cfg.max_steps
+    if "--max-steps" in run_args[:-1]:
+        planned = int(run_args[run_args.index("--max-steps") + 1])
+    if info.step >= planned:
+        print(f"pivot refused: {layout.root} already finished at step {info.step:,} (max steps "
+              f"{planned:,}); nothing would train under the new policy. Pass --run-args "
+              f"'--max-steps N' with N > {info.step}", file=sys.stderr)
+        return 2
     entry = read_manifest(layout.root).get(info.step)
     print(f"pivot: resuming from {info.path.name} (step {info.step}, reason "
           f"{entry.reason if entry else '?'}) under phase {label!r} caps {caps} floors {floors}",

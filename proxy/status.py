@@ -119,12 +119,21 @@ def collect_status(run_dir) -> dict:
     d["last_step_age_s"] = now - last["time"] if last and last.get("time") else None
     d["skipped_recent"] = sum(1 for r in recent if r.get("skipped"))
 
-    from shared.checkpoint_format import list_checkpoints
+    from shared.checkpoint_format import CheckpointError, list_checkpoints, validate_checkpoint
     from shared.checkpoint_manifest import read_manifest
     present = dict(list_checkpoints(layout.root))
     entries = read_manifest(layout.root)
-    if present:
-        s = max(present)
+    d["invalid_checkpoints"] = []
+    valid = None
+    for s in sorted(present, reverse=True):  # newest structurally valid (size, header, name)
+        try:
+            validate_checkpoint(present[s], None)
+            valid = s
+            break
+        except CheckpointError as exc:
+            d["invalid_checkpoints"].append(f"{present[s].name}: {exc}")
+    if valid is not None:
+        s = valid
         e = entries.get(s)
         d["last_checkpoint"] = {"step": s, "file": os.path.basename(str(present[s])),
                                 "reason": e.reason if e else None,
@@ -200,6 +209,8 @@ def format_status(d: dict) -> str:
         lines.append(f"checkpoint  {c['file']} (step {c['step']:,}" + (f", {extra})" if extra else ")"))
     else:
         lines.append("checkpoint  none yet")
+    for bad in d.get("invalid_checkpoints", []):
+        lines.append(f"INVALID     {bad}")
     if d["arms"]:
         lines.append("arms        " + "  ".join(
             f"{n}: p={a['p']:.3f}" + (f" pulls={a['pulls']}" if a.get("pulls") is not None else "")
