@@ -79,6 +79,8 @@ class Checkpointer:
         self._image = raw.numpy()[off:off + size]
         self._host_np = self._image[8:].view(np.float32)            # the same bytes, numpy
         self._thread: threading.Thread | None = None
+        self._copied = threading.Event()  # set when no deferred copy is pending
+        self._copied.set()
         self._on_done = on_done or (lambda r: None)
         self.last_result: WriteResult | None = None
 
@@ -93,16 +95,36 @@ class Checkpointer:
         return self.last_result
 
     def snapshot(self, step: int, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
-                 reason: str, background: bool = True) -> float:
+                 reason: str, background: bool = True, defer_copy: bool = False) -> float:
         """Copy the three flat buffers to host and start writing `step_{step}.bin`.
 
         w, m, v: float32 tensors of n_params elements each (any device; weights, AdamW
         exp_avg, exp_avg_sq). reason: one of shared.checkpoint_manifest.REASONS. background:
         False writes in this thread (benchmarks, tests). Returns the seconds training was held
         (the wait for a previous write still in flight, plus the copy); after it returns the
-        caller may change w, m, v freely."""
+        caller may change w, m, v freely.
+
+        defer_copy (CPU tensors, background only): the copy itself runs in the writer thread,
+        overlapping the next forward and backward pass, which only read the weights; the caller
+        must call `wait_copied()` before anything changes w, m or v (the optimizer step). The
+        held time is then only the wait for a previous write."""
         t0 = time.perf_counter()
         self.wait()
+        defer = defer_copy and background and not w.is_cuda
+        if not defer:
+            self._copy(w, m, v)
+        held = time.perf_counter() - t0
+        if background:
+            self._copied.clear()
+            args = (step, reason, (w, m, v) if defer else None)
+            self._thread = threading.Thread(target=self._write_after_copy, args=args,
+                                            name=f"ckpt-{step}", daemon=False)
+            self._thread.start()
+        else:
+            self._write(step, reason)
+        return held
+
+    def _copy(self, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
         n = self.n
         for i, src in enumerate((w, m, v)):
             src = src.detach().reshape(-1)
@@ -113,14 +135,18 @@ class Checkpointer:
                 self._host_t[i * n:(i + 1) * n].copy_(src, non_blocking=True)
         if w.is_cuda:
             torch.cuda.synchronize()
-        held = time.perf_counter() - t0
-        if background:
-            self._thread = threading.Thread(target=self._write, args=(step, reason),
-                                            name=f"ckpt-{step}", daemon=False)
-            self._thread.start()
-        else:
-            self._write(step, reason)
-        return held
+
+    def wait_copied(self) -> None:
+        """Block until a deferred copy (snapshot(defer_copy=True)) has left w, m, v."""
+        self._copied.wait()
+
+    def _write_after_copy(self, step: int, reason: str, arrays) -> None:
+        try:
+            if arrays is not None:
+                self._copy(*arrays)
+        finally:
+            self._copied.set()  # never leave training blocked, even if the copy failed
+        self._write(step, reason)
 
     def _free_bytes(self) -> int:
         return shutil.disk_usage(self.run_dir).free

@@ -81,6 +81,9 @@ class _NoCheckpointer:
     def wait(self) -> None:
         return None
 
+    def wait_copied(self) -> None:
+        return None
+
 
 class Trainer:
     def __init__(self, opts: WorkerOptions, flags: SignalFlags) -> None:
@@ -242,6 +245,7 @@ class Trainer:
                "arms": batch.counts, "p": {n: float(probs.get(n, 0.0)) for n in self.sampler.names},
                "period": policy_period(k, cfg.probe_every), "grad_norm": gnorm_v}
         if math.isfinite(loss_v) and math.isfinite(gnorm_v):
+            self.ckpt.wait_copied()  # a deferred checkpoint copy must not see this update
             self.opt.step(lr)
             self.nonfinite_run = 0
         else:  # SPEC section 9: the step is not applied, the event is recorded
@@ -349,7 +353,8 @@ class Trainer:
         if self.last_written == k:
             return  # already on disk (e.g. resumed here, or cadence + SIGUSR1 on one step)
         self.reports.write({"type": "checkpoint_started", "step": k, "reason": reason})
-        held = self.ckpt.snapshot(k, self.model.flat, self.opt.m, self.opt.v, reason)
+        held = self.ckpt.snapshot(k, self.model.flat, self.opt.m, self.opt.v, reason,
+                                  defer_copy=True)  # copy overlaps the next forward/backward
         self.last_written, self._last_reason = k, reason
         log.debug("checkpoint step %d: training held %.4f s", k, held)
 
