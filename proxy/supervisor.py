@@ -40,6 +40,7 @@ from shared.run_layout import RunLayout
 log = logging.getLogger("proxy")
 
 STARTUP_GRACE_S = 300.0     # before its hello a worker may be importing torch / compiling
+POLL_IDLE_S = 0.1            # proxy loop period when no report arrived (seconds)
 EXIT_FATAL_WORKER = 3       # worker/trainer.py EXIT_FATAL: do not restart
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -448,7 +449,10 @@ class Supervisor:
             if getattr(self, "subreaper", False) or os.getpid() == 1:  # orphans re-parented to us (issue 4)
                 proc_tree.reap_orphans({self.proc.pid})
             self._write_status()
-            time.sleep(0.02)
+            # Every wake-up takes CPU from the worker (on a 2-core box torch's threads feel it):
+            # poll fast only while something is happening.
+            time.sleep(0.02 if (reports or self.stop_requested or self.usr1_pending
+                                or stop_sent_at is not None) else POLL_IDLE_S)
 
     def _file_report(self, r: dict, mix: MixtureController, samples: SamplesLog,
                      history: LossHistory, snapshots: dict) -> None:
