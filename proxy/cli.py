@@ -3,6 +3,7 @@
   run      create or resume a run and supervise its worker
   status   step, loss and EMA, tokens/s, last checkpoint, arm probabilities, worker health
   inspect  a checkpoint: header, validity, checksum, parameter table, norms
+  sample   text from a checkpoint
   pivot    polish pivot: stop at the next boundary, restart with new caps/floors (SPEC 8)
   fork     audit fork: a new run from another run's checkpoint and history
   plot     PNG of loss and EMA, pivots, held-out loss per arm, the arm mixture
@@ -257,7 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     from proxy import checkpoint_tools
     checkpoint_tools.add_inspect_args(sub.add_parser("inspect", help="check and describe a checkpoint file"))
     checkpoint_tools.add_export_args(sub.add_parser("export", help="write a checkpoint's weights as safetensors"))
+    from proxy import sample_cmd
+    sample_cmd.add_sample_parser(sub)
     a = ap.parse_args(argv)
+    if a.cmd == "sample":
+        return sample_cmd.cmd_sample(a)
     if a.cmd == "run":
         return cmd_run(a)
     if a.cmd in ("pivot", "fork", "plot"):

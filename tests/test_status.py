@@ -29,3 +29,21 @@ def test_pivot_of_a_finished_run_is_refused_and_changes_nothing(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "already finished at step 20" in r.stderr
     assert (run / "phases.json").read_text() == phases and (run / ".state.json").exists()
+
+
+def test_sample_prints_text_from_the_newest_checkpoint_and_refuses_a_bad_file(tmp_path):
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "20", "--checkpoint-every", "10").returncode == 0
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "proxy", "sample"]
+    r = subprocess.run(cmd + ["--run-dir", str(run), "--prompt", "def f(", "--tokens", "30",
+                              "--samples", "2"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "step_000020.bin (step 20" in r.stdout and r.stdout.count("--- sample") == 2
+    assert r.stdout.count("def f(") == 2
+    with open(run / "step_000020.bin", "r+b") as f:
+        f.truncate(100)
+    r = subprocess.run(cmd + [str(run / "step_000020.bin")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "step_000020.bin" in r.stderr
