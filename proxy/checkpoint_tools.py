@@ -138,7 +138,7 @@ def cmd_export(a) -> int:
     config is missing or OUT exists without --force.
     """
     import numpy as np
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
     from shared.checkpoint_format import CheckpointError, load_checkpoint
     from shared.config import parameter_table
     path, out = Path(a.path), Path(a.to)
@@ -162,16 +162,8 @@ def cmd_export(a) -> int:
         tensors[name] = w[off:off + size].reshape(shp)  # a view: contiguous, no copy
     meta = {"format": "pt", "step": str(step), "n_params": str(cfg.n_params),
             "preset": cfg.preset, "vocab_size": str(cfg.vocab_size), "source": path.name}
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        save_file(tensors, str(tmp), metadata=meta)
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from shared.atomic_io import atomic_write_bytes
+    atomic_write_bytes(out, save(tensors, metadata=meta))  # tmp + fsync + rename: never torn
     print(f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, "
           f"{len(tensors)} tensors) to {out}")
     return 0

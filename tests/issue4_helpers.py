@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import contextlib
 import os
 import shutil
 import signal
@@ -148,6 +149,18 @@ def kill_run(run_dir: Path) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@contextlib.contextmanager
+def cleaned_up(proc, run_dir: Path):
+    """`with cleaned_up(proc, run):` — whatever the test body does, the proxy and every process
+    of the run are gone afterwards (SIGKILL), so a failing test leaves nothing running."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_run(run_dir)
 
 
 def compare_keys(records: list[dict]) -> list[dict]:

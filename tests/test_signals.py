@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from issue4_helpers import (clone, create_template, hello_pid, kill_run, manifest, output,
+from issue4_helpers import (cleaned_up, clone, create_template, hello_pid, kill_run, manifest, output,
                             reports, start, wait_report)
 from proc_helpers import checkpoint_steps, last_step, loss_records, wait_for
 from shared.checkpoint_format import checkpoint_name, is_temporary_name, load_checkpoint
@@ -45,7 +45,7 @@ def _stop(proc, timeout=120):
 def test_three_quick_sigusr1_plus_a_copy_to_the_worker_group_give_one_checkpoint_and_one_on_a_cadence_step_writes_once(template, tmp_path):
     b = clone(template, tmp_path / "run")
     proc = start(b, *SIG, env={"ANDREA_TEST_PAUSE_AT_STEP": "4:3,10:3"})
-    try:
+    with cleaned_up(proc, b):
         wait_report(b, lambda r: r.get("event") == "test-pause" and r["step"] == 4, 180, "pause 4")
         wpid = hello_pid(b)
         for _ in range(3):
@@ -55,10 +55,6 @@ def test_three_quick_sigusr1_plus_a_copy_to_the_worker_group_give_one_checkpoint
         proc.send_signal(signal.SIGUSR1)  # during cadence step 10
         wait_for(lambda: last_step(b) >= 16, 120, what="step 16")
         assert _stop(proc) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_run(b)
     ck = _checkpoint_reports(b)
     assert [s for s, r in ck if r == "sigusr1"] == [4, 10], ck
     assert [s for s, _ in ck].count(10) == 1, "a SIGUSR1 on a cadence step writes once"
@@ -71,15 +67,11 @@ def test_three_quick_sigusr1_plus_a_copy_to_the_worker_group_give_one_checkpoint
 def test_usr1_at_boundary_checkpoints_once_at_the_next_cadence_step(template, tmp_path):
     b = clone(template, tmp_path / "run")
     proc = start(b, *SIG, "--usr1-at", "boundary", env={"ANDREA_TEST_PAUSE_AT_STEP": "4:2"})
-    try:
+    with cleaned_up(proc, b):
         wait_report(b, lambda r: r.get("event") == "test-pause", 180, "pause 4")
         proc.send_signal(signal.SIGUSR1)
         wait_for(lambda: last_step(b) >= 13, 120, what="step 13")
         assert _stop(proc) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_run(b)
     ck = _checkpoint_reports(b)
     assert (10, "sigusr1") in ck and not [s for s, _ in ck if s < 10], ck
     assert [s for s, _ in ck].count(10) == 1
@@ -89,7 +81,7 @@ def test_sigusr1_then_sigterm_during_writes_neither_tear_nor_double_and_exit_0_o
     b = clone(template, tmp_path / "run")
     delay = 2.0
     proc = start(b, *SIG, env={"ANDREA_TEST_WRITE_DELAY": str(delay)})
-    try:
+    with cleaned_up(proc, b):
         wait_report(b, lambda r: r.get("type") == "checkpoint_started" and r["step"] == 10, 180,
                     "the cadence write of step 10")
         assert not [r for r in reports(b) if r.get("type") == "checkpoint"], "the write must be in flight"
@@ -102,10 +94,6 @@ def test_sigusr1_then_sigterm_during_writes_neither_tear_nor_double_and_exit_0_o
         proc.send_signal(signal.SIGTERM)  # a second one changes nothing
         assert proc.wait(timeout=120) == 0
         took = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_run(b)
     ck = _checkpoint_reports(b)
     steps = [s for s, _ in ck]
     assert len(steps) == len(set(steps)), f"a step was written twice: {ck}"
@@ -127,7 +115,7 @@ def test_sigusr1_then_sigterm_during_writes_neither_tear_nor_double_and_exit_0_o
 def test_sigusr1_during_startup_of_proxy_and_worker_is_honoured_after_the_first_step(tmp_path):
     b = tmp_path / "run"  # created by this proxy: a long start-up (arm tokenization)
     proc = start(b, *SIG)
-    try:
+    with cleaned_up(proc, b):
         def handler_installed():  # SigCgt bit 10 = SIGUSR1 has a handler (EarlySignals)
             try:
                 for line in open(f"/proc/{proc.pid}/status"):
@@ -146,10 +134,6 @@ def test_sigusr1_during_startup_of_proxy_and_worker_is_honoured_after_the_first_
         wait_for(lambda: last_step(b) >= 5, 60, what="training to go on")
         assert psutil.pid_exists(child.pid) and child.status() != psutil.STATUS_ZOMBIE
         assert _stop(proc) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_run(b)
     usr1 = [s for s, r, _ in manifest(b) if r == "sigusr1"]
     assert usr1 and usr1[0] <= 2, f"honoured after the first step: {usr1}"
     assert len(usr1) == 1, "the two early SIGUSR1 are one request"
@@ -159,7 +143,7 @@ def test_sigusr1_during_startup_of_proxy_and_worker_is_honoured_after_the_first_
 def test_a_library_replacing_the_sigusr1_handler_is_reported_and_it_still_checkpoints(template, tmp_path):
     b = clone(template, tmp_path / "run")
     proc = start(b, *SIG, env={"ANDREA_TEST_STEAL_SIGNAL": "SIGUSR1"})
-    try:
+    with cleaned_up(proc, b):
         ev = wait_report(b, lambda r: r.get("event") == "signal-handlers-replaced", 180,
                          "the handler check's report")
         assert ev["signals"] == ["SIGUSR1"]
@@ -167,8 +151,4 @@ def test_a_library_replacing_the_sigusr1_handler_is_reported_and_it_still_checkp
         proc.send_signal(signal.SIGUSR1)
         wait_for(lambda: [s for s, r, _ in manifest(b) if r == "sigusr1"], 60, what="the SIGUSR1 checkpoint")
         assert _stop(proc) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_run(b)
     assert "SIGNAL HANDLERS REPLACED" in output(b)

@@ -14,7 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
-from issue4_helpers import (ROOT, _env, clone, cmd, create_template, hello_pid, kill_run,
+from issue4_helpers import (cleaned_up, ROOT, _env, clone, cmd, create_template, hello_pid, kill_run,
                             manifest, output, proxy_log, reports, run, run_processes, start,
                             wait_report)
 from proc_helpers import checkpoint_steps, last_step, loss_records, wait_for
@@ -85,7 +85,7 @@ def test_proxy_sigkill_worker_checkpoints_and_exits_nothing_remains_and_the_next
 def test_worker_crash_restarts_from_the_newest_checkpoint_then_gives_up_after_max_restarts(template, tmp_path):
     b = clone(template, tmp_path / "run")
     proc = start(b, *SUP, "--max-restarts", "1")
-    try:
+    with cleaned_up(proc, b):
         first = hello_pid(b, 180)
         wait_for(lambda: last_step(b) >= 12, 120, what="step 12")
         os.kill(first, signal.SIGKILL)
@@ -93,10 +93,6 @@ def test_worker_crash_restarts_from_the_newest_checkpoint_then_gives_up_after_ma
         wait_for(lambda: [r for r in reports(b) if r.get("type") == "step"], 120, what="it to train")
         os.kill(second, signal.SIGKILL)
         rc = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_run(b)
     assert rc != 0
     log = proxy_log(b)
     assert "restart 1 of 1" in log and "resume from step_" in log
@@ -110,7 +106,7 @@ def test_a_stopped_worker_is_named_stopped_and_restarted(template, tmp_path):
     SIGTERM + SIGCONT to the worker's group, the worker checkpoints, and is restarted."""
     b = clone(template, tmp_path / "run")
     proc = start(b, *SUP, "--hang-timeout", "15", "--stop-timeout", "60")
-    try:
+    with cleaned_up(proc, b):
         wpid = hello_pid(b, 180)
         wait_for(lambda: last_step(b) >= 4, 120, what="training")
         os.kill(wpid, signal.SIGSTOP)
@@ -119,10 +115,6 @@ def test_a_stopped_worker_is_named_stopped_and_restarted(template, tmp_path):
                  what="status to show the new worker")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_run(b)
     log = proxy_log(b)
     assert f"pid {wpid} (" in log and "stopped (SIGSTOP?)" in log, log[-3000:]
     assert "restart 1 of 3" in log
@@ -147,7 +139,7 @@ def test_orphans_of_the_worker_are_reaped_by_the_proxy_subreaper(template, tmp_p
     b = clone(template, tmp_path / "run")
     pidfile = tmp_path / "orphan.pid"
     proc = start(b, *SUP, env={"ANDREA_TEST_ORPHAN_FILE": str(pidfile)})
-    try:
+    with cleaned_up(proc, b):
         orphan = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 180,
                               what="the orphan"))
         assert psutil.Process(orphan).ppid() == proc.pid, "re-parented to the proxy (subreaper)"
@@ -158,10 +150,6 @@ def test_orphans_of_the_worker_are_reaped_by_the_proxy_subreaper(template, tmp_p
         assert not [c for c in psutil.Process(proc.pid).children() if c.status() == psutil.STATUS_ZOMBIE]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_run(b)
 
 
 def _can_unshare() -> bool:
