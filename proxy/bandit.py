@@ -459,6 +459,7 @@ class Bandit:
         self.steps = 0              # records folded this phase
         self.scaler = QuantileScaler()
         self.retired: dict[str, dict] = {}
+        self.added: dict[str, dict] = {}     # arms that joined after the phase start (add_arm)
         self.pulls = {a: 0 for a in self.arms}
         self.pulls_lifetime = {a: 0 for a in self.arms}
         self.ema_acc = {a: 0.0 for a in self.arms}   # uncorrected EMA accumulator
@@ -633,13 +634,63 @@ class Bandit:
             "pulls": self.pulls[name], "pulls_lifetime": self.pulls_lifetime[name],
             "ema_reward": self.ema_reward[name], "ema_n": self.ema_n[name],
             "p": p[name], "logw": lw if math.isfinite(lw) else None,
-            "floor": self.floors[name], "cap": self.caps[name]}
+            "floor": self.floors[name], "cap": self.caps[name],
+            "ema_acc": self.ema_acc[name], "prior": self.prior[name],
+            "last_probe": self.last_probe[name]}
         self.arms = rest
         for d in (self.floors, self.caps, self.pulls, self.pulls_lifetime, self.ema_acc,
                   self.ema_n, self.last_probe, self.prior, self.logw):
             del d[name]
         top = max(self.logw.values())
         self.logw = {a: v - top for a, v in self.logw.items()}
+        self.version += 1
+
+    def add_arm(self, name: str, reason: str, floor: float = 0.0, cap: float = 1.0) -> None:
+        """Let arm `name` join from the next record on (an arm added on a restart, issue 5).
+
+        A RETIRED arm re-joins with its statistics restored by name: pulls_lifetime always; when
+        it was retired in this phase after the phase start also its phase pulls, reward EMA,
+        probe baseline and log-weight (a retirement in an earlier phase, or at this phase's
+        start, keeps only lifetime pulls: a pivot resets the rest for every arm anyway). A NEW arm starts with no statistics and the log-weight of
+        an average arm, log(mean(exp(logw))), so it is neither favoured nor starved before its
+        first reward. Bounds `floor`/`cap` (probabilities) are the phase's for that arm, 0 and 1
+        when the phase does not name it. The join is listed under "added" in `to_dict()`.
+        Raises BanditConfigError when the arm is already active, or the bounds are infeasible
+        (nothing is changed then). Source: SPEC section 7 "Arms are always keyed by name".
+        """
+        if name in self.arms:
+            raise BanditConfigError(f"add_arm: arm {name!r} is already active")
+        arms = sorted(self.arms + [name])
+        floors, caps = dict(self.floors), dict(self.caps)
+        floors[name], caps[name] = float(floor), float(cap)
+        _check_arm_names(arms)
+        _check_bounds(arms, floors, caps)
+        old = self.retired.pop(name, None)
+        finite = [v for v in self.logw.values() if math.isfinite(v)]
+        average = math.log(math.fsum(math.exp(v) for v in finite) / len(finite)) if finite else 0.0
+        self.arms, self.floors, self.caps = arms, floors, caps
+        self.pulls[name], self.pulls_lifetime[name] = 0, 0
+        self.ema_acc[name], self.ema_n[name], self.last_probe[name] = 0.0, 0, None
+        self.logw[name], self.prior[name] = average, 0.0
+        if old is not None:
+            self.pulls_lifetime[name] = int(old["pulls_lifetime"])
+            if (old.get("phase_index") == self.phase_index and "ema_acc" in old
+                    and old["retired_at_step"] > self.phase_start_step):
+                self.pulls[name] = int(old["pulls"])
+                self.ema_acc[name], self.ema_n[name] = float(old["ema_acc"]), int(old["ema_n"])
+                self.last_probe[name] = _finite_or_none(old.get("last_probe"))
+                if old["logw"] is not None:  # a zero-prior arm comes back as an average one
+                    self.logw[name] = float(old["logw"])
+                self.prior[name] = float(old.get("prior", 0.0))
+        top = max(self.logw.values())
+        self.logw = {a: self.logw[a] - top for a in self.arms}
+        for d in (self.floors, self.caps, self.pulls, self.pulls_lifetime, self.ema_acc,
+                  self.ema_n, self.last_probe, self.prior):
+            items = sorted(d.items())
+            d.clear()
+            d.update(items)
+        self.added[name] = {"step": self.step, "reason": str(reason),
+                            "rejoined": old is not None}
         self.version += 1
 
     def pivot(self, new_floors: Mapping[str, float] | None, new_caps: Mapping[str, float] | None,
@@ -680,7 +731,7 @@ class Bandit:
                           "steps": self.steps},
                 "caps": dict(self.caps), "floors": dict(self.floors), "version": self.version,
                 "config": self.config.to_dict(), "arms": arms, "scaler": self.scaler.to_dict(),
-                "retired": copy.deepcopy(self.retired)}
+                "retired": copy.deepcopy(self.retired), "added": copy.deepcopy(self.added)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Bandit":
@@ -699,6 +750,7 @@ class Bandit:
             b.steps = int(ph.get("steps", 0))
             b.scaler = QuantileScaler.from_dict(d["scaler"])
             b.retired = copy.deepcopy(dict(d.get("retired") or {}))
+            b.added = copy.deepcopy(dict(d.get("added") or {}))
             for a in b.arms:
                 s = arms[a]
                 b.pulls[a] = int(s["pulls"])

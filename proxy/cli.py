@@ -65,7 +65,9 @@ def _add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tokenizer", choices=("bpe", "bytes"), default=None)
     ap.add_argument("--arm", action="append", default=[], metavar="NAME=KIND:SOURCE",
                     help="add an arm: text:PATH|GLOB, jsonl:PATH[:FIELD], tokens:PATH (repeatable); "
-                         "replaces the three defaults unless --default-arms is given")
+                         "replaces the three defaults unless --default-arms is given; on a restart "
+                         "the run's new arm list, matched by name: new names join, names left out "
+                         "are retired, statistics stay with each name")
     ap.add_argument("--default-arms", action="store_true", help="keep the default arms with --arm")
     ap.add_argument("--reward", choices=("heldout_progress", "train_loss"), default=None)
     ap.add_argument("--bandit-warmup", type=int, default=None, help="steps on the prior (200)")
@@ -137,6 +139,28 @@ def _check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
                     a.max_steps, cfg.max_steps, cfg.lr_decay_steps)
 
 
+def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
+    """`--arm ...` on a restart is the run's new arm list, matched by name (issue 5): new names
+    are tokenized and join at the resume step, names left out are retired there, names listed
+    again after a removal re-join with their statistics (proxy/arm_changes.py). Without --arm
+    the arms stay as they are. Raises ConfigError (nothing written) for a changed source under
+    an old name or bounds the arms left cannot meet."""
+    if not a.arm:
+        if a.default_arms:
+            log.warning("--default-arms without --arm ignored: the run keeps its arms (%s)",
+                        ", ".join(x.name for x in cfg.arms))
+        return cfg
+    from proxy.arm_changes import commit_arm_set, plan_arm_set
+    from proxy.run_setup import read_phases
+    from shared.arms import parse_arm_option
+    specs = (list(DEFAULT_ARMS) if a.default_arms else []) + [parse_arm_option(t) for t in a.arm]
+    phase = read_phases(layout)[-1]
+    plan = plan_arm_set(layout, cfg, specs, phase.caps, phase.floors)
+    if not plan.changes_anything:
+        return cfg
+    return commit_arm_set(layout, cfg, plan)
+
+
 def check_run_options(a) -> None:
     """Refuse bad supervision numbers before anything is created or started (SPEC section 9).
     Raises ConfigError naming the option, the value and the rule."""
@@ -185,6 +209,7 @@ def cmd_run(a) -> int:
         if layout.run_json.exists():
             cfg = load_run_config(layout.run_json)
             _check_resume_args(a, cfg, layout)
+            cfg = _apply_arm_list(a, cfg, layout)
             log.info("resuming run %s (%s, %s parameters)", layout.root, cfg.preset, f"{cfg.n_params:,}")
         else:
             cfg = _config_from_args(a)

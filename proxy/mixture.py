@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from proxy.arm_changes import ArmChange, arms_present_at
 from proxy.bandit import Bandit, BanditConfig
 
 
@@ -40,15 +41,25 @@ class MixtureController:
     """Bandit + posted policies for one phase. `policies`: period -> {arm: probability}."""
 
     def __init__(self, arm_names: list[str], phase: Phase, reward: str, warmup: int,
-                 period: int, retirements: dict[str, tuple[int, str]] | None = None) -> None:
-        """`retirements`: zombie arms, name -> (step S, reason): the arm is retired once every
-        record up to S is folded (SPEC section 7 "Zombie arms"), in the live run and in a
-        replay alike, so replay still reproduces `.state.json` exactly."""
+                 period: int, changes: list[ArmChange] | None = None) -> None:
+        """`arm_names`: every arm the run has had (data/arms.json, retired ones included).
+        `changes`: the arm-change log (proxy/arm_changes.py): arm joins and retirements (zombies,
+        arms left out on a restart), each applied once every record up to its step is folded,
+        in the live run and in a replay alike, so replay still reproduces `.state.json`
+        exactly. The bandit starts with the arms present at the phase start (`arms_present_at`)
+        and the changes up to the phase start applied. Raises BanditConfigError (bounds)."""
         self.phase = phase
         self.period = period
-        self.bandit = Bandit(arm_names, phase.floors, phase.caps,
+        self.changes = sorted((c for c in (changes or []) if c.step is not None),
+                              key=lambda c: c.id)
+        self.applied: set[int] = set()
+        present = arms_present_at(arm_names, self.changes, phase.start_step)
+        self.bandit = Bandit(present, {a: v for a, v in phase.floors.items() if a in present},
+                             {a: v for a, v in phase.caps.items() if a in present},
                              BanditConfig(reward=reward, warmup_steps=warmup),
-                             prior=phase.prior, phase_label=phase.label,
+                             prior=({a: v for a, v in phase.prior.items() if a in present}
+                                    if phase.prior is not None else None),
+                             phase_label=phase.label,
                              phase_index=phase.index, phase_start_step=phase.start_step)
         for a, n in phase.lifetime_pulls.items():
             if a in self.bandit.pulls_lifetime:
@@ -56,25 +67,33 @@ class MixtureController:
         self.folded_through = phase.start_step
         self.policies: dict[int, dict[str, float]] = {}
         self._next = phase.start_step // period
-        self.retirements = dict(retirements or {})
-        self.apply_retirements(self.folded_through)
+        self.apply_changes(self.folded_through)
         self._post_ready()
 
-    def apply_retirements(self, upto_step: int) -> list[str]:
-        """Retire every arm whose retirement step is <= `upto_step` and that is still active;
-        policies of periods starting after its retirement step are re-posted without it (p = 0
-        by omission). Returns the names retired now. Raises BanditConfigError when the remaining
-        caps cannot hold a batch (Bandit.retire)."""
+    def apply_changes(self, upto_step: int) -> list[str]:
+        """Apply, in log order, every arm change with step <= `upto_step` not applied yet: a
+        retire of an active arm (Bandit.retire), an add of an arm not active (Bandit.add_arm:
+        a retired arm re-joins with its statistics, a new one starts fresh, with the phase's
+        bounds for it). Policies of periods starting after the change's step are re-posted
+        (a retired arm has p = 0 by omission). Returns the names changed. Raises
+        BanditConfigError when the remaining caps cannot hold a batch (Bandit.retire)."""
         done = []
-        for name in sorted(self.retirements):
-            at, reason = self.retirements[name]
-            if at <= upto_step and name in self.bandit.arms:
-                self.bandit.retire(name, reason)
-                p = self.bandit.probabilities()
-                for v in self.policies:
-                    if v * self.period + 1 > at:
-                        self.policies[v] = dict(p)
-                done.append(name)
+        for c in self.changes:
+            if c.id in self.applied or c.step > upto_step:
+                continue
+            self.applied.add(c.id)
+            if c.action == "retire" and c.arm in self.bandit.arms:
+                self.bandit.retire(c.arm, c.reason)
+            elif c.action == "add" and c.arm not in self.bandit.arms:
+                self.bandit.add_arm(c.arm, c.reason, self.phase.floors.get(c.arm, 0.0),
+                                    self.phase.caps.get(c.arm, 1.0))
+            else:
+                continue
+            p = self.bandit.probabilities()
+            for v in self.policies:
+                if v * self.period + 1 > c.step:
+                    self.policies[v] = dict(p)
+            done.append(c.arm)
         return done
 
     def _post_ready(self) -> None:
@@ -90,7 +109,7 @@ class MixtureController:
         return {"step": self.folded_through, "phase_index": self.phase.index,
                 "phase_start": self.phase.start_step, "next": self._next,
                 "policies": {str(v): p for v, p in self.policies.items()},
-                "bandit": self.bandit.to_dict()}
+                "applied_changes": sorted(self.applied), "bandit": self.bandit.to_dict()}
 
     def restore(self, snap: dict) -> None:
         """Continue from `to_snapshot()` output of the same phase (exact: Bandit.from_dict)."""
@@ -98,13 +117,18 @@ class MixtureController:
         self.folded_through = int(snap["step"])
         self._next = int(snap["next"])
         self.policies = {int(v): p for v, p in snap["policies"].items()}
+        if "applied_changes" in snap:
+            self.applied = {int(i) for i in snap["applied_changes"]}
+        else:  # snapshots written before joins existed: retirements are all that could apply
+            self.applied = {c.id for c in self.changes if c.action == "retire"
+                            and c.arm not in self.bandit.arms and c.step <= self.folded_through}
 
     def observe(self, rec: dict) -> None:
         """Fold one `.loss.json` record (in step order) and post any policy that became ready."""
         if rec["step"] <= self.folded_through:
             return
-        if self.retirements:
-            self.apply_retirements(rec["step"] - 1)
+        if len(self.applied) < len(self.changes):
+            self.apply_changes(rec["step"] - 1)
         if rec["phase"]["index"] == self.phase.index:
             self.bandit.observe(bandit_record(rec))
         self.folded_through = rec["step"]

@@ -65,22 +65,23 @@ def write_state(path: Path, snapshot: dict) -> None:
     atomic_write_json(path, snapshot)
 
 
-def replay_run(layout, cfg, step: int, retirements: dict | None = None):
+def replay_run(layout, cfg, step: int, changes: list | None = None):
     """The MixtureController of the phase in force at `step`, rebuilt by replaying `.loss.json`
     from that phase's start to `step` (BANDIT.md "Determinism"): what the supervisor does at
-    every resume. `retirements`: {arm: (step, reason)} (default: those in data/arms.json).
+    every resume. `changes`: the arm-change log (default: data/arms.json's, proxy/arm_changes.py).
     Its `bandit.to_dict()` equals `.state.json` written with checkpoint `step`."""
+    from proxy.arm_changes import read_changes
     from proxy.mixture import MixtureController
     from proxy.run_setup import read_phases
+    from shared.arm_data import read_arm_index
     from shared.loss_history import read_records
-    if retirements is None:
-        from proxy.zombies import retirements as read_retirements
-        retirements = read_retirements(layout, step)
+    if changes is None:
+        changes = [c for c in read_changes(layout) if c.step is not None]
     phases = [p for p in read_phases(layout) if p.start_step <= step] or read_phases(layout)[:1]
     ph = phases[-1]
-    mix = MixtureController(sorted(a.name for a in cfg.arms), ph, cfg.reward, cfg.bandit_warmup,
-                            cfg.probe_every, retirements)
+    mix = MixtureController(sorted(read_arm_index(layout, include_retired=True)), ph, cfg.reward,
+                            cfg.bandit_warmup, cfg.probe_every, changes)
     for r in read_records(layout.loss, ph.start_step + 1, step):
         mix.observe(r)
-    mix.apply_retirements(step)
+    mix.apply_changes(step)
     return mix

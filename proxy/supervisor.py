@@ -28,6 +28,7 @@ from proxy.pivot import poll_pivot_request
 from proxy.zombies import handle_zombies
 from proxy.run_setup import read_phases, write_phases
 from proxy.sidecars import SamplesLog, read_json_tolerant, write_state
+from shared.arm_data import read_arm_index
 from shared.atomic_io import atomic_write_json
 from shared.checkpoint_format import clean_stale_temporaries, find_latest_valid
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
@@ -74,6 +75,7 @@ class ProxyOptions:
     stop_on_collapse: bool = False     # the collapse alarm also stops the run (issue 5)
     launch: LaunchOptions = field(default_factory=LaunchOptions)  # torchrun (issue 6)
     compile: bool = False              # torch.compile in the worker (issue 6)
+    precision: str = "auto"            # worker --precision: auto (bf16 on CUDA), fp32, bf16
 
 
 @dataclass
@@ -90,7 +92,7 @@ class Supervisor:
     def __init__(self, layout: RunLayout, cfg: RunConfig, opts: ProxyOptions) -> None:
         self.layout, self.cfg, self.opts = layout, cfg, opts
         self.max_steps = opts.max_steps or cfg.max_steps
-        self.arm_names = sorted(a.name for a in cfg.arms)
+        self.arm_changes: list = []  # data/arms.json's arm-change log, stamped per incarnation
         self.stop_requested: str | None = None
         self.usr1_pending = 0
         self.stats = LiveStats()
@@ -171,14 +173,16 @@ class Supervisor:
         phases = read_phases(self.layout)
         phases = [p for p in phases if p.start_step <= step] or phases[:1]
         mix = self._rebuild(phases[-1], step)
-        mix.apply_retirements(step)
+        self._arms_changed_now = mix.apply_changes(step)
         if self.opts.pivot is not None:
             pv = self.opts.pivot
             self.opts.pivot = None  # once: a restart after this resumes inside the new phase
             new = Phase(index=phases[-1].index + 1, label=pv["label"], start_step=step,
                         caps=pv["caps"], floors=pv["floors"],
                         prior=mix.bandit.probabilities(),
-                        lifetime_pulls=dict(mix.bandit.pulls_lifetime))
+                        lifetime_pulls={**{a: r["pulls_lifetime"]
+                                           for a, r in mix.bandit.retired.items()},
+                                        **mix.bandit.pulls_lifetime})
             self._archive_phase(step)
             phases.append(new)
             write_phases(self.layout, phases)
@@ -208,8 +212,9 @@ class Supervisor:
         return mix
 
     def _replay(self, phase: Phase, records: list[dict]) -> MixtureController:
-        mix = MixtureController(self.arm_names, phase, self.cfg.reward, self.cfg.bandit_warmup,
-                                self.cfg.probe_every, getattr(self, "retirements", None))
+        names = sorted(read_arm_index(self.layout, include_retired=True))
+        mix = MixtureController(names, phase, self.cfg.reward, self.cfg.bandit_warmup,
+                                self.cfg.probe_every, self.arm_changes)
         for r in records:
             mix.observe(r)
         return mix
@@ -233,6 +238,8 @@ class Supervisor:
             argv += ["--resume-from", str(resume)]
         if o.compile:
             argv.append("--compile")
+        if o.precision != "auto":
+            argv += ["--precision", o.precision]
         self._worker_exit_code = None
         if o.launch.uses_torchrun:  # ranks watch the proxy's pid (--parent-pid), not the agent
             argv = torchrun_argv(sys.executable, argv[3:], o.launch)
@@ -296,7 +303,7 @@ class Supervisor:
     def _incarnation(self, history: LossHistory) -> tuple[str, int | None]:
         step, resume = self._resolve_resume(history)
         self._align_history(history, step)
-        self.retirements = handle_zombies(self.layout, self.cfg.arms, step)  # SPEC 7 zombie arms
+        self.arm_changes = handle_zombies(self.layout, self.cfg.arms, step)  # SPEC 7; issue 5
         self.collapse = CollapseWatch(self.layout, self.opts.stop_on_collapse)
         mix = self._prepare_mixture(step)
         self._check_state_file(mix, step)
@@ -327,6 +334,10 @@ class Supervisor:
         if st.get("step") != step or st.get("phase", {}).get("index") != mix.phase.index:
             log.warning("%s describes step %s, not the loaded checkpoint's step %d: rebuilt by "
                         "replaying the history", self.layout.state.name, st.get("step"), step)
+            write_state(self.layout.state, replayed)
+        elif st != replayed and getattr(self, "_arms_changed_now", None):
+            log.info("%s at step %d updated for the arm changes (%s)", self.layout.state.name,
+                     step, ", ".join(self._arms_changed_now))
             write_state(self.layout.state, replayed)
         elif st != replayed:
             log.warning("%s differs from the replay of the history at step %d; the replay wins",

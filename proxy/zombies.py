@@ -5,19 +5,19 @@ configured source by NAME and fingerprint. The cheap `source_fingerprint` (file 
 mtimes) is compared first; when it differs, the content fingerprint (sha256 of the text or token
 file) decides, so a touched-but-identical source is not a zombie. A zombie is reported by name,
 marked retired in `data/arms.json` ({"step", "reason"}: the worker never loads it again) and
-retired in the bandit from that step on (`MixtureController.apply_retirements`): it is never
+retired in the bandit from that step on (a "retire" entry of the arm-change log,
+proxy/arm_changes.py, applied by `MixtureController.apply_changes`): it is never
 pulled, and its statistics stay in the state under `retired`.
 
 What it is not: the bandit's retire arithmetic (`proxy/bandit.py`).
 """
 from __future__ import annotations
 
-import json
 import logging
 
+from proxy.arm_changes import ArmChange, append_changes, stamp_changes
 from shared.arm_data import read_arm_index
 from shared.arms import ArmSourceError, content_fingerprint, source_fingerprint
-from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec
 from shared.run_layout import RunLayout
 
@@ -58,41 +58,17 @@ def find_zombies(layout: RunLayout, specs: list[ArmSpec]) -> dict[str, str]:
     return out
 
 
-def retire_arms(layout: RunLayout, zombies: dict[str, str], step: int) -> None:
-    """Mark `zombies` ({name: reason}) retired at `step` in `data/arms.json` (atomic rewrite)."""
-    d = json.loads(layout.arms_index.read_text())
-    for a in d["arms"]:
-        if a["name"] in zombies and not a.get("retired"):
-            a["retired"] = {"step": int(step), "reason": zombies[a["name"]]}
-    atomic_write_json(layout.arms_index, d)
-
-
-def retirements(layout: RunLayout, resume_step: int) -> dict[str, tuple[int, str]]:
-    """Every retired arm as {name: (step, reason)}, the step clamped to `resume_step` (a resume
-    from an older checkpoint must not train on the arm past it either); the clamp is written
-    back so later replays agree."""
-    d = json.loads(layout.arms_index.read_text())
-    out, changed = {}, False
-    for a in d["arms"]:
-        r = a.get("retired")
-        if r:
-            if r["step"] > resume_step:
-                r["step"], changed = resume_step, True
-            out[a["name"]] = (int(r["step"]), str(r["reason"]))
-    if changed:
-        atomic_write_json(layout.arms_index, d)
-    return out
-
-
-def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) -> dict[str, tuple[int, str]]:
-    """The start-of-incarnation check: find new zombies, report each by name (a warning), retire
-    them at `resume_step`; returns all retirements for the MixtureController."""
+def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) -> list[ArmChange]:
+    """The start-of-incarnation check: stamp pending arm changes with `resume_step`, find new
+    zombies, report each by name (a warning), retire them at `resume_step` (proxy/arm_changes.py
+    log); returns the whole arm-change log for the MixtureController."""
+    changes = stamp_changes(layout, resume_step)
     zombies = find_zombies(layout, specs)
     for name, why in zombies.items():
         log.warning("arm %s is a zombie: %s; it is retired from step %d on (kept in .state.json "
                     "under 'retired', never pulled again); restore its source and start a new "
                     "run or fork to train on it again", name, why, resume_step)
     if zombies:
-        retire_arms(layout, zombies, resume_step)
-    return retirements(layout, resume_step)
-
+        changes = append_changes(layout, [(resume_step, "retire", n, why)
+                                          for n, why in zombies.items()])
+    return changes

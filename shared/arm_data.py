@@ -6,8 +6,10 @@ fixed held-out split that is never trained on: it feeds the bandit's probes and 
 
 Index entry per arm: name, kind, source, fingerprint (content, "sha256:..."), path, n_tokens,
 heldout_start, source_fingerprint (cheap, "stat:...": file list, sizes, mtimes; checked at every
-start) and retired (null, or {"step", "reason"} once the proxy retired the arm as a zombie: the
-worker then never loads it).
+start), retired (null, or {"step", "reason"} while the proxy has the arm retired, as a zombie
+or because a restart left it out: the worker then never loads it) and field (jsonl arms). The
+top-level "changes" list is the proxy's arm-change log (proxy/arm_changes.py); arms added on a
+restart are appended to "arms".
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ class ArmData:
     n_tokens: int
     heldout_start: int
     source_fingerprint: str = ""      # "stat:<hex>" at creation ("" in runs made before it)
-    retired: dict | None = None       # {"step", "reason"} when retired as a zombie
+    retired: dict | None = None       # {"step", "reason"} while retired (zombie or removed)
+    field: str = "text"               # the JSON Lines field (jsonl arms)
 
     def tokens(self, run_dir: Path) -> np.ndarray:
         """All tokens as a read-only uint16 memmap of length n_tokens."""
@@ -82,7 +85,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
         raise ArmSourceError(
             f"arm {arm.name}: {n:,} tokens is too small for context {cfg.model.block_size} "
             f"plus {hold:,} held-out tokens; give it more text")
-    return ArmData(arm.name, arm.kind, arm.source, fp, path, n, n - hold, sfp)
+    return ArmData(arm.name, arm.kind, arm.source, fp, path, n, n - hold, sfp, field=arm.field)
 
 
 def write_arm_index(layout: RunLayout, arms: list[ArmData]) -> None:

@@ -1,0 +1,197 @@
+"""A run restarted with its arms reordered, removed or added keeps each arm's statistics by name
+(issue 5, SPEC section 7): `run --arm ...` on a restart is the new arm list; the arm-change log
+in data/arms.json makes replays reproduce .state.json across the changes."""
+import json
+import random
+
+from proc_helpers import loss_records, run_proxy
+from proxy.arm_changes import ArmChange, read_changes
+from proxy.mixture import MixtureController, Phase
+from proxy.sidecars import replay_run
+from shared.arm_data import read_arm_index
+from shared.config import load_run_config
+from shared.run_layout import RunLayout
+
+COMMON = ["--checkpoint-every", "10", "--probe-every", "5", "--bandit-warmup", "5"]
+TEXTS = {"a": "It was a bright cold day in April, and the clocks were striking thirteen. " * 60,
+         "b": "lorem ipsum dolor sit amet, consectetur adipiscing elit " * 90,
+         "c": "the quick brown fox jumps over the lazy dog; " * 110,
+         "d": "0123456789 " * 450}
+
+
+def _sources(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for n, t in TEXTS.items():
+        (src / f"{n}.txt").write_text(t)
+    return lambda *names: [x for n in names for x in ("--arm", f"{n}=text:{src / (n + '.txt')}")]
+
+
+def _state(run):
+    return json.loads((run / ".state.json").read_text())
+
+
+def _pulls(recs, arm, upto=None):
+    return sum(r["arms"].get(arm, 0) for r in recs if upto is None or r["step"] <= upto)
+
+
+def test_reorder_remove_add_and_rejoin_keep_each_arms_statistics_by_name(tmp_path):
+    arms = _sources(tmp_path)
+    run = tmp_path / "run"
+    layout = RunLayout(run)
+    r = run_proxy(run, "--max-steps", "20", *COMMON, *arms("a", "b", "c"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    before = _state(run)
+
+    # reordered: nothing changes; the statistics at the resume point are the same by name
+    r = run_proxy(run, "--max-steps", "30", *COMMON, *arms("c", "a", "b"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_changes(layout) == [] and "rebuilt by replaying" not in r.stderr
+    recs = loss_records(run)
+    assert all(_state(run)["arms"][n]["pulls_lifetime"] == _pulls(recs, n) for n in "abc")
+    assert all(before["arms"][n]["pulls"] == _pulls(recs, n, 20) for n in "abc")
+
+    # b removed, d added: b retired at 30 with its statistics, d joins fresh, a and c go on
+    r = run_proxy(run, "--max-steps", "50", *COMMON, *arms("a", "c", "d"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "arm d added" in r.stderr and "arm b removed" in r.stderr
+    assert [x.name for x in load_run_config(layout.run_json).arms] == ["a", "c", "d"]
+    index = read_arm_index(layout, include_retired=True)
+    assert index["b"].retired["step"] == 30 and index["d"].retired is None
+    assert [(c.step, c.action, c.arm) for c in read_changes(layout)] == [(30, "add", "d"),
+                                                                        (30, "retire", "b")]
+    recs = loss_records(run)
+    assert [r["step"] for r in recs] == list(range(1, 51))
+    late = [x for x in recs if x["step"] > 30]
+    assert all(x["arms"].get("b", 0) == 0 and "b" not in x["p"] for x in late)
+    assert sum(x["arms"].get("d", 0) for x in late) > 0
+    assert all(set(x["probe"]) == {"a", "c", "d"} for x in late if x.get("probe"))
+    st = _state(run)
+    assert set(st["arms"]) == {"a", "c", "d"} and st["step"] == 50
+    assert st["retired"]["b"]["retired_at_step"] == 30
+    assert st["retired"]["b"]["pulls_lifetime"] == _pulls(recs, "b")
+    assert st["added"]["d"]["step"] == 30 and not st["added"]["d"]["rejoined"]
+    for n in ("a", "c", "d"):                        # every arm's counts run on across the restart
+        assert st["arms"][n]["pulls_lifetime"] == _pulls(recs, n), n
+    assert st["arms"]["d"]["ema_n"] > 0              # d earned rewards after its first probe
+    assert replay_run(layout, load_run_config(layout.run_json), 50).bandit.to_dict() == st
+
+    # b listed again: it re-joins with its statistics (same phase: pulls, EMA, probe baseline)
+    r = run_proxy(run, "--max-steps", "70", *COMMON, *arms("a", "b", "c", "d"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "arm b re-joins" in r.stderr
+    recs = loss_records(run)
+    st = _state(run)
+    assert set(st["arms"]) == {"a", "b", "c", "d"} and "b" not in st["retired"]
+    assert st["added"]["b"]["rejoined"] and st["added"]["b"]["step"] == 50
+    assert st["arms"]["b"]["pulls_lifetime"] == _pulls(recs, "b")
+    assert st["arms"]["b"]["pulls"] == _pulls(recs, "b") > _pulls(recs, "b", 50)
+    assert replay_run(layout, load_run_config(layout.run_json), 70).bandit.to_dict() == st
+    # the snapshot cache and a full replay agree after the changes too
+    (run / ".state.snapshots.jsonl").unlink()
+    assert run_proxy(run, "--max-steps", "70", *COMMON).returncode == 0
+
+
+def test_bad_arm_lists_on_a_restart_are_refused_and_nothing_is_written(tmp_path):
+    arms = _sources(tmp_path)
+    src = tmp_path / "src"
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "10", *COMMON, "--caps", "a=0.5,b=0.4,c=0.3",
+                  *arms("a", "b", "c"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    files = {p: p.read_bytes() for p in (run / "run.json", run / "data" / "arms.json")}
+    cases = [(arms("a", "c"), "sum of caps"),                     # 0.5 + 0.3 cannot hold a batch
+             (["--arm", f"a=text:{src / 'd.txt'}", *arms("b", "c")], "cannot change under the same name"),
+             (arms("a", "b", "c") + ["--arm", f"e=text:{src / 'missing.txt'}"], "matches no file"),
+             (arms("a", "b", "c", "c"), "more than once")]
+    for args, words in cases:
+        r = run_proxy(run, "--max-steps", "20", *COMMON, *args)
+        assert r.returncode == 2 and words in r.stderr, (args, r.stderr[-2000:])
+        assert {p: p.read_bytes() for p in files} == files
+    assert loss_records(run)[-1]["step"] == 10
+
+
+def test_a_rejoining_arm_whose_source_changed_is_refused(tmp_path):
+    arms = _sources(tmp_path)
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "10", *COMMON, *arms("a", "b")).returncode == 0
+    assert run_proxy(run, "--max-steps", "20", *COMMON, *arms("a")).returncode == 0
+    (tmp_path / "src" / "b.txt").write_text("a different text altogether " * 100)
+    r = run_proxy(run, "--max-steps", "30", *COMMON, *arms("a", "b"))
+    assert r.returncode == 2 and "cannot bring arm b back: source changed" in r.stderr, r.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------ controller level
+
+ARMS = ["a", "b", "c", "d"]
+
+
+def _record(k, rng, active):
+    counts = {x: 0 for x in active}
+    for _ in range(8):
+        counts[rng.choice(sorted(active))] += 1
+    r = {"step": k, "arms": counts, "p": {x: 1 / len(active) for x in active},
+         "arm_loss": {x: 3 + rng.random() for x in active if counts[x]},
+         "phase": {"label": "initial", "index": 0}}
+    if k % 5 == 0:
+        r["probe"] = {x: 3.0 - k * 1e-3 * (i + 1) + rng.random() * 0.01
+                      for i, x in enumerate(sorted(active))}
+    return r
+
+
+def test_changes_apply_at_their_step_whether_rebuilt_from_a_snapshot_or_replayed():
+    """Live: the controller runs without knowing the changes, is snapshotted at each change step
+    and restored with the log (what a restart does). Replay: one controller with the whole log
+    from the phase start. Both end bit-identical, and each arm's counts follow its name."""
+    changes = [ArmChange(0, 20, "add", "d", "added"), ArmChange(1, 20, "retire", "b", "removed"),
+               ArmChange(2, 40, "add", "b", "back"), ArmChange(3, 40, "retire", "a", "removed")]
+    rng = random.Random(1)
+    active, recs = {"a", "b", "c"}, []
+    for k in range(1, 61):
+        if k == 21:
+            active = {"a", "c", "d"}
+        if k == 41:
+            active = {"b", "c", "d"}
+        recs.append(_record(k, rng, active))
+
+    def controller(log, names=ARMS):
+        return MixtureController(names, Phase(0, "initial", 0), "heldout_progress", 5, 5, log)
+
+    live = controller([], ["a", "b", "c"])           # d does not exist yet
+    for r in recs:
+        if r["step"] in (21, 41):                    # a restart at step 20 / 40
+            snap = json.loads(json.dumps(live.to_snapshot()))
+            live = controller([c for c in changes if c.step < r["step"]])
+            live.restore(snap)
+            live.apply_changes(r["step"] - 1)
+        live.observe(r)
+    replayed = controller(changes)
+    for r in recs:
+        replayed.observe(r)
+    assert live.bandit.to_dict() == replayed.bandit.to_dict()
+    st = replayed.bandit.to_dict()
+    assert set(st["arms"]) == {"b", "c", "d"} and set(st["retired"]) == {"a"}
+    assert st["arms"]["b"]["pulls"] == _pulls(recs, "b") and st["added"]["b"]["rejoined"]
+    assert st["retired"]["a"]["pulls"] == _pulls(recs, "a")
+    assert all(x in live.policies[v] for v in live.policies if v * 5 + 1 > 40 for x in "bcd")
+    # before its join, d is absent: a controller built at step 10 has only a, b, c
+    early = controller(changes)
+    for r in recs[:10]:
+        early.observe(r)
+    assert early.bandit.arms == ["a", "b", "c"]
+
+
+def test_an_arm_rejoining_after_a_pivot_starts_as_an_average_arm_with_its_lifetime_pulls():
+    """b left at step 10, a pivot started phase 1 at 20 (b had p = 0 in its prior), b re-joins
+    at 30: it keeps its lifetime pulls but not phase-0 statistics, and is not starved."""
+    changes = [ArmChange(0, 10, "retire", "b", "removed"), ArmChange(1, 30, "add", "b", "back")]
+    phase = Phase(1, "v2", 20, prior={"a": 0.4, "c": 0.6}, lifetime_pulls={"a": 90, "b": 70, "c": 80})
+    mix = MixtureController(["a", "b", "c"], phase, "heldout_progress", 5, 5, changes)
+    assert mix.bandit.arms == ["a", "c"] and mix.bandit.retired["b"]["pulls_lifetime"] == 70
+    rng = random.Random(2)
+    for k in range(21, 31):
+        mix.observe(_record(k, rng, {"a", "c"}) | {"phase": {"label": "v2", "index": 1}})
+    mix.apply_changes(30)
+    p = mix.bandit.probabilities()
+    assert mix.bandit.arms == ["a", "b", "c"] and 0.2 < p["b"] < 0.5, p
+    assert mix.bandit.pulls_lifetime["b"] == 70 and mix.bandit.pulls["b"] == 0
