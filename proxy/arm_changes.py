@@ -250,3 +250,41 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
     cfg.arms = list(plan.new_specs)
     atomic_write_json(layout.run_json, cfg.to_json())
     return cfg
+
+
+def arms_as_of(d: dict, step: int) -> dict:
+    """`data/arms.json` content `d` as it was when the run reached checkpoint `step` (for an
+    audit fork from it): changes at or after `step` (a restart from `step` makes them at
+    `step`) and pending ones are dropped, arms that joined then are dropped, and each arm's
+    "retired" status follows its last remaining change."""
+    changes = [c for c in _changes_of(d) if c.step is not None and c.step < step]
+    later = {c.arm for c in _changes_of(d)} - {c.arm for c in changes}
+    first = {}
+    for c in _changes_of(d):
+        first.setdefault(c.arm, c)
+    out = {k: v for k, v in d.items() if k not in ("arms", "changes")}
+    out["arms"] = []
+    for a in d["arms"]:
+        f = first.get(a["name"])
+        if a["name"] in later and f is not None and f.action == "add":
+            continue  # joined after `step`
+        a = dict(a)
+        last = [c for c in changes if c.arm == a["name"]]
+        a["retired"] = ({"step": last[-1].step, "reason": last[-1].reason}
+                        if last and last[-1].action == "retire" else None)
+        out["arms"].append(a)
+    _store(out, changes)
+    return out
+
+
+def specs_of(d: dict, configured: list[ArmSpec]) -> list[ArmSpec]:
+    """The configured arm list for `data/arms.json` content `d`: its active arms, in the order
+    of `configured` (a run.json list) first, then the rest by name, rebuilt from the index when
+    `configured` no longer has them."""
+    active = {a["name"]: a for a in d["arms"] if not a.get("retired")}
+    out = [s for s in configured if s.name in active]
+    have = {s.name for s in out}
+    for n in sorted(set(active) - have):
+        a = active[n]
+        out.append(ArmSpec(n, a["kind"], a.get("source", ""), a.get("field", "text")))
+    return out

@@ -3,7 +3,9 @@
 A new run directory that starts from checkpoint STEP of another run (default: its newest valid
 one) with that run's history up to it, so two configurations can be compared from the same
 weights. Copied: run.json, tokenizer.json, data/ (hard links where the file system allows, else
-copies; `tokens` arms keep pointing at their own source file), phases.json (the phases that
+copies; `tokens` arms keep pointing at their own source file; `data/arms.json` and run.json's
+arm list as they were at STEP: arms added later are left out, arms removed later are active),
+phases.json (the phases that
 started at or before STEP), the checkpoint file and its manifest entry (pinned), and the
 `.loss.json` records 1..STEP. `.state.json` is not copied: the new run's proxy rebuilds the bandit
 by replaying the copied history (BANDIT.md "Determinism"). `python -m proxy run --run-dir
@@ -20,6 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from proxy.arm_changes import arms_as_of, specs_of
 from shared.atomic_io import atomic_write_json
 from shared.checkpoint_format import checkpoint_name, validate_checkpoint, CheckpointError, \
     find_latest_valid
@@ -83,8 +86,11 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     for name in ("tokenizer.json",):
         shutil.copy2(src.root / name, dst.root / name)
     for f in sorted(src.data.iterdir()):
-        if f.is_file():
+        if f.is_file() and f.name != src.arms_index.name:
             _link_or_copy(f, dst.data / f.name)
+    arms = arms_as_of(json.loads(src.arms_index.read_text()), step)  # the arms of STEP (issue 5)
+    atomic_write_json(dst.arms_index, arms)
+    cfg.arms = specs_of(arms, cfg.arms)
     phases = json.loads(src.phases.read_text())
     phases["phases"] = [p for p in phases["phases"] if p["start_step"] <= step] or phases["phases"][:1]
     atomic_write_json(dst.phases, phases)
@@ -98,7 +104,7 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
         h.append_many(history)
     atomic_write_json(dst.root / "fork.json", {"from": str(src.root.resolve()), "step": step,
                                                "checkpoint": ck.name})
-    shutil.copy2(src.run_json, dst.run_json)           # last: its presence marks a complete run
+    atomic_write_json(dst.run_json, cfg.to_json())     # last: its presence marks a complete run
     return step
 
 

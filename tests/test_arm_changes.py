@@ -195,3 +195,29 @@ def test_an_arm_rejoining_after_a_pivot_starts_as_an_average_arm_with_its_lifeti
     p = mix.bandit.probabilities()
     assert mix.bandit.arms == ["a", "b", "c"] and 0.2 < p["b"] < 0.5, p
     assert mix.bandit.pulls_lifetime["b"] == 70 and mix.bandit.pulls["b"] == 0
+
+
+def test_an_audit_fork_has_the_arms_of_its_checkpoint(tmp_path):
+    import subprocess
+    import sys
+    from proc_helpers import ROOT
+    arms = _sources(tmp_path)
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "20", *COMMON, *arms("a", "b", "c")).returncode == 0
+    assert run_proxy(run, "--max-steps", "30", *COMMON, *arms("a", "c", "d")).returncode == 0
+    # the restart from step 20 changed the arms at 20: a fork from 20 has the arms that trained
+    # steps 1..20, a fork from 30 those of steps 21..30
+    for at, active, retired in ((20, {"a", "b", "c"}, set()), (30, {"a", "c", "d"}, {"b"})):
+        fork = tmp_path / f"fork{at}"
+        r = subprocess.run([sys.executable, "-m", "proxy", "fork", "--from", f"{run}:{at}",
+                            "--run-dir", str(fork)], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        layout = RunLayout(fork)
+        assert set(read_arm_index(layout)) == active
+        assert {x.name for x in load_run_config(layout.run_json).arms} == active
+        r = run_proxy(fork, "--max-steps", str(at + 10), *COMMON)
+        assert r.returncode == 0, r.stderr[-3000:]
+        st = _state(fork)
+        assert set(st["arms"]) == active and set(st["retired"]) == retired
+        assert set(st["added"]) == ({"d"} if at == 30 else set())
+        assert all(set(x["p"]) == active for x in loss_records(fork)[at:])
