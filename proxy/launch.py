@@ -53,7 +53,8 @@ class LaunchOptions:
 
 
 def add_launch_args(ap) -> None:
-    """The `python -m proxy run` options for torchrun and speed (argparse parser `ap`)."""
+    """The `python -m proxy run` options for torchrun and speed (argparse parser `ap`):
+    --nproc-per-node and the rendezvous options, --compile, --precision."""
     ap.add_argument("--nproc-per-node", type=int, default=1,
                     help="ranks on this node; > 1 launches the worker with torchrun (DDP)")
     ap.add_argument("--nnodes", default=None, help="torchrun --nnodes (N or MIN:MAX)")
@@ -62,6 +63,10 @@ def add_launch_args(ap) -> None:
     ap.add_argument("--rdzv-id", default=None, help="torchrun --rdzv-id (same on every node)")
     ap.add_argument("--rdzv-backend", default=None, help="torchrun --rdzv-backend (c10d)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the training step")
+    ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                    help="forward arithmetic: auto = bf16 autocast on CUDA, fp32 on CPU; bf16 = "
+                         "bf16 autocast on any device; fp32 = no autocast. Weights, AdamW m/v "
+                         "and checkpoints stay fp32 (worker/precision.py)")
 
 
 def apply_launch_args(a, opts, cfg) -> None:
@@ -84,6 +89,7 @@ def apply_launch_args(a, opts, cfg) -> None:
                           "slice of the global batch; choose a world size that divides it")
     opts.launch = lo
     opts.compile = a.compile
+    opts.precision = a.precision
 
 
 def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> list[str]:

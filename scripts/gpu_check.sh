@@ -6,6 +6,8 @@
 #   scripts/gpu_check.sh [WORKDIR] [STEPS]        (defaults: a fresh temp dir, 300 steps)
 #   NPROC=2 scripts/gpu_check.sh                  (also runs each preset with torchrun on 2 GPUs)
 #   COMPILE=1 scripts/gpu_check.sh                (adds --compile)
+#   PRECISION=fp32 scripts/gpu_check.sh           (--precision; default auto = bf16 autocast on a
+#                                                  GPU with native bf16; weights/m/v/file fp32 always)
 #
 # Budget: about 5-8 minutes on one H100/H200 (BPE tokenizer training on the default arms takes
 # ~30 s per run). Exits non-zero on the first failed check, saying which.
@@ -19,11 +21,17 @@ NPROC=${NPROC:-1}
 EXTRA=()
 [ "${COMPILE:-0}" = 1 ] && EXTRA+=(--compile)
 [ "$NPROC" -gt 1 ] && EXTRA+=(--nproc-per-node "$NPROC")
+PRECISION=${PRECISION:-auto}
+[ "$PRECISION" != auto ] && EXTRA+=(--precision "$PRECISION")
 
 fail() { echo "GPU CHECK FAILED: $*" >&2; exit 1; }
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
   || fail "torch sees no CUDA device"
-"$PY" -c "import torch; print('device:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
+INFO=$("$PY" -c "import torch; b = torch.cuda.is_bf16_supported(including_emulation=False)
+print('device:', torch.cuda.get_device_name(0), '| torch', torch.__version__, '| native bf16:', b)
+print(int(b))")
+echo "${INFO%$'\n'*}"
+NATIVE_BF16=${INFO##*$'\n'}   # 1: --precision auto must train in bf16 autocast
 
 check_preset() {
   local preset=$1 batch=$2 run="$WORK/$1"
@@ -65,6 +73,25 @@ EOF
     "$PY" -m proxy inspect "$f" > "$WORK/inspect.txt" || { cat "$WORK/inspect.txt"; fail "$f invalid"; }
     grep -E "^(header|size|valid)" "$WORK/inspect.txt" | sed "s|^|  $(basename "$f"): |"
   done
+  "$PY" - "$run" "$PRECISION" "$NATIVE_BF16" <<'EOF' || fail "$preset: precision / AdamW kernel / fp32 master weights"
+import glob, json, sys
+import numpy as np
+run, asked, native = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+hello = [json.loads(l) for l in open(f"{run}/.reports.jsonl") if '"hello"' in l][-1]
+print(f"  worker: precision {hello.get('precision')} | AdamW "
+      f"{'fused' if hello.get('fused_adamw') else 'foreach'} | compile {hello.get('compile')} | "
+      f"peak {hello.get('peak_source')}")
+want = ("bf16" if native else "fp32") if asked == "auto" else asked
+assert hello.get("precision") == want, f"precision {hello.get('precision')}, expected {want}"
+assert hello.get("fused_adamw") is True, "CUDA must use the fused AdamW kernel"
+# the newest checkpoint holds fp32 master weights, not bf16-rounded values (low 16 bits in use)
+f = sorted(glob.glob(f"{run}/step_*.bin"))[-1]
+n = int(np.fromfile(f, dtype=np.int32, count=2)[1])
+w = np.memmap(f, dtype=np.uint32, mode="r", offset=8, shape=(n,))[: 1 << 22]
+frac = float(((w[w != 0] & 0xFFFF) != 0).mean())
+print(f"  {f.rsplit('/', 1)[-1]}: {frac:.1%} of non-zero weights use the low 16 bits (fp32 master)")
+assert frac > 0.9, "weights look bf16-rounded: the fp32 master copy is lost"
+EOF
   "$PY" - "$run" <<'EOF'
 import json, statistics, sys
 recs = [r for r in json.load(open(f"{sys.argv[1]}/.loss.json")) if "step" in r]

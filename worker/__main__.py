@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-every", type=int, default=10000)
     ap.add_argument("--policy-timeout", type=float, default=120.0)
     ap.add_argument("--compile", action="store_true", help="torch.compile the training module")
+    ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                    help="auto: bf16 autocast on CUDA, fp32 on CPU; bf16: autocast on any device; "
+                         "fp32: none. Weights, m, v and checkpoints are fp32 always")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s")
@@ -40,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                          max_steps=args.max_steps, usr1_at=args.usr1_at, device=args.device,
                          parent_pid=args.parent_pid, keep_last=args.keep_last,
                          keep_every=args.keep_every, policy_timeout=args.policy_timeout,
-                         compile=args.compile)
+                         compile=args.compile, precision=args.precision)
     try:
         trainer = Trainer(opts, flags)
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback

@@ -33,7 +33,9 @@ class FlatAdamW:
     """AdamW whose m and v are the flat buffers `m` and `v` (float32, (n_params,)).
 
     `set_step(S)` sets every parameter's AdamW step to S (the resumed checkpoint's header step).
-    `fused=True` (the trainer passes it on CUDA) uses torch's fused AdamW; otherwise foreach.
+    `fused=True` (the trainer passes worker.precision.use_fused_adamw: on CUDA) uses torch's
+    fused AdamW, whose step tensors live on the parameters' device; otherwise foreach, step on
+    the host (`step_device`). Both kernels work on CPU (tests/test_optim_fused.py).
     """
 
     def __init__(self, model: GPT, cfg: RunConfig, fused: bool | None = None) -> None:
@@ -45,24 +47,26 @@ class FlatAdamW:
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": cfg.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
-        # fused kernels on CUDA (one launch for all parameters); foreach on CPU (issue 6)
+        # fused: one kernel launch for all parameters (CUDA; CPU in tests); else foreach
         kw = {"fused": True} if fused else {"foreach": True}
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                      eps=cfg.eps, **kw)
-        self._fused = bool(fused)
+        self.fused = bool(fused)
+        if self.fused and flat.device.type not in ("cuda", "cpu"):
+            # torch checks this only when it creates the state itself, which _bind_state pre-empts
+            raise RuntimeError(f"fused AdamW is not available on {flat.device.type}")
+        # fused kernels read `step` on the parameters' device; foreach keeps it on the host
+        self.step_device = flat.device if self.fused else torch.device("cpu")
         self._bind_state(0)
 
     def _bind_state(self, step: int) -> None:
-        off = 0
-        for (name, p), (_, _, table_off) in zip(self.model.named_parameters(), self.model.table):
+        for p, (_, _, table_off) in zip(self.model.parameters(), self.model.table):
             n = p.numel()
             self.opt.state[p] = {
-                "step": torch.tensor(float(step), dtype=torch.float32,
-                                     device=p.device if self._fused else "cpu"),
+                "step": torch.tensor(float(step), dtype=torch.float32, device=self.step_device),
                 "exp_avg": self.m[table_off:table_off + n].view_as(p),
                 "exp_avg_sq": self.v[table_off:table_off + n].view_as(p),
             }
-            off += n
 
     def set_step(self, step: int) -> None:
         for st in self.opt.state.values():
@@ -74,12 +78,27 @@ class FlatAdamW:
         self.opt.step()
 
     def check_views(self) -> None:
-        """Raise RuntimeError if AdamW replaced its state tensors (they would leave the flat
-        buffers and checkpoints would save stale m/v)."""
-        for p in self.model.parameters():
+        """Raise RuntimeError if AdamW replaced or moved its state: every parameter's exp_avg /
+        exp_avg_sq must be the view of `m` / `v` at its checkpoint offset (else checkpoints
+        would save stale moments), and its `step` a float32 scalar on `step_device` (the fused
+        kernel reads it there). Cheap: a loop over the parameters, no data read."""
+        for p, (name, _, off) in zip(self.model.parameters(), self.model.table):
             st = self.opt.state[p]
-            if st["exp_avg"].untyped_storage().data_ptr() != self.m.untyped_storage().data_ptr():
-                raise RuntimeError("AdamW replaced exp_avg; flat m buffer is stale")
+            for key, buf in (("exp_avg", self.m), ("exp_avg_sq", self.v)):
+                t = st[key]
+                want = buf.data_ptr() + off * buf.element_size()
+                if (t.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+                        or t.data_ptr() != want or t.shape != p.shape):
+                    raise RuntimeError(f"AdamW replaced {key} of {name}; the flat "
+                                       f"{'m' if key == 'exp_avg' else 'v'} buffer is stale")
+            s = st["step"]
+            if s.device != self.step_device or s.dtype != torch.float32 or s.dim() != 0:
+                raise RuntimeError(f"AdamW step of {name} is {s.dtype} on {s.device}, expected a "
+                                   f"float32 scalar on {self.step_device}")
+
+    def steps(self) -> set[float]:
+        """The distinct AdamW step values over the parameters (one value when in sync)."""
+        return {float(st["step"]) for st in self.opt.state.values()}
 
     def zero_grad(self) -> None:
         self.opt.zero_grad(set_to_none=True)

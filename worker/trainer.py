@@ -34,6 +34,7 @@ from worker.data import ArmSampler
 from worker.model import GPT
 from worker.optim import FlatAdamW, learning_rate
 from worker.perf import device_peak_flops, mfu
+from worker import precision as wprec
 from worker import fault_injection
 from worker.signals import SignalFlags, Usr1Requests
 
@@ -60,6 +61,7 @@ class WorkerOptions:
     max_nonfinite: int = 5           # consecutive non-finite steps before the run stops
     audit_tokens: int = 48           # tokens generated per arm per sample audit
     compile: bool = False            # torch.compile the training module (issue 6)
+    precision: str = "auto"          # auto, fp32, bf16: worker/precision.py (issue 6)
 
 
 class _NoReports:
@@ -98,14 +100,16 @@ class Trainer:
                 f"{self.layout.run_json}: batch_size={self.cfg.batch_size} is not divisible by "
                 f"the world size {self.world_size}: each rank takes an equal slice of the global "
                 "batch; pick --nproc-per-node/--nnodes that divide it")
-        if self.device.type == "cuda":  # TF32 for any fp32 matmul left outside autocast
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        self.precision = wprec.resolve_precision(opts.precision, self.device)  # "bf16" / "fp32"
+        if self.device.type == "cuda":  # TF32 for fp32 matmuls left outside bf16 autocast only:
+            tf32 = self.precision == "bf16"  # --precision fp32 means true fp32 matmuls
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
         self.tokenizer = RunTokenizer.load(self.layout.tokenizer)
         self.sampler = ArmSampler(self.layout.root, read_arm_index(self.layout), self.cfg.model.block_size)
         self.model = GPT(self.cfg.model, self.cfg.vocab_size, self.cfg.dropout, seed=self.cfg.seed)
         self.model.to_device(self.device)
-        self.opt = FlatAdamW(self.model, self.cfg, fused=self.device.type == "cuda")
+        self.opt = FlatAdamW(self.model, self.cfg, fused=wprec.use_fused_adamw(self.device))
         self.step = 0
         self.resumed_from = 0
         if opts.resume_from is not None:
@@ -114,6 +118,8 @@ class Trainer:
         self.flops_per_token = self.model.flops_per_token()
         self.peak_flops, self.peak_source = (device_peak_flops(self.device) if self.rank == 0
                                              else (None, "rank 0 measures"))
+        if self.device.type == "cuda" and self.precision == "fp32" and self.peak_flops:
+            self.peak_source += " (training in fp32: MFU is against the bf16 peak)"
         self.reports = ReportWriter(self.layout) if self.rank == 0 else _NoReports()
         self.ckpt = (Checkpointer(self.layout.root, self.model.n_params, opts.keep_last,
                                   opts.keep_every, pin_memory=self.device.type == "cuda",
@@ -125,6 +131,13 @@ class Trainer:
         self.nonfinite_run = 0
         self._probe_cache: dict[str, torch.Tensor] = {}
         self._policy: tuple[int, dict] | None = None
+        self._views_checked = False   # FlatAdamW.check_views after this incarnation's 1st update
+        if self.rank == 0:
+            log.info("training on %s: precision %s (%s), AdamW %s, torch.compile %s",
+                     self.device, self.precision,
+                     "bf16 autocast, fp32 weights/m/v/file" if self.precision == "bf16"
+                     else "no autocast", "fused" if self.opt.fused else "foreach",
+                     "on" if opts.compile else "off")
 
     # ------------------------------------------------------------------ set-up
     def _wrap_for_training(self) -> torch.nn.Module:
@@ -165,7 +178,9 @@ class Trainer:
         info = {"pid": os.getpid(), "n_params": self.model.n_params,
                 "resumed_from": self.resumed_from, "device": str(self.device),
                 "world_size": self.world_size, "started_at": time.time(),
-                "peak_flops": self.peak_flops, "peak_source": self.peak_source}
+                "peak_flops": self.peak_flops, "peak_source": self.peak_source,
+                "precision": self.precision, "fused_adamw": self.opt.fused,
+                "compile": self.opts.compile}
         pid = os.getpid()
 
         def change(d: dict) -> None:
@@ -200,11 +215,11 @@ class Trainer:
     def _seq_losses(self, x: torch.Tensor, y: torch.Tensor,
                     module: torch.nn.Module | None = None) -> torch.Tensor:
         """Mean next-token loss per sequence, float32 (b,). `module`: the training module (DDP /
-        compiled) or, by default, the unwrapped model (probes: no collective). On CUDA the
-        forward runs under bf16 autocast; weights, m and v stay fp32 (issue 6)."""
+        compiled) or, by default, the unwrapped model (probes: no collective). The forward
+        runs under worker/precision.py `autocast` (bf16 for --precision bf16, and auto on
+        CUDA); weights, m and v stay fp32 (issue 6). The loss is computed in fp32."""
         module = self.model if module is None else module
-        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
-                            enabled=self.device.type == "cuda"):
+        with wprec.autocast(self.device, self.precision):
             logits = module(x.to(self.device, non_blocking=True))
         tok = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
                               y.to(self.device, non_blocking=True).reshape(-1), reduction="none")
@@ -247,6 +262,9 @@ class Trainer:
         if math.isfinite(loss_v) and math.isfinite(gnorm_v):
             self.ckpt.wait_copied()  # a deferred checkpoint copy must not see this update
             self.opt.step(lr)
+            if not self._views_checked:  # m/v still the flat buffers the checkpoints copy
+                self.opt.check_views()
+                self._views_checked = True
             self.nonfinite_run = 0
         else:  # SPEC section 9: the step is not applied, the event is recorded
             self.opt.zero_grad()

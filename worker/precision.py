@@ -1,0 +1,61 @@
+"""Arithmetic of the training step (issue 6): bf16 autocast or plain fp32, and which AdamW kernel.
+
+`--precision` (worker option, passed through by `python -m proxy run --precision`):
+
+  auto  bf16 autocast on CUDA when the GPU has native bf16 (Ampere and newer), else fp32;
+        fp32 on CPU (the behaviour before the option existed)
+  bf16  torch.autocast(device_type=<the device's type>, dtype=torch.bfloat16), on CPU too
+  fp32  no autocast anywhere (and, on CUDA, no TF32: fp32 matmuls are true fp32; with bf16 the
+        trainer enables TF32 for the fp32 matmuls left outside autocast)
+
+Whatever the precision, the weights (`GPT.flat`), AdamW's m and v and the checkpoint file stay
+float32: autocast only changes the dtype the forward's matmuls (and their backward) compute in;
+the parameters it casts are temporary bf16 copies, the gradients land in the fp32 `.grad`.
+
+`autocast(device, precision)` is the one place the training code opens an autocast region: the
+training forward, the held-out probes (which feed the bandit) and nothing else (sample audits
+generate in fp32). `resolve_precision` is the one place `auto` is decided.
+
+The AdamW kernel: fused on CUDA, foreach on CPU (`use_fused_adamw`). The environment variable
+`ANDREA_TEST_FUSED_ADAMW=1` selects the fused kernel on CPU as well (torch supports it there),
+so the tests can run the CUDA path's optimizer in a real worker; `=0` forces foreach.
+
+What it is not: the model (worker/model.py) or the optimizer's flat buffers (worker/optim.py).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def resolve_precision(requested: str, device: torch.device) -> str:
+    """The precision a worker on `device` trains in for `--precision requested`: "bf16" or
+    "fp32". Raises ValueError for an unknown value, or for bf16 on a CUDA device without native
+    bf16 (V100, T4: autocast would silently fall back or run emulated kernels)."""
+    if requested not in PRECISIONS:
+        raise ValueError(f"--precision {requested!r}: choose one of {', '.join(PRECISIONS)}")
+    cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    if requested == "auto":
+        return "bf16" if cuda_bf16 else "fp32"
+    if requested == "bf16" and device.type == "cuda" and not cuda_bf16:
+        raise ValueError(f"--precision bf16: {torch.cuda.get_device_name(device)} has no native "
+                         "bf16; use --precision fp32 (or auto)")
+    return requested
+
+
+def autocast(device: torch.device, precision: str):
+    """The autocast context for a forward pass in resolved `precision` ("bf16" or "fp32") on
+    `device`: bf16 autocast of the device's type, or a disabled (no-op) autocast for fp32."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                          enabled=precision == "bf16")
+
+
+def use_fused_adamw(device: torch.device) -> bool:
+    """Fused AdamW on CUDA, foreach elsewhere; ANDREA_TEST_FUSED_ADAMW=1/0 overrides (tests)."""
+    env = os.environ.get("ANDREA_TEST_FUSED_ADAMW", "")
+    if env in ("0", "1"):
+        return env == "1"
+    return device.type == "cuda"
