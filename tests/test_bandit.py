@@ -447,3 +447,39 @@ def test_bandit_keyed_by_name_not_position():
     a = replay(ARMS, {}, {}, cfg, recs, 0, "x", 0)
     b = replay(list(reversed(ARMS)), {}, {}, cfg, recs, 0, "x", 0)
     assert a.to_dict() == b.to_dict()
+
+
+def test_centred_progress_ignores_a_trend_common_to_every_arm():
+    """heldout_progress with center_progress (default): adding the same amount to every arm's
+    probe loss at a probe changes nothing -- not the weights, the scaler or the EMAs -- while
+    the arms' differences still move the policy. Without centring the shared trend drives the
+    percentile scaler and the state differs (the negative control)."""
+    import random as _random
+    rng = _random.Random(5)
+    base = {"a": 3.0, "b": 3.2, "c": 3.4}
+    rate = {"a": 0.004, "b": 0.002, "c": 0.001}            # a improves fastest
+    recs, shifted = [], []
+    for k in range(1, 201):
+        rec = {"step": k, "phase_index": 0, "arms": {"a": 3, "b": 3, "c": 2}}
+        if k % 5 == 0:
+            probe = {x: base[x] - rate[x] * k + rng.random() * 1e-3 for x in base}
+            trend = 2.0 / k                                  # fast at first, slower later
+            recs.append(rec | {"probe": probe})
+            shifted.append(rec | {"probe": {x: v + trend for x, v in probe.items()}})
+        else:
+            recs.append(rec)
+            shifted.append(rec)
+    for centre in (True, False):
+        cfg = BanditConfig(warmup_steps=0, center_progress=centre)
+        x, y = Bandit(["a", "b", "c"], None, None, cfg), Bandit(["a", "b", "c"], None, None, cfg)
+        for r, s in zip(recs, shifted):
+            x.observe(r)
+            y.observe(s)
+        same = all(abs(x.probabilities()[a] - y.probabilities()[a]) < 1e-9
+                   and abs(x.ema_reward[a] - y.ema_reward[a]) < 1e-9 for a in base)
+        if centre:                                          # equal up to float rounding
+            assert same and x.updates > 30
+            p = x.probabilities()
+            assert p["a"] > p["b"] > p["c"], p
+        else:
+            assert not same
