@@ -199,12 +199,14 @@ def plan_arm_set(layout: RunLayout, cfg: RunConfig, new_specs: list[ArmSpec],
                 f"back with its statistics, or give the new source a new name")
         why = check_source(s, a.fingerprint, a.source_fingerprint)
         if why:
-            raise ConfigError(f"--arm {s.name}: cannot bring arm {s.name} back: {why}; give the "
-                              "changed source a new name")
+            raise ConfigError(f"--arm {s.name}: cannot bring arm {s.name} back: {why}; restore "
+                              f"the source it had, or train on the new one under a new name")
         rejoining.append(s.name)
-    removed = [n for n in old if n not in set(names)]
-    plan = ArmSetPlan(list(new_specs), added, rejoining, removed)
     active_now = {n for n, a in index.items() if not a.retired}
+    # what is left out: the configured arms, and any arm active in the index that run.json does
+    # not list (a proxy killed between the two writes of commit_arm_set)
+    removed = [n for n in list(old) + sorted(active_now - set(old)) if n not in set(names)]
+    plan = ArmSetPlan(list(new_specs), added, rejoining, removed)
     active = sorted((active_now - set(removed)) | {s.name for s in added} | set(rejoining))
     if not active:
         raise ConfigError("--arm: no arm would be left to train on; keep at least one")
@@ -223,19 +225,26 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
     changes in `data/arms.json` (stamped with the resume step by the supervisor), then rewrite
     run.json's arm list. Returns the updated RunConfig."""
     from shared.tokenizer import RunTokenizer
-    prepared = []
+    prepared: list[ArmData] = []
     if plan.added:
         tok = RunTokenizer.load(layout.tokenizer)
-        prepared = [prepare_arm(s, tok, layout, cfg) for s in plan.added]
+        try:
+            for s in plan.added:
+                prepared.append(prepare_arm(s, tok, layout, cfg))
+        except Exception:
+            for a in prepared:  # a later arm was refused: leave no token file of this attempt
+                if a.kind != "tokens":
+                    (layout.root / a.path).unlink(missing_ok=True)
+            raise
     d = _load(layout)
     for a in prepared:
         entry = dataclasses.asdict(a)
         d["arms"].append(entry)
     retired_now = {a["name"] for a in d["arms"] if a.get("retired")}
+    leaving = [n for n in plan.removed if n not in retired_now]
     new = [(None, "add", a.name, "added to --arm on a restart") for a in prepared]
     new += [(None, "add", n, "listed in --arm again on a restart") for n in plan.rejoining]
-    new += [(None, "retire", n, "left out of --arm on a restart") for n in plan.removed
-            if n not in retired_now]
+    new += [(None, "retire", n, "left out of --arm on a restart") for n in leaving]
     if "changes" not in d:
         _store(d, _changes_of(d))
     append_changes(layout, new, d)
@@ -244,9 +253,11 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
                  a.name, a.kind, a.source, f"{a.n_tokens:,}")
     for n in plan.rejoining:
         log.info("arm %s re-joins with its statistics", n)
-    for n in plan.removed:
+    for n in leaving:
         log.info("arm %s removed: retired at the resume step (statistics kept in .state.json "
                  "under 'retired')", n)
+    for n in sorted(set(plan.removed) - set(leaving)):
+        log.info("arm %s (already retired) dropped from the arm list", n)
     cfg.arms = list(plan.new_specs)
     atomic_write_json(layout.run_json, cfg.to_json())
     return cfg

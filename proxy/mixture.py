@@ -50,10 +50,10 @@ class MixtureController:
         and the changes up to the phase start applied. Raises BanditConfigError (bounds)."""
         self.phase = phase
         self.period = period
+        present = arms_present_at(arm_names, list(changes or []), phase.start_step)
         self.changes = sorted((c for c in (changes or []) if c.step is not None),
-                              key=lambda c: c.id)
+                              key=lambda c: c.id)  # pending ones (step null) wait for a start
         self.applied: set[int] = set()
-        present = arms_present_at(arm_names, self.changes, phase.start_step)
         self.bandit = Bandit(present, {a: v for a, v in phase.floors.items() if a in present},
                              {a: v for a, v in phase.caps.items() if a in present},
                              BanditConfig(reward=reward, warmup_steps=warmup),

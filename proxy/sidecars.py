@@ -76,7 +76,7 @@ def replay_run(layout, cfg, step: int, changes: list | None = None):
     from shared.arm_data import read_arm_index
     from shared.loss_history import read_records
     if changes is None:
-        changes = [c for c in read_changes(layout) if c.step is not None]
+        changes = read_changes(layout)
     phases = [p for p in read_phases(layout) if p.start_step <= step] or read_phases(layout)[:1]
     ph = phases[-1]
     mix = MixtureController(sorted(read_arm_index(layout, include_retired=True)), ph, cfg.reward,

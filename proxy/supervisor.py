@@ -170,8 +170,15 @@ class Supervisor:
                         self.layout.loss.name, history.last_step, step)
 
     def _prepare_mixture(self, step: int) -> MixtureController:
-        phases = read_phases(self.layout)
-        phases = [p for p in phases if p.start_step <= step] or phases[:1]
+        every = read_phases(self.layout)
+        phases = [p for p in every if p.start_step <= step] or every[:1]
+        if len(phases) < len(every):  # resumed from before a pivot: those phases never happened
+            gone = [p for p in every if p not in phases]
+            log.warning("resuming from step %d, before the start of phase(s) %s: removed from %s "
+                        "(their archives stay under archive/)", step,
+                        ", ".join(f"{p.index} {p.label!r} at step {p.start_step}" for p in gone),
+                        self.layout.phases.name)
+            write_phases(self.layout, phases)
         mix = self._rebuild(phases[-1], step)
         self._arms_changed_now = mix.apply_changes(step)
         if self.opts.pivot is not None:

@@ -21,8 +21,8 @@ import numpy as np
 
 from shared.arms import ArmSourceError, fingerprint_file, fingerprint_text, read_arm_text, \
     source_fingerprint
-from shared.atomic_io import atomic_write_json
-from shared.config import ArmSpec, RunConfig
+from shared.atomic_io import atomic_write_bytes, atomic_write_json
+from shared.config import ArmSpec, RunConfig, check_arm_name
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
 
@@ -57,7 +57,10 @@ def heldout_size(n_tokens: int, cfg: RunConfig) -> int:
 
 def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConfig,
                 text: str | None = None) -> ArmData:
-    """Tokenize one arm into the run directory. Raises ArmSourceError when it is too small."""
+    """Tokenize one arm into `data/<name>.u16` (written atomically, only after the checks pass,
+    so a refused arm leaves nothing behind). Raises ArmSourceError when it is too small, or a
+    token file holds ids outside the vocabulary; ConfigError for an unsafe name."""
+    check_arm_name(arm.name)
     if arm.kind == "tokens":
         src = Path(arm.source).expanduser().resolve()
         if not src.is_file():
@@ -73,9 +76,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
         text = read_arm_text(arm) if text is None else text
         ids = tok.encode(text).astype(np.uint16)
         n = len(ids)
-        rel = Path("data") / f"{arm.name}.u16"
-        ids.tofile(layout.root / rel)
-        path, fp = str(rel), fingerprint_text(text)
+        path, fp = str(Path("data") / f"{arm.name}.u16"), fingerprint_text(text)
     try:
         sfp = source_fingerprint(arm)
     except ArmSourceError:
@@ -85,6 +86,8 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
         raise ArmSourceError(
             f"arm {arm.name}: {n:,} tokens is too small for context {cfg.model.block_size} "
             f"plus {hold:,} held-out tokens; give it more text")
+    if arm.kind != "tokens":  # only once it is accepted, and whole (atomic_write_bytes)
+        atomic_write_bytes(layout.root / path, ids.tobytes())
     return ArmData(arm.name, arm.kind, arm.source, fp, path, n, n - hold, sfp, field=arm.field)
 
 

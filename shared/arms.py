@@ -21,7 +21,7 @@ import sysconfig
 import warnings
 from pathlib import Path
 
-from shared.config import ArmSpec, ConfigError
+from shared.config import ArmSpec, ConfigError, check_arm_name
 
 MAX_ARM_BYTES = 2_000_000  # text per arm read at creation; bounds tokenizer training and disk
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3", "turtledemo"}
@@ -189,6 +189,7 @@ def parse_arm_option(text: str) -> ArmSpec:
     if not sep or not sep2 or not name or not source:
         raise ConfigError(f"--arm {text!r}: expected NAME=KIND:SOURCE[:FIELD] "
                           "with KIND one of text, jsonl, tokens")
+    check_arm_name(name, f"--arm {text!r}")
     field = "text"
     if kind == "jsonl" and ":" in source:
         source, field = source.rsplit(":", 1)

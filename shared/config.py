@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +93,18 @@ def count_parameters(shape: ModelShape, vocab_size: int) -> int:
     """Exact number of float32 parameters of `shape` with `vocab_size` tokens."""
     name, shp, off = parameter_table(shape, vocab_size)[-1]
     return off + math.prod(shp)
+
+
+ARM_NAME_RULE = "1-64 characters from letters, digits, '_', '-' and '.', starting with a letter or digit"
+_ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_arm_name(name: str, where: str = "arm") -> None:
+    """Raise ConfigError unless `name` is a safe arm name: it names the file `data/<name>.u16`
+    and keys every statistic, so no '/', no '..', nothing hidden (issue 5)."""
+    if not isinstance(name, str) or not _ARM_NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"{where}: arm name {name!r} is not allowed; use {ARM_NAME_RULE} "
+                          "(the name becomes the file data/<name>.u16)")
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,8 @@ class RunConfig:
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names) or not names:
             raise ConfigError(f"arm names must be unique and non-empty, got {names}")
+        for n in names:
+            check_arm_name(n)
         if self.n_params > INT32_MAX:
             raise ConfigError(
                 f"{self.preset}: {self.n_params:,} parameters exceed the checkpoint format's "

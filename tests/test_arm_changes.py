@@ -99,8 +99,13 @@ def test_bad_arm_lists_on_a_restart_are_refused_and_nothing_is_written(tmp_path)
     r = run_proxy(run, "--max-steps", "10", *COMMON, "--caps", "a=0.5,b=0.4,c=0.3",
                   *arms("a", "b", "c"))
     assert r.returncode == 0, r.stderr[-3000:]
-    files = {p: p.read_bytes() for p in (run / "run.json", run / "data" / "arms.json")}
+    (src / "tiny.txt").write_text("too small")
+    files = {p: p.read_bytes() for p in (run / "run.json", run / "data" / "arms.json",
+                                         run / "data" / "a.u16")}
     cases = [(arms("a", "c"), "sum of caps"),                     # 0.5 + 0.3 cannot hold a batch
+             (arms("a", "b", "c") + ["--arm", f"./a=text:{src / 'd.txt'}"], "is not allowed"),
+             (arms("a", "b", "c") + ["--arm", f"../../x=text:{src / 'd.txt'}"], "is not allowed"),
+             (arms("a", "b", "c", "d") + ["--arm", f"e=text:{src / 'tiny.txt'}"], "too small"),
              (["--arm", f"a=text:{src / 'd.txt'}", *arms("b", "c")], "cannot change under the same name"),
              (arms("a", "b", "c") + ["--arm", f"e=text:{src / 'missing.txt'}"], "matches no file"),
              (arms("a", "b", "c", "c"), "more than once")]
@@ -108,7 +113,35 @@ def test_bad_arm_lists_on_a_restart_are_refused_and_nothing_is_written(tmp_path)
         r = run_proxy(run, "--max-steps", "20", *COMMON, *args)
         assert r.returncode == 2 and words in r.stderr, (args, r.stderr[-2000:])
         assert {p: p.read_bytes() for p in files} == files
+        assert sorted(x.name for x in (run / "data").iterdir()) == ["a.u16", "arms.json", "b.u16", "c.u16"]
+        assert not list(tmp_path.glob("*.u16"))
     assert loss_records(run)[-1]["step"] == 10
+
+
+def test_an_active_arm_missing_from_run_json_is_still_retired_when_left_out(tmp_path):
+    """A proxy killed between the two writes of a change (data/arms.json, then run.json) leaves
+    an active arm that run.json does not list; leaving it out of --arm must still retire it."""
+    arms = _sources(tmp_path)
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "10", *COMMON, *arms("a", "b")).returncode == 0
+    assert run_proxy(run, "--max-steps", "20", *COMMON, *arms("a", "b", "d")).returncode == 0
+    cfg = json.loads((run / "run.json").read_text())
+    cfg["arms"] = [x for x in cfg["arms"] if x["name"] != "d"]   # as if killed before run.json
+    (run / "run.json").write_text(json.dumps(cfg))
+    r = run_proxy(run, "--max-steps", "30", *COMMON, *arms("a", "b"))
+    assert r.returncode == 0 and "arm d removed" in r.stderr, r.stderr[-3000:]
+    assert read_arm_index(RunLayout(run), include_retired=True)["d"].retired["step"] == 20
+    assert all(x["arms"].get("d", 0) == 0 for x in loss_records(run)[20:])
+
+
+def test_bad_arm_names_are_refused_by_name():
+    import pytest
+    from shared.arms import parse_arm_option
+    from shared.config import ConfigError
+    for bad in ("./a", "../x", "x/y", ".hidden", "a b", "a..b", "x" * 65):
+        with pytest.raises(ConfigError, match="is not allowed"):
+            parse_arm_option(f"{bad}=text:/tmp/x.txt")
+    assert parse_arm_option("web-2.v1_b=text:/tmp/x.txt").name == "web-2.v1_b"
 
 
 def test_a_rejoining_arm_whose_source_changed_is_refused(tmp_path):
@@ -221,3 +254,32 @@ def test_an_audit_fork_has_the_arms_of_its_checkpoint(tmp_path):
         assert set(st["arms"]) == active and set(st["retired"]) == retired
         assert set(st["added"]) == ({"d"} if at == 30 else set())
         assert all(set(x["p"]) == active for x in loss_records(fork)[at:])
+
+
+def test_falling_back_to_before_a_pivot_drops_that_phase_for_good(tmp_path):
+    """The newest checkpoints are corrupt and the resume lands before a pivot: the pivot's
+    phase never happened, so phases.json must lose it (else a later restart jumps into it and
+    replay no longer matches .state.json)."""
+    arms = _sources(tmp_path)
+    run = tmp_path / "run"
+    keep = ["--keep-last", "10"]
+    assert run_proxy(run, "--max-steps", "20", *COMMON, *keep, *arms("a", "b")).returncode == 0
+    r = run_proxy(run, "--max-steps", "40", *COMMON, *keep, "--pivot-label", "v2",
+                  "--pivot-caps", "a=0.6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [p["start_step"] for p in json.loads((run / "phases.json").read_text())["phases"]] == [0, 20]
+    for s in (20, 30, 40):                                   # corrupt: resume falls back to 10
+        f = run / f"step_{s:06d}.bin"
+        b = bytearray(f.read_bytes())
+        b[-1] ^= 0xFF
+        f.write_bytes(bytes(b))
+    r = run_proxy(run, "--max-steps", "40", *COMMON, *keep)
+    assert r.returncode == 0 and "before the start of phase(s) 1 'v2'" in r.stderr, r.stderr[-3000:]
+    assert [p["start_step"] for p in json.loads((run / "phases.json").read_text())["phases"]] == [0]
+    r = run_proxy(run, "--max-steps", "50", *COMMON, *keep)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = loss_records(run)
+    assert [x["step"] for x in recs] == list(range(1, 51))
+    assert all(x["phase"]["index"] == 0 for x in recs)
+    layout = RunLayout(run)
+    assert replay_run(layout, load_run_config(layout.run_json), 50).bandit.to_dict() == _state(run)
