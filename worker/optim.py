@@ -33,7 +33,7 @@ class FlatAdamW:
     """AdamW whose m and v are the flat buffers `m` and `v` (float32, (n_params,)).
 
     `set_step(S)` sets every parameter's AdamW step to S (the resumed checkpoint's header step).
-    `fused=True` (the trainer passes worker.precision.use_fused_adamw: on CUDA) uses torch's
+    `fused=True` (the trainer passes worker.precision.use_fused_adamw: CUDA and CPU) uses torch's
     fused AdamW, whose step tensors live on the parameters' device; otherwise foreach, step on
     the host (`step_device`). Both kernels work on CPU (tests/test_optim_fused.py).
     """
@@ -47,7 +47,7 @@ class FlatAdamW:
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": cfg.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
-        # fused: one kernel launch for all parameters (CUDA; CPU in tests); else foreach
+        # fused: one kernel for all parameters (CUDA and CPU); else foreach
         kw = {"fused": True} if fused else {"foreach": True}
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                      eps=cfg.eps, **kw)

@@ -16,9 +16,10 @@ the parameters it casts are temporary bf16 copies, the gradients land in the fp3
 training forward, the held-out probes (which feed the bandit) and nothing else (sample audits
 generate in fp32). `resolve_precision` is the one place `auto` is decided.
 
-The AdamW kernel: fused on CUDA, foreach on CPU (`use_fused_adamw`). The environment variable
-`ANDREA_TEST_FUSED_ADAMW=1` selects the fused kernel on CPU as well (torch supports it there),
-so the tests can run the CUDA path's optimizer in a real worker; `=0` forces foreach.
+The AdamW kernel (`use_fused_adamw`): torch's fused kernel on CUDA and on CPU (one pass over
+all parameters; on CPU it takes 0.010 s per andrea-12m update where foreach takes 0.049 s, 2 %
+of a step), foreach on any other device. The environment variable `ANDREA_TEST_FUSED_ADAMW=0`
+forces foreach (`=1` fused) so tests can compare the two kernels in a real worker.
 
 What it is not: the model (worker/model.py) or the optimizer's flat buffers (worker/optim.py).
 """
@@ -54,8 +55,8 @@ def autocast(device: torch.device, precision: str):
 
 
 def use_fused_adamw(device: torch.device) -> bool:
-    """Fused AdamW on CUDA, foreach elsewhere; ANDREA_TEST_FUSED_ADAMW=1/0 overrides (tests)."""
+    """Fused AdamW on CUDA and CPU, foreach elsewhere; ANDREA_TEST_FUSED_ADAMW=1/0 overrides."""
     env = os.environ.get("ANDREA_TEST_FUSED_ADAMW", "")
     if env in ("0", "1"):
         return env == "1"
-    return device.type == "cuda"
+    return device.type in ("cuda", "cpu")
