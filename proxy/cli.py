@@ -133,10 +133,6 @@ def _check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
     if a.caps or a.floors:
         raise ConfigError("--caps/--floors on an existing run would change the policy mid-phase; "
                           "use `python -m proxy pivot --run-dir DIR --caps ... --floors ...`")
-    if a.max_steps is not None and a.max_steps != cfg.max_steps:
-        log.warning("--max-steps %d differs from the planned %d: the learning-rate schedule stays "
-                    "the one planned at creation (cosine to step %d, flat after)",
-                    a.max_steps, cfg.max_steps, cfg.lr_decay_steps)
 
 
 def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:

@@ -74,8 +74,8 @@ class MixtureController:
         """Apply, in log order, every arm change with step <= `upto_step` not applied yet: a
         retire of an active arm (Bandit.retire), an add of an arm not active (Bandit.add_arm:
         a retired arm re-joins with its statistics, a new one starts fresh, with the phase's
-        bounds for it). Policies of periods starting after the change's step are re-posted
-        (a retired arm has p = 0 by omission). Returns the names changed. Raises
+        bounds for it). Policies of periods with steps after the change's step are re-posted,
+        the one in progress included (a retired arm has p = 0 by omission). Returns the names changed. Raises
         BanditConfigError when the remaining caps cannot hold a batch (Bandit.retire)."""
         done = []
         for c in self.changes:
@@ -90,8 +90,8 @@ class MixtureController:
             else:
                 continue
             p = self.bandit.probabilities()
-            for v in self.policies:
-                if v * self.period + 1 > c.step:
+            for v in self.policies:  # every period with steps after the change, the current too
+                if (v + 1) * self.period > c.step:
                     self.policies[v] = dict(p)
             done.append(c.arm)
         return done

@@ -233,7 +233,9 @@ def cmd_pivot(a) -> int:
     proc = start_detached(layout, [*run_args, "--pivot-label", label,
                                    "--pivot-caps", a.caps, "--pivot-floors", a.floors])
     print(f"pivot: new proxy pid {proc.pid} (detached; output in "
-          f"{layout.logs / 'proxy.console.log'})", flush=True)
+          f"{layout.logs / 'proxy.console.log'}), training to step {planned:,} with run options: "
+          f"{' '.join(shlex.quote(x) for x in run_args) or '(none: run.json settings)'}",
+          flush=True)
     return 0
 
 

@@ -38,6 +38,16 @@ def _read_json(path, default=None):
         return default
 
 
+def loss_ema(records: list[dict]) -> float | None:
+    """EMA (alpha EMA_ALPHA) of the finite "loss" values of `records` in order; None if none."""
+    ema = None
+    for r in records:
+        x = r.get("loss")
+        if isinstance(x, (int, float)) and math.isfinite(x):
+            ema = x if ema is None else (1 - EMA_ALPHA) * ema + EMA_ALPHA * x
+    return ema
+
+
 def tail_records(path, nbytes: int = TAIL_BYTES) -> list[dict]:
     """The complete records in the last `nbytes` of a `.loss.json` (one record per line), in
     order; a torn or partial line is skipped."""
@@ -104,12 +114,7 @@ def collect_status(run_dir) -> dict:
     last = recs[-1] if recs else None
     d["step"] = last["step"] if last else 0
     d["loss"] = last.get("loss") if last else None
-    ema = None
-    for r in recs:
-        x = r.get("loss")
-        if isinstance(x, (int, float)) and math.isfinite(x):
-            ema = x if ema is None else (1 - EMA_ALPHA) * ema + EMA_ALPHA * x
-    d["loss_ema"] = ema
+    d["loss_ema"] = loss_ema(recs)
     recent = recs[-20:]
     times = [r.get("step_time") for r in recent if isinstance(r.get("step_time"), (int, float))]
     tok_per_step = cfg.batch_size * cfg.model.block_size

@@ -323,15 +323,21 @@ class Supervisor:
             update_handshake(self.layout, lambda d: d["control"].update(
                 stop_at_step=stop_at, reason="pivot"))
         self._post_policies(mix, policy_period(step + 1, self.cfg.probe_every))
+        self.stats = LiveStats(step=step, ema=self._history_ema())
         if step >= self.max_steps:
             log.info("step %d already reaches --max-steps %d: nothing to do", step, self.max_steps)
             return "done", 0
         if self.stop_requested:
             return "done", 0
         log.info("starting worker: %s", f"resume from {resume.name}" if resume else "fresh run")
-        self.stats = LiveStats(step=step)
         self.proc = self._spawn(resume)
         return self._watch(mix, samples, history)
+
+    def _history_ema(self) -> float | None:
+        """The loss EMA over the history's tail, as `status` computes it, so the progress line
+        and `status` agree after a restart."""
+        from proxy.status import loss_ema, tail_records
+        return loss_ema(tail_records(self.layout.loss))
 
     def _check_state_file(self, mix: MixtureController, step: int) -> None:
         st = read_json_tolerant(self.layout.state, None)

@@ -181,14 +181,23 @@ def fingerprint_file(path: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
+EMBEDDED_KINDS = ("python-docstrings", "python-code", "python-docs")
+
+
 def parse_arm_option(text: str) -> ArmSpec:
     """Parse `--arm NAME=KIND:SOURCE[:FIELD]`, e.g. `notes=text:docs/*.md`,
-    `chat=jsonl:data.jsonl:content`, `web=tokens:train.bin`. Raises ConfigError."""
+    `chat=jsonl:data.jsonl:content`, `web=tokens:train.bin`, or `NAME=KIND` for an embedded
+    kind (python-docstrings, python-code, python-docs: `repo-code=python-code` is the default
+    arm, so a restart can keep some default arms and leave others out). Raises ConfigError."""
     name, sep, rest = text.partition("=")
     kind, sep2, source = rest.partition(":")
+    if sep and name and kind in EMBEDDED_KINDS and not source:
+        check_arm_name(name, f"--arm {text!r}")
+        return ArmSpec(name=name, kind=kind)
     if not sep or not sep2 or not name or not source:
-        raise ConfigError(f"--arm {text!r}: expected NAME=KIND:SOURCE[:FIELD] "
-                          "with KIND one of text, jsonl, tokens")
+        raise ConfigError(f"--arm {text!r}: expected NAME=KIND:SOURCE[:FIELD] with KIND one of "
+                          f"text, jsonl, tokens, or NAME=KIND with KIND one of "
+                          f"{', '.join(EMBEDDED_KINDS)} (the defaults)")
     check_arm_name(name, f"--arm {text!r}")
     field = "text"
     if kind == "jsonl" and ":" in source:

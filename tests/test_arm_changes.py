@@ -75,6 +75,10 @@ def test_reorder_remove_add_and_rejoin_keep_each_arms_statistics_by_name(tmp_pat
         assert st["arms"][n]["pulls_lifetime"] == _pulls(recs, n), n
     assert st["arms"]["d"]["ema_n"] > 0              # d earned rewards after its first probe
     assert replay_run(layout, load_run_config(layout.run_json), 50).bandit.to_dict() == st
+    # the proxy's loss EMA (progress line, .status.json) carries across restarts as `status`'s
+    from proxy.status import loss_ema, tail_records
+    assert abs(json.loads((run / ".status.json").read_text())["loss_ema"]
+               - loss_ema(tail_records(layout.loss))) < 1e-6
 
     # b listed again: it re-joins with its statistics (same phase: pulls, EMA, probe baseline)
     r = run_proxy(run, "--max-steps", "70", *COMMON, *arms("a", "b", "c", "d"))
@@ -283,3 +287,25 @@ def test_falling_back_to_before_a_pivot_drops_that_phase_for_good(tmp_path):
     assert all(x["phase"]["index"] == 0 for x in recs)
     layout = RunLayout(run)
     assert replay_run(layout, load_run_config(layout.run_json), 50).bandit.to_dict() == _state(run)
+
+
+def test_a_change_inside_a_period_reposts_the_policy_in_progress():
+    """A restart from a checkpoint in the middle of a policy period: the rest of that period must
+    be drawn without a retired arm (p summing to 1 over the arms left), not from the policy
+    posted before the change."""
+    changes = [ArmChange(0, 22, "retire", "b", "removed"), ArmChange(1, 22, "add", "d", "added")]
+    mix = MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 5, 5, changes)
+    rng = random.Random(3)
+    for k in range(1, 23):
+        mix.observe(_record(k, rng, {"a", "b", "c"}))
+    mix.apply_changes(22)
+    pol = mix.policies_from(0)
+    current = pol[str((23 - 1) // 5)]                       # the period of step 23
+    assert current["first_step"] <= 23 and set(current["p"]) == {"a", "c", "d"}
+    assert abs(sum(current["p"].values()) - 1) < 1e-12
+
+
+def test_default_arms_can_be_named_one_by_one():
+    from shared.arms import parse_arm_option
+    from shared.config import DEFAULT_ARMS
+    assert [parse_arm_option(f"{a.name}={a.kind}") for a in DEFAULT_ARMS] == list(DEFAULT_ARMS)

@@ -79,6 +79,7 @@ def test_resume_rejects_bad_files_with_their_rule_keeps_them_and_ignores_other_n
     assert r.returncode == 0, r.stderr
     assert _rejected_lines(r.stderr) == []
     assert "already reaches --max-steps 20" in r.stderr
+    assert "proxy exiting with code 0 at step 20" in r.stderr
 
     # history but no valid checkpoint: refuse, keep the files where they are
     for step in (10, 20):
