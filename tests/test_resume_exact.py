@@ -67,16 +67,19 @@ def test_three_successive_sigterm_resumes_inside_and_after_warmup_are_bit_exact(
 
 def test_sigusr1_checkpoint_then_kill9_of_the_worker_restarts_from_it_bit_exact(template, reference, tmp_path):
     b = clone(template, tmp_path / "run")
-    # the worker pauses once inside update 18, so the kill lands at a known place: after the
-    # SIGUSR1 checkpoint (sent after the step-10 cadence one), a few steps later
-    proc = start(b, *EXACT, env={"ANDREA_TEST_PAUSE_AT_STEP": "18:60"})
+    # SIGUSR1 arrives while the worker pauses inside update 12 (after the step-10 cadence
+    # checkpoint), so its checkpoint is step 12 however fast the machine is; the worker pauses
+    # again inside update 18, so the kill lands at a known place a few steps later
+    proc = start(b, *EXACT, env={"ANDREA_TEST_PAUSE_AT_STEP": "12:3,18:60"})
     try:
-        wait_for(lambda: last_step(b) >= 11, 180, what="training past step 10")
+        wait_report(b, lambda r: r.get("event") == "test-pause" and r.get("step") == 12, 180,
+                    "the pause in step 12")
         proc.send_signal(signal.SIGUSR1)
         usr1 = wait_for(lambda: [st for st, r, _ in manifest(b) if r == "sigusr1"],
                         60, what="the SIGUSR1 checkpoint")[0]
-        assert 11 <= usr1 < 18
-        wait_report(b, lambda r: r.get("event") == "test-pause", 120, "the pause in step 18")
+        assert usr1 == 12
+        wait_report(b, lambda r: r.get("event") == "test-pause" and r.get("step") == 18, 120,
+                    "the pause in step 18")
         wpid = hello_pid(b)
         os.kill(wpid, signal.SIGKILL)
         assert proc.wait(timeout=300) == 0, "the proxy restarts the worker and finishes the run"
