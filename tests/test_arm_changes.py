@@ -309,3 +309,15 @@ def test_default_arms_can_be_named_one_by_one():
     from shared.arms import parse_arm_option
     from shared.config import DEFAULT_ARMS
     assert [parse_arm_option(f"{a.name}={a.kind}") for a in DEFAULT_ARMS] == list(DEFAULT_ARMS)
+
+
+def test_a_pending_change_is_not_applied_before_it_is_stamped():
+    """Between `run --arm` recording a change and the start that stamps it (step null), a
+    replay must describe the run as it was: the pending new arm is not in the bandit yet."""
+    changes = [ArmChange(0, None, "add", "d", "added"), ArmChange(1, None, "retire", "b", "gone")]
+    mix = MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 5, 5, changes)
+    rng = random.Random(4)
+    for k in range(1, 11):
+        mix.observe(_record(k, rng, {"a", "b", "c"}))
+    mix.apply_changes(10)
+    assert mix.bandit.arms == ["a", "b", "c"] and not mix.bandit.retired and not mix.bandit.added
