@@ -268,17 +268,14 @@ def arms_as_of(d: dict, step: int) -> dict:
     audit fork from it): changes at or after `step` (a restart from `step` makes them at
     `step`) and pending ones are dropped, arms that joined then are dropped, and each arm's
     "retired" status follows its last remaining change."""
-    changes = [c for c in _changes_of(d) if c.step is not None and c.step < step]
-    later = {c.arm for c in _changes_of(d)} - {c.arm for c in changes}
-    first = {}
-    for c in _changes_of(d):
-        first.setdefault(c.arm, c)
+    every = _changes_of(d)
+    changes = [c for c in every if c.step is not None and c.step < step]
+    present = set(arms_present_at([a["name"] for a in d["arms"]], every, step - 1))
     out = {k: v for k, v in d.items() if k not in ("arms", "changes")}
     out["arms"] = []
     for a in d["arms"]:
-        f = first.get(a["name"])
-        if a["name"] in later and f is not None and f.action == "add":
-            continue  # joined after `step`
+        if a["name"] not in present:
+            continue  # joined at or after `step`
         a = dict(a)
         last = [c for c in changes if c.arm == a["name"]]
         a["retired"] = ({"step": last[-1].step, "reason": last[-1].reason}
