@@ -1,0 +1,109 @@
+"""Every relative link in README.md and docs/*.md resolves: the target file exists in the
+repository and a `#anchor` names a heading of the target markdown file (GitHub's anchor rules).
+
+Fast (reads a few markdown files). docs/README.md explains the pages; `PENDING` lists pages
+other branches add: a link to one of them is accepted only while it does not exist yet (once
+it exists, its anchors are checked like any other), so empty the set once they are merged.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PENDING = {"docs/pivots.md", "docs/data.md", "docs/configuration.md"}
+
+_FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
+_INLINE = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_REFDEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.M)
+_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
+_EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")   # http:, https:, mailto:, ...
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """README.md and every docs/*.md under `root` that exist, sorted."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.is_file()]
+
+
+def _strip_code(text: str) -> str:
+    return _CODE_SPAN.sub("", _FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading's text: inline code and link markup removed, lower case,
+    everything but letters, digits, '_', '-' and spaces dropped, spaces turned into '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = text.replace("`", "").replace("*", "").strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every anchor the headings of markdown file `path` define (duplicates get -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    out = set()
+    for _, text in _HEADING.findall(_FENCE.sub("", path.read_text(encoding="utf-8"))):
+        s = slug(text)
+        n = seen.get(s, 0)
+        seen[s] = n + 1
+        out.add(s if n == 0 else f"{s}-{n}")
+    return out
+
+
+def links(path: Path) -> list[str]:
+    """The link targets of markdown file `path` (inline links, images, reference definitions),
+    outside code blocks and code spans."""
+    text = _strip_code(path.read_text(encoding="utf-8"))
+    return _INLINE.findall(text) + _REFDEF.findall(text)
+
+
+def broken_links(root: Path = ROOT, pending: set[str] = frozenset()) -> list[str]:
+    """One 'FILE: TARGET: why' line per relative link under `root` that does not resolve."""
+    bad = []
+    for doc in doc_files(root):
+        for target in links(doc):
+            if _EXTERNAL.match(target):
+                continue
+            where, _, anchor = target.partition("#")
+            dest = (doc.parent / where).resolve() if where else doc
+            rel = dest.relative_to(root).as_posix() if dest.is_relative_to(root) else str(dest)
+            name = f"{doc.relative_to(root).as_posix()}: {target}"
+            if not dest.is_relative_to(root.resolve()):
+                bad.append(f"{name}: points outside the repository")
+            elif not dest.exists():
+                if rel not in pending:
+                    bad.append(f"{name}: {rel} does not exist")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                bad.append(f"{name}: no heading with anchor #{anchor} in {rel}")
+    return bad
+
+
+def test_every_relative_link_in_readme_and_docs_resolves():
+    assert doc_files()[0].name == "README.md" and len(doc_files()) > 1
+    assert broken_links(ROOT, PENDING) == []
+
+
+def test_the_checker_reports_a_missing_file_a_bad_anchor_and_a_path_outside(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(
+        "See [a](docs/a.md#the-real-section), [gone](docs/gone.md), [web](https://x.org/y),\n"
+        "`[not a link](nowhere.md)` and [up](../outside.md).\n")
+    (tmp_path / "docs" / "a.md").write_text(
+        "# A\n\n## The real section\n\n[bad anchor](#no-such-heading) [ok](#a) "
+        "[self](a.md#the-real-section)\n\n```\n[in code](nowhere.md)\n```\n")
+    bad = broken_links(tmp_path.resolve())
+    assert len(bad) == 3, bad
+    assert any("docs/gone.md does not exist" in b for b in bad)
+    assert any("no heading with anchor #no-such-heading" in b for b in bad)
+    assert any("points outside the repository" in b for b in bad)
+    assert broken_links(tmp_path.resolve(), {"docs/gone.md"}) == [b for b in bad if "gone" not in b]
+
+
+def test_anchor_rules_match_githubs():
+    assert slug("The history: `.loss.json`") == "the-history-lossjson"
+    assert slug("Policy: softmax, then the projection onto the box") == \
+        "policy-softmax-then-the-projection-onto-the-box"
+    assert slug("kill -9") == "kill--9"
+    assert slug("Containers and PID 1") == "containers-and-pid-1"
