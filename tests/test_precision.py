@@ -3,7 +3,7 @@ layout unchanged, exact resume, and a negative control. The CUDA path's arithmet
 autocast + fused AdamW) is run here on CPU: torch supports both there, and the worker selects
 the fused kernel (the default on CPU too; ANDREA_TEST_FUSED_ADAMW=1 pins it, worker/precision.py).
 
-Real proxy and worker processes (issue4_helpers), andrea-test on the bytes tokenizer, 18 steps:
+Real proxy and worker processes (proc_helpers), andrea-test on the bytes tokenizer, 18 steps:
 a cadence of 6, a bandit that moves every 4 steps (so the bf16 held-out probes feed what is
 resumed), a warm-up of 8, no sample audits (fp32 text generation: not what is tested here, and
 the slowest part of a tiny run on a loaded CPU). Runs are short because bf16 is emulated on
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from issue4_helpers import (assert_same_run, clone, create_template, kill_run, manifest, output,
-                            reports, run, start, stopped_step, wait_report)
-from proc_helpers import checkpoint_steps, loss_records, wait_for
+from proc_helpers import (assert_same_run, checkpoint_steps, clone, create_template, kill_run,
+                          loss_records, manifest, output, reports, run, start, stopped_step,
+                          wait_for, wait_report)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint, read_header
 from shared.checkpoint_manifest import read_manifest
 

@@ -8,10 +8,10 @@ import signal
 import numpy as np
 import pytest
 
-from issue4_helpers import (EXACT, assert_same_run, clone, compare_keys, create_template,
-                            hello_pid, kill_run, manifest, proxy_log, run, run_processes, start,
-                            stopped_step, wait_report)
-from proc_helpers import checkpoint_steps, last_step, loss_records, wait_for
+from proc_helpers import (assert_same_run, checkpoint_steps, clone, compare_keys, create_template,
+                          EXACT, hello_pid, kill_run, last_step, loss_records, manifest,
+                          proxy_log, run, run_processes, start, stopped_step, wait_for,
+                          wait_report)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint, read_header
 from shared.checkpoint_manifest import remove_entries
 

@@ -11,9 +11,9 @@ import time
 import psutil
 import pytest
 
-from issue4_helpers import (cleaned_up, clone, create_template, hello_pid, kill_run, manifest, output,
-                            reports, start, wait_report)
-from proc_helpers import checkpoint_steps, last_step, loss_records, wait_for
+from proc_helpers import (checkpoint_steps, cleaned_up, clone, create_template, hello_pid,
+                          kill_run, last_step, loss_records, manifest, output, reports, start,
+                          wait_for, wait_report)
 from shared.checkpoint_format import checkpoint_name, is_temporary_name, load_checkpoint
 from shared.checkpoint_manifest import read_manifest
 

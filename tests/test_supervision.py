@@ -14,10 +14,10 @@ import numpy as np
 import psutil
 import pytest
 
-from issue4_helpers import (cleaned_up, ROOT, _env, clone, cmd, create_template, hello_pid, kill_run,
-                            manifest, output, proxy_log, reports, run, run_processes, start,
-                            wait_report)
-from proc_helpers import checkpoint_steps, last_step, loss_records, wait_for
+from proc_helpers import (checkpoint_steps, cleaned_up, clone, cmd, create_template, _env,
+                          hello_pid, kill_run, last_step, loss_records, manifest, output,
+                          proxy_log, reports, ROOT, run, run_processes, start, wait_for,
+                          wait_report)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
 
 SUP = ["--max-steps", "400", "--checkpoint-every", "10"]
