@@ -1,6 +1,6 @@
 """Changes to a run's set of arms: the log in `data/arms.json` and `run --arm ...` on a restart.
 
-Arms are keyed by NAME, never by position (SPEC section 7), so a restart may list the arms in
+Arms are keyed by NAME, never by position (docs/architecture.md#arms), so a restart may list the arms in
 any order, leave some out, or name new ones, and every arm keeps its own statistics:
   reordered  nothing changes (everything iterates names in sorted order);
   removed    the arm is retired from the resume step on: never pulled, its statistics kept in
@@ -15,7 +15,7 @@ The log: `data/arms.json` key "changes", a list of {"id", "step", "action": "add
 effect at (the arm set changes between updates S and S+1); it is null while pending: the proxy
 writes the request before it knows which checkpoint it resumes from, and stamps it at the start
 of the incarnation (`stamp_changes`). Replays apply the log at the same steps, so replaying
-`.loss.json` still reproduces `.state.json` exactly (BANDIT.md "Determinism"). Runs made before
+`.loss.json` still reproduces `.state.json` exactly (docs/bandit.md#determinism). Runs made before
 the log existed have per-arm "retired" entries only; they are read as retire changes.
 
 What it is not: the bandit arithmetic of joining or leaving (proxy/bandit.py), the zombie check

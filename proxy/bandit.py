@@ -1,6 +1,6 @@
 """The data-mixture bandit: an EXP3-family policy over arms, held inside per-arm floors and caps.
 
-What it is: the pure policy of `shared/BANDIT.md` and SPEC section 7 -- configuration parsing
+What it is: the pure policy of `docs/bandit.md` -- configuration parsing
 and validation, the exact KL projection onto the box, the quantile reward scaler, and the
 `Bandit` state that folds one per-step training record at a time and round-trips through JSON.
 What it is not: no file I/O, no locking, no torch. The proxy reads `.loss.json`, calls
@@ -10,7 +10,7 @@ into `.state.json`.
 Everything is keyed by arm NAME and iterated in sorted name order, and arithmetic is plain
 Python floats with `math.fsum`, so replaying the same records gives the same state bit for bit.
 
-Sources: BANDIT.md; Graves et al. 2017 "Automated Curriculum Learning for Neural Networks"
+Sources: docs/bandit.md; Graves et al. 2017 "Automated Curriculum Learning for Neural Networks"
 (self prediction gain, 20/80-percentile reward scaling); Auer et al. 2002 "The Nonstochastic
 Multiarmed Bandit Problem" (Exp3.S fixed share); Albalak et al. 2023 "Efficient Online Data
 Mixing For Language Model Pre-Training" (ODM, the `train_loss` baseline).
@@ -32,7 +32,7 @@ SCALER_CAPACITY = 1000      # raw rewards kept by QuantileScaler (the last N, no
 class BanditConfigError(ValueError):
     """A bad operator setting (arm name, floor, cap, prior, config value), refused before training.
 
-    Messages name the arm, the offending value, the rule and the fix (STYLE.md). Source: BANDIT.md
+    Messages name the arm, the offending value, the rule and the fix (docs/architecture.md#bad-input-and-faults). Source: docs/bandit.md
     "State" (anything outside 0 <= floor <= cap <= 1, sum(floor) <= 1 <= sum(cap) is an error).
     """
 
@@ -68,7 +68,7 @@ def parse_arm_values(text: str, arm_names: list[str], what: str) -> dict[str, fl
     empty entries between commas are skipped. Values are probabilities (unitless, in [0, 1]).
     Raises BanditConfigError for an entry without ``=``, an unknown arm (the message lists the
     known arms), a duplicate arm, a value that is not a number, NaN, or outside [0, 1].
-    Source: SPEC section 9 ("caps/floors infeasible, unknown arm names, bad numbers: refused
+    Source: docs/architecture.md#bad-input-and-faults ("caps/floors infeasible, unknown arm names, bad numbers: refused
     before anything starts").
     """
     known = _check_arm_names(arm_names)
@@ -136,7 +136,7 @@ def resolve_bounds(arm_names: list[str], caps: Mapping[str, float] | None,
                    floors: Mapping[str, float] | None) -> tuple[dict[str, float], dict[str, float]]:
     """Complete and validate per-arm bounds; returns ``(caps, floors)`` (the argument order).
 
-    Arms not given get floor 0.0 and cap 1.0. Checks, per BANDIT.md "State": every value a
+    Arms not given get floor 0.0 and cap 1.0. Checks, per docs/bandit.md#state: every value a
     probability in [0, 1]; floor <= cap per arm; sum(floors) <= 1 and sum(caps) >= 1 (slack
     1e-9). Raises BanditConfigError naming the unknown arm (with the known ones), the arm(s)
     whose floor exceeds the cap, or the sum and its terms.
@@ -237,7 +237,7 @@ def project_to_box(q: Mapping[str, float], floors: Mapping[str, float],
     """The KL projection of weights `q` onto the box: argmin_p KL(p || q), floor <= p <= cap, sum 1.
 
     `q`: non-negative finite weights per arm (need not sum to 1). Floors/caps missing for an arm
-    default to 0/1. Solution (BANDIT.md "Policy"): p_i = clip(c q_i, floor_i, cap_i) with the
+    default to 0/1. Solution (docs/bandit.md#policy-softmax-then-the-projection-onto-the-box): p_i = clip(c q_i, floor_i, cap_i) with the
     one c > 0 that makes sum p = 1, found exactly by sorting the breakpoints floor_i/q_i and
     cap_i/q_i and solving the linear piece that crosses 1; the result is renormalised within
     bounds so sum p = 1 to rounding. Arms with q_i == 0 stay at their floor (KL forbids more)
@@ -288,7 +288,7 @@ def project_to_box(q: Mapping[str, float], floors: Mapping[str, float],
 class QuantileScaler:
     """Maps a raw reward to [-1, 1] by the 20th/80th percentiles of past raw rewards.
 
-    Source: Graves et al. 2017 (section 3, reward scaling), BANDIT.md "Rewards". The reservoir
+    Source: Graves et al. 2017 (section 3, reward scaling), docs/bandit.md#rewards. The reservoir
     is the last `capacity` (default 1000) finite raw rewards, in arrival order, with no
     randomness, so a replay reproduces it. Percentiles use linear interpolation between order
     statistics (numpy's default "linear" method). `scale(r)`: r <= q20 -> -1, r >= q80 -> +1,
@@ -368,7 +368,7 @@ class QuantileScaler:
 
 @dataclasses.dataclass
 class BanditConfig:
-    """Bandit knobs (BANDIT.md "Rewards" and "Update"); validated on construction.
+    """Bandit knobs (docs/bandit.md#rewards, docs/bandit.md#update); validated on construction.
 
     Raises BanditConfigError naming the field, the value and the allowed range.
     """
@@ -433,7 +433,7 @@ def _finite_or_none(x: Any) -> float | None:
 
 
 class Bandit:
-    """EXP3-family mixture policy for one phase, keyed by arm name (BANDIT.md, SPEC section 7).
+    """EXP3-family mixture policy for one phase, keyed by arm name (docs/bandit.md).
 
     State: log-weights `logw` (max re-centred to 0; -inf allowed only from a zero prior),
     `floors`/`caps` (probabilities), `pulls` (this phase) and `pulls_lifetime` (sequences),
@@ -512,7 +512,7 @@ class Bandit:
         Records of another phase (or untagged) and records with step <= self.step are ignored
         (False). Arms not in `self.arms` (retired, unknown) are ignored. Non-finite losses, and
         `train_loss` feedback for an arm whose recorded p is missing or <= 0, are skipped.
-        Rewards (BANDIT.md "Rewards"): heldout_progress = previous probe - this probe per arm,
+        Rewards (docs/bandit.md#rewards): heldout_progress = previous probe - this probe per arm,
         full information (the first probe of a phase only sets the baseline), minus the mean
         over the arms of that probe when `center_progress` (default): the update is invariant
         to a shift common to every arm, so centring loses nothing, but without it the shared
@@ -603,7 +603,7 @@ class Bandit:
         return {a: n[a] * s / (bsz * pr[a]) * self._multiplier(record, a) for a, s in scaled.items()}
 
     def _update(self, g: Mapping[str, float]) -> None:
-        """logw' = lambda logw + eta g; Exp3.S share; re-centre (BANDIT.md "Update")."""
+        """logw' = lambda logw + eta g; Exp3.S share; re-centre (docs/bandit.md#update)."""
         lam, eta, alpha = self.config.discount, self.config.eta, self.config.share
         lw = {a: lam * self.logw[a] + eta * g.get(a, 0.0) for a in self.arms}
         k = len(self.arms)
@@ -627,7 +627,7 @@ class Bandit:
 
         The remaining arms keep their floors and caps and are re-projected. Raises
         BanditConfigError for an unknown arm, the last arm, or when the remaining caps sum
-        below 1 (the state is unchanged then). Source: SPEC section 7 "Zombie arms".
+        below 1 (the state is unchanged then). Source: docs/architecture.md#arms.
         """
         if name not in self.arms:
             raise BanditConfigError(f"retire: unknown arm {name!r}; active arms: {', '.join(self.arms)}")
@@ -657,7 +657,7 @@ class Bandit:
         self.version += 1
 
     def add_arm(self, name: str, reason: str, floor: float = 0.0, cap: float = 1.0) -> None:
-        """Let arm `name` join from the next record on (an arm added on a restart, issue 5).
+        """Let arm `name` join from the next record on (an arm added on a restart).
 
         A RETIRED arm re-joins with its statistics restored by name: pulls_lifetime always; when
         it was retired in this phase after the phase start also its phase pulls, reward EMA,
@@ -667,7 +667,7 @@ class Bandit:
         first reward. Bounds `floor`/`cap` (probabilities) are the phase's for that arm, 0 and 1
         when the phase does not name it. The join is listed under "added" in `to_dict()`.
         Raises BanditConfigError when the arm is already active, or the bounds are infeasible
-        (nothing is changed then). Source: SPEC section 7 "Arms are always keyed by name".
+        (nothing is changed then). Source: docs/architecture.md#arms.
         """
         if name in self.arms:
             raise BanditConfigError(f"add_arm: arm {name!r} is already active")
@@ -706,7 +706,7 @@ class Bandit:
 
     def pivot(self, new_floors: Mapping[str, float] | None, new_caps: Mapping[str, float] | None,
               label: str, start_step: int) -> "Bandit":
-        """A fresh Bandit for the next phase (BANDIT.md "Polish pivot").
+        """A fresh Bandit for the next phase (docs/bandit.md#polish-pivot).
 
         Prior = this bandit's current probabilities projected into the new box. Keeps
         pulls_lifetime and the retired section; resets logw, EMAs, the scaler, probe baselines,
@@ -782,7 +782,7 @@ def replay(arm_names: list[str], floors: Mapping[str, float] | None,
            phase_start_step: int, prior: Mapping[str, float] | None = None,
            upto_step: int | None = None,
            lifetime_pulls: Mapping[str, int] | None = None) -> Bandit:
-    """Build a Bandit for one phase and fold `records` in order (BANDIT.md "Determinism").
+    """Build a Bandit for one phase and fold `records` in order (docs/bandit.md#determinism).
 
     Records of other phases, already-folded steps and (when `upto_step` is given) steps past
     `upto_step` are skipped. Replaying the same history gives `to_dict()` equal bit for bit;

@@ -1,4 +1,4 @@
-"""Watching for collapse (BANDIT.md "Watching for collapse"; issue 5).
+"""Watching for collapse (docs/bandit.md#watching-for-collapse).
 
 Each sample audit is scored per arm for repetition: distinct-1 and distinct-2 (unique unigrams /
 bigrams over all of them) and the share of the most repeated n-gram (occurrences x n / pieces,

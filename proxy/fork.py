@@ -1,4 +1,4 @@
-"""`python -m proxy fork --from RUN_DIR[:STEP] --run-dir NEW_DIR`: an audit fork (SPEC section 6).
+"""`python -m proxy fork --from RUN_DIR[:STEP] --run-dir NEW_DIR`: an audit fork (docs/operations.md).
 
 A new run directory that starts from checkpoint STEP of another run (default: its newest valid
 one) with that run's history up to it, so two configurations can be compared from the same
@@ -8,7 +8,7 @@ arm list as they were at STEP: arms added later are left out, arms removed later
 phases.json (the phases that
 started at or before STEP), the checkpoint file and its manifest entry (pinned), and the
 `.loss.json` records 1..STEP. `.state.json` is not copied: the new run's proxy rebuilds the bandit
-by replaying the copied history (BANDIT.md "Determinism"). `python -m proxy run --run-dir
+by replaying the copied history (docs/bandit.md#determinism). `python -m proxy run --run-dir
 NEW_DIR` (optionally after `pivot`) then resumes from the checkpoint.
 
 The source run may be live: every file copied is written atomically there (or, for `.loss.json`,
@@ -88,7 +88,7 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     for f in sorted(src.data.iterdir()):
         if f.is_file() and f.name != src.arms_index.name:
             _link_or_copy(f, dst.data / f.name)
-    arms = arms_as_of(json.loads(src.arms_index.read_text()), step)  # the arms of STEP (issue 5)
+    arms = arms_as_of(json.loads(src.arms_index.read_text()), step)  # the arms of STEP
     atomic_write_json(dst.arms_index, arms)
     cfg.arms = specs_of(arms, cfg.arms)
     phases = json.loads(src.phases.read_text())

@@ -1,5 +1,5 @@
 """The mixture controller: folds the worker's step records into the bandit and posts one policy
-per period (BANDIT.md "Determinism"; SPEC section 6 "Handshake").
+per period (docs/bandit.md#determinism; docs/handshake.md).
 
 Period v covers updates v*P+1 .. (v+1)*P (P = probe_every). Its policy is the bandit's
 probabilities after folding every record up to step (v-1)*P: a fixed lag of one period. The
@@ -16,7 +16,7 @@ from proxy.bandit import Bandit, BanditConfig
 
 @dataclass
 class Phase:
-    """One entry of `phases.json`: a bandit life between pivots (SPEC section 8)."""
+    """One entry of `phases.json`: a bandit life between pivots (docs/pivots.md)."""
 
     index: int
     label: str
@@ -28,7 +28,7 @@ class Phase:
 
 
 def bandit_record(rec: dict) -> dict:
-    """The fields of a `.loss.json` record that the bandit folds (BANDIT.md "Drawing a batch")."""
+    """The fields of a `.loss.json` record that the bandit folds (docs/bandit.md#drawing-a-batch)."""
     return {"step": rec["step"], "phase_index": rec["phase"]["index"], "arms": rec.get("arms", {}),
             "p": rec.get("p", {}), "arm_loss": rec.get("arm_loss", {}), "probe": rec.get("probe"),
             "batch_size": sum(rec.get("arms", {}).values()) or 1}

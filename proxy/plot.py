@@ -1,4 +1,4 @@
-"""`python -m proxy plot --run-dir DIR [--out PNG]`: a picture of a run (SPEC section 6).
+"""`python -m proxy plot --run-dir DIR [--out PNG]`: a picture of a run (docs/operations.md).
 
 Three panels over steps, from `.loss.json` and `phases.json`: the training loss with its EMA
 (beta 0.95), the held-out probe loss per arm, and the arm mixture (the p recorded with each

@@ -1,4 +1,4 @@
-"""The proxy's process-tree duties (SPEC section 6, issue 4): signals before the supervisor is
+"""The proxy's process-tree duties (docs/signals.md): signals before the supervisor is
 ready, spawning the worker with its signals blocked, reaping orphans (PID 1 in a container, or
 a child subreaper), and naming a process that does not answer.
 

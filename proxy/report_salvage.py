@@ -1,4 +1,4 @@
-"""File the step reports a dead proxy never read (issue 4, SPEC section 7 `.loss.json`).
+"""File the step reports a dead proxy never read (docs/history.md).
 
 When the proxy is killed (SIGKILL, OOM killer, power to a login node...), its worker notices
 within seconds, finishes its step, checkpoints and exits, but the last few step reports sit

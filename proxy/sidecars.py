@@ -1,4 +1,4 @@
-"""`.samples.json` and `.state.json` (SPEC section 7); `.loss.json` is `shared/loss_history.py`.
+"""`.samples.json` and `.state.json` (docs/architecture.md#the-run-directory); `.loss.json` is `shared/loss_history.py`.
 
 `.samples.json` = {"phase": {...}, "audits": [...]}: the sample audits of the current phase, the
 last `keep` of them, rewritten atomically per audit (it is small and bounded).
@@ -19,7 +19,7 @@ log = logging.getLogger("proxy.sidecars")
 
 def read_json_tolerant(path: Path, default):
     """JSON content of `path`, or `default` when missing; a garbage file is moved aside to
-    `<name>.corrupt-<time>` with a warning naming it (SPEC section 9), never a crash."""
+    `<name>.corrupt-<time>` with a warning naming it (docs/architecture.md#bad-input-and-faults), never a crash."""
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -67,7 +67,7 @@ def write_state(path: Path, snapshot: dict) -> None:
 
 def replay_run(layout, cfg, step: int, changes: list | None = None):
     """The MixtureController of the phase in force at `step`, rebuilt by replaying `.loss.json`
-    from that phase's start to `step` (BANDIT.md "Determinism"): what the supervisor does at
+    from that phase's start to `step` (docs/bandit.md#determinism): what the supervisor does at
     every resume. `changes`: the arm-change log (default: data/arms.json's, proxy/arm_changes.py).
     Its `bandit.to_dict()` equals `.state.json` written with checkpoint `step`."""
     from proxy.arm_changes import read_changes

@@ -1,7 +1,7 @@
 """`.state.snapshots.jsonl`: the mixture controller's state at every durable checkpoint.
 
 Why: a resume from checkpoint S must rebuild the bandit exactly as it was after update S
-(SPEC section 7). Replaying `.loss.json` from the phase start does that but costs seconds at
+(docs/bandit.md#determinism). Replaying `.loss.json` from the phase start does that but costs seconds at
 200,000 records; starting from the newest snapshot at or before S and replaying only the records
 after it gives the same state (Bandit.from_dict is exact) in milliseconds. Snapshots are a cache:
 when none fits, the supervisor replays from the phase start.

@@ -1,4 +1,4 @@
-"""Zombie arms (SPEC section 7): arms whose source is gone or changed since the run was created.
+"""Zombie arms (docs/architecture.md#arms): arms whose source is gone or changed since the run was created.
 
 At the start of every incarnation the proxy matches each arm of `data/arms.json` to its
 configured source by NAME and fingerprint. The cheap `source_fingerprint` (file list, sizes,

@@ -1,4 +1,4 @@
-"""Benchmark the checkpoint path at the andrea-12m size (issue 3, SPEC 10). Prints ratios.
+"""Benchmark the checkpoint path at the andrea-12m size (docs/operations.md#benchmarks). Prints ratios.
 
   .venv/bin/python scripts/bench_checkpoint.py [--dir DIR] [--repeats 5] [--n-params N]
 

@@ -1,4 +1,4 @@
-"""Benchmark `.loss.json` (SPEC section 10): append cost at 200,000 records vs at 0, bytes written
+"""Benchmark `.loss.json` (docs/operations.md#benchmarks): append cost at 200,000 records vs at 0, bytes written
 vs file size, read-back and rewind times. Ratios are measured side by side in one run.
 
     python scripts/bench_history.py [--records 200000] [--dir /tmp]

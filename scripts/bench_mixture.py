@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark (BANDIT.md "How we show it works", issue 5): does the default mixture policy pay?
+"""Benchmark (docs/bandit.md#how-we-show-it-works): does the default mixture policy pay?
 
 Same tiny model (andrea-test), same token budget, same seeds, four policies:
   static      the natural mixture (proportional to each arm's training tokens), projected into the box

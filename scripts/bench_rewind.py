@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark (issue 5, SPEC section 7): the rewind path with 200,000 realistic records.
+"""Benchmark (docs/history.md): the rewind path with 200,000 realistic records.
 
 Resume from an older checkpoint S = what the proxy does: rewind `.loss.json` past S into
 `.loss.rewound.json`, read the phase's records back, and rebuild the bandit (`.state.json`) by

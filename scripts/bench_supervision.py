@@ -1,4 +1,4 @@
-"""Supervision overhead (SPEC section 10, issue 4): steps/s of the worker under the proxy
+"""Supervision overhead (docs/operations.md#benchmarks): steps/s of the worker under the proxy
 (handshake read per step, a report per step, sidecars, bandit, signal checks) vs the same training
 loop alone (worker.trainer.Trainer.train_step driven in-process with a fixed policy), same model,
 same seed, same data, side by side, alternating. Target: ratio >= 0.98.

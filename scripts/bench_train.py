@@ -1,4 +1,4 @@
-"""Training-step speed of andrea-12m: our worker's step vs a plain reference loop (issue 6).
+"""Training-step speed of andrea-12m: our worker's step vs a plain reference loop.
 
     .venv/bin/python scripts/bench_train.py [--batch 2] [--steps 3] [--rounds 2] [--device cpu]
 
@@ -14,7 +14,7 @@ round of each counts. It prints tokens/s side by side, the ratio, and the achiev
 attention per token, nanoGPT's estimate) against the peak the worker measures at start (an fp32
 1024^3 matmul on CPU) or the device table on CUDA.
 
-Targets on CPU (issue 6): ours >= 1.0x the reference, achieved >= 0.75 of the matmul peak.
+Targets on CPU: ours >= 1.0x the reference, achieved >= 0.75 of the matmul peak.
 This is a measurement, not a test: it prints numbers and never fails on them.
 """
 from __future__ import annotations

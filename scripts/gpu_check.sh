@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 6): on a machine with CUDA, run andrea-12m and andrea-120m for a few hundred
+# GPU check: on a machine with CUDA, run andrea-12m and andrea-120m for a few hundred
 # steps under the proxy, send SIGUSR1 then SIGTERM, check the checkpoints with
 # `python -m proxy inspect`, and print tokens/s and MFU from the run's history.
 #

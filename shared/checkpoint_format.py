@@ -1,4 +1,4 @@
-"""The flat checkpoint file: names, layout, validation, atomic write, discovery (SPEC 4).
+"""The flat checkpoint file: names, layout, validation, atomic write, discovery (docs/checkpoint-format.md).
 
 What it is: the one place that knows the byte layout of ``step_NNNNNN.bin``
 
@@ -45,7 +45,7 @@ _TEMP_RE = re.compile(r"\.step_[^/]*\.bin\.tmp-[^/]*")     # the glob ".step_*.b
 
 
 class CheckpointError(ValueError):
-    """A checkpoint cannot be named, written, read or trusted (SPEC 4, SPEC 9).
+    """A checkpoint cannot be named, written, read or trusted (docs/checkpoint-format.md#validity).
 
     The message is operator-facing: file, value, rule, what to do. ``path`` is the file
     concerned (or None) and ``rule`` a short machine-readable key: "name", "limits",
@@ -62,7 +62,7 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """A checkpoint that passed ``validate_checkpoint`` (SPEC 4 Validity).
+    """A checkpoint that passed ``validate_checkpoint`` (docs/checkpoint-format.md#validity).
 
     path: the file; step: header step (= the name's); n_params: header count;
     nbytes: file size in bytes (= 8 + 12 * n_params).
@@ -87,7 +87,7 @@ def _as_int(value, what: str) -> int:
 
 
 def check_int32_limits(step: int, n_params: int) -> None:
-    """Refuse a step or parameter count the int32 header cannot hold (SPEC 4 Limits).
+    """Refuse a step or parameter count the int32 header cannot hold (docs/checkpoint-format.md#limits).
 
     step: int in [0, INT32_MAX]; n_params: int in [1, INT32_MAX] (numpy integers accepted,
     bools and floats refused). Returns None.
@@ -103,12 +103,12 @@ def check_int32_limits(step: int, n_params: int) -> None:
     if not 1 <= n_params <= INT32_MAX:
         raise CheckpointError(
             f"n_params {n_params:,} is outside 1..{INT32_MAX:,} (the header stores it as "
-            f"int32, SPEC 4 Limits): choose an architecture with at most {INT32_MAX:,} "
+            f"int32, docs/checkpoint-format.md#limits): choose an architecture with at most {INT32_MAX:,} "
             f"parameters", rule="limits")
 
 
 def checkpoint_name(step: int) -> str:
-    """File name of the checkpoint for ``step``: ``f"step_{step:06d}.bin"`` (SPEC 4 Name).
+    """File name of the checkpoint for ``step``: ``f"step_{step:06d}.bin"`` (docs/checkpoint-format.md#name).
 
     step: int in [0, INT32_MAX]; past 999,999 the number widens (``step_1000000.bin``).
     Raises CheckpointError (rule "limits") for a negative, non-integer or > INT32_MAX step.
@@ -117,12 +117,12 @@ def checkpoint_name(step: int) -> str:
     if not 0 <= step <= INT32_MAX:
         raise CheckpointError(
             f"step {step:,} cannot name a checkpoint: it must be in 0..{INT32_MAX:,} "
-            f"(int32 header, SPEC 4 Limits)", rule="limits")
+            f"(int32 header, docs/checkpoint-format.md#limits)", rule="limits")
     return f"step_{step:06d}.bin"
 
 
 def parse_checkpoint_name(name: str) -> int | None:
-    """Step encoded in a checkpoint file name, or None if ``name`` is not one (SPEC 4 Name).
+    """Step encoded in a checkpoint file name, or None if ``name`` is not one (docs/checkpoint-format.md#name).
 
     name: a bare file name (no directory). Accepts exactly what ``checkpoint_name`` produces:
     ``step_`` + at least six ASCII digits + ``.bin``, canonical (no extra leading zeros, so
@@ -142,7 +142,7 @@ def parse_checkpoint_name(name: str) -> int | None:
 def expected_size(n_params: int) -> int:
     """Exact size in bytes of a checkpoint holding ``n_params`` float32 values per array.
 
-    n_params: int >= 0. Returns 8 + 12 * n_params (SPEC 4). Raises CheckpointError if negative.
+    n_params: int >= 0. Returns 8 + 12 * n_params (docs/checkpoint-format.md). Raises CheckpointError if negative.
     """
     n_params = _as_int(n_params, "n_params")
     if n_params < 0:
@@ -151,7 +151,7 @@ def expected_size(n_params: int) -> int:
 
 
 def is_temporary_name(name: str) -> bool:
-    """True if ``name`` is a checkpoint temporary, i.e. matches ``.step_*.bin.tmp-*`` (SPEC 4).
+    """True if ``name`` is a checkpoint temporary, i.e. matches ``.step_*.bin.tmp-*`` (docs/checkpoint-format.md#atomic-write).
 
     write_checkpoint names its temporaries ``.{final_name}.tmp-{pid}``.
     """
@@ -196,7 +196,7 @@ def _open_error(path: pathlib.Path, exc: OSError) -> CheckpointError:
 
 
 def read_header(path: os.PathLike | str) -> tuple[int, int]:
-    """The header of a checkpoint file: (step, n_params), two Python ints (SPEC 4).
+    """The header of a checkpoint file: (step, n_params), two Python ints (docs/checkpoint-format.md).
 
     Reads only the first 8 bytes (little-endian int32, int32); does not check the name or size.
     Raises CheckpointError (rule "empty"/"short-header") if the file has fewer than 8 bytes,
@@ -270,7 +270,7 @@ def _check_expected_n(n_params: int | None) -> int | None:
 
 def validate_checkpoint(path: os.PathLike | str, n_params: int | None,
                         checksum: str | None = None) -> CheckpointInfo:
-    """Check one checkpoint file against every rule of SPEC 4 Validity, reading no weights.
+    """Check one checkpoint file against every rule of docs/checkpoint-format.md#validity, reading no weights.
 
     path: the ``step_NNNNNN.bin`` file. n_params: the model's parameter count, or None to
     skip that rule. checksum: ``"crc32:%08x"`` from the manifest, or None to skip (with it
@@ -319,7 +319,7 @@ def _readinto_exact(f, view: memoryview, path: pathlib.Path, info: CheckpointInf
 def load_checkpoint(path: os.PathLike | str, n_params: int | None,
                     checksum: str | None = None
                     ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-    """Validate and read a checkpoint: (step, weights, m, v) (SPEC 4).
+    """Validate and read a checkpoint: (step, weights, m, v) (docs/checkpoint-format.md#validity).
 
     Same arguments and CheckpointError rules as ``validate_checkpoint``, checked on the same
     open file that is then read. The three arrays are float32, 1-D, length n_params,
@@ -364,8 +364,8 @@ class _BackgroundCrc:
     """zlib.crc32 of the buffers fed to it, in order, computed by a helper thread.
 
     zlib.crc32 and file I/O both release the GIL, so the checksum of a 150 MB checkpoint
-    (~0.05 s) overlaps the write + fsync (or the read) instead of adding to it (issue 3
-    benchmark). Buffers fed must not change until ``result()`` returns. ``close()`` abandons
+    (~0.05 s) overlaps the write + fsync (or the read) instead of adding to it
+    (scripts/bench_checkpoint.py). Buffers fed must not change until ``result()`` returns. ``close()`` abandons
     the computation (on an error path); both are idempotent.
     """
 
@@ -417,7 +417,7 @@ def file_checksum(path: os.PathLike | str) -> str:
     """``"crc32:%08x"`` (zlib.crc32, lower-case hex) of the whole file, read in 8 MiB chunks.
 
     Same format as the checksum returned by ``write_checkpoint`` and stored in the manifest
-    (SPEC 4 Manifest). Raises CheckpointError (rule "io") if the file cannot be read.
+    (docs/checkpoint-format.md#manifest). Raises CheckpointError (rule "io") if the file cannot be read.
     """
     path = pathlib.Path(path)
     try:
@@ -444,7 +444,7 @@ def _as_f32_vector(x, what: str, step: int) -> np.ndarray:
 
 
 def fsync_directory(directory: os.PathLike | str) -> None:
-    """fsync a directory so a rename inside it is durable (SPEC 4 Atomic).
+    """fsync a directory so a rename inside it is durable (docs/checkpoint-format.md#atomic-write).
 
     Filesystems that cannot fsync a directory (EINVAL/ENOTSUP) are tolerated; any other
     OSError propagates.
@@ -461,7 +461,7 @@ def fsync_directory(directory: os.PathLike | str) -> None:
 
 def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
                      fsync: bool = True) -> tuple[pathlib.Path, int, str]:
-    """Write ``step_NNNNNN.bin`` atomically into ``directory`` (SPEC 4 Atomic).
+    """Write ``step_NNNNNN.bin`` atomically into ``directory`` (docs/checkpoint-format.md#atomic-write).
 
     weights, m, v: float32 1-D arrays of equal length n (anything np.asarray turns into one,
     e.g. a CPU tensor's numpy view); each buffer is written directly, without concatenation.
@@ -511,7 +511,7 @@ def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
 
 def _atomic_commit(directory: pathlib.Path, final_name: str, write_body, crc: _BackgroundCrc,
                    fsync: bool) -> pathlib.Path:
-    """Temporary -> write_body(tmp) -> crc done -> os.replace -> directory fsync (SPEC 4).
+    """Temporary -> write_body(tmp) -> crc done -> os.replace -> directory fsync (docs/checkpoint-format.md#atomic-write).
 
     On any exception the temporary is removed, the crc thread stopped, and an OSError becomes
     a CheckpointError (rule "io") naming errno; other checkpoints are never touched.
@@ -559,7 +559,7 @@ def image_offset(address: int, align: int = DIRECT_ALIGN) -> int:
 def alloc_checkpoint_image(n_params: int) -> np.ndarray:
     """A zeroed, 4096-byte-aligned uint8 array of ``8 + 12 * n_params`` bytes: a file image.
 
-    Layout = the file's (SPEC 4): header at [0:8], weights, m, v as float32 from byte 8 on
+    Layout = the file's (docs/checkpoint-format.md): header at [0:8], weights, m, v as float32 from byte 8 on
     (``image_arrays`` gives the views). ``write_checkpoint_image`` writes it with O_DIRECT
     where the filesystem allows. Raises CheckpointError (rule "limits") for a bad n_params.
     """
@@ -644,7 +644,7 @@ def write_checkpoint_image(directory: os.PathLike | str, step: int, image: np.nd
                            fsync: bool = True) -> tuple[pathlib.Path, int, str]:
     """Write a file image (``alloc_checkpoint_image``) as ``step_NNNNNN.bin``, atomically.
 
-    The fast path of the background writer (issue 3 benchmark): the image already holds the
+    The fast path of the background writer (scripts/bench_checkpoint.py): the image already holds the
     file's bytes, so the write is ONE sequential write of one buffer; when the image is
     4096-aligned and the filesystem supports it, with O_DIRECT (the kernel reads the buffer
     directly, no copy into the page cache), then fsync. Sets the header bytes image[0:8] to
@@ -681,8 +681,8 @@ def _scan(directory: pathlib.Path):
 def clean_stale_temporaries(directory: os.PathLike | str) -> list[pathlib.Path]:
     """Delete leftover checkpoint temporaries (``.step_*.bin.tmp-*``) in ``directory``.
 
-    Call at start, before this process's writer runs (SPEC 4: "Stale temporaries are cleaned
-    at start"; one owner per run directory, SPEC 3). Only regular files and links whose name
+    Call at start, before this process's writer runs (docs/checkpoint-format.md#atomic-write: "Stale temporaries are cleaned
+    at start"; one owner per run directory, docs/architecture.md#one-proxy-per-run-directory). Only regular files and links whose name
     matches are removed; ``step_*.bin`` files are never touched.
     Returns the removed paths, sorted. Raises CheckpointError (rule "io") if the directory
     cannot be listed; a temporary that vanished meanwhile is ignored.
@@ -704,7 +704,7 @@ def list_checkpoints(directory: os.PathLike | str) -> list[tuple[int, pathlib.Pa
     """All checkpoint files in ``directory`` as (step, path), ascending by integer step.
 
     Sorted by the parsed integer, never by text, so ``step_1000000.bin`` follows
-    ``step_999999.bin`` (SPEC 4 Name). Names that do not parse (``step_latest.bin``,
+    ``step_999999.bin`` (docs/checkpoint-format.md#name). Names that do not parse (``step_latest.bin``,
     ``*.bak``, temporaries, ...) and directories are ignored. Contents are not checked.
     Raises CheckpointError (rule "io") if the directory cannot be listed.
     """
@@ -721,7 +721,7 @@ def list_checkpoints(directory: os.PathLike | str) -> list[tuple[int, pathlib.Pa
 def scan_for_resume(directory: os.PathLike | str, n_params: int | None,
                     checksums: dict[int, str] | None = None
                     ) -> tuple[CheckpointInfo | None, list[CheckpointError]]:
-    """Like ``find_latest_valid`` but each rejection is the CheckpointError itself (SPEC 4, 9).
+    """Like ``find_latest_valid`` but each rejection is the CheckpointError itself (docs/checkpoint-format.md#validity).
 
     Returns (info, rejected): rejected lists, newest first, one CheckpointError per newer file
     that failed, with ``.path`` (the file), ``.rule`` (the rule it broke: "size", "step",
@@ -745,7 +745,7 @@ def scan_for_resume(directory: os.PathLike | str, n_params: int | None,
 def find_latest_valid(directory: os.PathLike | str, n_params: int | None,
                       checksums: dict[int, str] | None = None
                       ) -> tuple[CheckpointInfo | None, list[tuple[pathlib.Path, str]]]:
-    """The newest valid checkpoint in ``directory`` and the newer ones rejected (SPEC 4, 9).
+    """The newest valid checkpoint in ``directory`` and the newer ones rejected (docs/checkpoint-format.md#validity).
 
     n_params: the model's parameter count (None: not checked). checksums: step -> the
     manifest's "crc32:%08x" for the steps it knows; files without an entry are checked
@@ -765,7 +765,7 @@ QUARANTINE_DIR = "rejected"   # run-directory subfolder for checkpoints resume r
 
 def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR
                           ) -> pathlib.Path:
-    """Move a rejected checkpoint into ``<its directory>/<folder>/``, keeping it (SPEC 4, 9).
+    """Move a rejected checkpoint into ``<its directory>/<folder>/``, keeping it (docs/checkpoint-format.md#validity).
 
     Why: a rejected ``step_000300.bin`` left in place would be overwritten when training
     reaches step 300 again, or deleted by retention; in the quarantine folder it is out of

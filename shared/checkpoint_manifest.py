@@ -1,4 +1,4 @@
-"""The checkpoint manifest ``checkpoints.json`` and the retention plan (SPEC 4 Manifest, Retention).
+"""The checkpoint manifest ``checkpoints.json`` and the retention plan (docs/checkpoint-format.md#manifest, docs/checkpoint-format.md#retention).
 
 What it is: a small JSON file beside the ``.bin`` files recording, per checkpoint, its step,
 file name, byte size, checksum, why it was written and whether it is pinned; plus the pure
@@ -6,7 +6,7 @@ function that decides which checkpoints retention may delete.
 
 What it is not: the checkpoint format (``shared/checkpoint_format.py``); the ``.bin`` stays
 byte-exact and a ``.bin`` without an entry still loads. It deletes no checkpoint itself.
-One writer per run directory (the proxy's run lock, SPEC 3): read-modify-write is not locked.
+One writer per run directory (the proxy's run lock, docs/architecture.md#one-proxy-per-run-directory): read-modify-write is not locked.
 
 On disk:
     {"format": "andrea-checkpoints/1",
@@ -35,7 +35,7 @@ REASONS = frozenset({"cadence", "sigusr1", "sigterm", "pivot", "final", "alarm"}
 
 @dataclass
 class ManifestEntry:
-    """One checkpoint's manifest record (SPEC 4 Manifest).
+    """One checkpoint's manifest record (docs/checkpoint-format.md#manifest).
 
     step: optimizer updates completed (= the file's header step), 0..INT32_MAX.
     file: bare file name, e.g. "step_000100.bin". nbytes: file size in bytes.
@@ -75,12 +75,12 @@ class ManifestEntry:
 
 
 def manifest_path(directory: os.PathLike | str) -> pathlib.Path:
-    """Path of the manifest in a run directory: ``directory / "checkpoints.json"`` (SPEC 4)."""
+    """Path of the manifest in a run directory: ``directory / "checkpoints.json"`` (docs/checkpoint-format.md)."""
     return pathlib.Path(directory) / MANIFEST_NAME
 
 
 def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
-    """The manifest of ``directory`` as {step: ManifestEntry} (SPEC 4 Manifest, SPEC 9).
+    """The manifest of ``directory`` as {step: ManifestEntry} (docs/checkpoint-format.md#manifest, docs/checkpoint-format.md#validity).
 
     A missing manifest gives {}. An unreadable or garbage file gives {} and a
     warnings.warn (UserWarning) naming the file and what is wrong; a single bad entry is
@@ -148,7 +148,7 @@ def set_pinned(directory: os.PathLike | str, step: int) -> bool:
 
 
 def record_checkpoint(directory: os.PathLike | str, entry: ManifestEntry) -> None:
-    """Add or replace the entry for ``entry.step`` in the manifest, atomically (SPEC 4).
+    """Add or replace the entry for ``entry.step`` in the manifest, atomically (docs/checkpoint-format.md#atomic-write).
 
     Read-modify-write: read_manifest, set, write ``.checkpoints.json.tmp-{pid}``, fsync,
     os.replace, fsync the directory. Call after the checkpoint itself is durable.
@@ -176,13 +176,13 @@ def remove_entries(directory: os.PathLike | str, steps) -> None:
 
 
 def manifest_checksums(entries: dict[int, ManifestEntry]) -> dict[int, str]:
-    """{step: "crc32:%08x"} from read_manifest's result, for find_latest_valid (SPEC 4 Validity)."""
+    """{step: "crc32:%08x"} from read_manifest's result, for find_latest_valid (docs/checkpoint-format.md#validity)."""
     return {step: entry.checksum for step, entry in entries.items()}
 
 
 def plan_retention(steps: list[int], pinned: set[int], keep_last: int,
                    keep_every: int) -> list[int]:
-    """Steps retention may delete, ascending (SPEC 4 Retention). Pure: touches no file.
+    """Steps retention may delete, ascending (docs/checkpoint-format.md#retention). Pure: touches no file.
 
     steps: the checkpoints present (duplicates ignored). Keeps the newest ``keep_last``
     (>= 2: the newest may still be being written), every step with
@@ -192,7 +192,7 @@ def plan_retention(steps: list[int], pinned: set[int], keep_last: int,
     """
     if keep_last < 2:
         raise ValueError(f"keep_last = {keep_last}: must be >= 2 (the newest checkpoint may "
-                         f"still be being written, SPEC 4 Retention)")
+                         f"still be being written, docs/checkpoint-format.md#retention)")
     if keep_every < 0:
         raise ValueError(f"keep_every = {keep_every}: must be >= 0 (0 disables it)")
     ordered = sorted(set(steps))

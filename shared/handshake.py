@@ -1,4 +1,4 @@
-"""The proxy <-> worker handshake (SPEC section 6): two files in the run directory.
+"""The proxy <-> worker handshake (docs/handshake.md): two files in the run directory.
 
 `.handshake.json` (small, read-modify-write under `.handshake.lock` with `filelock`, finite
 timeouts, replaced atomically):
@@ -8,7 +8,7 @@ timeouts, replaced atomically):
      "control":  {"stop_at_step": int|null, "checkpoint_at_step": int|null, "reason": str|null}}
 The proxy posts policies and control requests; the worker announces itself. Policy period v
 covers updates v*P+1 .. (v+1)*P (P = probe_every) and is computed from reports of updates up to
-(v-1)*P: a fixed lag of one period, which is what keeps runs deterministic (BANDIT.md).
+(v-1)*P: a fixed lag of one period, which is what keeps runs deterministic (docs/bandit.md).
 
 `.reports.jsonl` (append-only, one JSON object per line, written by the worker with O_APPEND):
     {"type": "hello"|"step"|"checkpoint_started"|"checkpoint"|"audit"|"event", ...}

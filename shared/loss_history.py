@@ -1,4 +1,4 @@
-"""`.loss.json`: the run's append-only per-step history (SPEC section 7).
+"""`.loss.json`: the run's append-only per-step history (docs/history.md).
 
 What it is: one JSON array, valid JSON on disk between appends, one record per line, appended in
 O(1) by overwriting the closing bracket, for the life of the run (~200,000 records):

@@ -1,4 +1,4 @@
-"""The run directory's names (SPEC section 3), in one place for both sides.
+"""The run directory's names (docs/architecture.md#the-run-directory), in one place for both sides.
 
     runs/<name>/
       run.json, tokenizer.json, phases.json, checkpoints.json, step_NNNNNN.bin

@@ -1,4 +1,4 @@
-"""SPEC 4: checkpoint layout, names, validation, atomic write, discovery, manifest, retention."""
+"""docs/checkpoint-format.md: checkpoint layout, names, validation, atomic write, discovery, manifest, retention."""
 
 import errno
 import json

@@ -1,4 +1,4 @@
-"""Issue 3: the writer's fast path, write_checkpoint_image (one buffer laid out as the file,
+"""The writer's fast path, write_checkpoint_image (one buffer laid out as the file,
 written with O_DIRECT where the filesystem allows), must produce exactly the bytes of
 write_checkpoint; scan_for_resume and quarantine_checkpoint keep rejected files."""
 import os

@@ -1,4 +1,4 @@
-"""Issue 3 / SPEC 4 Atomic: a kill -9 at any instant of a write leaves only valid step_*.bin.
+"""docs/checkpoint-format.md#atomic-write: a kill -9 at any instant of a write leaves only valid step_*.bin.
 
 A real child process writes checkpoints of a 3,000,000-parameter model (36 MB files) in a
 loop, as the worker's writer does (write_checkpoint_image from the file-image host buffer,

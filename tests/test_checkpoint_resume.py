@@ -1,4 +1,4 @@
-"""Issue 3 / SPEC 4, 9 in real runs: resume picks the newest valid checkpoint, says why it
+"""docs/checkpoint-format.md#validity in real runs: resume picks the newest valid checkpoint, says why it
 rejected the others and keeps them; retention with pinned SIGUSR1 checkpoints; a write that
 fails in a real run; int32 limits refused before training.
 

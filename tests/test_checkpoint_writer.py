@@ -1,4 +1,4 @@
-"""Issue 3 / SPEC 4: the worker's background checkpoint writer (worker/checkpointer.py).
+"""docs/checkpoint-format.md: the worker's background checkpoint writer (worker/checkpointer.py).
 
 Real files, real threads; write failures are real kernel errors (a file-size limit set with
 setrlimit in a child process makes write(2) fail midway with EFBIG), and the free-space check

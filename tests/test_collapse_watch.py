@@ -1,4 +1,4 @@
-"""Collapse watch (issue 5, BANDIT.md "Watching for collapse"): repetition scores per audit; two
+"""Collapse watch (docs/bandit.md#watching-for-collapse): repetition scores per audit; two
 bad audits in a row pin the last checkpoint before them, write an alarm into the history and the
 log, and with --stop-on-collapse stop the run."""
 import json

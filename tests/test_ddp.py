@@ -1,4 +1,4 @@
-"""Multi-process training under torchrun (issue 6, SPEC section 5 Multi-GPU): 2 ranks on CPU with
+"""Multi-process training under torchrun (docs/signals.md#several-ranks): 2 ranks on CPU with
 the gloo backend, real proxy / torchrun agent / rank processes, real signals, real files.
 
 Each run uses two small text arms (standard-library sources) so creation takes about a second.

@@ -80,6 +80,37 @@ def broken_links(root: Path = ROOT, pending: set[str] = frozenset()) -> list[str
     return bad
 
 
+_CITATION = re.compile(r"\bdocs/([\w.-]+\.md)(?:#([\w-]+))?")
+
+
+def broken_citations(root: Path = ROOT, pending: set[str] = frozenset()) -> list[str]:
+    """One 'FILE:LINE: docs/X.md#anchor: why' per citation in the code (*.py, *.sh, *.service
+    tracked by git) whose page or heading does not exist."""
+    import subprocess
+    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "*.py", "*.sh",
+                            "*.service"], cwd=root, capture_output=True, text=True,
+                           check=True).stdout.split()
+    bad = []
+    for name in names:
+        path = root / name
+        if not path.is_file() or name == "tests/test_docs_links.py":  # its examples are fake
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for page, anchor in _CITATION.findall(line):
+                dest = root / "docs" / page
+                where = f"{name}:{i}: docs/{page}" + (f"#{anchor}" if anchor else "")
+                if not dest.exists():
+                    if f"docs/{page}" not in pending:
+                        bad.append(f"{where}: no such page")
+                elif anchor and anchor not in anchors(dest):
+                    bad.append(f"{where}: no such heading")
+    return bad
+
+
+def test_every_docs_citation_in_the_code_names_an_existing_page_and_heading():
+    assert broken_citations(ROOT, PENDING) == []
+
+
 def test_every_relative_link_in_readme_and_docs_resolves():
     assert doc_files()[0].name == "README.md" and len(doc_files()) > 1
     assert broken_links(ROOT, PENDING) == []

@@ -1,4 +1,4 @@
-"""Audit fork (SPEC section 6, issue 5): `python -m proxy fork --from RUN_DIR[:STEP] --run-dir NEW`."""
+"""Audit fork (docs/operations.md): `python -m proxy fork --from RUN_DIR[:STEP] --run-dir NEW`."""
 import json
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""`.loss.json` (SPEC section 7): valid JSON between appends, O(1) appends, torn-tail repair on
+"""`.loss.json` (docs/history.md): valid JSON between appends, O(1) appends, torn-tail repair on
 open without losing a complete record, rewind to `.loss.rewound.json`. Real files only."""
 
 import json

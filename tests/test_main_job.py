@@ -1,4 +1,4 @@
-"""The main job end to end (issue 2): real proxy and worker processes, real signals, real files."""
+"""The main job end to end: real proxy and worker processes, real signals, real files."""
 import json
 import signal
 

@@ -1,4 +1,4 @@
-"""FlatAdamW's fused path (issue 6), checked on CPU: torch's fused AdamW kernel runs on CPU too,
+"""FlatAdamW's fused path, checked on CPU: torch's fused AdamW kernel runs on CPU too,
 so the optimizer the CUDA worker uses is exercised here with the flat m/v buffers, set_step and
 an exact in-process resume. In-process, tiny model (andrea-test, bytes vocabulary), ~20 steps.
 

@@ -1,4 +1,4 @@
-"""`python -m proxy plot` (SPEC section 6): a PNG of loss + EMA, pivots, probe loss, arm mixture."""
+"""`python -m proxy plot` (docs/operations.md): a PNG of loss + EMA, pivots, probe loss, arm mixture."""
 import json
 import os
 import subprocess

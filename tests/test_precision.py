@@ -1,4 +1,4 @@
-"""`--precision` (issue 6) on CPU: bf16 autocast with fp32 master weights, m and v, the file
+"""`--precision` on CPU: bf16 autocast with fp32 master weights, m and v, the file
 layout unchanged, exact resume, and a negative control. The CUDA path's arithmetic (bf16
 autocast + fused AdamW) is run here on CPU: torch supports both there, and the worker selects
 the fused kernel (the default on CPU too; ANDREA_TEST_FUSED_ADAMW=1 pins it, worker/precision.py).

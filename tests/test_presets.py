@@ -1,4 +1,4 @@
-"""The published ANDREA shapes, exactly (issue 6, SPEC sections 4 and 5): parameter counts and
+"""The published ANDREA shapes, exactly (docs/checkpoint-format.md, docs/architecture.md#the-worker): parameter counts and
 checkpoint sizes per preset and vocabulary, and the parameter order table checked against the
 bytes of a checkpoint the worker's own writer put on disk."""
 import math
@@ -22,7 +22,7 @@ EXACT = {
     ("andrea-120m", 256): (86_235_648, 1_034_827_784),
 }
 
-SHAPES = {  # SPEC section 5: width, heads, layers, context
+SHAPES = {  # docs/architecture.md#the-worker: width, heads, layers, context
     "andrea-12m": (384, 12, 6, 1024),
     "andrea-120m": (768, 12, 12, 1024),
 }

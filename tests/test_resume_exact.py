@@ -1,4 +1,4 @@
-"""Exact resume under every kind of stop (issue 4, SPEC section 5): the final checkpoint is
+"""Exact resume under every kind of stop (docs/signals.md): the final checkpoint is
 byte-identical to an uninterrupted run's and `.loss.json` holds the same values at every step.
 Real proxy and worker processes, real signals, real files."""
 import json

@@ -1,4 +1,4 @@
-"""Bad numbers are refused before anything is created or started (SPEC section 9), found by a
+"""Bad numbers are refused before anything is created or started (docs/architecture.md#bad-input-and-faults), found by a
 new-user session: a negative seed used to be saved in run.json and crash-loop every later run."""
 import json
 

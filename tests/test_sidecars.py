@@ -1,4 +1,4 @@
-"""The three sidecars at full scale (SPEC section 7, issue 5): .state.json = replay of .loss.json,
+"""The three sidecars at full scale (docs/bandit.md#determinism): .state.json = replay of .loss.json,
 the rewind path when the newest checkpoint is corrupt, and the bounded .samples.json."""
 import json
 

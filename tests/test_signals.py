@@ -1,4 +1,4 @@
-"""Every signal does exactly one well-defined thing (issue 4, SPEC sections 5 and 9).
+"""Every signal does exactly one well-defined thing (docs/signals.md, docs/architecture.md#bad-input-and-faults).
 
 Real proxy and worker processes and real signals; the worker's fault hooks
 (worker/fault_injection.py: a pause inside a chosen step, a slow checkpoint write) make the

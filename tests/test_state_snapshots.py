@@ -1,4 +1,4 @@
-"""Fast resume of the bandit (issue 5): a snapshot at a checkpoint plus the history's tail gives
+"""Fast resume of the bandit: a snapshot at a checkpoint plus the history's tail gives
 exactly the state a replay from the phase start gives, and a rewind invalidates later snapshots."""
 import random
 

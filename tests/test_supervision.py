@@ -1,4 +1,4 @@
-"""The process tree (issue 4, SPEC sections 6 and 9): proxy death, worker crash and hang, one
+"""The process tree (docs/signals.md, docs/architecture.md#bad-input-and-faults): proxy death, worker crash and hang, one
 proxy per run directory, PID 1 / orphan reaping, NaN storms, and `status` live and after a stop.
 Real processes and real signals; the worker's fault hooks (worker/fault_injection.py) make the
 faults exact."""
@@ -69,7 +69,7 @@ def test_proxy_sigkill_worker_checkpoints_and_exits_nothing_remains_and_the_next
     assert stopped and stopped[-1]["why"] in ("SIGTERM", "parent-died"), stopped
     noticed = stopped[-1]["time"] - t_kill
     print(f"worker stopped {noticed:.2f} s after the proxy's SIGKILL")
-    assert noticed < 30  # SPEC: within a few seconds (PDEATHSIG: at the end of the step)
+    assert noticed < 30  # docs/signals.md#parent-death: within a few seconds (PDEATHSIG: at the end of the step)
     s = stopped[-1]["step"]
     assert max(checkpoint_steps(b)) == s, "the worker checkpoints on its own"
     wait_for(lambda: not run_processes(b), 30, what="no process of the run to remain")

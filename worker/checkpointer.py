@@ -1,4 +1,4 @@
-"""Checkpoint writing without stalling training (SPEC section 4).
+"""Checkpoint writing without stalling training (docs/checkpoint-format.md).
 
 At the step boundary `snapshot()` copies weights, m and v (three contiguous flat buffers) into a
 preallocated host buffer (pinned memory on CUDA); a background thread then writes the file with
@@ -36,7 +36,7 @@ DISK_MARGIN_BYTES = 64 << 20
 
 @dataclass
 class WriteResult:
-    """Outcome of one checkpoint write attempt (SPEC 4).
+    """Outcome of one checkpoint write attempt (docs/checkpoint-format.md).
 
     step, reason: what was asked; path: the durable file (None on failure); nbytes: its size
     (0 on failure); seconds: wall time of the write in the writer thread (disk check, file,
@@ -53,7 +53,7 @@ class WriteResult:
 
 
 class Checkpointer:
-    """Background checkpoint writer for a flat model of `n_params` float32 parameters (SPEC 4).
+    """Background checkpoint writer for a flat model of `n_params` float32 parameters (docs/checkpoint-format.md).
 
     run_dir: where step_NNNNNN.bin and checkpoints.json live. keep_last (>= 2) / keep_every
     (0 = off): retention, applied after each durable write; pinned reasons (PINNED_REASONS)
@@ -129,7 +129,7 @@ class Checkpointer:
         for i, src in enumerate((w, m, v)):
             src = src.detach().reshape(-1)
             if src.device.type == "cpu" and src.dtype == torch.float32:
-                # one memcpy; about twice as fast as Tensor.copy_ here (issue 3 stall bench)
+                # one memcpy; about twice as fast as Tensor.copy_ here (scripts/bench_checkpoint.py stall)
                 np.copyto(self._host_np[i * n:(i + 1) * n], src.numpy())
             else:
                 self._host_t[i * n:(i + 1) * n].copy_(src, non_blocking=True)
@@ -155,7 +155,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         need = 8 + 12 * self.n + DISK_MARGIN_BYTES
         try:
-            fault_injection.write_delay()  # test hook (issue 4); off unless set
+            fault_injection.write_delay()  # test hook; off unless set
             if self._free_bytes() < need:
                 self.apply_retention(exclude_newest=False)
                 if self._free_bytes() < need:
@@ -177,7 +177,7 @@ class Checkpointer:
         self._on_done(res)
 
     def apply_retention(self, exclude_newest: bool = True) -> list[int]:
-        """Delete checkpoints retention allows (SPEC section 4); never pinned ones, never a file
+        """Delete checkpoints retention allows (docs/checkpoint-format.md#retention); never pinned ones, never a file
         without a manifest entry (another writer's). Returns the deleted steps."""
         entries = read_manifest(self.run_dir)
         present = {s for s, _ in list_checkpoints(self.run_dir)}

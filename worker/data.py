@@ -1,4 +1,4 @@
-"""The data pipeline: draw each update's batch from the arms, deterministically (SPEC section 5).
+"""The data pipeline: draw each update's batch from the arms, deterministically (docs/architecture.md#the-worker).
 
 For update k, a generator seeded by (run seed, k) draws the GLOBAL batch: which arm each of the B
 sequences comes from (from the policy p in force for k) and where in the arm's train split its

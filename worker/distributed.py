@@ -1,4 +1,4 @@
-"""Multi-process training under `torchrun` (SPEC section 5, issue 6): process group set-up and
+"""Multi-process training under `torchrun` (docs/signals.md#several-ranks): process group set-up and
 the small collectives that keep every rank in lock-step.
 
 `init_distributed(device)` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,

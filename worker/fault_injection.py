@@ -1,10 +1,10 @@
-"""Fault-injection hooks for tests (issue 4), read from environment variables. Off unless set.
+"""Fault-injection hooks for tests, read from environment variables. Off unless set.
 
 These let a test put a real worker process into an exact fault at an exact step, so that signal
 and supervision tests are deterministic instead of racing a 10 ms step:
 
   ANDREA_TEST_NAN_AT_STEP=5,9-13     the loss of these updates is multiplied by NaN (the update
-                                     is then skipped and recorded; SPEC section 9)
+                                     is then skipped and recorded; docs/architecture.md#bad-input-and-faults)
   ANDREA_TEST_PAUSE_AT_STEP=N:SECS[,N:SECS]  update N sleeps SECS seconds before its boundary,
                                      once per run directory (it first reports
                                      {"type": "event", "event": "test-pause"})

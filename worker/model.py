@@ -1,4 +1,4 @@
-"""The GPT (SPEC section 5): pre-norm transformer, causal self-attention, GELU MLP, learned
+"""The GPT (docs/architecture.md#the-worker): pre-norm transformer, causal self-attention, GELU MLP, learned
 position embeddings, biases on, untied output head (no head bias). nanoGPT's shape, so that the
 parameter iterator gives the checkpoint order of `shared.config.parameter_table`.
 

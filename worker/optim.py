@@ -1,4 +1,4 @@
-"""AdamW over the flat parameter buffer, and the learning-rate schedule (SPEC section 5).
+"""AdamW over the flat parameter buffer, and the learning-rate schedule (docs/architecture.md#the-worker).
 
 `torch.optim.AdamW`, betas (0.9, 0.999), weight decay on matrices only (nanoGPT's
 configure_optimizers), its exp_avg (m) and exp_avg_sq (v) pre-created as views into two flat
@@ -18,7 +18,7 @@ from worker.model import GPT
 def learning_rate(step: int, cfg: RunConfig) -> float:
     """Learning rate of update `step` (1-based): linear warm-up over `warmup_steps`, cosine
     decay to `lr * min_lr_ratio` at `lr_decay_steps`, flat after. A pure function of the step,
-    so a resumed run uses exactly the uninterrupted run's rates (SPEC section 5)."""
+    so a resumed run uses exactly the uninterrupted run's rates (docs/architecture.md#the-worker)."""
     peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
     if cfg.warmup_steps and step <= cfg.warmup_steps:
         return peak * step / cfg.warmup_steps

@@ -1,4 +1,4 @@
-"""Throughput accounting (issue 6): tokens/s and model FLOPs utilisation (MFU).
+"""Throughput accounting: tokens/s and model FLOPs utilisation (MFU).
 
 MFU = achieved training FLOP/s (the model's FLOPs per token x tokens/s, all ranks together) /
 (peak FLOP/s of one device x world size). The peak comes from a per-device table on CUDA (dense

@@ -1,4 +1,4 @@
-"""Arithmetic of the training step (issue 6): bf16 autocast or plain fp32, and which AdamW kernel.
+"""Arithmetic of the training step: bf16 autocast or plain fp32, and which AdamW kernel.
 
 `--precision` (worker option, passed through by `python -m proxy run --precision`):
 

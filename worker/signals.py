@@ -1,4 +1,4 @@
-"""Signal handling in the trainer (SPEC section 5, issue 4): handlers only set flags; the training
+"""Signal handling in the trainer (docs/signals.md): handlers only set flags; the training
 loop acts on them at the step boundary.
 
   SIGTERM, SIGINT, SIGHUP, and the proxy's death -> stop: finish the step, checkpoint, exit 0
@@ -98,7 +98,7 @@ class SignalFlags:
         except (OSError, AttributeError):
             pass
         # Under torchrun the parent is the elastic agent and `parent_pid` is the proxy (the
-        # grandparent): watch that pid's life instead of our parent pid (issue 6).
+        # grandparent): watch that pid's life instead of our parent pid.
         via_agent = ("LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ) \
             and os.getppid() != parent_pid
 
@@ -132,7 +132,7 @@ class SignalFlags:
 
 
 class Usr1Requests:
-    """Turns SIGUSR1 arrivals into checkpoint steps (SPEC section 5, issue 4).
+    """Turns SIGUSR1 arrivals into checkpoint steps (docs/signals.md).
 
     At the boundary of update k the trainer calls `arrived()` (did a signal start a new request?
     under DDP the ranks then agree with a MAX), `start(k)` if so, and `due(k)`.
