@@ -5,6 +5,12 @@ parameter iterator gives the checkpoint order of `shared.config.parameter_table`
 Parameters live in ONE contiguous float32 buffer (`GPT.flat`), each `nn.Parameter` a view into it
 in checkpoint order; the optimizer's exp_avg / exp_avg_sq are views into two more flat buffers
 (`worker/optim.py`). A checkpoint is then three contiguous copies, and a resume three more.
+
+nanoGPT readers beware: `nn.Module.to()`, `.cuda()`, `.float()`, `.half()` (anything that goes
+through `nn.Module._apply`) would normally re-allocate every parameter, silently detaching it
+from `flat`, after which checkpoints would save stale weights. `GPT._apply` keeps them views of
+`flat` instead (a device move moves `flat` and re-points the views) and refuses any dtype but
+float32 (mixed precision is autocast: `--precision bf16`, worker/precision.py).
 """
 from __future__ import annotations
 
@@ -114,12 +120,45 @@ class GPT(nn.Module):
         return flat
 
     def to_device(self, device: torch.device) -> "GPT":
-        """Move to `device` keeping parameters as views of one flat buffer."""
-        flat = self.flat.to(device)
-        for (name, p), (_, _, off) in zip(self.named_parameters(), self.table):
-            p.data = flat[off:off + p.numel()].view_as(p)
-        self.flat = flat
+        """Move to `device` keeping parameters as views of one flat buffer (= `self.to(device)`)."""
+        return self.to(device)
+
+    def _apply(self, fn, recurse: bool = True) -> "GPT":
+        """What `.to()`, `.cuda()`, `.cpu()`, `.float()`, `.half()`, `.to_empty()`... call: `fn` is
+        applied to `flat` once and every parameter (and its gradient) re-pointed at its slice of
+        the result, so parameters stay views of `flat` in checkpoint order. The GPT has no
+        buffers, so nothing else is converted. Raises TypeError, before anything changes, when
+        `fn` would change the dtype (`.half()`, `.bfloat16()`, `.double()`, `.to(dtype)`): the
+        weights, AdamW's m and v and the checkpoint are float32 by the file format
+        (docs/checkpoint-format.md#layout)."""
+        if not hasattr(self, "flat"):  # during __init__, before _flatten(): plain nn.Module
+            return super()._apply(fn, recurse)
+        flat = fn(self.flat)
+        if flat.dtype != torch.float32:
+            raise TypeError(
+                f"GPT parameters are views of one float32 buffer (GPT.flat), which the checkpoint "
+                f"format stores as is; converting them to {flat.dtype} would detach them from it "
+                f"and checkpoints would save stale weights. For bf16 training use autocast "
+                f"(--precision bf16, worker/precision.py), not .to(dtype)/.half()/.bfloat16()")
+        if flat is not self.flat:
+            for p, (_, _, off) in zip(self.parameters(), self.table):
+                p.data = flat[off:off + p.numel()].view_as(p)
+                if p.grad is not None:
+                    p.grad = fn(p.grad)
+            self.flat = flat
         return self
+
+    def check_flat(self) -> None:
+        """Raise RuntimeError naming the first parameter that is no longer the view of `flat` at
+        its checkpoint offset (something re-allocated it: checkpoints would save stale
+        weights). Cheap: compares pointers, reads no data."""
+        base = self.flat.untyped_storage().data_ptr()
+        for p, (name, shape, off) in zip(self.parameters(), self.table):
+            want = self.flat.data_ptr() + off * self.flat.element_size()
+            if (p.untyped_storage().data_ptr() != base or p.data_ptr() != want
+                    or p.dtype != self.flat.dtype or tuple(p.shape) != tuple(shape)):
+                raise RuntimeError(f"parameter {name} is no longer a view of GPT.flat at offset "
+                                   f"{off}: checkpoints would save stale weights")
 
     @property
     def n_params(self) -> int:
