@@ -13,6 +13,8 @@ import logging
 import os
 import signal
 
+from shared.procfs import all_pids, process_state, read_stat
+
 log = logging.getLogger("proxy")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -106,22 +108,19 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
+    return process_state(pid) not in (None, "Z")
 
 
 def describe(pid: int) -> str:
     """'pid 123 (python -m worker ..., stopped (SIGSTOP?))' from /proc; for log lines that say
     which process did not answer."""
+    state = process_state(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+    except (FileNotFoundError, ProcessLookupError):
+        state = None
+    if state is None:
         return f"pid {pid} (gone)"
     if len(cmd) > 60:
         cmd = cmd[:57] + "..."
@@ -130,17 +129,8 @@ def describe(pid: int) -> str:
 
 def group_members(pgid: int) -> list[int]:
     """Pids whose process group is `pgid` (the worker's session), from /proc."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid:
-                    out.append(int(d))
-            except (OSError, IndexError, ValueError):
-                pass
-    return sorted(out)
+    stats = (read_stat(pid) for pid in all_pids())
+    return [st.pid for st in stats if st is not None and st.pgrp == pgid]
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 
+from shared.procfs import process_state
 from shared.run_layout import RunLayout
 
 TAIL_BYTES = 1 << 17       # the last 128 KiB of .loss.json: a few hundred records
@@ -73,13 +74,7 @@ def tail_records(path, nbytes: int = TAIL_BYTES) -> list[dict]:
 
 def _proc_state(pid) -> str | None:
     """One-letter /proc state of `pid` (R, S, D, T, Z...), or None if it does not exist."""
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{int(pid)}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError, ValueError):
-        return None
+    return process_state(pid) if pid else None
 
 
 def _proxy_alive(owner: dict | None) -> bool:

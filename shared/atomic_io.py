@@ -7,6 +7,7 @@ What it is not: an appender (see `shared/loss_history.py`) or a checkpoint write
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -15,16 +16,22 @@ from typing import Any
 __all__ = ["fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json"]
 
 
+# errno of a file system that cannot fsync a directory at all (procfs, some FUSE and network
+# file systems): the rename is still atomic, only its durability rests on the file system.
+DIR_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF})
+
+
 def fsync_dir(path) -> None:
-    """fsync a directory so that a rename or a create inside it survives a power cut."""
-    try:
-        fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # e.g. platforms that cannot open directories
-        return
+    """fsync directory `path` so that a rename or a create inside it survives a power cut
+    (docs/checkpoint-format.md#atomic-write). The one policy for every writer: a file system
+    that cannot fsync a directory (errno in DIR_FSYNC_UNSUPPORTED) is tolerated; any other
+    OSError propagates (ENOENT, ENOTDIR: not a directory; EIO: the data may not be on disk)."""
+    fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
+    except OSError as exc:
+        if exc.errno not in DIR_FSYNC_UNSUPPORTED:
+            raise
     finally:
         os.close(fd)
 

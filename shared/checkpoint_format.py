@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shared.atomic_io import fsync_dir
+
 HEADER_BYTES = 8                     # int32 step + int32 n_params
 INT32_MAX = 2**31 - 1                # largest step / n_params the header can hold
 CHECKSUM_CHUNK = 8 * 1024 * 1024     # bytes per zlib.crc32 call in file_checksum
@@ -443,22 +445,6 @@ def _as_f32_vector(x, what: str, step: int) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=_F32)  # no copy for contiguous LE float32
 
 
-def fsync_directory(directory: os.PathLike | str) -> None:
-    """fsync a directory so a rename inside it is durable (docs/checkpoint-format.md#atomic-write).
-
-    Filesystems that cannot fsync a directory (EINVAL/ENOTSUP) are tolerated; any other
-    OSError propagates.
-    """
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
 def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
                      fsync: bool = True) -> tuple[pathlib.Path, int, str]:
     """Write ``step_NNNNNN.bin`` atomically into ``directory`` (docs/checkpoint-format.md#atomic-write).
@@ -525,7 +511,7 @@ def _atomic_commit(directory: pathlib.Path, final_name: str, write_body, crc: _B
         os.replace(tmp, final)
         renamed = True
         if fsync:
-            fsync_directory(directory)
+            fsync_dir(directory)
     except BaseException as exc:
         crc.close()
         if not renamed:
@@ -784,8 +770,8 @@ def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR
             k += 1
             dest = dest_dir / f"{path.name}.{k}"
         os.rename(path, dest)
-        fsync_directory(dest_dir)
-        fsync_directory(path.parent)
+        fsync_dir(dest_dir)
+        fsync_dir(path.parent)
     except OSError as exc:
         raise CheckpointError(
             f"{path.name}: cannot move it to {dest_dir} ({exc.strerror or exc}): it stays "

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from shared.procfs import process_state
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # A tiny model (42,880 parameters) on raw bytes: creation takes ~1 s, a step a few ms.
@@ -100,11 +102,7 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:  # a zombie counts as dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return process_state(pid) not in (None, "Z")  # a zombie counts as dead
 
 
 # The exactness configuration: a short warm-up so a resume can land inside it and after it, a
@@ -212,9 +210,8 @@ def run_processes(run_dir: Path) -> list[int]:
             with open(f"/proc/{d}/cmdline", "rb") as f:
                 if needle not in f.read():
                     continue
-            with open(f"/proc/{d}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
+            if process_state(int(d)) in (None, "Z"):
+                continue
             out.append(int(d))
         except OSError:
             pass

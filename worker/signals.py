@@ -28,6 +28,8 @@ import signal
 import threading
 import time
 
+from shared.procfs import process_state
+
 log = logging.getLogger("worker.signals")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -111,11 +113,7 @@ class SignalFlags:
                 return True
             except PermissionError:
                 return False
-            try:  # a zombie proxy is a dead one
-                with open(f"/proc/{parent_pid}/stat") as f:
-                    return f.read().rsplit(")", 1)[-1].split()[0] == "Z"
-            except (FileNotFoundError, IndexError):
-                return True
+            return process_state(parent_pid) in (None, "Z")  # a zombie proxy is a dead one
 
         if gone():  # died before prctl took effect
             self.stop_reason = self.stop_reason or "parent-died"
