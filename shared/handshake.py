@@ -17,15 +17,14 @@ The proxy tails complete lines only, so a kill mid-line loses nothing that was w
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
 from pathlib import Path
 from typing import Callable
 
 from filelock import FileLock, Timeout
 
 from shared.atomic_io import atomic_write_json
+from shared.json_safe import jsonable
 from shared.run_layout import RunLayout
 
 PROTOCOL = 1
@@ -81,16 +80,6 @@ def reset_handshake(layout: RunLayout) -> None:
         pass
 
 
-def _finite(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 class ReportWriter:
     """Worker side: append one JSON line per report with a single O_APPEND write."""
 
@@ -98,7 +87,7 @@ class ReportWriter:
         self.fd = os.open(layout.reports, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def write(self, report: dict) -> None:
-        line = json.dumps(_finite(report), separators=(",", ":"), allow_nan=False) + "\n"
+        line = json.dumps(jsonable(report), separators=(",", ":"), allow_nan=False) + "\n"
         os.write(self.fd, line.encode("utf-8"))
 
     def close(self) -> None:
@@ -132,21 +121,3 @@ class ReportReader:
                 except ValueError:
                     pass  # a torn line from a killed writer: nothing whole was in it
         return out
-
-
-def wait_for_policy(layout: RunLayout, period: int, timeout: float,
-                    should_stop: Callable[[], bool] = lambda: False) -> tuple[dict | None, dict]:
-    """Worker side: block until the proxy has posted policy `period`; returns (policy, control).
-
-    Polls every 5 ms. Returns (None, control) if `should_stop()` turns true first. Raises
-    HandshakeError after `timeout` seconds (the proxy is gone or stuck)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        d = read_handshake(layout)
-        pol = d["policies"].get(str(period))
-        if pol is not None or should_stop():
-            return pol, d.get("control") or {}
-        if time.monotonic() > deadline:
-            raise HandshakeError(f"{layout.handshake}: no policy for period {period} after "
-                                 f"{timeout:.0f} s; is the proxy running?")
-        time.sleep(0.005)

@@ -35,6 +35,7 @@ import time
 from typing import Iterable, Iterator
 
 from shared.atomic_io import atomic_write_bytes, fsync_dir
+from shared.json_safe import jsonable
 
 __all__ = ["LossHistory", "read_records", "read_records_after", "iter_records", "rewind", "repair", "jsonable"]
 
@@ -52,29 +53,6 @@ _decoder = json.JSONDecoder()
 
 # ---------------------------------------------------------------------------------------------
 # encoding
-
-def jsonable(value):
-    """`value` with every non-finite float replaced by None (recursively); tuples become lists,
-    numpy/torch scalars and arrays go through `.tolist()`. Nothing is added or renamed."""
-    t = type(value)
-    if t is float:
-        return value if math.isfinite(value) else None
-    if value is None or t is str or t is int or t is bool:
-        return value
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float):          # float subclasses, e.g. numpy.float64
-        value = float(value)
-        return value if math.isfinite(value) else None
-    if isinstance(value, (int, str)):
-        return value
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):                  # numpy / torch scalars and arrays
-        return jsonable(tolist())
-    return value                          # let json.dumps name the unsupported type
-
 
 def _encode(record, path) -> tuple[int, bytes]:
     """(step, one-line JSON bytes) for a record; ValueError/TypeError naming the problem."""

@@ -47,15 +47,6 @@ class DistInfo:
     def enabled(self) -> bool:
         return self.backend is not None
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def under_torchrun() -> bool:
-    """True when torchrun (torch.distributed.run) launched this process."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
-
 
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
