@@ -11,6 +11,7 @@ from proxy.sidecars import replay_run
 from shared.arm_data import read_arm_index
 from shared.config import load_run_config
 from shared.run_layout import RunLayout
+import pytest
 
 COMMON = ["--checkpoint-every", "10", "--probe-every", "5", "--bandit-warmup", "5"]
 TEXTS = {"a": "It was a bright cold day in April, and the clocks were striking thirteen. " * 60,
@@ -35,6 +36,7 @@ def _pulls(recs, arm, upto=None):
     return sum(r["arms"].get(arm, 0) for r in recs if upto is None or r["step"] <= upto)
 
 
+@pytest.mark.slow
 def test_reorder_remove_add_and_rejoin_keep_each_arms_statistics_by_name(tmp_path):
     arms = _sources(tmp_path)
     run = tmp_path / "run"
@@ -96,6 +98,7 @@ def test_reorder_remove_add_and_rejoin_keep_each_arms_statistics_by_name(tmp_pat
     assert run_proxy(run, "--max-steps", "70", *COMMON).returncode == 0
 
 
+@pytest.mark.slow
 def test_bad_arm_lists_on_a_restart_are_refused_and_nothing_is_written(tmp_path):
     arms = _sources(tmp_path)
     src = tmp_path / "src"
@@ -122,6 +125,7 @@ def test_bad_arm_lists_on_a_restart_are_refused_and_nothing_is_written(tmp_path)
     assert loss_records(run)[-1]["step"] == 10
 
 
+@pytest.mark.slow
 def test_an_active_arm_missing_from_run_json_is_still_retired_when_left_out(tmp_path):
     """A proxy killed between the two writes of a change (data/arms.json, then run.json) leaves
     an active arm that run.json does not list; leaving it out of --arm must still retire it."""
@@ -148,6 +152,7 @@ def test_bad_arm_names_are_refused_by_name():
     assert parse_arm_option("web-2.v1_b=text:/tmp/x.txt").name == "web-2.v1_b"
 
 
+@pytest.mark.slow
 def test_a_rejoining_arm_whose_source_changed_is_refused(tmp_path):
     arms = _sources(tmp_path)
     run = tmp_path / "run"
@@ -234,6 +239,7 @@ def test_an_arm_rejoining_after_a_pivot_starts_as_an_average_arm_with_its_lifeti
     assert mix.bandit.pulls_lifetime["b"] == 70 and mix.bandit.pulls["b"] == 0
 
 
+@pytest.mark.slow
 def test_an_audit_fork_has_the_arms_of_its_checkpoint(tmp_path):
     import subprocess
     import sys
@@ -260,6 +266,7 @@ def test_an_audit_fork_has_the_arms_of_its_checkpoint(tmp_path):
         assert all(set(x["p"]) == active for x in loss_records(fork)[at:])
 
 
+@pytest.mark.slow
 def test_falling_back_to_before_a_pivot_drops_that_phase_for_good(tmp_path):
     """The newest checkpoints are corrupt and the resume lands before a pivot: the pivot's
     phase never happened, so phases.json must lose it (else a later restart jumps into it and

@@ -11,6 +11,7 @@ from shared.arm_data import heldout_size, read_arm_index
 from shared.config import load_run_config
 from shared.run_layout import RunLayout
 from worker.data import ArmSampler
+import pytest
 
 PROSE = ("It was a bright cold day in April, and the clocks were striking thirteen. "
          "Winston Smith slipped quickly through the glass doors of Victory Mansions. ")
@@ -30,6 +31,7 @@ def make_sources(d):
     return toks
 
 
+@pytest.mark.slow
 def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_path):
     src = tmp_path / "src"
     toks = make_sources(src)
@@ -63,6 +65,7 @@ def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_
     assert (sampler.heldout_windows("web", 8) == 255).all()
 
 
+@pytest.mark.slow
 def test_bad_bounds_and_unknown_arms_are_refused_before_the_run_is_created(tmp_path):
     for args, words in [(["--caps", "repo-code=0.1,python-docs=0.1,repo-docstrings=0.1"], "sum of caps"),
                         (["--floors", "repo-code=0.7,python-docs=0.7"], "sum of floors"),
@@ -76,6 +79,7 @@ def test_bad_bounds_and_unknown_arms_are_refused_before_the_run_is_created(tmp_p
         assert not (run / "run.json").exists()
 
 
+@pytest.mark.slow
 def test_zombie_arm_is_reported_retired_by_name_and_never_pulled_again(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -18,6 +18,9 @@ import time
 from proc_helpers import ROOT
 from shared import checkpoint_format as cf
 from shared import checkpoint_manifest as cm
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
 N_PARAMS = 3_000_000
 KILLS = 24

@@ -17,6 +17,8 @@ from shared import checkpoint_format as cf
 from shared import checkpoint_manifest as cm
 from shared.config import INT32_MAX, ConfigError, ModelShape, RunConfig
 
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
+
 N = 42_880
 
 

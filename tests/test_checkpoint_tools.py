@@ -16,6 +16,8 @@ from shared import checkpoint_format as cf
 from shared import checkpoint_manifest as cm
 from shared.config import PRESETS, RunConfig, parameter_table
 
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
+
 VOCAB = 256
 
 

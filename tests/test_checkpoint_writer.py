@@ -127,6 +127,7 @@ FSIZE_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_write_failing_midway_removes_temporary_keeps_previous_and_next_cadence_succeeds(
         tmp_path):
     n = 250_000                                   # 3 MB file, limit at 1.5 MB

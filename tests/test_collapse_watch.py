@@ -7,6 +7,7 @@ from proc_helpers import loss_records, run_proxy
 from proxy.collapse_watch import CollapseWatch, repetition_scores
 from shared.checkpoint_manifest import read_manifest
 from shared.run_layout import RunLayout
+import pytest
 
 
 def test_repetition_scores_tell_region_region_region_from_prose():
@@ -34,6 +35,7 @@ def test_one_bad_audit_then_a_good_one_raises_no_alarm(tmp_path):
     assert w.alarms == []
 
 
+@pytest.mark.slow
 def test_two_degenerate_audits_pin_the_checkpoint_before_them_alarm_the_history_and_stop(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -17,6 +17,8 @@ from proc_helpers import (checkpoint_steps, last_step, loss_records, pid_alive, 
                           start_proxy, wait_for)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
 
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
+
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 ARMS = ["--arm", f"argparse=text:{STDLIB / 'argparse.py'}",
         "--arm", f"typing=text:{STDLIB / 'typing.py'}"]

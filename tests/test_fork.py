@@ -7,6 +7,9 @@ import sys
 from proc_helpers import ROOT, loss_records, run_proxy
 from shared.checkpoint_format import checkpoint_name
 from shared.checkpoint_manifest import read_manifest
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
 COMMON = ["--max-steps", "60", "--checkpoint-every", "20", "--probe-every", "5",
           "--bandit-warmup", "5", "--keep-last", "5"]

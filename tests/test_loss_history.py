@@ -129,6 +129,7 @@ def test_append_is_o1_bytes_written_independent_of_history_length(hist):
 
 # --- torn tails -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cut_at_every_byte_of_the_last_record_keeps_all_complete_records(hist):
     full = build(hist, 5)
     end4 = full.index(b'{"step":5') - 2               # end of record 4 ("},\n" before record 5)

@@ -17,6 +17,7 @@ def test_andrea_12m_has_exactly_12811008_parameters_and_a_153732104_byte_checkpo
     assert GPT(PRESETS["andrea-12m"], 2305).n_params == 12_811_008
 
 
+@pytest.mark.slow
 def test_sigusr1_checkpoints_and_training_goes_on_then_sigterm_stops_both_with_exit_0(tmp_path):
     run = tmp_path / "run"
     proc = start_proxy(run, "--max-steps", "100000", "--checkpoint-every", "100000")
@@ -46,6 +47,7 @@ def test_sigusr1_checkpoints_and_training_goes_on_then_sigterm_stops_both_with_e
     assert step == final
 
 
+@pytest.mark.slow
 def test_resume_after_sigterm_gives_byte_identical_checkpoint_and_the_same_history(tmp_path):
     common = ["--max-steps", "300", "--checkpoint-every", "100", "--bandit-warmup", "0"]
     a, b = tmp_path / "a", tmp_path / "b"

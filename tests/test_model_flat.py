@@ -109,6 +109,7 @@ def test_check_flat_names_a_parameter_that_was_re_allocated():
         model.check_flat()
 
 
+@pytest.mark.slow  # a gloo process group takes seconds to set up here
 def test_ddp_wrapping_keeps_the_parameters_in_flat(tmp_path):
     # One gloo rank in-process: DDP's constructor broadcasts the parameters and builds its
     # buckets; neither may re-allocate them.

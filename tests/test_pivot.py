@@ -9,6 +9,9 @@ import time
 from proc_helpers import ROOT, TINY, checkpoint_steps, last_step, loss_records, pid_alive, \
     run_proxy, start_proxy, wait_for
 from shared.checkpoint_format import checkpoint_name
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
 COMMON = ["--max-steps", "400", "--checkpoint-every", "20", "--probe-every", "5",
           "--bandit-warmup", "10", "--sample-every", "10"]

@@ -6,8 +6,10 @@ import sys
 
 from proc_helpers import ROOT, run_proxy
 from proxy.plot import series
+import pytest
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png_with_the_pivot_marked(tmp_path):
     run = tmp_path / "run"
     assert run_proxy(run, "--max-steps", "30", "--checkpoint-every", "10", "--probe-every", "5").returncode == 0

@@ -115,6 +115,7 @@ def test_proxy_run_passes_precision_to_the_options():
 
 
 # ------------------------------------------------------------------ real processes
+@pytest.mark.slow
 def test_bf16_run_writes_the_fp32_checkpoint_layout_and_its_loss_falls(bf16_ref):
     steps = checkpoint_steps(bf16_ref)
     assert FINAL in steps and len(steps) >= 3
@@ -137,6 +138,7 @@ def test_bf16_run_writes_the_fp32_checkpoint_layout_and_its_loss_falls(bf16_ref)
     assert hello["precision"] == "bf16" and hello["fused_adamw"] is True
 
 
+@pytest.mark.slow
 def test_bf16_sigterm_after_a_checkpoint_then_resume_is_byte_identical(template, bf16_ref, tmp_path):
     assert len({json.dumps(x["p"], sort_keys=True) for x in loss_records(bf16_ref)}) > 1, \
         "the bandit never moved: the bf16 probes would not be part of what resumes"
@@ -162,6 +164,7 @@ def test_bf16_sigterm_after_a_checkpoint_then_resume_is_byte_identical(template,
     assert_same_run(bf16_ref, b, FINAL)
 
 
+@pytest.mark.slow
 def test_precision_changes_the_arithmetic_and_auto_is_fp32_on_cpu(template, bf16_ref, tmp_path):
     """Negative control: fp32 differs from bf16 (same data, same AdamW kernel); and `auto` on
     CPU is exactly fp32 (today's behaviour)."""

@@ -47,7 +47,8 @@ def test_preset_has_its_exact_parameter_count_and_checkpoint_size(preset, vocab)
     assert (cfg.n_params, cfg.checkpoint_bytes) == (n, nbytes)
 
 
-@pytest.mark.parametrize("preset", ["andrea-tiny", "andrea-12m", "andrea-120m"])
+@pytest.mark.parametrize("preset", ["andrea-tiny", "andrea-12m",
+                                    pytest.param("andrea-120m", marks=pytest.mark.slow)])
 def test_the_built_model_has_the_table_count_for_the_default_vocabulary(preset):
     from worker.model import GPT
     model = GPT(PRESETS[preset], DEFAULT_BPE_VOCAB)

@@ -15,6 +15,8 @@ from proc_helpers import (assert_same_run, checkpoint_steps, clone, compare_keys
 from shared.checkpoint_format import checkpoint_name, load_checkpoint, read_header
 from shared.checkpoint_manifest import remove_entries
 
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
+
 WARMUP, FINAL = 20, 60
 
 

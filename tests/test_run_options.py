@@ -6,6 +6,8 @@ import pytest
 
 from proc_helpers import run_proxy
 
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
+
 
 @pytest.mark.parametrize("option,value", [
     ("--seed", "-1"), ("--hang-timeout", "0"), ("--stop-timeout", "-1"), ("--keep-every", "-3"),

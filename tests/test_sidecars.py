@@ -8,6 +8,9 @@ from shared.checkpoint_format import checkpoint_name
 from shared.config import load_run_config
 from shared.loss_history import read_records
 from shared.run_layout import RunLayout
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
 COMMON = ["--checkpoint-every", "20", "--sample-every", "20", "--probe-every", "5",
           "--bandit-warmup", "5"]

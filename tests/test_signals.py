@@ -17,6 +17,8 @@ from proc_helpers import (checkpoint_steps, cleaned_up, clone, create_template, 
 from shared.checkpoint_format import checkpoint_name, is_temporary_name, load_checkpoint
 from shared.checkpoint_manifest import read_manifest
 
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
+
 SIG = ["--max-steps", "400", "--checkpoint-every", "10"]
 
 

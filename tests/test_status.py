@@ -4,6 +4,9 @@ import subprocess
 import sys
 
 from proc_helpers import ROOT, run_proxy
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
 
 def test_status_skips_a_truncated_newest_checkpoint_and_names_it_invalid(tmp_path):

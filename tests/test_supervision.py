@@ -20,6 +20,8 @@ from proc_helpers import (checkpoint_steps, cleaned_up, clone, cmd, create_templ
                           wait_report)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
 
+pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
+
 SUP = ["--max-steps", "400", "--checkpoint-every", "10"]
 
 
