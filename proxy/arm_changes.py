@@ -8,7 +8,12 @@ any order, leave some out, or name new ones, and every arm keeps its own statist
   added      a new name is tokenized with the run's tokenizer into `data/` and joins the bandit
              at the resume step with no statistics; a name retired earlier re-joins with its
              statistics restored (Bandit.add_arm).
-Zombie retirements (proxy/zombies.py) go into the same log.
+Zombie arms (docs/architecture.md#arms) are retired through the same log: at the start of every
+incarnation each active arm of `data/arms.json` is matched to its configured source by NAME and
+fingerprint. The cheap `source_fingerprint` (file list, sizes, mtimes) is compared first; when
+it differs, the content fingerprint decides, so a touched-but-identical source is not a zombie.
+A zombie is reported by name and retired from the resume step on (`handle_zombies`): never
+pulled again, its statistics kept under "retired".
 
 The log: `data/arms.json` key "changes", a list of {"id", "step", "action": "add"|"retire",
 "arm", "reason"} in the order they were made. `step` is the checkpoint step S the change takes
@@ -18,8 +23,8 @@ of the incarnation (`stamp_changes`). Replays apply the log at the same steps, s
 `.loss.json` still reproduces `.state.json` exactly (docs/bandit.md#determinism). Runs made before
 the log existed have per-arm "retired" entries only; they are read as retire changes.
 
-What it is not: the bandit arithmetic of joining or leaving (proxy/bandit.py), the zombie check
-(proxy/zombies.py).
+What it is not: the bandit arithmetic of joining or leaving (proxy/bandit.py), tokenizing an
+arm (shared/arm_data.py).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import os
 from dataclasses import dataclass
 
 from shared.arm_data import ArmData, prepare_arm, read_arm_index
+from shared.arms import ArmSourceError, content_fingerprint, source_fingerprint
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, ConfigError, RunConfig
 from shared.run_layout import RunLayout
@@ -169,7 +175,6 @@ def plan_arm_set(layout: RunLayout, cfg: RunConfig, new_specs: list[ArmSpec],
     a batch under the phase's floors and caps (BanditConfigError's reason, with the fix).
     """
     from proxy.bandit import BanditConfigError, resolve_bounds
-    from proxy.zombies import check_source
     names = [s.name for s in new_specs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -296,3 +301,55 @@ def specs_of(d: dict, configured: list[ArmSpec]) -> list[ArmSpec]:
         a = active[n]
         out.append(ArmSpec(n, a["kind"], a.get("source", ""), a.get("field", "text")))
     return out
+
+
+# ------------------------------------------------------------------------------ zombie arms
+
+def check_source(spec: ArmSpec, fingerprint: str, source_fp: str) -> str | None:
+    """Why the arm's source no longer matches (a sentence naming the arm), or None when it does.
+
+    `fingerprint`: the content fingerprint stored at creation; `source_fp`: the stored cheap one
+    ("" when the run predates it: then the content fingerprint is checked every time)."""
+    try:
+        if source_fp and source_fingerprint(spec) == source_fp:
+            return None
+        now = content_fingerprint(spec)
+    except ArmSourceError as e:
+        return f"source gone ({e})"
+    except OSError as e:
+        return f"source unreadable ({e})"
+    if now != fingerprint:
+        return f"source changed (fingerprint {fingerprint[:19]} at creation, now {now[:19]})"
+    return None
+
+
+def find_zombies(layout: RunLayout, specs: list[ArmSpec]) -> dict[str, str]:
+    """Active arms whose source is gone or changed: {name: reason}. Arms already retired are
+    not checked again. Reads `data/arms.json` (ArmSourceError when it is missing)."""
+    index = read_arm_index(layout, include_retired=True)
+    by_name = {s.name: s for s in specs}
+    out = {}
+    for name in sorted(index):
+        a = index[name]
+        if a.retired or name not in by_name:
+            continue
+        why = check_source(by_name[name], a.fingerprint, a.source_fingerprint)
+        if why:
+            out[name] = why
+    return out
+
+
+def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) -> list[ArmChange]:
+    """The start-of-incarnation check: stamp pending arm changes with `resume_step`, find new
+    zombies, report each by name (a warning), retire them at `resume_step` (proxy/arm_changes.py
+    log); returns the whole arm-change log for the MixtureController."""
+    changes = stamp_changes(layout, resume_step)
+    zombies = find_zombies(layout, specs)
+    for name, why in zombies.items():
+        log.warning("arm %s is a zombie: %s; it is retired from step %d on (kept in .state.json "
+                    "under 'retired', never pulled again); restore its source and start a new "
+                    "run or fork to train on it again", name, why, resume_step)
+    if zombies:
+        changes = append_changes(layout, [(resume_step, "retire", n, why)
+                                          for n, why in zombies.items()])
+    return changes

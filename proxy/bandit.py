@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from proxy.arm_bounds import (BOUND_SLACK, BanditConfigError, check_arm_names as _check_arm_names,
                               check_bounds as _check_bounds, is_real as _real, parse_arm_values,
@@ -31,7 +31,7 @@ from proxy.reward_scaler import SCALER_CAPACITY, QuantileScaler
 
 __all__ = ["BOUND_SLACK", "REWARDS", "SCALER_CAPACITY", "Bandit", "BanditConfig",
            "BanditConfigError", "QuantileScaler", "parse_arm_values", "project_to_box",
-           "replay", "resolve_bounds"]
+           "resolve_bounds"]
 
 REWARDS = ("heldout_progress", "train_loss")
 
@@ -377,22 +377,6 @@ class Bandit:
                             "rejoined": old is not None}
         self.version += 1
 
-    def pivot(self, new_floors: Mapping[str, float] | None, new_caps: Mapping[str, float] | None,
-              label: str, start_step: int) -> "Bandit":
-        """A fresh Bandit for the next phase (docs/bandit.md#polish-pivot).
-
-        Prior = this bandit's current probabilities projected into the new box. Keeps
-        pulls_lifetime and the retired section; resets logw, EMAs, the scaler, probe baselines,
-        phase pulls and version. Phase index + 1, label `label`, phase start `start_step` (the
-        pivot checkpoint's step B; records from B+1 on belong to it). Raises BanditConfigError
-        for infeasible or unknown bounds.
-        """
-        nb = Bandit(self.arms, new_floors, new_caps, self.config, prior=self.probabilities(),
-                    phase_label=label, phase_index=self.phase_index + 1, phase_start_step=start_step)
-        nb.pulls_lifetime = dict(self.pulls_lifetime)
-        nb.retired = copy.deepcopy(self.retired)
-        return nb
-
     # -- persistence ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """JSON-serialisable state for `.state.json`; `from_dict` restores it exactly.
@@ -420,7 +404,7 @@ class Bandit:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Bandit":
         """Rebuild a Bandit from `to_dict` output (after JSON). Raises ValueError when malformed
-        (BanditConfigError when its bounds or config are invalid): rebuild by `replay` then."""
+        (BanditConfigError when its bounds or config are invalid): rebuild it by replaying the history then (proxy/mixture_rebuild.py)."""
         try:
             config = BanditConfig.from_dict(d["config"])
             arms = d["arms"]
@@ -447,33 +431,3 @@ class Bandit:
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"bandit state malformed ({e!r}); rebuild it by replaying the history") from None
         return b
-
-
-def replay(arm_names: list[str], floors: Mapping[str, float] | None,
-           caps: Mapping[str, float] | None, config: BanditConfig,
-           records: Iterable[Mapping[str, Any]], phase_index: int, phase_label: str,
-           phase_start_step: int, prior: Mapping[str, float] | None = None,
-           upto_step: int | None = None,
-           lifetime_pulls: Mapping[str, int] | None = None) -> Bandit:
-    """Build a Bandit for one phase and fold `records` in order (docs/bandit.md#determinism).
-
-    Records of other phases, already-folded steps and (when `upto_step` is given) steps past
-    `upto_step` are skipped. Replaying the same history gives `to_dict()` equal bit for bit;
-    that is how a resume from an older checkpoint rebuilds `.state.json`. After a pivot, pass
-    the phase's `prior` and `lifetime_pulls` (sequences per arm drawn before the phase start,
-    e.g. summed from earlier phases' records) to reproduce the state exactly; arms retired in
-    the live bandit must be retired again by the caller. Raises as `Bandit.__init__` and
-    `Bandit.observe`, and BanditConfigError for an unknown arm in `lifetime_pulls`.
-    """
-    b = Bandit(arm_names, floors, caps, config, prior=prior, phase_label=phase_label,
-               phase_index=phase_index, phase_start_step=phase_start_step)
-    for a, v in (lifetime_pulls or {}).items():
-        if a not in b.pulls_lifetime:
-            raise BanditConfigError(
-                f"lifetime_pulls: unknown arm {a!r}; known arms: {', '.join(b.arms)}")
-        b.pulls_lifetime[a] = int(v)
-    for rec in records:
-        if upto_step is not None and int(rec["step"]) > upto_step:
-            continue
-        b.observe(rec)
-    return b

@@ -12,23 +12,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import signal
 import sys
-import time
-from pathlib import Path
 
-from shared.config import PRESETS, ArmSpec, ConfigError, RunConfig, DEFAULT_ARMS, load_run_config
+from proxy.run_options import add_run_args, check_resume_args, check_run_options, \
+    config_from_args, proxy_options
+from shared.config import ConfigError, DEFAULT_ARMS, RunConfig, load_run_config
+from shared.exit_codes import EXIT_USAGE
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
-
-# Options that define the run and are fixed at creation (run.json); on resume they must match.
-CREATION_ONLY = ("preset", "tokenizer", "seed", "batch_size", "lr", "checkpoint_every",
-                 "sample_every", "warmup_steps")
-
 
 def _setup_logging(layout: RunLayout | None) -> None:
     fmt = logging.Formatter("%(asctime)s proxy[%(process)d] %(levelname)s %(message)s")
@@ -43,96 +37,6 @@ def _setup_logging(layout: RunLayout | None) -> None:
         fh = logging.FileHandler(layout.logs / "proxy.log")
         fh.setFormatter(fmt)
         root.addHandler(fh)
-
-
-def _add_run_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--run-dir", required=True, help="run directory (created if missing)")
-    ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                    help="model shape (default andrea-tiny; fixed at creation)")
-    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many updates")
-    ap.add_argument("--checkpoint-every", type=int, default=None, help="cadence in steps (100)")
-    ap.add_argument("--sample-every", type=int, default=None,
-                    help="sample audit cadence in steps (default: the checkpoint cadence)")
-    ap.add_argument("--probe-every", type=int, default=None,
-                    help="held-out probe cadence = bandit policy period, steps (25)")
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    ap.add_argument("--batch-size", type=int, default=None, help="sequences per update")
-    ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
-    ap.add_argument("--warmup-steps", type=int, default=None, help="learning-rate warm-up, steps")
-    ap.add_argument("--caps", default="", help="per-arm caps, arm=value,...")
-    ap.add_argument("--floors", default="", help="per-arm floors, arm=value,...")
-    ap.add_argument("--tokenizer", choices=("bpe", "bytes"), default=None)
-    ap.add_argument("--arm", action="append", default=[], metavar="NAME=KIND:SOURCE",
-                    help="add an arm: text:PATH|GLOB, jsonl:PATH[:FIELD], tokens:PATH (repeatable); "
-                         "replaces the three defaults unless --default-arms is given; on a restart "
-                         "the run's new arm list, matched by name: new names join, names left out "
-                         "are retired, statistics stay with each name")
-    ap.add_argument("--default-arms", action="store_true", help="keep the default arms with --arm")
-    ap.add_argument("--reward", choices=("heldout_progress", "train_loss"), default=None)
-    ap.add_argument("--bandit-warmup", type=int, default=None, help="steps on the prior (200)")
-    ap.add_argument("--usr1-at", choices=("step", "boundary"), default="step",
-                    help="SIGUSR1 checkpoint after the current step, or at the next cadence boundary")
-    ap.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (>= 2)")
-    ap.add_argument("--keep-every", type=int, default=10000, help="also keep every M-th step (0 = off)")
-    ap.add_argument("--max-restarts", type=int, default=3)
-    ap.add_argument("--hang-timeout", type=float, default=300.0, help="seconds without a report")
-    ap.add_argument("--stop-timeout", type=float, default=120.0, help="seconds for a clean stop")
-    ap.add_argument("--print-every", type=int, default=10, help="steps between progress lines")
-    ap.add_argument("--from-scratch", action="store_true",
-                    help="start at step 0 even though the history has records but no checkpoint")
-    from proxy.launch import add_launch_args
-    add_launch_args(ap)  # --nproc-per-node, --nnodes, --node-rank, --rdzv-*, --compile (issue 6)
-
-
-def _config_from_args(a) -> RunConfig:
-    from proxy.bandit import parse_arm_values
-    from shared.arms import parse_arm_option
-    cfg = RunConfig()
-    if a.preset:
-        cfg.preset = a.preset
-        cfg.model = PRESETS[a.preset]
-    for name in ("seed", "batch_size", "lr", "checkpoint_every", "probe_every", "warmup_steps",
-                 "tokenizer", "reward", "bandit_warmup"):
-        v = getattr(a, name, None)
-        if v is not None:
-            setattr(cfg, name, v)
-    if a.max_steps is not None:
-        cfg.max_steps = cfg.lr_decay_steps = a.max_steps
-    if cfg.warmup_steps >= cfg.lr_decay_steps:
-        if a.warmup_steps is not None:
-            raise ConfigError(f"--warmup-steps {cfg.warmup_steps} must be below --max-steps "
-                              f"{cfg.max_steps} (the cosine schedule ends there)")
-        cfg.warmup_steps = cfg.lr_decay_steps // 10
-        log.warning("a %d-step run: learning-rate warm-up shortened to %d steps",
-                    cfg.max_steps, cfg.warmup_steps)
-    cfg.sample_every = a.sample_every if a.sample_every is not None else cfg.checkpoint_every
-    if a.arm:
-        arms = [parse_arm_option(t) for t in a.arm]
-        cfg.arms = (list(DEFAULT_ARMS) if a.default_arms else []) + arms
-    names = [x.name for x in cfg.arms]
-    cfg.caps = parse_arm_values(a.caps, names, "--caps")
-    cfg.floors = parse_arm_values(a.floors, names, "--floors")
-    return cfg
-
-
-def _check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
-    """Creation-only options given on a resume must match run.json (SPEC section 3)."""
-    if a.preset and a.preset != cfg.preset:
-        from shared.config import count_parameters
-        n_new = count_parameters(PRESETS[a.preset], cfg.vocab_size)
-        raise ConfigError(f"{layout.run_json}: this run is {cfg.preset} ({cfg.n_params:,} "
-                          f"parameters); --preset {a.preset} has {n_new:,}: the architecture "
-                          "cannot change on resume; use a new --run-dir (or `fork`)")
-    for name in CREATION_ONLY[1:]:
-        v = getattr(a, name, None)
-        if v is not None and v != getattr(cfg, name):
-            log.warning("--%s %s ignored: this run was created with %s (run.json); the value "
-                        "is fixed for the life of the run", name.replace("_", "-"), v,
-                        getattr(cfg, name))
-    if a.caps or a.floors:
-        raise ConfigError("--caps/--floors on an existing run would change the policy mid-phase; "
-                          "use `python -m proxy pivot --run-dir DIR --caps ... --floors ...`")
 
 
 def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
@@ -157,33 +61,12 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
     return commit_arm_set(layout, cfg, plan)
 
 
-def check_run_options(a) -> None:
-    """Refuse bad supervision numbers before anything is created or started (SPEC section 9).
-    Raises ConfigError naming the option, the value and the rule."""
-    rules = [("--keep-last", a.keep_last, a.keep_last >= 2,
-              "must be >= 2 (the newest checkpoint may still be being written)"),
-             ("--keep-every", a.keep_every, a.keep_every >= 0, "must be >= 0 (0 = off)"),
-             ("--max-restarts", a.max_restarts, a.max_restarts >= 0, "must be >= 0"),
-             ("--hang-timeout", a.hang_timeout, a.hang_timeout > 0, "must be > 0 seconds"),
-             ("--stop-timeout", a.stop_timeout, a.stop_timeout > 0, "must be > 0 seconds"),
-             ("--print-every", a.print_every, a.print_every >= 1, "must be >= 1 step"),
-             ("--seed", a.seed, a.seed is None or 0 <= a.seed < 2**63,
-              "must be in [0, 2**63) (numpy seeds are non-negative)")]
-    if a.max_steps is not None:
-        rules.append(("--max-steps", a.max_steps, a.max_steps >= 1, "must be >= 1"))
-    keep = getattr(a, "samples_keep", 1)
-    rules.append(("--samples-keep", keep, keep >= 1, "must be >= 1"))
-    for name, value, ok, rule in rules:
-        if not ok:
-            raise ConfigError(f"{name} {value}: {rule}")
-
-
 def cmd_run(a) -> int:
     from proxy.proc_tree import EarlySignals
     EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal (issue 4)
     from proxy.run_lock import RunLock, RunLockError
     from proxy.run_setup import create_run
-    from proxy.supervisor import ProxyOptions, Supervisor, SupervisorError
+    from proxy.supervisor import Supervisor, SupervisorError
     from proxy.bandit import BanditConfigError
 
     _setup_logging(None)
@@ -191,7 +74,7 @@ def cmd_run(a) -> int:
         check_run_options(a)
     except ConfigError as e:
         log.error("%s", e)
-        return 2
+        return EXIT_USAGE
     layout = RunLayout(a.run_dir)
     layout.root.mkdir(parents=True, exist_ok=True)
     _setup_logging(layout)
@@ -200,29 +83,21 @@ def cmd_run(a) -> int:
         lock.acquire()
     except RunLockError as e:
         log.error("%s", e)
-        return 2
+        return EXIT_USAGE
     try:
         if layout.run_json.exists():
             cfg = load_run_config(layout.run_json)
-            _check_resume_args(a, cfg, layout)
+            check_resume_args(a, cfg, layout)
             cfg = _apply_arm_list(a, cfg, layout)
             log.info("resuming run %s (%s, %s parameters)", layout.root, cfg.preset, f"{cfg.n_params:,}")
         else:
-            cfg = _config_from_args(a)
+            cfg = config_from_args(a)
             log.info("creating run %s (%s)", layout.root, cfg.preset)
             cfg = create_run(layout, cfg)
             log.info("created: %s parameters, vocabulary %d, checkpoint %s bytes",
                      f"{cfg.n_params:,}", cfg.vocab_size, f"{cfg.checkpoint_bytes:,}")
         _print_settings(cfg, a)
-        opts = ProxyOptions(max_steps=a.max_steps, usr1_at=a.usr1_at, device=a.device,
-                            keep_last=a.keep_last, keep_every=a.keep_every,
-                            max_restarts=a.max_restarts, hang_timeout=a.hang_timeout,
-                            stop_timeout=a.stop_timeout, print_every=a.print_every,
-                            from_scratch=a.from_scratch)
-        from proxy.pivot import apply_run_extras
-        apply_run_extras(a, opts, cfg)  # --samples-keep, --stop-on-collapse, hidden --pivot-*
-        from proxy.launch import apply_launch_args
-        apply_launch_args(a, opts, cfg)  # torchrun options; world size must divide the batch
+        opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
         sup = Supervisor(layout, cfg, opts)
         sup.install_signal_handlers()
         code = sup.run()
@@ -230,7 +105,7 @@ def cmd_run(a) -> int:
         return code
     except (ConfigError, BanditConfigError) as e:
         log.error("%s", e)
-        return 2
+        return EXIT_USAGE
     except SupervisorError as e:
         log.error("%s", e)
         return e.code
@@ -268,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     from proxy import fork, pivot, plot
     p = sub.add_parser("run", help="create or resume a run and supervise it")
-    _add_run_args(p)
-    pivot.add_run_extras(p)
+    add_run_args(p)
     pivot.add_pivot_parser(sub)
     fork.add_fork_parser(sub)
     plot.add_plot_parser(sub)

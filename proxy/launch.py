@@ -52,46 +52,6 @@ class LaunchOptions:
         return self.nproc_per_node * nodes
 
 
-def add_launch_args(ap) -> None:
-    """The `python -m proxy run` options for torchrun and speed (argparse parser `ap`):
-    --nproc-per-node and the rendezvous options, --compile, --precision."""
-    ap.add_argument("--nproc-per-node", type=int, default=1,
-                    help="ranks on this node; > 1 launches the worker with torchrun (DDP)")
-    ap.add_argument("--nnodes", default=None, help="torchrun --nnodes (N or MIN:MAX)")
-    ap.add_argument("--node-rank", type=int, default=None, help="torchrun --node-rank")
-    ap.add_argument("--rdzv-endpoint", default=None, help="torchrun --rdzv-endpoint HOST:PORT")
-    ap.add_argument("--rdzv-id", default=None, help="torchrun --rdzv-id (same on every node)")
-    ap.add_argument("--rdzv-backend", default=None, help="torchrun --rdzv-backend (c10d)")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the training step")
-    ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                    help="forward arithmetic: auto = bf16 autocast on CUDA, fp32 on CPU; bf16 = "
-                         "bf16 autocast on any device; fp32 = no autocast. Weights, AdamW m/v "
-                         "and checkpoints stay fp32 (worker/precision.py)")
-
-
-def apply_launch_args(a, opts, cfg) -> None:
-    """Copy the launch options of namespace `a` into ProxyOptions `opts`. Raises
-    shared.config.ConfigError when --nproc-per-node < 1 or the world size does not divide the
-    run's global batch (each rank takes an equal slice)."""
-    from shared.config import ConfigError
-    lo = LaunchOptions(nproc_per_node=a.nproc_per_node, nnodes=a.nnodes, node_rank=a.node_rank,
-                       rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id,
-                       rdzv_backend=a.rdzv_backend)
-    if lo.nproc_per_node < 1:
-        raise ConfigError(f"--nproc-per-node {lo.nproc_per_node}: must be >= 1")
-    try:
-        world = lo.world_size()
-    except ValueError:
-        raise ConfigError(f"--nnodes {lo.nnodes!r}: give N or MIN:MAX (integers)") from None
-    if cfg.batch_size % world:
-        raise ConfigError(f"run.json batch_size={cfg.batch_size} is not divisible by the world "
-                          f"size {world} (--nproc-per-node x --nnodes): each rank takes an equal "
-                          "slice of the global batch; choose a world size that divides it")
-    opts.launch = lo
-    opts.compile = a.compile
-    opts.precision = a.precision
-
-
 def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> list[str]:
     """argv that runs `python -m worker worker_args` under torchrun with `opts`.
 

@@ -134,6 +134,23 @@ class MixtureController:
         self.folded_through = rec["step"]
         self._post_ready()
 
+    @property
+    def next_period(self) -> int:
+        """The first period whose policy is not posted yet (it changes as records are folded)."""
+        return self._next
+
+    def next_phase(self, label: str, caps: dict[str, float], floors: dict[str, float],
+                   start_step: int) -> Phase:
+        """The phases.json entry of a polish pivot at `start_step` (docs/bandit.md#polish-pivot):
+        index + 1, the new bounds, prior = this bandit's probabilities now (projected into the
+        new box when the new controller is built), and each arm's lifetime pulls (retired arms
+        included) so counts run on across phases."""
+        b = self.bandit
+        return Phase(index=self.phase.index + 1, label=label, start_step=start_step,
+                     caps=dict(caps), floors=dict(floors), prior=b.probabilities(),
+                     lifetime_pulls={**{a: r["pulls_lifetime"] for a, r in b.retired.items()},
+                                     **b.pulls_lifetime})
+
     def policies_from(self, first_period: int) -> dict[str, dict]:
         """Posted policies for periods >= first_period, as the handshake stores them."""
         return {str(v): {"period": v, "first_step": v * self.period + 1,

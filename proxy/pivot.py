@@ -18,7 +18,6 @@ The restarted proxy reuses the stopped proxy's command-line options (read from /
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -77,18 +76,7 @@ def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int) -> in
     return b
 
 
-# ------------------------------------------------------------------------------ options of `run`
-
-def add_run_extras(ap: argparse.ArgumentParser) -> None:
-    """Options of `run` that issue 5 adds (the --pivot-* ones are hidden: `pivot` sets them)."""
-    ap.add_argument("--samples-keep", type=int, default=50,
-                    help="sample audits kept in .samples.json (the last N of the phase)")
-    ap.add_argument("--stop-on-collapse", action="store_true",
-                    help="stop the run when the collapse alarm goes off (two degenerate audits)")
-    ap.add_argument("--pivot-label", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--pivot-caps", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--pivot-floors", default="", help=argparse.SUPPRESS)
-
+# ------------------------------------------------------------------------------ bounds
 
 def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[dict, dict]:
     """Parse and check pivot bounds against the run's arms: (caps, floors) as given (arms not
@@ -99,17 +87,6 @@ def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[
     floors = parse_arm_values(floors_text, names, "--floors")
     resolve_bounds(names, caps, floors)
     return caps, floors
-
-
-def apply_run_extras(a, opts, cfg: RunConfig) -> None:
-    """Copy the extra `run` options into ProxyOptions (validating pivot bounds first)."""
-    if a.samples_keep < 1:
-        raise ConfigError(f"--samples-keep {a.samples_keep}: must be >= 1")
-    opts.samples_keep = a.samples_keep
-    opts.stop_on_collapse = a.stop_on_collapse
-    if a.pivot_label is not None:
-        caps, floors = validated_bounds(cfg, a.pivot_caps, a.pivot_floors)
-        opts.pivot = {"label": a.pivot_label, "caps": caps, "floors": floors}
 
 
 # ------------------------------------------------------------------------------ the command

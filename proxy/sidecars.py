@@ -63,25 +63,3 @@ class SamplesLog:
 
 def write_state(path: Path, snapshot: dict) -> None:
     atomic_write_json(path, snapshot)
-
-
-def replay_run(layout, cfg, step: int, changes: list | None = None):
-    """The MixtureController of the phase in force at `step`, rebuilt by replaying `.loss.json`
-    from that phase's start to `step` (docs/bandit.md#determinism): what the supervisor does at
-    every resume. `changes`: the arm-change log (default: data/arms.json's, proxy/arm_changes.py).
-    Its `bandit.to_dict()` equals `.state.json` written with checkpoint `step`."""
-    from proxy.arm_changes import read_changes
-    from proxy.mixture import MixtureController
-    from proxy.run_setup import read_phases
-    from shared.arm_data import read_arm_index
-    from shared.loss_history import read_records
-    if changes is None:
-        changes = read_changes(layout)
-    phases = [p for p in read_phases(layout) if p.start_step <= step] or read_phases(layout)[:1]
-    ph = phases[-1]
-    mix = MixtureController(sorted(read_arm_index(layout, include_retired=True)), ph, cfg.reward,
-                            cfg.bandit_warmup, cfg.probe_every, changes)
-    for r in read_records(layout.loss, ph.start_step + 1, step):
-        mix.observe(r)
-    mix.apply_changes(step)
-    return mix

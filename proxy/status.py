@@ -28,7 +28,7 @@ from shared.procfs import process_state
 from shared.run_layout import RunLayout
 
 TAIL_BYTES = 1 << 17       # the last 128 KiB of .loss.json: a few hundred records
-EMA_ALPHA = 0.05           # the proxy's progress-line EMA (proxy/supervisor.py)
+EMA_ALPHA = 0.05           # weight of the newest loss in the EMA (also the progress line's)
 STALE_S = 30.0             # no step for this long (and 10x the usual step time): stalled
 
 

@@ -105,17 +105,14 @@ def main() -> int:
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-supervision-"))
     try:
-        from proxy import cli, pivot
+        from proxy.run_options import add_run_args, config_from_args
         from proxy.run_setup import create_run
         from shared.run_layout import RunLayout
         template = work / "template"
         p = argparse.ArgumentParser()
-        sub = p.add_subparsers(dest="cmd")
-        rp = sub.add_parser("run")
-        cli._add_run_args(rp)
-        pivot.add_run_extras(rp)
-        args = p.parse_args(["run"] + proxy_args(template, a)[4:])
-        create_run(RunLayout(template), cli._config_from_args(args))
+        add_run_args(p)
+        args = p.parse_args(proxy_args(template, a)[4:])
+        create_run(RunLayout(template), config_from_args(args))
         sup, alo = [], []
         same = True
         for i in range(a.rounds):

@@ -180,6 +180,10 @@ def manifest_checksums(entries: dict[int, ManifestEntry]) -> dict[int, str]:
     return {step: entry.checksum for step, entry in entries.items()}
 
 
+DEFAULT_KEEP_LAST = 3       # newest checkpoints kept (>= 2: the newest may still be being written)
+DEFAULT_KEEP_EVERY = 10000  # also keep every step that is a multiple of this (0 = off)
+
+
 def plan_retention(steps: list[int], pinned: set[int], keep_last: int,
                    keep_every: int) -> list[int]:
     """Steps retention may delete, ascending (docs/checkpoint-format.md#retention). Pure: touches no file.

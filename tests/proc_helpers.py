@@ -114,16 +114,13 @@ EXACT = ["--max-steps", "60", "--checkpoint-every", "10", "--probe-every", "10",
 def create_template(run_dir: Path, *args: str) -> Path:
     """Create a run directory as `python -m proxy run --run-dir run_dir TINY args` would, without
     training a step. Returns run_dir."""
-    from proxy import cli, pivot
+    from proxy.run_options import add_run_args, config_from_args
     from proxy.run_setup import create_run
     from shared.run_layout import RunLayout
     ap = argparse.ArgumentParser()
-    sub = ap.add_subparsers(dest="cmd")
-    p = sub.add_parser("run")
-    cli._add_run_args(p)
-    pivot.add_run_extras(p)
-    a = ap.parse_args(["run", "--run-dir", str(run_dir), *TINY, *args])
-    create_run(RunLayout(run_dir), cli._config_from_args(a))
+    add_run_args(ap)
+    a = ap.parse_args(["--run-dir", str(run_dir), *TINY, *args])
+    create_run(RunLayout(run_dir), config_from_args(a))
     return Path(run_dir)
 
 

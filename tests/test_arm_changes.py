@@ -7,7 +7,7 @@ import random
 from proc_helpers import loss_records, run_proxy
 from proxy.arm_changes import ArmChange, read_changes
 from proxy.mixture import MixtureController, Phase
-from proxy.sidecars import replay_run
+from proxy.mixture_rebuild import replay_run
 from shared.arm_data import read_arm_index
 from shared.config import load_run_config
 from shared.run_layout import RunLayout

@@ -6,7 +6,7 @@ import numpy as np
 
 from proc_helpers import loss_records, run_proxy
 from proxy.bandit import Bandit, BanditConfig
-from proxy.sidecars import replay_run
+from proxy.mixture_rebuild import replay_run
 from shared.arm_data import heldout_size, read_arm_index
 from shared.config import load_run_config
 from shared.run_layout import RunLayout

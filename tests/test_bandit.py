@@ -1,4 +1,5 @@
 """Tests for proxy/bandit.py: projection, config errors, rewards, determinism, pivots, retirement."""
+import dataclasses
 import json
 import math
 import random
@@ -8,7 +9,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from proxy.bandit import (Bandit, BanditConfig, BanditConfigError, QuantileScaler,
-                          parse_arm_values, project_to_box, replay, resolve_bounds)
+                          parse_arm_values, project_to_box, resolve_bounds)
+from proxy.mixture import MixtureController, Phase
 
 ARMS = ["python-docs", "repo-code", "repo-docstrings"]
 
@@ -244,6 +246,23 @@ def make(config=None, floors=None, caps=None, **kw):
     return Bandit(ARMS, floors or {}, caps or {}, config or BanditConfig(), **kw)
 
 
+def replay(arms, floors, caps, config, records, phase_index, label, start, upto_step=None):
+    """A Bandit of one phase with `records` folded in order (Bandit.observe, as the mixture
+    controller does), those past `upto_step` skipped."""
+    b = Bandit(arms, floors, caps, config, phase_label=label, phase_index=phase_index,
+               phase_start_step=start)
+    for r in records:
+        if upto_step is None or r["step"] <= upto_step:
+            b.observe(r)
+    return b
+
+
+def as_loss_record(r):
+    """A synthetic bandit record as the `.loss.json` record the mixture controller folds."""
+    return {"step": r["step"], "phase": {"index": r["phase_index"], "label": "?"},
+            "arms": r["arms"], "p": r["p"], "arm_loss": r["arm_loss"], "probe": r["probe"]}
+
+
 @pytest.mark.parametrize("reward", ["heldout_progress", "train_loss"])
 def test_replay_of_two_thousand_records_is_deterministic_and_round_trips(reward):
     cfg = BanditConfig(reward=reward)
@@ -377,12 +396,20 @@ def test_exp3s_share_keeps_every_log_weight_finite_from_zero_prior():
 # ----------------------------------------------------------------------------- pivot and retire
 
 def test_pivot_resets_pulls_and_ema_but_keeps_lifetime_pulls():
-    b = make(floors={a: 0.05 for a in ARMS})
+    """MixtureController.next_phase + a controller of that phase: what the proxy runs at a pivot
+    and at every resume after it (proxy/resume_planning.py, proxy/mixture_rebuild.py)."""
+    old = MixtureController(ARMS, Phase(0, "initial", 0, floors={a: 0.05 for a in ARMS}),
+                            "heldout_progress", 200, 25)
     for r in synthetic_records(1000, drops={"python-docs": 0.0, "repo-code": 0.04, "repo-docstrings": 0.0}):
-        b.observe(r)
+        old.observe(as_loss_record(r))
+    b = old.bandit
     old_p = b.probabilities()
     new_floors, new_caps = {"python-docs": 0.3}, {"repo-code": 0.4}
-    nb = b.pivot(new_floors, new_caps, "v3", start_step=1000)
+    phase = old.next_phase("v3", new_caps, new_floors, 1000)
+    assert (phase.index, phase.label, phase.start_step, phase.prior) == (1, "v3", 1000, old_p)
+    assert phase.lifetime_pulls == b.pulls_lifetime
+    phase = Phase(**json.loads(json.dumps(dataclasses.asdict(phase))))  # through phases.json
+    nb = MixtureController(ARMS, phase, "heldout_progress", 200, 25).bandit
     d = nb.to_dict()
     assert d["phase"] == {"label": "v3", "index": 1, "started_at_step": 1000, "updates": 0, "steps": 0}
     assert d["version"] == 0 and d["step"] == 1000 and d["scaler"]["values"] == []
@@ -401,9 +428,10 @@ def test_pivot_resets_pulls_and_ema_but_keeps_lifetime_pulls():
         p = nb.probabilities()
         assert p["python-docs"] >= 0.3 - 1e-12 and p["repo-code"] <= 0.4 + 1e-12
     assert nb.updates > 0
-    rebuilt = replay(ARMS, new_floors, new_caps, BanditConfig(), recs, 1, "v3", 1000, prior=old_p,
-                     lifetime_pulls=b.pulls_lifetime)
-    assert rebuilt.to_dict() == nb.to_dict()
+    rebuilt = MixtureController(ARMS, phase, "heldout_progress", 200, 25)
+    for r in recs:
+        rebuilt.observe(as_loss_record(r))
+    assert rebuilt.bandit.to_dict() == nb.to_dict()
 
 
 def test_retire_moves_arm_out_and_reprojects():
@@ -427,8 +455,10 @@ def test_retire_moves_arm_out_and_reprojects():
         b.observe(r)
     assert "repo-docstrings" not in b.pulls
     assert Bandit.from_dict(json.loads(json.dumps(b.to_dict()))).to_dict() == b.to_dict()
-    # retired section survives a pivot
-    assert "repo-docstrings" in b.pivot({}, {}, "v2", 400).retired
+    # the retired arm's lifetime pulls carry into the next phase
+    mix = MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 200, 25)
+    mix.bandit = b
+    assert mix.next_phase("v2", {}, {}, 400).lifetime_pulls["repo-docstrings"] == d["retired"]["repo-docstrings"]["pulls_lifetime"]
 
 
 def test_retire_refuses_infeasible_remaining_bounds_and_unknown_arms():

@@ -98,17 +98,14 @@ def test_bf16_autocast_keeps_weights_and_gradients_fp32():
 
 def test_proxy_run_passes_precision_to_the_options():
     import argparse
-    from proxy.launch import add_launch_args, apply_launch_args
+    from proxy.run_options import add_run_args, proxy_options
     from shared.config import RunConfig
 
-    class Opts:
-        pass
     ap = argparse.ArgumentParser()
-    add_launch_args(ap)
+    add_run_args(ap)
     for argv, want in (([], "auto"), (["--precision", "bf16"], "bf16"),
                        (["--precision", "fp32"], "fp32")):
-        o = Opts()
-        apply_launch_args(ap.parse_args(argv), o, RunConfig())
+        o = proxy_options(ap.parse_args(["--run-dir", "x", *argv]), RunConfig())
         assert o.precision == want
     with pytest.raises(SystemExit):
         ap.parse_args(["--precision", "fp16"])

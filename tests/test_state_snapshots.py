@@ -3,7 +3,11 @@ exactly the state a replay from the phase start gives, and a rewind invalidates 
 import random
 
 from proxy.mixture import MixtureController, Phase
+from proxy.mixture_rebuild import rebuild_mixture
+from proxy.run_setup import write_phases
 from proxy.state_snapshots import append_snapshot, find_snapshot, mark_rewound
+from shared.arm_data import ArmData, write_arm_index
+from shared.config import RunConfig
 from shared.loss_history import LossHistory, read_records, read_records_after
 from shared.run_layout import RunLayout
 
@@ -26,9 +30,23 @@ def _controller():
     return MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 20, 5)
 
 
-def test_snapshot_plus_tail_equals_replay_from_the_phase_start(tmp_path):
-    rng = random.Random(0)
+def _run_layout(tmp_path) -> RunLayout:
+    """A run directory with what a rebuild reads: phases.json and data/arms.json."""
     layout = RunLayout(tmp_path)
+    layout.arms_index.parent.mkdir(parents=True, exist_ok=True)
+    write_phases(layout, [Phase(0, "initial", 0)])
+    write_arm_index(layout, [ArmData(name=x, kind="tokens", source=f"{x}.u16", fingerprint="",
+                                     path=f"data/{x}.u16", n_tokens=1000, heldout_start=900)
+                             for x in ARMS])
+    return layout
+
+
+def test_snapshot_plus_tail_equals_replay_from_the_phase_start(tmp_path):
+    """rebuild_mixture (what every resume runs) gives the same controller from the newest
+    snapshot at or before the step plus the tail as from the phase start."""
+    rng = random.Random(0)
+    layout = _run_layout(tmp_path)
+    cfg = RunConfig(reward="heldout_progress", bandit_warmup=20, probe_every=5)
     live = _controller()
     with LossHistory(layout.loss) as h:
         for k in range(1, 401):
@@ -38,17 +56,14 @@ def test_snapshot_plus_tail_equals_replay_from_the_phase_start(tmp_path):
             if k % 50 == 0:
                 append_snapshot(layout, live.to_snapshot())
     for resume in (50, 137, 300, 400):
-        snap = find_snapshot(layout, 0, 0, resume)
-        assert snap["step"] == resume - resume % 50
-        fast = _controller()
-        fast.restore(snap)
-        for r in read_records_after(layout.loss, snap["step"], resume):
-            fast.observe(r)
-        slow = _controller()
-        for r in read_records(layout.loss, 1, resume):
-            slow.observe(r)
-        assert fast.to_snapshot() == slow.to_snapshot()
-        assert fast.bandit.to_dict() == slow.bandit.to_dict()
+        fast = rebuild_mixture(layout, cfg, resume, [])
+        assert fast.snapshot_step == resume - resume % 50
+        assert fast.replayed == resume % 50
+        slow = rebuild_mixture(layout, cfg, resume, [], use_snapshots=False)
+        assert slow.snapshot_step is None and slow.replayed == resume
+        assert fast.mix.to_snapshot() == slow.mix.to_snapshot()
+        assert fast.mix.bandit.to_dict() == slow.mix.bandit.to_dict()
+    assert live.bandit.to_dict() == slow.mix.bandit.to_dict()
     assert live.bandit.updates > 0, "the bandit never updated: the test would prove nothing"
 
 

@@ -10,6 +10,8 @@ import logging
 import os
 import sys
 
+from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
+from shared.exit_codes import EXIT_FATAL
 from worker.signals import SignalFlags
 
 
@@ -23,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--usr1-at", choices=("step", "boundary"), default="step")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parent-pid", type=int, default=None)
-    ap.add_argument("--keep-last", type=int, default=3)
-    ap.add_argument("--keep-every", type=int, default=10000)
+    ap.add_argument("--keep-last", type=int, default=DEFAULT_KEEP_LAST)
+    ap.add_argument("--keep-every", type=int, default=DEFAULT_KEEP_EVERY)
     ap.add_argument("--policy-timeout", type=float, default=120.0)
     ap.add_argument("--compile", action="store_true", help="torch.compile the training module")
     ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         flags.watch_parent(args.parent_pid)
 
     from pathlib import Path
-    from worker.trainer import Trainer, WorkerOptions, EXIT_FATAL
+    from worker.trainer import Trainer, WorkerOptions
     opts = WorkerOptions(run_dir=Path(args.run_dir),
                          resume_from=Path(args.resume_from) if args.resume_from else None,
                          max_steps=args.max_steps, usr1_at=args.usr1_at, device=args.device,

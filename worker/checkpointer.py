@@ -25,8 +25,8 @@ import torch
 from worker import fault_injection
 from shared.checkpoint_format import DIRECT_ALIGN, CheckpointError, expected_size, \
     image_offset, list_checkpoints, write_checkpoint_image
-from shared.checkpoint_manifest import ManifestEntry, plan_retention, read_manifest, \
-    record_checkpoint, remove_entries
+from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, ManifestEntry, \
+    plan_retention, read_manifest, record_checkpoint, remove_entries
 
 log = logging.getLogger("worker.checkpointer")
 
@@ -63,7 +63,7 @@ class Checkpointer:
     Host memory: one float32 buffer of 3 * n_params (12 bytes per parameter).
     """
 
-    def __init__(self, run_dir: Path, n_params: int, keep_last: int = 3, keep_every: int = 10000,
+    def __init__(self, run_dir: Path, n_params: int, keep_last: int = DEFAULT_KEEP_LAST, keep_every: int = DEFAULT_KEEP_EVERY,
                  pin_memory: bool = False,
                  on_done: Callable[[WriteResult], None] | None = None) -> None:
         self.run_dir = Path(run_dir)

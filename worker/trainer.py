@@ -22,7 +22,8 @@ from torch.nn import functional as F
 
 from shared.arm_data import read_arm_index
 from shared.checkpoint_format import load_checkpoint
-from shared.checkpoint_manifest import read_manifest
+from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, read_manifest
+from shared.exit_codes import EXIT_FATAL, EXIT_OK
 from shared.config import RunConfig, load_run_config
 from shared.handshake import ReportWriter, policy_period, read_handshake, update_handshake, \
     HandshakeError
@@ -40,8 +41,6 @@ from worker.signals import SignalFlags, Usr1Requests
 
 log = logging.getLogger("worker.trainer")
 
-EXIT_OK = 0
-EXIT_FATAL = 3          # do not restart: the run cannot go on (NaN storm, bad config, disk)
 REASON_PRIORITY = ("final", "pivot", "alarm", "sigusr1", "sigterm", "cadence")
 
 
@@ -55,8 +54,8 @@ class WorkerOptions:
     usr1_at: str = "step"            # "step" or "boundary"
     device: str = "auto"
     parent_pid: int | None = None
-    keep_last: int = 3
-    keep_every: int = 10000
+    keep_last: int = DEFAULT_KEEP_LAST
+    keep_every: int = DEFAULT_KEEP_EVERY
     policy_timeout: float = 120.0    # seconds to wait for the proxy's policy
     max_nonfinite: int = 5           # consecutive non-finite steps before the run stops
     audit_tokens: int = 48           # tokens generated per arm per sample audit

@@ -1,0 +1,242 @@
+"""Every option of `python -m proxy run`, in one place: definition, help, checks, and what each
+becomes (docs/operations.md#start-and-resume).
+
+Options split in two kinds:
+- creation options define the run and are written once into `run.json` (`config_from_args`);
+  on a resume they must match it (`check_resume_args`);
+- per-start options (`ProxyOptions`) may differ at every start: supervision numbers, retention,
+  the device, the launcher, precision.
+
+What it is not: the run's creation (proxy/run_setup.py), the arms' parsing (shared/arms.py), the
+bounds' rules (proxy/arm_bounds.py) or the supervision itself (proxy/supervisor.py).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass, field
+
+from proxy.launch import LaunchOptions
+from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
+from shared.config import DEFAULT_ARMS, PRESETS, ConfigError, RunConfig, count_parameters
+from shared.run_layout import RunLayout
+
+log = logging.getLogger("proxy")
+
+# Options that define the run and are fixed at creation (run.json); on resume they must match.
+CREATION_ONLY = ("preset", "tokenizer", "seed", "batch_size", "lr", "checkpoint_every",
+                 "sample_every", "warmup_steps")
+
+
+@dataclass
+class ProxyOptions:
+    """Options of `python -m proxy run` that are not part of run.json (they may differ per start)."""
+
+    max_steps: int | None = None       # None: run.json's
+    usr1_at: str = "step"              # SIGUSR1 checkpoints after this step, or at the boundary
+    device: str = "auto"
+    keep_last: int = DEFAULT_KEEP_LAST
+    keep_every: int = DEFAULT_KEEP_EVERY
+    max_restarts: int = 3
+    hang_timeout: float = 300.0        # seconds without a report before the worker counts as hung
+    stop_timeout: float = 120.0        # seconds a stopping worker gets before SIGKILL
+    print_every: int = 10              # steps between progress lines
+    samples_keep: int = 50             # audits kept in .samples.json
+    from_scratch: bool = False         # allow step 0 when history exists but no checkpoint does
+    pivot: dict | None = None          # {"label", "caps", "floors"}: start a new phase at resume
+    backoff: float = 1.0               # first restart delay, seconds (doubles, max 30)
+    stop_at_step: int | None = None    # ask the worker to checkpoint and stop here (pivot)
+    stop_on_collapse: bool = False     # the collapse alarm also stops the run
+    launch: LaunchOptions = field(default_factory=LaunchOptions)  # torchrun
+    compile: bool = False              # torch.compile in the worker
+    precision: str = "auto"            # worker --precision: auto (bf16 on CUDA), fp32, bf16
+
+
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """Define every `run` option on parser `ap`, each with its help text and default."""
+    g = ap.add_argument_group("the run (fixed at creation in run.json)")
+    ap.add_argument("--run-dir", required=True, metavar="DIR",
+                    help="run directory: created with the run, resumed when it holds run.json")
+    g.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="model shape (default andrea-tiny); the architecture cannot change later")
+    g.add_argument("--seed", type=int, default=None,
+                   help="run seed: every random choice of update k derives from (seed, k, rank)")
+    g.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="sequences per optimizer update, global over all ranks")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate (AdamW)")
+    g.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+                   help="linear learning-rate warm-up, steps (then cosine to --max-steps)")
+    g.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="checkpoint cadence in steps (100)")
+    g.add_argument("--sample-every", type=int, default=None, metavar="N",
+                   help="sample audit cadence in steps (default: the checkpoint cadence)")
+    g.add_argument("--probe-every", type=int, default=None, metavar="N",
+                   help="held-out probe cadence = the bandit's policy period, steps (25)")
+    g.add_argument("--tokenizer", choices=("bpe", "bytes"), default=None,
+                   help="bpe: byte-level BPE trained on the arms at creation (2305 tokens); "
+                        "bytes: 256 byte ids, nothing trained")
+    g = ap.add_argument_group("arms and the bandit")
+    g.add_argument("--arm", action="append", default=[], metavar="NAME=KIND:SOURCE",
+                   help="an arm: text:PATH|GLOB, jsonl:PATH[:FIELD], tokens:PATH (repeatable); "
+                        "replaces the three defaults unless --default-arms is given; on a restart "
+                        "the run's new arm list, matched by name: new names join, names left out "
+                        "are retired, statistics stay with each name")
+    g.add_argument("--default-arms", action="store_true",
+                   help="keep the three default arms alongside --arm")
+    g.add_argument("--caps", default="", metavar="ARM=P,...",
+                   help="per-arm caps on the sampling probability (at creation; later: pivot)")
+    g.add_argument("--floors", default="", metavar="ARM=P,...",
+                   help="per-arm floors on the sampling probability (at creation; later: pivot)")
+    g.add_argument("--reward", choices=("heldout_progress", "train_loss"), default=None,
+                   help="bandit reward: held-out loss progress per arm (default), or training "
+                        "loss (ODM-style; favours easy, repetitive data)")
+    g.add_argument("--bandit-warmup", type=int, default=None, metavar="N",
+                   help="steps sampled from the prior before the bandit adapts (200)")
+    g = ap.add_argument_group("this start (may change at every start)")
+    g.add_argument("--max-steps", type=int, default=None, metavar="N",
+                   help="stop after this many updates (at creation: also the end of the "
+                        "cosine schedule)")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    g.add_argument("--usr1-at", choices=("step", "boundary"), default="step",
+                   help="SIGUSR1 checkpoint after the current step, or at the next cadence boundary")
+    g.add_argument("--keep-last", type=int, default=DEFAULT_KEEP_LAST, metavar="N",
+                   help=f"retention: newest checkpoints kept (>= 2; {DEFAULT_KEEP_LAST})")
+    g.add_argument("--keep-every", type=int, default=DEFAULT_KEEP_EVERY, metavar="M",
+                   help=f"retention: also keep every M-th step ({DEFAULT_KEEP_EVERY}; 0 = off)")
+    g.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                   help="worker crashes or hangs restarted from the newest checkpoint (3)")
+    g.add_argument("--hang-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds without a report before the worker counts as hung (300)")
+    g.add_argument("--stop-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds a stopping worker gets for its checkpoint before SIGKILL (120)")
+    g.add_argument("--print-every", type=int, default=10, metavar="N",
+                   help="steps between progress lines (10)")
+    g.add_argument("--samples-keep", type=int, default=50, metavar="N",
+                   help="sample audits kept in .samples.json (the last N of the phase; 50)")
+    g.add_argument("--stop-on-collapse", action="store_true",
+                   help="stop the run when the collapse alarm goes off (two degenerate audits)")
+    g.add_argument("--from-scratch", action="store_true",
+                   help="start at step 0 even though the history has records but no checkpoint")
+    g.add_argument("--pivot-label", default=None, help=argparse.SUPPRESS)  # set by `pivot`
+    g.add_argument("--pivot-caps", default="", help=argparse.SUPPRESS)
+    g.add_argument("--pivot-floors", default="", help=argparse.SUPPRESS)
+    g = ap.add_argument_group("several ranks (torchrun) and speed")
+    g.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="ranks on this node; > 1 launches the worker with torchrun (DDP)")
+    g.add_argument("--nnodes", default=None, metavar="N|MIN:MAX", help="torchrun --nnodes")
+    g.add_argument("--node-rank", type=int, default=None, metavar="R", help="torchrun --node-rank")
+    g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="torchrun --rdzv-endpoint")
+    g.add_argument("--rdzv-id", default=None, metavar="ID",
+                   help="torchrun --rdzv-id (the same on every node)")
+    g.add_argument("--rdzv-backend", default=None, metavar="NAME",
+                   help="torchrun --rdzv-backend (c10d when an endpoint is given)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the training step")
+    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="forward arithmetic: auto = bf16 autocast on CUDA, fp32 on CPU; bf16 = "
+                        "bf16 autocast on any device; fp32 = no autocast. Weights, AdamW m/v "
+                        "and checkpoints stay fp32 (worker/precision.py)")
+
+
+def check_run_options(a) -> None:
+    """Refuse bad supervision numbers before anything is created or started
+    (docs/architecture.md#bad-input-and-faults). Raises ConfigError naming the option, the value
+    and the rule."""
+    rules = [("--keep-last", a.keep_last, a.keep_last >= 2,
+              "must be >= 2 (the newest checkpoint may still be being written)"),
+             ("--keep-every", a.keep_every, a.keep_every >= 0, "must be >= 0 (0 = off)"),
+             ("--max-restarts", a.max_restarts, a.max_restarts >= 0, "must be >= 0"),
+             ("--hang-timeout", a.hang_timeout, a.hang_timeout > 0, "must be > 0 seconds"),
+             ("--stop-timeout", a.stop_timeout, a.stop_timeout > 0, "must be > 0 seconds"),
+             ("--print-every", a.print_every, a.print_every >= 1, "must be >= 1 step"),
+             ("--samples-keep", a.samples_keep, a.samples_keep >= 1, "must be >= 1"),
+             ("--nproc-per-node", a.nproc_per_node, a.nproc_per_node >= 1, "must be >= 1"),
+             ("--seed", a.seed, a.seed is None or 0 <= a.seed < 2**63,
+              "must be in [0, 2**63) (numpy seeds are non-negative)")]
+    if a.max_steps is not None:
+        rules.append(("--max-steps", a.max_steps, a.max_steps >= 1, "must be >= 1"))
+    for name, value, ok, rule in rules:
+        if not ok:
+            raise ConfigError(f"{name} {value}: {rule}")
+
+
+def config_from_args(a) -> RunConfig:
+    """The RunConfig of a new run from the parsed options `a` (defaults from shared/config.py).
+    Raises ConfigError (a warm-up not below --max-steps) and BanditConfigError (bad bounds)."""
+    from proxy.arm_bounds import parse_arm_values
+    from shared.arms import parse_arm_option
+    cfg = RunConfig()
+    if a.preset:
+        cfg.preset = a.preset
+        cfg.model = PRESETS[a.preset]
+    for name in ("seed", "batch_size", "lr", "checkpoint_every", "probe_every", "warmup_steps",
+                 "tokenizer", "reward", "bandit_warmup"):
+        v = getattr(a, name, None)
+        if v is not None:
+            setattr(cfg, name, v)
+    if a.max_steps is not None:
+        cfg.max_steps = cfg.lr_decay_steps = a.max_steps
+    if cfg.warmup_steps >= cfg.lr_decay_steps:
+        if a.warmup_steps is not None:
+            raise ConfigError(f"--warmup-steps {cfg.warmup_steps} must be below --max-steps "
+                              f"{cfg.max_steps} (the cosine schedule ends there)")
+        cfg.warmup_steps = cfg.lr_decay_steps // 10
+        log.warning("a %d-step run: learning-rate warm-up shortened to %d steps",
+                    cfg.max_steps, cfg.warmup_steps)
+    cfg.sample_every = a.sample_every if a.sample_every is not None else cfg.checkpoint_every
+    if a.arm:
+        arms = [parse_arm_option(t) for t in a.arm]
+        cfg.arms = (list(DEFAULT_ARMS) if a.default_arms else []) + arms
+    names = [x.name for x in cfg.arms]
+    cfg.caps = parse_arm_values(a.caps, names, "--caps")
+    cfg.floors = parse_arm_values(a.floors, names, "--floors")
+    return cfg
+
+
+def check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
+    """Creation-only options given on a resume must match run.json (docs/architecture.md#the-run-directory):
+    a different preset is refused (ConfigError naming both parameter counts), other creation
+    options are ignored with a warning, caps/floors are refused (that is a pivot)."""
+    if a.preset and a.preset != cfg.preset:
+        n_new = count_parameters(PRESETS[a.preset], cfg.vocab_size)
+        raise ConfigError(f"{layout.run_json}: this run is {cfg.preset} ({cfg.n_params:,} "
+                          f"parameters); --preset {a.preset} has {n_new:,}: the architecture "
+                          "cannot change on resume; use a new --run-dir (or `fork`)")
+    for name in CREATION_ONLY[1:]:
+        v = getattr(a, name, None)
+        if v is not None and v != getattr(cfg, name):
+            log.warning("--%s %s ignored: this run was created with %s (run.json); the value "
+                        "is fixed for the life of the run", name.replace("_", "-"), v,
+                        getattr(cfg, name))
+    if a.caps or a.floors:
+        raise ConfigError("--caps/--floors on an existing run would change the policy mid-phase; "
+                          "use `python -m proxy pivot --run-dir DIR --caps ... --floors ...`")
+
+
+def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
+    """The per-start options of namespace `a` for the run `cfg`. Raises ConfigError when the
+    world size is malformed or does not divide the run's global batch (each rank takes an equal
+    slice), BanditConfigError for bad hidden --pivot-* bounds."""
+    lo = LaunchOptions(nproc_per_node=a.nproc_per_node, nnodes=a.nnodes, node_rank=a.node_rank,
+                       rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id,
+                       rdzv_backend=a.rdzv_backend)
+    try:
+        world = lo.world_size()
+    except ValueError:
+        raise ConfigError(f"--nnodes {lo.nnodes!r}: give N or MIN:MAX (integers)") from None
+    if cfg.batch_size % world:
+        raise ConfigError(f"run.json batch_size={cfg.batch_size} is not divisible by the world "
+                          f"size {world} (--nproc-per-node x --nnodes): each rank takes an equal "
+                          "slice of the global batch; choose a world size that divides it")
+    pivot = None
+    if a.pivot_label is not None:
+        from proxy.pivot import validated_bounds
+        caps, floors = validated_bounds(cfg, a.pivot_caps, a.pivot_floors)
+        pivot = {"label": a.pivot_label, "caps": caps, "floors": floors}
+    return ProxyOptions(max_steps=a.max_steps, usr1_at=a.usr1_at, device=a.device,
+                        keep_last=a.keep_last, keep_every=a.keep_every,
+                        max_restarts=a.max_restarts, hang_timeout=a.hang_timeout,
+                        stop_timeout=a.stop_timeout, print_every=a.print_every,
+                        samples_keep=a.samples_keep, from_scratch=a.from_scratch, pivot=pivot,
+                        stop_on_collapse=a.stop_on_collapse, launch=lo, compile=a.compile,
+                        precision=a.precision)
