@@ -16,6 +16,12 @@ current directory), alternating the two sides of each pair and reporting medians
           (also shown: vs write_checkpoint of the live arrays, no copy, in the training thread)
   load    load_checkpoint (validated, one readinto) vs np.fromfile of the same file
           target <= 1.20; also shown: the load with the manifest checksum verified (resume)
+  cost    (--cost) lost training time: a window of --window real andrea-12m training steps
+          (worker.trainer.Trainer.train_step, batch 1 x 1024) with one checkpoint taken after
+          its first step, minus the same window without one; ours (Trainer.checkpoint: the
+          copy and checksum run in the writer thread while training goes on) vs nanoGPT's
+          blocking save (torch.save of the weights and AdamW state in the training thread).
+          Paired rounds (scripts/bench_stats.py); the ratio of the median costs counts.
 
 Both sides of the write pair end in fsync, so neither is flattered by the page cache; both
 sides of the load pair read a file just written (page cache warm for both).
@@ -62,6 +68,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=None, help="folder on the filesystem to measure")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--n-params", type=int, default=N_12M)
+    ap.add_argument("--cost", action="store_true",
+                    help="also measure a checkpoint's cost as lost training time (slow: trains)")
+    ap.add_argument("--window", type=int, default=4, help="training steps per --cost window")
     a = ap.parse_args(argv)
     n = a.n_params
     rng = np.random.default_rng(0)
@@ -72,96 +81,167 @@ def main(argv=None) -> int:
         d = pathlib.Path(d)
         print(f"checkpoint benchmark: n_params {n:,}, file {cf.expected_size(n):,} bytes, "
               f"{a.repeats} repeats, in {d}")
-
-        # ---- write: ours vs raw write + fsync
-        # Each side creates a new file, as a run does (a new step each time); the previous
-        # file is deleted outside the timed region (retention's job, after the write).
-        # "ours" is the worker's path: write_checkpoint_image of the Checkpointer's host
-        # buffer (the file image); "arrays" is write_checkpoint of three separate arrays.
-        image = cf.alloc_checkpoint_image(n)
-        for dst, src in zip(cf.image_arrays(image), (w, m, v)):
-            dst[:] = src
-        ours, raw, arrays = [], [], []
-        for i in range(a.repeats):
-            raw.append(_timed(lambda: _raw_write(d / "raw.bin", header, (w, m, v))))
-            os.unlink(d / "raw.bin")
-            ours.append(_timed(lambda: cf.write_checkpoint_image(d, 100 + i, image)))
-            os.unlink(d / cf.checkpoint_name(100 + i))
-            arrays.append(_timed(lambda: cf.write_checkpoint(d, 100 + i, w, m, v)))
-            if i < a.repeats - 1:
-                os.unlink(d / cf.checkpoint_name(100 + i))
-        t_ours, t_raw, t_arr = (statistics.median(x) for x in (ours, raw, arrays))
-        print(f"write   ours {t_ours:.4f} s   raw write+fsync {t_raw:.4f} s   "
-              f"ratio {t_ours / t_raw:.3f}  (target <= 1.15)")
-        print(f"        write_checkpoint of three arrays (buffered) {t_arr:.4f} s   "
-              f"ratio {t_arr / t_raw:.3f}")
-        crc = statistics.median(_timed(lambda: zlib.crc32(buf)) for _ in range(3))
-        print(f"        (crc32 of the same bytes alone: {crc:.4f} s; ours computes it in a "
-              f"helper thread during the write and fsync; {os.cpu_count()} CPUs, load "
-              f"average {os.getloadavg()[0]:.1f})")
-
-        # ---- load: ours vs np.fromfile
-        path = d / cf.checkpoint_name(100 + a.repeats - 1)
-        checksum = cf.file_checksum(path)
-        ours, raw, checked = [], [], []
-        for i in range(a.repeats):
-            raw.append(_timed(lambda: np.fromfile(path, dtype=np.uint8)))
-            ours.append(_timed(lambda: cf.load_checkpoint(path, n)))
-            checked.append(_timed(lambda: cf.load_checkpoint(path, n, checksum)))
-        t_ours, t_raw, t_chk = (statistics.median(x) for x in (ours, raw, checked))
-        print(f"load    ours {t_ours:.4f} s   raw np.fromfile {t_raw:.4f} s   "
-              f"ratio {t_ours / t_raw:.3f}  (target <= 1.20)")
-        print(f"load+checksum (resume path) {t_chk:.4f} s   ratio to raw {t_chk / t_raw:.3f}")
-        os.unlink(path)
-
-        # ---- stall: snapshot() held time vs a synchronous write of the same state
-        import torch
-        from worker.checkpointer import Checkpointer
-        tw, tm, tv = (torch.from_numpy(x) for x in (w, m, v))
-        ck = Checkpointer(d, n, keep_last=2, keep_every=0)
-        held, sync = [], []
-        step = 1
-        for i in range(a.repeats):   # keep_last=2: retention deletes outside snapshot()
-            sync.append(_timed(lambda: ck.snapshot(step, tw, tm, tv, "cadence",
-                                                   background=False)))
-            step += 1
-            held.append(ck.snapshot(step, tw, tm, tv, "cadence"))
-            t_bg = _timed(ck.wait)   # the write goes on while "training" would
-            step += 1
-        # the trainer's path: the copy is deferred into the writer thread and overlaps the next
-        # forward/backward (a real andrea-12m pass, 1 x 128 tokens); the optimizer step then
-        # waits for it. Stall = snapshot() held + that wait.
-        from shared.config import PRESETS
-        from worker.model import GPT
-        model = GPT(PRESETS["andrea-12m"], 2305)
-        x = torch.randint(0, 2305, (1, 128))
-        fb = lambda: model(x).float().mean().backward()
-        fb()
-        t_fb = statistics.median(_timed(fb) for _ in range(3))
-        deferred = []
-        for i in range(a.repeats):
-            t0 = time.perf_counter()
-            h = ck.snapshot(step, tw, tm, tv, "cadence", defer_copy=True)
-            fb()
-            t1 = time.perf_counter()
-            ck.wait_copied()
-            deferred.append(h + time.perf_counter() - t1)
-            ck.wait()
-            step += 1
-        live = []   # the classic synchronous checkpoint: write the live arrays, then train on
-        for i in range(a.repeats):
-            live.append(_timed(lambda: cf.write_checkpoint(d, 10_000 + i, w, m, v)))
-            os.unlink(d / cf.checkpoint_name(10_000 + i))
-        t_held, t_sync, t_live = (statistics.median(x) for x in (held, sync, live))
-        print(f"stall   snapshot held {t_held:.4f} s   synchronous write {t_sync:.4f} s   "
-              f"ratio {t_held / t_sync:.3f}  (target <= 0.10)")
-        print(f"        vs a synchronous write_checkpoint of the live arrays {t_live:.4f} s   "
-              f"ratio {t_held / t_live:.3f}")
-        print(f"        (last background write finished {t_bg:.3f} s after snapshot returned)")
-        t_def = statistics.median(deferred)
-        print(f"stall, trainer path (copy deferred behind a {t_fb:.3f} s forward/backward): "
-              f"{t_def:.4f} s   ratio to synchronous write {t_def / t_sync:.3f}  (target <= 0.10)")
+        bench_write(d, a, header, buf, w, m, v)
+        bench_load(d, a)
+        bench_stall(d, a, w, m, v)
+        if a.cost:
+            lost_training_time(d, a)
     return 0
+
+
+def bench_write(d: pathlib.Path, a, header: bytes, buf, w, m, v) -> None:
+    """Print the write pair: ours vs a raw write + fsync of the same bytes."""
+    n = a.n_params
+    # ---- write: ours vs raw write + fsync
+    # Each side creates a new file, as a run does (a new step each time); the previous
+    # file is deleted outside the timed region (retention's job, after the write).
+    # "ours" is the worker's path: write_checkpoint_image of the Checkpointer's host
+    # buffer (the file image); "arrays" is write_checkpoint of three separate arrays.
+    image = cf.alloc_checkpoint_image(n)
+    for dst, src in zip(cf.image_arrays(image), (w, m, v)):
+        dst[:] = src
+    ours, raw, arrays = [], [], []
+    for i in range(a.repeats):
+        raw.append(_timed(lambda: _raw_write(d / "raw.bin", header, (w, m, v))))
+        os.unlink(d / "raw.bin")
+        ours.append(_timed(lambda: cf.write_checkpoint_image(d, 100 + i, image)))
+        os.unlink(d / cf.checkpoint_name(100 + i))
+        arrays.append(_timed(lambda: cf.write_checkpoint(d, 100 + i, w, m, v)))
+        if i < a.repeats - 1:
+            os.unlink(d / cf.checkpoint_name(100 + i))
+    t_ours, t_raw, t_arr = (statistics.median(x) for x in (ours, raw, arrays))
+    print(f"write   ours {t_ours:.4f} s   raw write+fsync {t_raw:.4f} s   "
+          f"ratio {t_ours / t_raw:.3f}  (target <= 1.15)")
+    print(f"        write_checkpoint of three arrays (buffered) {t_arr:.4f} s   "
+          f"ratio {t_arr / t_raw:.3f}")
+    crc = statistics.median(_timed(lambda: zlib.crc32(buf)) for _ in range(3))
+    print(f"        (crc32 of the same bytes alone: {crc:.4f} s; ours computes it in a "
+          f"helper thread during the write and fsync; {os.cpu_count()} CPUs, load "
+          f"average {os.getloadavg()[0]:.1f})")
+
+
+
+def bench_load(d: pathlib.Path, a) -> None:
+    """Print the load pair: load_checkpoint vs np.fromfile (of bench_write's last file)."""
+    n = a.n_params
+    # ---- load: ours vs np.fromfile
+    path = d / cf.checkpoint_name(100 + a.repeats - 1)
+    checksum = cf.file_checksum(path)
+    ours, raw, checked = [], [], []
+    for i in range(a.repeats):
+        raw.append(_timed(lambda: np.fromfile(path, dtype=np.uint8)))
+        ours.append(_timed(lambda: cf.load_checkpoint(path, n)))
+        checked.append(_timed(lambda: cf.load_checkpoint(path, n, checksum)))
+    t_ours, t_raw, t_chk = (statistics.median(x) for x in (ours, raw, checked))
+    print(f"load    ours {t_ours:.4f} s   raw np.fromfile {t_raw:.4f} s   "
+          f"ratio {t_ours / t_raw:.3f}  (target <= 1.20)")
+    print(f"load+checksum (resume path) {t_chk:.4f} s   ratio to raw {t_chk / t_raw:.3f}")
+    os.unlink(path)
+
+
+def bench_stall(d: pathlib.Path, a, w, m, v) -> None:
+    """Print how long a checkpoint holds training: snapshot() vs a synchronous write."""
+    n = a.n_params
+    # ---- stall: snapshot() held time vs a synchronous write of the same state
+    import torch
+    from worker.checkpointer import Checkpointer
+    tw, tm, tv = (torch.from_numpy(x) for x in (w, m, v))
+    ck = Checkpointer(d, n, keep_last=2, keep_every=0)
+    held, sync = [], []
+    step = 1
+    for i in range(a.repeats):   # keep_last=2: retention deletes outside snapshot()
+        sync.append(_timed(lambda: ck.snapshot(step, tw, tm, tv, "cadence",
+                                               background=False)))
+        step += 1
+        held.append(ck.snapshot(step, tw, tm, tv, "cadence"))
+        t_bg = _timed(ck.wait)   # the write goes on while "training" would
+        step += 1
+    # the trainer's path: the copy is deferred into the writer thread and overlaps the next
+    # forward/backward (a real andrea-12m pass, 1 x 128 tokens); the optimizer step then
+    # waits for it. Stall = snapshot() held + that wait.
+    from shared.config import PRESETS
+    from worker.model import GPT
+    model = GPT(PRESETS["andrea-12m"], 2305)
+    x = torch.randint(0, 2305, (1, 128))
+    fb = lambda: model(x).float().mean().backward()
+    fb()
+    t_fb = statistics.median(_timed(fb) for _ in range(3))
+    deferred = []
+    for i in range(a.repeats):
+        h = ck.snapshot(step, tw, tm, tv, "cadence", defer_copy=True)
+        fb()
+        t1 = time.perf_counter()
+        ck.wait_copied()
+        deferred.append(h + time.perf_counter() - t1)
+        ck.wait()
+        step += 1
+    live = []   # the classic synchronous checkpoint: write the live arrays, then train on
+    for i in range(a.repeats):
+        live.append(_timed(lambda: cf.write_checkpoint(d, 10_000 + i, w, m, v)))
+        os.unlink(d / cf.checkpoint_name(10_000 + i))
+    t_held, t_sync, t_live = (statistics.median(x) for x in (held, sync, live))
+    print(f"stall   snapshot held {t_held:.4f} s   synchronous write {t_sync:.4f} s   "
+          f"ratio {t_held / t_sync:.3f}  (target <= 0.10)")
+    print(f"        vs a synchronous write_checkpoint of the live arrays {t_live:.4f} s   "
+          f"ratio {t_held / t_live:.3f}")
+    print(f"        (last background write finished {t_bg:.3f} s after snapshot returned)")
+    t_def = statistics.median(deferred)
+    print(f"stall, trainer path (copy deferred behind a {t_fb:.3f} s forward/backward): "
+          f"{t_def:.4f} s   ratio to synchronous write {t_def / t_sync:.3f}  (target <= 0.10)")
+
+
+def lost_training_time(d: pathlib.Path, a) -> None:
+    """Print what one checkpoint costs a real training loop: (window with it) - (window
+    without), ours vs a nanoGPT-style blocking torch.save, in paired rounds."""
+    import logging
+    import torch
+    from scripts.bench_stats import interleaved
+    from scripts.bench_train import make_run
+    from worker.signals import SignalFlags
+    from worker.trainer import Trainer, WorkerOptions
+    logging.getLogger("worker").setLevel(logging.WARNING)
+    tr = Trainer(WorkerOptions(run_dir=make_run(d / "cost", 1), device="cpu"), SignalFlags())
+    probs = {n: 1.0 / len(tr.sampler.names) for n in tr.sampler.names}
+    k = [0]
+
+    def window(save=None) -> float:
+        t0 = time.perf_counter()
+        for i in range(a.window):
+            k[0] += 1
+            tr.train_step(k[0], probs)
+            if i == 0 and save is not None:
+                save(k[0])
+        t = time.perf_counter() - t0
+        busy = tr.ckpt.busy()
+        tr.ckpt.wait()  # outside the window: a write still going would have been overlapped
+        if busy:
+            print(f"        (the write outlasted a {a.window}-step window: raise --window)")
+        return t
+
+    def ours(step: int) -> None:
+        tr.checkpoint(step, ["cadence"])
+
+    def blocking(step: int) -> None:
+        torch.save({"model": tr.model.state_dict(), "exp_avg": tr.opt.m, "exp_avg_sq": tr.opt.v,
+                    "step": step}, d / "nanogpt_ckpt.pt")
+
+    window()  # warm-up
+    base: list[float] = []
+
+    def with_base(save):
+        def run() -> float:
+            b = window()
+            base.append(b)
+            return window(save) - b
+        return run
+
+    pr = interleaved(with_base(ours), with_base(blocking), a.repeats, lambda o, b: o / b,
+                     lambda i, o, b, x: print(f"  cost round {i}: ours {o:+.3f} s, blocking "
+                                              f"torch.save {b:+.3f} s", flush=True))
+    c_ours, c_blk = statistics.median(pr.a), statistics.median(pr.b)
+    print(f"cost    lost training time per checkpoint over a {a.window}-step window "
+          f"({statistics.median(base):.2f} s without): ours {c_ours:+.3f} s, nanoGPT-style "
+          f"blocking save {c_blk:+.3f} s, ratio of medians {c_ours / c_blk:.3f}")
 
 
 if __name__ == "__main__":

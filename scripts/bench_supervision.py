@@ -10,8 +10,10 @@ checkpoint or sample audit falls inside the timed window (cadence past the end),
 same arithmetic; the loss of every timed step is compared as a check. Steps/s under the proxy are
 measured from the `time` field of `.loss.json` records (the interval before each of steps
 W+1..N, so start-up and the final checkpoint are not counted); alone, from wall time around the
-same steps. The ratio uses the median step interval (robust to other processes' bursts on a
-shared machine); the mean-based ratio is printed too.
+same steps. Rounds alternate which side goes first (scripts/bench_stats.py); each round gives one
+paired ratio of median step intervals, and the median of those ratios, with its spread, is the
+figure (robust to other processes' bursts on a shared machine); the mean-based ratio is printed
+too.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from scripts.bench_stats import interleaved  # noqa: E402
 
 
 def proxy_args(run_dir: Path, a) -> list[str]:
@@ -100,7 +104,7 @@ def main() -> int:
     ap.add_argument("--preset", default="andrea-tiny")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20, help="untimed first steps")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (median taken)")
+    ap.add_argument("--rounds", type=int, default=4, help="paired rounds (median ratio counts)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda (the same on both sides)")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-supervision-"))
@@ -113,17 +117,22 @@ def main() -> int:
         add_run_args(p)
         args = p.parse_args(proxy_args(template, a)[4:])
         create_run(RunLayout(template), config_from_args(args))
-        sup, alo = [], []
-        same = True
-        for i in range(a.rounds):
-            i_p, l_p = under_proxy(template, work, a)
-            i_a, l_a = alone(template, work, a)
-            same &= l_p == l_a
-            sup += i_p
-            alo += i_a
-            print(f"round {i + 1}: step time (median) under the proxy {statistics.median(i_p) * 1e3:.1f} ms, "
-                  f"alone {statistics.median(i_a) * 1e3:.1f} ms; mean {statistics.mean(i_p) * 1e3:.1f} / "
-                  f"{statistics.mean(i_a) * 1e3:.1f} ms", flush=True)
+        sup, alo, losses = [], [], {"p": [], "a": []}
+
+        def side(fn, into, key):
+            def run():
+                intervals, ls = fn(template, work, a)
+                into.extend(intervals)
+                losses[key].append(ls)
+                return statistics.median(intervals)
+            return run
+
+        pr = interleaved(side(under_proxy, sup, "p"), side(alone, alo, "a"), a.rounds,
+                         lambda p, q: q / p,
+                         lambda i, p, q, x: print(f"round {i}: step time (median) under the proxy "
+                                                  f"{p * 1e3:.1f} ms, alone {q * 1e3:.1f} ms, "
+                                                  f"ratio {x:.3f}", flush=True))
+        same = all(lp == la for lp, la in zip(losses["p"], losses["a"]))
         # the median step interval resists bursts of load from other processes on a shared
         # machine; the mean (total time) is printed too
         med_p, med_a = statistics.median(sup), statistics.median(alo)
@@ -131,7 +140,7 @@ def main() -> int:
         print(f"steps/s under the proxy (median step) {1 / med_p:.2f}   (mean: {1 / statistics.mean(sup):.2f})")
         print(f"steps/s alone (median step)           {1 / med_a:.2f}   (mean: {1 / statistics.mean(alo):.2f})")
         print(f"identical losses on both sides        {'yes' if same else 'NO'}")
-        print(f"ratio, median step (target >= 0.98)   {med_a / med_p:.3f}")
+        print(pr.line("ratio alone/proxy, median step", ">= 0.98"))
         print(f"ratio, mean step                      {statistics.mean(alo) / statistics.mean(sup):.3f}")
         per = statistics.median(DIRECT)
         print(f"worker's supervision work per step    {per * 1e6:.0f} us (handshake read + report) = "

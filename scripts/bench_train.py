@@ -9,8 +9,8 @@ trained on two standard-library files, so creation takes seconds), then times
   reference  a plain nanoGPT-style loop written below: the same architecture with ordinary
              nn.Parameters, torch.optim.AdamW with its defaults, the same clip and weight decay,
              on the same batch shape (random tokens),
-interleaved in rounds (ours, reference, ours, ...) so a busy machine slows both alike; the best
-round of each counts. It prints tokens/s side by side, the ratio, and the achieved FLOP/s (6N +
+interleaved in rounds (ours then reference, reference then ours, ...: scripts/bench_stats.py) so a
+busy machine slows both alike; the median of the per-round paired ratios counts, with its spread. It prints tokens/s side by side, the ratio, and the achieved FLOP/s (6N +
 attention per token, nanoGPT's estimate) against the peak the worker measures at start (an fp32
 1024^3 matmul on CPU) or the device table on CUDA.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
+import statistics
 import sys
 import sysconfig
 import tempfile
@@ -35,6 +35,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
+from scripts.bench_stats import interleaved  # noqa: E402
 from shared.config import PRESETS, ArmSpec, RunConfig  # noqa: E402
 from shared.run_layout import RunLayout  # noqa: E402
 
@@ -100,7 +101,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=2, help="sequences of 1024 tokens per step")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per round")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5, help="paired rounds (median ratio counts)")
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -155,20 +156,19 @@ def main() -> int:
 
         our_step(), ref_step()  # warm-up (allocator, thread pool)
         peak, peak_src = device_peak_flops(dev)
-        ours, refs = [], []
-        for r in range(a.rounds):
-            ours.append(timed(our_step))
-            refs.append(timed(ref_step))
-            print(f"  round {r + 1}: ours {ours[-1]:.3f} s/step, reference {refs[-1]:.3f} s/step")
+        pr = interleaved(lambda: timed(our_step), lambda: timed(ref_step), a.rounds,
+                         lambda o, r: r / o,  # > 1: ours is faster
+                         lambda i, o, r, x: print(f"  round {i}: ours {o:.3f} s/step, reference "
+                                                  f"{r:.3f} s/step, ratio {x:.3f}", flush=True))
         tokens = a.batch * s.block_size
         fpt = tr.model.flops_per_token()
-        t_ours, t_ref = min(ours), min(refs)
+        t_ours, t_ref = statistics.median(pr.a), statistics.median(pr.b)
         print(f"\n{'':<12}{'s/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}{'of peak':>9}")
         for name, t in (("ours", t_ours), ("reference", t_ref)):
             tps = tokens / t
             print(f"{name:<12}{t:>10.3f}{tps:>12,.0f}{fpt * tps / 1e9:>10.1f}"
                   + (f"{fpt * tps / peak:>9.1%}" if peak else f"{'n/a':>9}"))
-        print(f"\nours / reference = {t_ref / t_ours:.3f}x   (target >= 1.0x)")
+        print("\n" + pr.line("ours / reference (tokens/s)", ">= 1.0"))
         if peak:
             print(f"achieved / peak  = {fpt * tokens / t_ours / peak:.3f}      (target >= 0.75; "
                   f"peak {peak / 1e9:.1f} GFLOP/s, {peak_src})")
