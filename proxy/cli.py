@@ -83,6 +83,8 @@ def _add_run_args(ap: argparse.ArgumentParser) -> None:
                     help="start at step 0 even though the history has records but no checkpoint")
     from proxy.launch import add_launch_args
     add_launch_args(ap)  # --nproc-per-node, --nnodes, --node-rank, --rdzv-*, --compile (issue 6)
+    from proxy.run_watch import add_watch_args
+    add_watch_args(ap)  # --tensorboard (issue 12)
 
 
 def _config_from_args(a) -> RunConfig:
@@ -176,6 +178,9 @@ def check_run_options(a) -> None:
     for name, value, ok, rule in rules:
         if not ok:
             raise ConfigError(f"{name} {value}: {rule}")
+    from proxy.run_watch import check_watch_args
+    if (why := check_watch_args(a)):  # --tensorboard without the package (issue 12)
+        raise ConfigError(why)
 
 
 def cmd_run(a) -> int:
@@ -218,7 +223,7 @@ def cmd_run(a) -> int:
                             keep_last=a.keep_last, keep_every=a.keep_every,
                             max_restarts=a.max_restarts, hang_timeout=a.hang_timeout,
                             stop_timeout=a.stop_timeout, print_every=a.print_every,
-                            from_scratch=a.from_scratch)
+                            from_scratch=a.from_scratch, tensorboard=a.tensorboard)
         from proxy.pivot import apply_run_extras
         apply_run_extras(a, opts, cfg)  # --samples-keep, --stop-on-collapse, hidden --pivot-*
         from proxy.launch import apply_launch_args

@@ -24,6 +24,8 @@ from proxy.launch import LaunchOptions, agent_descendants, kill_ranks, rank_pids
 from proxy import proc_tree
 from proxy.mixture import MixtureController, Phase
 from proxy.report_salvage import salvage_step_reports
+from proxy.run_watch import RunWatch
+from proxy.sample_format import format_audit
 from proxy.pivot import poll_pivot_request
 from proxy.zombies import handle_zombies
 from proxy.run_setup import read_phases, write_phases
@@ -76,6 +78,7 @@ class ProxyOptions:
     launch: LaunchOptions = field(default_factory=LaunchOptions)  # torchrun (issue 6)
     compile: bool = False              # torch.compile in the worker (issue 6)
     precision: str = "auto"            # worker --precision: auto (bf16 on CUDA), fp32, bf16
+    tensorboard: bool = False          # live event files under RUN/tensorboard/ (issue 12)
 
 
 @dataclass
@@ -100,6 +103,7 @@ class Supervisor:
         self._status_t = 0.0
         self._worker_exit_code: int | None = None  # from the worker's "stopped" event
         self.pending_events: list[dict] = []  # attached to the next step record filed (issue 4)
+        self.watch = RunWatch(layout, cfg, self.max_steps, opts.tensorboard)  # issue 12
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -301,6 +305,7 @@ class Supervisor:
         finally:
             history.close()
             self._write_status(force=True, alive=False)
+            self.watch.close(self.stats.step)  # TensorBoard closed, run summary logged
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -310,6 +315,7 @@ class Supervisor:
     def _incarnation(self, history: LossHistory) -> tuple[str, int | None]:
         step, resume = self._resolve_resume(history)
         self._align_history(history, step)
+        self.watch.on_incarnation(step)  # ETA window restarts; TensorBoard purges steps > step
         self.arm_changes = handle_zombies(self.layout, self.cfg.arms, step)  # SPEC 7; issue 5
         self.collapse = CollapseWatch(self.layout, self.opts.stop_on_collapse)
         mix = self._prepare_mixture(step)
@@ -481,6 +487,7 @@ class Supervisor:
     def _file_report(self, r: dict, mix: MixtureController, samples: SamplesLog,
                      history: LossHistory, snapshots: dict) -> None:
         kind = r.get("type")
+        self.watch.on_report(r)  # TensorBoard: checkpoints and audits (issue 12)
         if kind == "step":
             rec = {k: v for k, v in r.items() if k != "type"}
             rec["phase"] = {"label": mix.phase.label, "index": mix.phase.index}
@@ -513,9 +520,8 @@ class Supervisor:
                 at = max(r["step"], history.last_step or 0) + 1
                 update_handshake(self.layout, lambda d: d["control"].update(
                     stop_at_step=at, reason="alarm"))
-            for arm, a in r["arms"].items():
-                log.info("sample @%d [%s] held-out %.3f: %r", r["step"], arm, a["loss"],
-                         (a["prompt"] + a["text"])[:160])
+            for block in format_audit(r):  # prompt and text apart, real line breaks (issue 12)
+                log.info("%s", block)
         elif kind == "hello":
             log.info("worker pid %d up: %s, %s parameters, resumed from step %d, world size %d",
                      r["pid"], r["device"], f"{r['n_params']:,}", r["resumed_from"], r["world_size"])
@@ -535,12 +541,9 @@ class Supervisor:
         tokens_per_step = self.cfg.batch_size * self.cfg.model.block_size
         if s.recent and sum(s.recent) > 0:
             s.tok_per_s = tokens_per_step * len(s.recent) / sum(s.recent)
+        self.watch.on_step(rec, s.ema)
         if rec["step"] % self.opts.print_every == 0 or rec["step"] == self.max_steps:
-            p = " ".join(f"{a}={v:.2f}" for a, v in sorted(rec.get("p", {}).items()))
-            loss = f"{rec['loss']:.4f}" if rec["loss"] is not None else "nan"
-            mfu = f" | mfu {rec['mfu']:.1%}" if rec.get("mfu") is not None else ""
-            print(f"step {rec['step']:>6}/{self.max_steps} | loss {loss} (ema {s.ema or 0:.4f}) | "
-                  f"{s.tok_per_s or 0:,.0f} tok/s{mfu} | lr {rec['lr']:.2e} | p {p}", flush=True)
+            print(self.watch.progress_line(rec, s), flush=True)  # elapsed, ETA (proxy/progress.py)
 
     def _write_status(self, force: bool = False, alive: bool = True) -> None:
         now = time.monotonic()
