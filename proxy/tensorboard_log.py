@@ -144,7 +144,7 @@ class TensorBoardLog:
 
 
 def step_scalars(rec: dict, ema: float | None) -> dict:
-    """Tags -> values of one `.loss.json` step record (docs/architecture.md#the-proxy)."""
+    """Tags -> values of one `.loss.json` step record (docs/history.md)."""
     out = {"train/loss": rec.get("loss"), "train/loss_ema": ema, "train/lr": rec.get("lr"),
            "train/grad_norm": rec.get("grad_norm"), "perf/tokens_per_s": rec.get("tokens_per_s"),
            "perf/mfu": rec.get("mfu") if (rec.get("mfu") or 0) <= 1 else None,
