@@ -2,6 +2,8 @@
 
   python -m proxy inspect PATH                        header, size, checksum, table, norms
   python -m proxy export PATH --to model.safetensors  the weights, named, for other tools
+  python -m proxy export PATH|--from-run RUN --format hf --to DIR   a transformers GPT-2 folder
+                                                      (proxy/hf_export.py)
 
 What it is: read-only views of a ``step_NNNNNN.bin`` (numpy; safetensors imported only by
 ``export``; no torch). The run's config (``run.json``) is looked up beside the file, or one
@@ -31,15 +33,27 @@ def add_inspect_args(p) -> None:
 
 
 def add_export_args(p) -> None:
-    """Arguments of ``export``: PATH --to OUT.safetensors [--run-dir DIR] [--force]."""
-    p.add_argument("path", help="a step_NNNNNN.bin file")
-    p.add_argument("--to", required=True, metavar="OUT.safetensors",
-                   help="output file (safetensors, float32, tensors named as the model's "
-                        "parameters)")
+    """Arguments of ``export``: [PATH | --from-run RUN] --to OUT [--format safetensors|hf]
+    [--run-dir DIR] [--force]."""
+    p.add_argument("path", nargs="?", default=None,
+                   help="a step_NNNNNN.bin file (or give --from-run RUN instead)")
+    p.add_argument("--from-run", default=None, metavar="RUN",
+                   help="export the newest valid checkpoint of run directory RUN (checksums "
+                        "checked against its manifest)")
+    p.add_argument("--format", choices=("safetensors", "hf"), default="safetensors",
+                   help="safetensors: one file, float32 tensors under the project's parameter "
+                        "names and shapes (default); hf: a Hugging Face transformers folder "
+                        "(config.json, model.safetensors in GPT-2 layout, generation_config.json, "
+                        "tokenizer.json, tokenizer_config.json) that "
+                        "AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT) load")
+    p.add_argument("--to", required=True, metavar="OUT",
+                   help="output: a .safetensors file (--format safetensors) or a folder "
+                        "(--format hf; created, or replaced with --force)")
     p.add_argument("--run-dir", default=None,
                    help="run directory whose run.json gives the parameter names and shapes "
-                        "(default: the file's folder, or the one above it)")
-    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+                        "(default: the file's folder, or the one above it; --from-run's RUN)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite OUT (a file, or a non-empty folder) if it exists")
 
 
 def _find_config(path: Path, run_dir: str | None) -> tuple[RunConfig | None, str]:
@@ -141,12 +155,27 @@ def cmd_export(a) -> int:
     from safetensors.numpy import save
     from shared.checkpoint_format import CheckpointError, load_checkpoint
     from shared.config import parameter_table
-    path, out = Path(a.path), Path(a.to)
+    if (a.path is None) == (a.from_run is None):
+        print("export: give a checkpoint PATH or --from-run RUN (one of them)")
+        return EXIT_USAGE
+    out = Path(a.to)
+    if a.from_run is not None:
+        path = _newest_valid(Path(a.from_run))
+        if path is None:
+            print(f"export: {a.from_run} has no valid checkpoint (see `python -m proxy status "
+                  f"--run-dir {a.from_run}`)")
+            return EXIT_INVALID
+        a.run_dir = a.run_dir or a.from_run
+    else:
+        path = Path(a.path)
     cfg, where = _find_config(path, a.run_dir)
     if cfg is None:
         print(f"export: {path}: cannot name the parameters: {where}; pass --run-dir DIR "
               f"(the run that wrote it)")
         return EXIT_USAGE
+    if a.format == "hf":
+        from proxy.hf_export import export_hf
+        return export_hf(a, path, cfg, where, out)
     if out.exists() and not a.force:
         print(f"export: {out} exists; pass --force to overwrite it")
         return EXIT_USAGE
@@ -167,3 +196,16 @@ def cmd_export(a) -> int:
     print(f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, "
           f"{len(tensors)} tensors) to {out}")
     return 0
+
+
+def _newest_valid(run_dir: Path) -> Path | None:
+    """The newest valid checkpoint of `run_dir` (manifest checksums checked), or None."""
+    from shared.checkpoint_format import CheckpointError, find_latest_valid
+    from shared.checkpoint_manifest import manifest_checksums, read_manifest
+    cfg, _ = _find_config(run_dir / "run.json", str(run_dir))
+    try:
+        info, _ = find_latest_valid(run_dir, cfg.n_params if cfg else None,
+                                    manifest_checksums(read_manifest(run_dir)))
+    except CheckpointError:
+        return None
+    return info.path if info else None

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 from proxy.collapse_watch import CollapseWatch
 from proxy.mixture import MixtureController
+from proxy.run_watch import RunWatch
+from proxy.sample_format import format_audit
 from proxy.sidecars import SamplesLog, write_state
 from proxy.state_snapshots import append_snapshot
 from proxy.status import EMA_ALPHA
@@ -58,12 +60,13 @@ class ReportFiler:
     def __init__(self, layout: RunLayout, cfg: RunConfig, history: LossHistory,
                  mix: MixtureController, samples: SamplesLog, stats: LiveStats,
                  max_steps: int, print_every: int, stop_on_collapse: bool,
-                 pending_events: list[dict]) -> None:
+                 pending_events: list[dict], watch: RunWatch) -> None:
         self.layout, self.cfg, self.history = layout, cfg, history
         self.mix, self.samples, self.stats = mix, samples, stats
         self.max_steps, self.print_every = max_steps, print_every
         self.stop_on_collapse = stop_on_collapse
         self.pending_events = pending_events
+        self.watch = watch                     # progress line, TensorBoard, summary
         self.collapse = CollapseWatch(layout, stop_on_collapse)
         self.snapshots: dict[int, dict] = {}   # step -> controller snapshot, until durable
         self._status_t = 0.0
@@ -71,6 +74,7 @@ class ReportFiler:
     def file(self, r: dict) -> None:
         """File one report (a dict with "type"); unknown types are ignored."""
         kind = r.get("type")
+        self.watch.on_report(r)  # TensorBoard: checkpoints and audits
         if kind == "step":
             self._step(r)
         elif kind == "checkpoint_started":
@@ -123,9 +127,8 @@ class ReportFiler:
             at = max(r["step"], self.history.last_step or 0) + 1
             update_handshake(self.layout, lambda d: d["control"].update(
                 stop_at_step=at, reason="alarm"))
-        for arm, a in r["arms"].items():
-            log.info("sample @%d [%s] held-out %.3f: %r", r["step"], arm, a["loss"],
-                     (a["prompt"] + a["text"])[:160])
+        for block in format_audit(r):  # prompt and text apart, real line breaks
+            log.info("%s", block)
 
     def _progress(self, rec: dict) -> None:
         s = self.stats
@@ -136,12 +139,9 @@ class ReportFiler:
         tokens_per_step = self.cfg.batch_size * self.cfg.model.block_size
         if s.recent and sum(s.recent) > 0:
             s.tok_per_s = tokens_per_step * len(s.recent) / sum(s.recent)
+        self.watch.on_step(rec, s.ema)
         if rec["step"] % self.print_every == 0 or rec["step"] == self.max_steps:
-            p = " ".join(f"{a}={v:.2f}" for a, v in sorted(rec.get("p", {}).items()))
-            loss = f"{rec['loss']:.4f}" if rec["loss"] is not None else "nan"
-            mfu = f" | mfu {rec['mfu']:.1%}" if rec.get("mfu") is not None else ""
-            print(f"step {rec['step']:>6}/{self.max_steps} | loss {loss} (ema {s.ema or 0:.4f}) | "
-                  f"{s.tok_per_s or 0:,.0f} tok/s{mfu} | lr {rec['lr']:.2e} | p {p}", flush=True)
+            print(self.watch.progress_line(rec, s), flush=True)  # elapsed, ETA (proxy/progress.py)
 
 
 def write_status(layout: RunLayout, stats: LiveStats, max_steps: int, worker_pid: int | None,

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 
 from proxy.launch import LaunchOptions
+from proxy.tensorboard_log import check_available as check_tensorboard
 from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
 from shared.config import DEFAULT_ARMS, PRESETS, ConfigError, RunConfig, count_parameters
 from shared.run_layout import RunLayout
@@ -50,6 +51,7 @@ class ProxyOptions:
     launch: LaunchOptions = field(default_factory=LaunchOptions)  # torchrun
     compile: bool = False              # torch.compile in the worker
     precision: str = "auto"            # worker --precision: auto (bf16 on CUDA), fp32, bf16
+    tensorboard: bool = False          # live event files under RUN/tensorboard/
 
 
 def add_run_args(ap: argparse.ArgumentParser) -> None:
@@ -115,6 +117,11 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                    help="sample audits kept in .samples.json (the last N of the phase; 50)")
     g.add_argument("--stop-on-collapse", action="store_true",
                    help="stop the run when the collapse alarm goes off (two degenerate audits)")
+    g.add_argument("--tensorboard", action="store_true",
+                   help="write live TensorBoard scalars (loss, EMA, lr, grad norm, tokens/s, "
+                        "per-arm p and held-out loss, checkpoints) under RUN/tensorboard/; "
+                        "view with `tensorboard --logdir RUN/tensorboard`; needs the "
+                        "[tensorboard] extra (pip install -e '.[tensorboard]')")
     g.add_argument("--from-scratch", action="store_true",
                    help="start at step 0 even though the history has records but no checkpoint")
     g.add_argument("--pivot-label", default=None, help=argparse.SUPPRESS)  # set by `pivot`
@@ -158,6 +165,8 @@ def check_run_options(a) -> None:
     for name, value, ok, rule in rules:
         if not ok:
             raise ConfigError(f"{name} {value}: {rule}")
+    if a.tensorboard and (why := check_tensorboard()):  # before anything is created
+        raise ConfigError(why)
 
 
 def config_from_args(a) -> RunConfig:
@@ -239,4 +248,4 @@ def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
                         stop_timeout=a.stop_timeout, print_every=a.print_every,
                         samples_keep=a.samples_keep, from_scratch=a.from_scratch, pivot=pivot,
                         stop_on_collapse=a.stop_on_collapse, launch=lo, compile=a.compile,
-                        precision=a.precision)
+                        precision=a.precision, tensorboard=a.tensorboard)

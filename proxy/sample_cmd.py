@@ -1,8 +1,10 @@
 """`python -m proxy sample PATH|--run-dir DIR`: text from a checkpoint (SPEC section 6).
 
-Loads the run's config and tokenizer, the checkpoint's weights (validated; checksum checked when
-the manifest has one) into a GPT, and prints continuations of a prompt. torch is imported here,
-lazily: the proxy's hot path never imports it.
+Loads the run's config and tokenizer and the checkpoint's weights only (structure validated;
+m and v are not read, the checksum is not computed: `inspect` checks it) into a GPT with no
+optimizer, generates all `--samples` in one batch (worker/sampling.py), and prints each with
+the prompt and the continuation apart (proxy/sample_format.py, as in the run's log), then the
+time it took. torch is imported here, lazily: the proxy's hot path never imports it.
 """
 from __future__ import annotations
 
@@ -14,63 +16,83 @@ from shared.run_layout import RunLayout
 
 
 def add_sample_parser(sub) -> None:
-    p = sub.add_parser("sample", help="generate text from a checkpoint")
+    """`sample [PATH] [--run-dir DIR] [--prompt TEXT] [--tokens N] [--samples N]
+    [--temperature T] [--top-k K] [--seed S]`."""
+    p = sub.add_parser("sample", help="generate text from a checkpoint",
+                       description="Continue a prompt with a checkpoint's weights: all samples "
+                                   "in one batch, printed with the prompt and the continuation "
+                                   "apart, then the time taken.")
     p.add_argument("path", nargs="?", default=None, help="step_NNNNNN.bin (default: the newest "
                    "valid checkpoint of --run-dir)")
-    p.add_argument("--run-dir", default=None, help="run directory (default: the file's folder)")
-    p.add_argument("--prompt", default="def ", help="text to continue")
-    p.add_argument("--tokens", type=int, default=100, help="tokens to generate per sample")
-    p.add_argument("--samples", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-dir", default=None, help="run directory: run.json and tokenizer.json "
+                   "(default: the checkpoint's folder)")
+    p.add_argument("--prompt", default="def ", help="text to continue (default: %(default)r)")
+    p.add_argument("--tokens", type=int, default=100,
+                   help="tokens to generate per sample (default: %(default)s)")
+    p.add_argument("--samples", type=int, default=1,
+                   help="continuations to generate, all in one batch (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="softmax temperature, > 0; lower is more conservative (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=40,
+                   help="sample among the K most likely tokens; 0 = all (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: one per 5 M parameters, at most the cores "
+                        "and 8; a small model is fastest on one)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampling seed: the same seed gives the same text (default: %(default)s)")
 
 
 def cmd_sample(a) -> int:
     """Print `--samples` continuations of `--prompt`; exit 2 on bad input (named), 0 otherwise."""
-    from shared.checkpoint_format import CheckpointError, find_latest_valid, load_checkpoint, \
-        parse_checkpoint_name
-    from shared.checkpoint_manifest import manifest_checksums, read_manifest
+    import time
+    t_start = time.perf_counter()
+    from shared.checkpoint_format import CheckpointError, find_latest_valid
     from shared.tokenizer import RunTokenizer
     run_dir = Path(a.run_dir) if a.run_dir else (Path(a.path).parent if a.path else None)
     if run_dir is None:
         print("sample: give a checkpoint PATH or --run-dir", file=sys.stderr)
         return 2
-    if a.tokens < 1 or a.samples < 1 or a.temperature <= 0 or a.top_k < 0:
-        print("sample: --tokens and --samples must be >= 1, --temperature > 0, --top-k >= 0",
+    if (a.tokens < 1 or a.samples < 1 or a.temperature <= 0 or a.top_k < 0
+            or (a.threads is not None and a.threads < 1)):
+        print("sample: --tokens, --samples and --threads must be >= 1, --temperature > 0, "
+              "--top-k >= 0",
               file=sys.stderr)
         return 2
     layout = RunLayout(run_dir)
     try:
         cfg = load_run_config(layout.run_json)
         tok = RunTokenizer.load(layout.tokenizer)
-        sums = manifest_checksums(read_manifest(run_dir))
         if a.path:
             path = Path(a.path)
-        else:
-            info, _ = find_latest_valid(run_dir, cfg.n_params, sums)
+        else:  # structure only: reading every byte for a checksum is `inspect`'s job
+            info, _ = find_latest_valid(run_dir, cfg.n_params)
             if info is None:
                 print(f"sample: {run_dir} has no valid checkpoint", file=sys.stderr)
                 return 2
             path = info.path
-        step, w, _, _ = load_checkpoint(path, cfg.n_params, sums.get(parse_checkpoint_name(path.name)))
+        ids = tok.encode(a.prompt).astype("int64")
+        if len(ids) == 0:
+            print("sample: --prompt is empty after tokenization", file=sys.stderr)
+            return 2
+        import torch
+        from worker.sampling import generate_batched, load_weights_only, set_inference_threads
+        threads = set_inference_threads(cfg.n_params, a.threads)
+        step, model = load_weights_only(path, cfg)
     except (ConfigError, CheckpointError) as e:
         print(f"sample: {e}", file=sys.stderr)
         return 2
-    import torch
-    from worker.model import GPT
-    model = GPT(cfg.model, cfg.vocab_size)
-    with torch.no_grad():
-        model.flat.copy_(torch.from_numpy(w))
-    model.eval()
-    ids = tok.encode(a.prompt).astype("int64")
-    if len(ids) == 0:
-        print("sample: --prompt is empty after tokenization", file=sys.stderr)
-        return 2
+    t_gen = time.perf_counter()
     g = torch.Generator().manual_seed(a.seed)
     idx = torch.from_numpy(ids).view(1, -1).repeat(a.samples, 1)
-    out = model.generate(idx, a.tokens, a.temperature, a.top_k or None, g)
-    print(f"# {path.name} (step {step:,}), temperature {a.temperature}, top-k {a.top_k}")
+    out = generate_batched(model, idx, a.tokens, a.temperature, a.top_k or None, g)
+    t_end = time.perf_counter()
+    from proxy.sample_format import format_sample
+    print(f"# {path.name} (step {step:,}), temperature {a.temperature}, top-k {a.top_k}, "
+          f"seed {a.seed}")
     for i in range(a.samples):
-        print(f"--- sample {i + 1}\n{a.prompt}{tok.decode(out[i, len(ids):].tolist())}")
+        print(format_sample(f"sample {i + 1}/{a.samples}", a.prompt,
+                            tok.decode(out[i, len(ids):].tolist())))
+    print(f"# {a.samples} x {a.tokens} tokens in {t_end - t_gen:.2f} s "
+          f"({a.samples * a.tokens / max(t_end - t_gen, 1e-9):,.0f} tokens/s, {threads} "
+          f"thread{'s' if threads > 1 else ''}); {t_end - t_start:.2f} s in all with loading")
     return 0

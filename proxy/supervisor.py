@@ -33,6 +33,7 @@ from proxy.resume_planning import ResumeError, align_history, find_resume_point,
     prepare_mixture, reconcile_state_file
 from proxy.run_options import ProxyOptions
 from proxy.run_setup import read_phases
+from proxy.run_watch import RunWatch
 from proxy.sidecars import SamplesLog
 from proxy.status import loss_ema, tail_records
 from shared.config import RunConfig
@@ -69,6 +70,7 @@ class Supervisor:
         self.subreaper = False                 # orphans of the worker's tree are re-parented here
         self._status_t = 0.0
         self.pending_events: list[dict] = []   # attached to the next step record filed
+        self.watch = RunWatch(layout, cfg, self.max_steps, opts.tensorboard)
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -158,6 +160,7 @@ class Supervisor:
         finally:
             history.close()
             self._write_status(force=True, alive=False)
+            self.watch.close(self.stats.step)  # TensorBoard closed, run summary logged
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -171,6 +174,7 @@ class Supervisor:
             raise SupervisorError(str(e), code=e.code) from None
         step = point.step
         align_history(self.layout, history, step)
+        self.watch.on_incarnation(step)  # ETA window restarts; TensorBoard purges steps > step
         self.arm_changes = handle_zombies(self.layout, self.cfg.arms, step)
         pivot, self.opts.pivot = self.opts.pivot, None  # once: a restart resumes in the new phase
         mix, changed = prepare_mixture(self.layout, self.cfg, step, self.arm_changes, pivot)
@@ -188,7 +192,7 @@ class Supervisor:
         self.stats = LiveStats(step=step, ema=loss_ema(tail_records(self.layout.loss)))
         self.filer = ReportFiler(self.layout, self.cfg, history, mix, samples, self.stats,
                                  self.max_steps, self.opts.print_every,
-                                 self.opts.stop_on_collapse, self.pending_events)
+                                 self.opts.stop_on_collapse, self.pending_events, self.watch)
         if step >= self.max_steps:
             log.info("step %d already reaches --max-steps %d: nothing to do", step, self.max_steps)
             return "done", 0

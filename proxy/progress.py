@@ -1,0 +1,162 @@
+"""The proxy's progress line and end-of-run summary (issue 12).
+
+    step    110/600 | loss 5.2548 (ema 5.5467) | 10,839 tok/s | mfu 42.8% | lr 1.23e-03 | 0:01:12 elapsed, eta 0:05:21 | p ...
+
+Elapsed time counts from this proxy's start; the ETA to `--max-steps` uses the workers' own
+record times over the last `RATE_WINDOW` steps (so checkpoints, probes and audits are in it).
+MFU is the worker's per-step figure (worker/perf.py) rescaled to the line's windowed tokens/s,
+so one slow or fast step does not swing it; a value above 100 % means the peak it was measured
+against is wrong (on CPU: a matmul timed while the machine was busy) and is left out, with one
+warning that says so, never printed.
+
+The summary (`format_summary`) is logged when the run stops: steps and tokens this start and in
+total, wall time, final EMA train loss, held-out loss per arm, the newest checkpoint and the
+commands to resume, sample, plot and export.
+
+What it is not: the throughput accounting (worker/perf.py) or `status` (proxy/status.py).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from pathlib import Path
+
+log = logging.getLogger("proxy")
+
+RATE_WINDOW = 50    # steps over which the ETA's rate is measured
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """`h:mm:ss` (or `Nd h:mm:ss` past a day); "--" for None or a non-finite value."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "--"
+    s = int(round(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}d " if d else "") + f"{h}:{m:02d}:{s:02d}"
+
+
+def credible_mfu(rec: dict, tok_per_s: float | None) -> float | None:
+    """MFU in [0, 1] at `tok_per_s` (the line's windowed tokens/s), from the record's own MFU
+    and tokens/s (their ratio is FLOPs per token / peak FLOP/s); None when unknown or above
+    1 (a peak that is too low cannot give a credible fraction)."""
+    m, t = rec.get("mfu"), rec.get("tokens_per_s")
+    if not isinstance(m, (int, float)) or not isinstance(t, (int, float)) or t <= 0:
+        return None
+    value = m / t * (tok_per_s if tok_per_s else t)
+    return value if 0 <= value <= 1 else None
+
+
+class ProgressLine:
+    """Formats the progress line; keeps the times it needs. `max_steps`: the run's target."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self.t0 = time.monotonic()          # this proxy's start
+        self.start_step: int | None = None  # the first incarnation's resume step
+        self.window: deque = deque(maxlen=RATE_WINDOW + 1)  # (worker time, step)
+        self._mfu_warned = False
+
+    def on_incarnation(self, step: int) -> None:
+        """A worker (re)starts from `step`: the rate window restarts (a restart's gap is not
+        training speed)."""
+        if self.start_step is None:
+            self.start_step = step
+        self.window.clear()
+
+    def eta_seconds(self, step: int) -> float | None:
+        """Seconds to `max_steps` at the window's rate; None before two records."""
+        if len(self.window) < 2:
+            return None
+        (t_a, s_a), (t_b, s_b) = self.window[0], self.window[-1]
+        if s_b <= s_a or t_b <= t_a:
+            return None
+        return max(0, self.max_steps - step) * (t_b - t_a) / (s_b - s_a)
+
+    def observe(self, rec: dict) -> None:
+        """Take a filed step record (`step`, `time` in seconds since the epoch)."""
+        if isinstance(rec.get("time"), (int, float)):
+            self.window.append((rec["time"], rec["step"]))
+
+    def line(self, rec: dict, ema: float | None, tok_per_s: float | None) -> str:
+        """The progress line for step record `rec` (call `observe(rec)` first)."""
+        p = " ".join(f"{a}={v:.2f}" for a, v in sorted(rec.get("p", {}).items()))
+        loss = f"{rec['loss']:.4f}" if rec.get("loss") is not None else "nan"
+        mfu = credible_mfu(rec, tok_per_s)
+        if mfu is None and rec.get("mfu") is not None and not self._mfu_warned:
+            self._mfu_warned = True
+            log.warning("MFU left out of the progress line: %.0f%% of the peak the worker "
+                        "measured is not a credible fraction (on CPU the matmul peak is timed "
+                        "once at worker start and a busy machine makes it too low; see "
+                        "worker/perf.py)", 100 * credible_mfu_raw(rec, tok_per_s))
+        mfu_s = f" | mfu {mfu:.1%}" if mfu is not None else ""
+        lr = f"{rec['lr']:.2e}" if isinstance(rec.get("lr"), (int, float)) else "-"
+        elapsed = fmt_duration(time.monotonic() - self.t0)
+        eta = fmt_duration(self.eta_seconds(rec["step"]))
+        return (f"step {rec['step']:>6}/{self.max_steps} | loss {loss} (ema {ema or 0:.4f}) | "
+                f"{tok_per_s or 0:,.0f} tok/s{mfu_s} | lr {lr} | {elapsed} elapsed, eta {eta} | "
+                f"p {p}")
+
+
+def credible_mfu_raw(rec: dict, tok_per_s: float | None) -> float:
+    """The unclamped rescaled MFU (for the warning that says why it is left out)."""
+    m, t = rec.get("mfu") or 0.0, rec.get("tokens_per_s") or 0.0
+    return m / t * (tok_per_s or t) if t else 0.0
+
+
+def _heldout(layout) -> tuple[int | None, dict]:
+    """(step, {arm: held-out loss}) of the newest probe in the history's tail or the newest
+    sample audit in .samples.json, whichever is later; (None, {}) when there is neither."""
+    from proxy.sidecars import read_json_tolerant
+    from proxy.status import tail_records
+    best: tuple[int | None, dict] = (None, {})
+    for r in reversed(tail_records(layout.loss)):
+        if isinstance(r.get("probe"), dict) and r["probe"]:
+            best = (r["step"], r["probe"])
+            break
+    audits = (read_json_tolerant(layout.samples, {}) or {}).get("audits") or []
+    if audits and isinstance(audits[-1], dict) and audits[-1].get("step", -1) > (best[0] or -1):
+        a = audits[-1]
+        best = (a["step"], {n: v["loss"] for n, v in a.get("arms", {}).items()
+                            if isinstance(v.get("loss"), (int, float))})
+    return best
+
+
+def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: float | None,
+                   wall_s: float, max_steps: int) -> str:
+    """The end-of-run summary as one multi-line string (first line "run summary: ...").
+
+    start_step: the step this proxy resumed from (None: no worker ran); end_step: the last
+    step filed; tokens are sequences x context per step (cfg.batch_size x block_size)."""
+    from shared.checkpoint_format import CheckpointError, find_latest_valid
+    per_step = cfg.batch_size * cfg.model.block_size
+    start = end_step if start_step is None else start_step
+    run = str(layout.root)
+    lines = [f"run summary: {run}",
+             f"  steps       {end_step - start:,} this start ({start:,} -> {end_step:,}), "
+             f"{end_step:,} of {max_steps:,} in total",
+             f"  tokens      {(end_step - start) * per_step:,} this start, "
+             f"{end_step * per_step:,} in total",
+             f"  wall time   {fmt_duration(wall_s)}",
+             f"  train loss  EMA {ema:.4f}" if ema is not None else "  train loss  -"]
+    at, probe = _heldout(layout)
+    if probe:
+        lines.append(f"  held-out    (step {at:,}) " + ", ".join(
+            f"{a} {v:.3f}" for a, v in sorted(probe.items())))
+    try:
+        info, _ = find_latest_valid(layout.root, cfg.n_params)
+    except CheckpointError:
+        info = None
+    lines.append(f"  checkpoint  {info.path} (step {info.step:,})" if info
+                 else "  checkpoint  none yet")
+    more = "" if end_step < max_steps else f" --max-steps {max(max_steps * 2, end_step + 1)}"
+    lines += ["  next:",
+              f"    resume  python -m proxy run --run-dir {run}{more}",
+              f"    sample  python -m proxy sample --run-dir {run} --prompt 'def ' --samples 3",
+              f"    plot    python -m proxy plot --run-dir {run} --out {run}/loss.png",
+              f"    export  python -m proxy export --from-run {run} --format hf "
+              f"--to {Path(run).name}-hf"]
+    return "\n".join(lines)

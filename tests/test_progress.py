@@ -1,0 +1,51 @@
+"""Issue 12: the progress line (elapsed, ETA, a credible MFU) and readable samples — the pure
+formatting, no processes (the run-level checks are in tests/test_run_watch.py)."""
+import time
+
+from proxy.progress import ProgressLine, credible_mfu, fmt_duration
+from proxy.sample_format import format_audit, format_sample
+
+
+def test_durations_read_as_hours_minutes_seconds():
+    assert fmt_duration(0) == "0:00:00"
+    assert fmt_duration(3725.4) == "1:02:05"
+    assert fmt_duration(90000) == "1d 1:00:00"
+    assert fmt_duration(None) == fmt_duration(float("inf")) == "--"
+
+
+def test_mfu_is_rescaled_to_the_window_and_never_above_one():
+    rec = {"mfu": 0.40, "tokens_per_s": 1000.0}
+    assert abs(credible_mfu(rec, 500.0) - 0.20) < 1e-12      # the line's windowed tokens/s
+    assert credible_mfu(rec, 3000.0) is None                   # 120 %: left out, not printed
+    assert credible_mfu({"mfu": 1.059, "tokens_per_s": 10.0}, None) is None
+    assert credible_mfu({"mfu": None, "tokens_per_s": 10.0}, 10.0) is None
+
+
+def test_eta_uses_the_workers_record_times_to_max_steps():
+    pl = ProgressLine(max_steps=100)
+    pl.on_incarnation(0)
+    t = time.time()
+    for k in range(1, 11):                   # 2 s per step
+        pl.observe({"step": k, "time": t + 2.0 * k})
+    assert abs(pl.eta_seconds(10) - 180.0) < 1e-6
+    line = pl.line({"step": 10, "loss": 3.0, "lr": 1e-3, "mfu": 5.0, "tokens_per_s": 1.0,
+                    "p": {"a": 1.0}}, ema=3.1, tok_per_s=1.0)
+    assert "elapsed, eta 0:03:00" in line and "mfu" not in line  # 500 % is left out
+    assert line.startswith("step     10/100 | loss 3.0000 (ema 3.1000)")
+    pl.on_incarnation(10)                    # a restart's gap is not training speed
+    assert pl.eta_seconds(10) is None
+
+
+def test_a_sample_shows_prompt_and_continuation_apart_with_real_line_breaks():
+    s = format_sample("sample @100 [code]", "def f(x):\n", "    return x\x13\n\nend")
+    assert s.split("\n") == ["sample @100 [code]",
+                             "    prompt | def f(x):",
+                             "           |",
+                             "      text |     return x\\x13",
+                             "           |",
+                             "           | end"]
+    [block] = format_audit({"step": 7, "arms": {"docs": {"prompt": "The ", "text": "end",
+                                                         "loss": 2.5, "temperature": 0.8,
+                                                         "top_k": 40}}})
+    assert block.split("\n")[0] == "sample @7 [docs] held-out 2.500 (temperature 0.8, top-k 40)"
+    assert "\\n" not in block and "    prompt | The " in block

@@ -1,0 +1,73 @@
+"""Issue 12, as a user meets it: a real tiny run prints elapsed time and an ETA, logs its
+samples readably, writes live TensorBoard scalars, ends with a summary; `sample` prints the same
+way and says how long it took; `--tensorboard` without the package is refused before anything
+is created. Real proxy and worker processes (tests/proc_helpers.py)."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from proc_helpers import ROOT, proxy_log, run_proxy
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
+    pytest.importorskip("tensorboard")
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "20", "--checkpoint-every", "10", "--sample-every", "10",
+                  "--print-every", "5", "--tensorboard")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    lines = [l for l in r.stdout.splitlines() if l.startswith("step ")]
+    assert len(lines) == 4
+    assert all(re.search(r"\| \d+:\d\d:\d\d elapsed, eta (\d+:\d\d:\d\d|--) \|", l) for l in lines)
+    assert "eta 0:00:00" in lines[-1]
+    assert all(float(m) <= 100 for l in lines for m in re.findall(r"mfu ([\d.]+)%", l))
+
+    log = proxy_log(run)
+    assert re.search(r"sample @10 \[\S+\] held-out [\d.]+ \(temperature 0.8, top-k 40\)\n"
+                     r"    prompt \|", log)
+    assert "\n      text |" in log
+
+    summary = log[log.index("run summary: "):]
+    assert "steps       20 this start (0 -> 20), 20 of 20 in total" in summary
+    assert "tokens      " in summary and "wall time   " in summary
+    assert re.search(r"train loss  EMA \d+\.\d{4}", summary)
+    assert re.search(r"held-out    \(step 20\) ", summary)
+    assert "step_000020.bin (step 20)" in summary
+    for cmd in ("proxy run --run-dir", "proxy sample --run-dir", "proxy plot --run-dir",
+                "proxy export --from-run"):
+        assert cmd in summary
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 21))
+    assert {"train/loss_ema", "train/lr", "train/grad_norm", "perf/tokens_per_s",
+            "checkpoint/step"} <= set(tags)
+    assert any(t.startswith("arms/p/") for t in tags) and any(t.startswith("heldout/") for t in tags)
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    s = subprocess.run([sys.executable, "-m", "proxy", "sample", "--run-dir", str(run),
+                        "--prompt", "def f(x):\n", "--samples", "2", "--tokens", "12"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert s.returncode == 0, s.stderr
+    assert s.stdout.count("    prompt | def f(x):\n           |\n      text |") == 2
+    assert re.search(r"# 2 x 12 tokens in [\d.]+ s .*; [\d.]+ s in all with loading", s.stdout)
+
+
+def test_tensorboard_without_the_package_exits_2_before_creating_anything(tmp_path):
+    shim = tmp_path / "shim" / "tensorboard"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('No module named tensorboard')\n")
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim.parent), str(ROOT)]))
+    r = subprocess.run([sys.executable, "-m", "proxy", "run", "--run-dir", str(run),
+                        "--tensorboard"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2
+    assert "pip install -e '.[tensorboard]'" in r.stderr
+    assert not run.exists()
