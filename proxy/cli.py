@@ -1,13 +1,9 @@
-"""`python -m proxy COMMAND`: the operator's interface (SPEC section 6).
+"""`python -m proxy COMMAND`: the operator's interface (docs/operations.md#start-and-resume).
 
-  run      create or resume a run and supervise its worker
-  status   step, loss and EMA, tokens/s, last checkpoint, arm probabilities, worker health
-  inspect  a checkpoint: header, validity, checksum, parameter table, norms
-  sample   text from a checkpoint
-  pivot    polish pivot: stop at the next boundary, restart with new caps/floors (SPEC 8)
-  fork     audit fork: a new run from another run's checkpoint and history
-  plot     PNG of loss and EMA, pivots, held-out loss per arm, the arm mixture
-  export   a checkpoint's weights as model.safetensors (named tensors)
+The commands are listed in COMMANDS below, once; each module defines its own command's options
+(`add_*_args`) and its `cmd_*` function. `run` is here: create or resume a run, supervise it.
+
+What it is not: the `run` options (proxy/run_options.py) or the supervision (proxy/supervisor.py).
 """
 from __future__ import annotations
 
@@ -76,7 +72,15 @@ def cmd_run(a) -> int:
         log.error("%s", e)
         return EXIT_USAGE
     layout = RunLayout(a.run_dir)
-    layout.root.mkdir(parents=True, exist_ok=True)
+    try:
+        layout.root.mkdir(parents=True, exist_ok=True)
+        layout.logs.mkdir(exist_ok=True)
+    except OSError as e:  # a file in the way, no permission, a read-only filesystem
+        what = ("is a file, not a directory" if layout.root.is_file()
+                else f"cannot be created ({e.strerror or e})")
+        log.error("--run-dir %s: %s; give a directory path (an existing run, or a new path "
+                  "whose parent you may write to)", layout.root, what)
+        return EXIT_USAGE
     _setup_logging(layout)
     lock = RunLock(layout)
     try:
@@ -130,41 +134,45 @@ def _print_settings(cfg: RunConfig, a) -> None:
         log.info("  %s  %s", k.ljust(w), v)
 
 
-def cmd_status(a) -> int:
-    from proxy.status import cmd_status as status  # issue 4: proxy/status.py
-    return status(a)
+COMMANDS = (  # name, one line of help; each command's options are defined by its own module
+    ("run", "create or resume a run and supervise its worker"),
+    ("status", "step, loss and EMA, tokens/s, last checkpoint, arm probabilities, worker health"),
+    ("inspect", "check and describe a checkpoint: header, validity, checksum, parameters, norms"),
+    ("sample", "generate text from a checkpoint"),
+    ("pivot", "polish pivot: new caps and floors under a fresh bandit, same weights and history"),
+    ("fork", "audit fork: a new run from another run's checkpoint and its history"),
+    ("plot", "PNG of loss and EMA, pivots, held-out loss per arm, the arm mixture"),
+    ("export", "a checkpoint as safetensors, or as a Hugging Face model folder (--format hf)"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `python -m proxy` parser: one sub-command per COMMANDS entry, each with `func`."""
+    from proxy import checkpoint_tools, fork, pivot, plot, sample_cmd, status
+    ap = argparse.ArgumentParser(
+        prog="python -m proxy",
+        description="ANDREA's training system: the supervising proxy and its tools "
+                    "(docs/README.md).")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    helps = dict(COMMANDS)
+    setup = {"run": (add_run_args, cmd_run),
+             "status": (status.add_status_args, status.cmd_status),
+             "inspect": (checkpoint_tools.add_inspect_args, checkpoint_tools.cmd_inspect),
+             "sample": (sample_cmd.add_sample_args, sample_cmd.cmd_sample),
+             "pivot": (pivot.add_pivot_args, pivot.cmd_pivot),
+             "fork": (fork.add_fork_args, fork.cmd_fork),
+             "plot": (plot.add_plot_args, plot.cmd_plot),
+             "export": (checkpoint_tools.add_export_args, checkpoint_tools.cmd_export)}
+    for name, _ in COMMANDS:
+        add_args, func = setup[name]
+        p = sub.add_parser(name, help=helps[name], description=helps[name])
+        add_args(p)
+        p.set_defaults(func=func)
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     # SIGUSR1's default action kills: ignore it until the supervisor installs its handler.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    ap = argparse.ArgumentParser(prog="python -m proxy", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    from proxy import fork, pivot, plot
-    p = sub.add_parser("run", help="create or resume a run and supervise it")
-    add_run_args(p)
-    pivot.add_pivot_parser(sub)
-    fork.add_fork_parser(sub)
-    plot.add_plot_parser(sub)
-    p = sub.add_parser("status", help="show a run's progress and health")
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--json", action="store_true", help="print the status as JSON")
-    from proxy import checkpoint_tools
-    checkpoint_tools.add_inspect_args(sub.add_parser("inspect", help="check and describe a checkpoint file"))
-    checkpoint_tools.add_export_args(sub.add_parser("export", help="write a checkpoint's weights as safetensors"))
-    from proxy import sample_cmd
-    sample_cmd.add_sample_parser(sub)
-    a = ap.parse_args(argv)
-    if a.cmd == "sample":
-        return sample_cmd.cmd_sample(a)
-    if a.cmd == "run":
-        return cmd_run(a)
-    if a.cmd in ("pivot", "fork", "plot"):
-        return {"pivot": pivot.cmd_pivot, "fork": fork.cmd_fork, "plot": plot.cmd_plot}[a.cmd](a)
-    if a.cmd == "status":
-        return cmd_status(a)
-    if a.cmd == "inspect":
-        return checkpoint_tools.cmd_inspect(a)
-    if a.cmd == "export":
-        return checkpoint_tools.cmd_export(a)
+    a = build_parser().parse_args(argv)
+    return a.func(a)

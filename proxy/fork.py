@@ -120,7 +120,9 @@ def cmd_fork(a) -> int:
     return 0
 
 
-def add_fork_parser(sub) -> None:
-    p = sub.add_parser("fork", help="audit fork: a new run starting from another run's checkpoint")
-    p.add_argument("--from", dest="from_run", required=True, metavar="RUN_DIR[:STEP]")
-    p.add_argument("--run-dir", required=True, help="the new run directory (must not exist)")
+def add_fork_args(p) -> None:
+    """`fork --from RUN_DIR[:STEP] --run-dir NEW`."""
+    p.add_argument("--from", dest="from_run", required=True, metavar="RUN_DIR[:STEP]",
+                   help="the run to fork and its checkpoint step (default: its newest valid one)")
+    p.add_argument("--run-dir", required=True, metavar="NEW",
+                   help="the new run directory (must not exist)")

@@ -216,9 +216,9 @@ def cmd_pivot(a) -> int:
     return 0
 
 
-def add_pivot_parser(sub) -> None:
-    p = sub.add_parser("pivot", help="polish pivot: new caps/floors and a fresh bandit (SPEC 8)")
-    p.add_argument("--run-dir", required=True)
+def add_pivot_args(p) -> None:
+    """`pivot --run-dir DIR [--caps ...] [--floors ...] [--label L] [--timeout S] [--run-args ...]`."""
+    p.add_argument("--run-dir", required=True, metavar="DIR", help="the run to pivot (live or stopped)")
     p.add_argument("--caps", default="", help="per-arm caps, arm=value,...")
     p.add_argument("--floors", default="", help="per-arm floors, arm=value,...")
     p.add_argument("--label", default=None, help="the new phase's label (default 'pivot')")

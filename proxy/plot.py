@@ -104,7 +104,8 @@ def cmd_plot(a) -> int:
     return 0
 
 
-def add_plot_parser(sub) -> None:
-    p = sub.add_parser("plot", help="PNG of loss + EMA, pivots, probe loss per arm, arm mixture")
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/loss.png)")
+def add_plot_args(p) -> None:
+    """`plot --run-dir DIR [--out F.png]`."""
+    p.add_argument("--run-dir", required=True, metavar="DIR", help="the run to plot")
+    p.add_argument("--out", default=None, metavar="F.png",
+                   help="PNG path (default DIR/loss.png)")

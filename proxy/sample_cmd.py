@@ -15,13 +15,11 @@ from shared.config import ConfigError, load_run_config
 from shared.run_layout import RunLayout
 
 
-def add_sample_parser(sub) -> None:
+def add_sample_args(p) -> None:
     """`sample [PATH] [--run-dir DIR] [--prompt TEXT] [--tokens N] [--samples N]
-    [--temperature T] [--top-k K] [--seed S]`."""
-    p = sub.add_parser("sample", help="generate text from a checkpoint",
-                       description="Continue a prompt with a checkpoint's weights: all samples "
-                                   "in one batch, printed with the prompt and the continuation "
-                                   "apart, then the time taken.")
+    [--temperature T] [--top-k K] [--seed S]`: continue a prompt with a checkpoint's weights,
+    all samples in one batch, printed with the prompt and the continuation apart, then the time
+    taken."""
     p.add_argument("path", nargs="?", default=None, help="step_NNNNNN.bin (default: the newest "
                    "valid checkpoint of --run-dir)")
     p.add_argument("--run-dir", default=None, help="run directory: run.json and tokenizer.json "

@@ -218,6 +218,12 @@ def format_status(d: dict) -> str:
     return "\n".join(lines)
 
 
+def add_status_args(p) -> None:
+    """`status --run-dir DIR [--json]`."""
+    p.add_argument("--run-dir", required=True, metavar="DIR", help="the run to describe")
+    p.add_argument("--json", action="store_true", help="print the status as one JSON object")
+
+
 def cmd_status(a) -> int:
     """`python -m proxy status --run-dir DIR [--json]`."""
     layout = RunLayout(a.run_dir)
