@@ -62,9 +62,15 @@ def _add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmup-steps", type=int, default=None, help="learning-rate warm-up, steps")
     ap.add_argument("--caps", default="", help="per-arm caps, arm=value,...")
     ap.add_argument("--floors", default="", help="per-arm floors, arm=value,...")
-    ap.add_argument("--tokenizer", choices=("bpe", "bytes"), default=None)
+    ap.add_argument("--tokenizer", default=None, metavar="bpe|bytes|PATH",
+                    help="bpe (trained at creation), bytes, or an existing tokenizer.json")
+    ap.add_argument("--bpe-sample-bytes", type=int, default=None,
+                    help="BPE training sample over all text arms, characters (16,000,000)")
+    ap.add_argument("--arm-max-tokens", type=int, default=None,
+                    help="explicit cap on tokens per arm (default: every token of every arm)")
     ap.add_argument("--arm", action="append", default=[], metavar="NAME=KIND:SOURCE",
-                    help="add an arm: text:PATH|GLOB, jsonl:PATH[:FIELD], tokens:PATH (repeatable); "
+                    help="add an arm: text:PATH|DIR|GLOB, jsonl:PATH|DIR|GLOB[:FIELD] (.gz/.zst too), "
+                         "parquet:PATH|DIR|GLOB[:COLUMN], tokens:PATH[:u16|u32] (repeatable); "
                          "replaces the three defaults unless --default-arms is given; on a restart "
                          "the run's new arm list, matched by name: new names join, names left out "
                          "are retired, statistics stay with each name")
@@ -93,7 +99,7 @@ def _config_from_args(a) -> RunConfig:
         cfg.preset = a.preset
         cfg.model = PRESETS[a.preset]
     for name in ("seed", "batch_size", "lr", "checkpoint_every", "probe_every", "warmup_steps",
-                 "tokenizer", "reward", "bandit_warmup"):
+                 "tokenizer", "reward", "bandit_warmup", "bpe_sample_bytes", "arm_max_tokens"):
         v = getattr(a, name, None)
         if v is not None:
             setattr(cfg, name, v)
