@@ -292,26 +292,35 @@ def sample_text(arm: ArmSpec, budget: int, piece: int = 1 << 16) -> list[str]:
     if r.total <= budget or isinstance(r, EmbeddedReader):  # whole (defaults: bounded already)
         parts = list(iter_text(arm))
         return ["".join(parts)] if parts else []
+    piece = max(1, min(piece, budget))
     n = max(1, budget // piece)
     marks = [r.total * j // n for j in range(n)]
     out: list[str] = []
     cur: list[str] = []
-    j = need = 0
+    j = need = prev = 0
     for p in r.pieces():
-        if need == 0:
-            if j >= n:
-                break
-            k = 0
-            while j < n and p.done >= marks[j]:
-                j, k = j + 1, k + 1  # a long piece crosses several marks: one longer run
-            need = k * piece
-        if need:
-            take = p.text[:need]
-            cur.append(take)
-            need -= len(take)
+        text, at = p.text, 0
+        if need:  # a run that began in an earlier piece
+            cur.append(text[:need])
+            at = min(len(text), need)
+            need -= at
             if need == 0:
                 out.append("".join(cur))
                 cur = []
+        span = max(1, p.done - prev)
+        while not need and j < n and marks[j] < p.done:
+            # the mark's place inside this piece, by source bytes (pieces are contiguous)
+            off = max(at, min(len(text), (marks[j] - prev) * len(text) // span))
+            j += 1
+            take = text[off:off + piece]
+            at = off + len(take)
+            if len(take) < piece:
+                cur, need = [take], piece - len(take)
+            else:
+                out.append(take)
+        prev = p.done
+        if j >= n and not need:
+            break
     if cur:
         out.append("".join(cur))
     return out

@@ -73,11 +73,13 @@ def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int 
     batch: list[str] = []
     size, first, written, done_at_cap = 0, True, 0, None
 
-    def flush(fh, fut) -> None:
-        nonlocal written
+    def flush(fh, job) -> None:
+        nonlocal written, done_at_cap
+        fut, batch_done = job
         ids = fut.result()
-        if max_tokens and written + len(ids) > max_tokens:
+        if max_tokens and written + len(ids) >= max_tokens:
             ids = ids[:max_tokens - written]
+            done_at_cap, stats.capped = batch_done, True
         _write_all(fh, ids)
         written += len(ids)
 
@@ -90,10 +92,8 @@ def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int 
                 first = False
                 h.update(text.encode("utf-8"))
                 prog.update(p.done)
-                if max_tokens and written >= max_tokens:
-                    if done_at_cap is None:
-                        done_at_cap, stats.capped = p.done, True
-                    continue
+                if done_at_cap is not None:
+                    continue  # capped: read on only for the fingerprint and the total
                 stats.chars += len(text)
                 for i in range(0, len(text), ITEM_CHARS):
                     batch.append(text[i:i + ITEM_CHARS])
@@ -101,11 +101,12 @@ def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int 
                 if size >= BATCH_CHARS:
                     if pending is not None:
                         flush(fh, pending)
-                    pending, batch, size = pool.submit(tok.encode_pieces, batch), [], 0
+                    pending = (pool.submit(tok.encode_pieces, batch), p.done)
+                    batch, size = [], 0
             if pending is not None:
                 flush(fh, pending)
-            if batch and not (max_tokens and written >= max_tokens):
-                flush(fh, pool.submit(tok.encode_pieces, batch))
+            if batch and done_at_cap is None:
+                flush(fh, (pool.submit(tok.encode_pieces, batch), reader.total))
             fh.flush()
             os.fsync(fh.fileno())
     finally:
