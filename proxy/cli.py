@@ -65,7 +65,7 @@ def _add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tokenizer", default=None, metavar="bpe|bytes|PATH",
                     help="bpe (trained at creation), bytes, or an existing tokenizer.json")
     ap.add_argument("--bpe-sample-bytes", type=int, default=None,
-                    help="BPE training sample over all text arms, characters (16,000,000)")
+                    help="BPE training sample over all text arms, characters (8,000,000)")
     ap.add_argument("--arm-max-tokens", type=int, default=None,
                     help="explicit cap on tokens per arm (default: every token of every arm)")
     ap.add_argument("--arm", action="append", default=[], metavar="NAME=KIND:SOURCE",

@@ -30,7 +30,7 @@ from shared.progress import Progress
 from shared.tokenizer import RunTokenizer
 
 ITEM_CHARS = 1 << 16        # characters per encode item (the unit of parallel work)
-BATCH_CHARS = 1 << 23       # characters per batch handed to the encoder (about 8 MB)
+BATCH_CHARS = 1 << 22       # characters per batch handed to the encoder (about 4 MB)
 SCAN_TOKENS = 1 << 24       # tokens per chunk when scanning a token file's ids
 
 

@@ -140,7 +140,7 @@ class RunConfig:
     preset: str = "andrea-tiny"
     model: ModelShape = field(default_factory=lambda: PRESETS["andrea-tiny"])
     tokenizer: str = "bpe"          # "bpe" (trained on the arms), "bytes" (256) or a tokenizer.json path
-    bpe_sample_bytes: int = 16_000_000  # BPE training sample, characters over all text arms
+    bpe_sample_bytes: int = 8_000_000  # BPE training sample, characters over all text arms
     arm_max_tokens: int = 0         # explicit per-arm cap on tokens (0 = every token of every arm)
     vocab_size: int = DEFAULT_BPE_VOCAB
     seed: int = 1337
