@@ -240,6 +240,7 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
             for a in prepared:  # a later arm was refused: leave no token file of this attempt
                 if a.kind != "tokens":
                     (layout.root / a.path).unlink(missing_ok=True)
+                (layout.data / f"{a.name}.done.json").unlink(missing_ok=True)
             raise
     d = _load(layout)
     for a in prepared:

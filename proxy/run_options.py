@@ -74,12 +74,20 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                    help="sample audit cadence in steps (default: the checkpoint cadence)")
     g.add_argument("--probe-every", type=int, default=None, metavar="N",
                    help="held-out probe cadence = the bandit's policy period, steps (25)")
-    g.add_argument("--tokenizer", choices=("bpe", "bytes"), default=None,
+    g.add_argument("--tokenizer", default=None, metavar="bpe|bytes|PATH",
                    help="bpe: byte-level BPE trained on the arms at creation (2305 tokens); "
-                        "bytes: 256 byte ids, nothing trained")
+                        "bytes: 256 byte ids, nothing trained; PATH: an existing tokenizer.json "
+                        "(e.g. GPT-2's 50,257 tokens)")
+    g.add_argument("--bpe-sample-bytes", type=int, default=None, metavar="N",
+                   help="BPE training sample drawn from across all text arms, characters "
+                        "(8,000,000; stored in run.json)")
+    g.add_argument("--arm-max-tokens", type=int, default=None, metavar="N",
+                   help="explicit cap on tokens per arm, said in the log (default: every token "
+                        "of every arm)")
     g = ap.add_argument_group("arms and the bandit")
     g.add_argument("--arm", action="append", default=[], metavar="NAME=KIND:SOURCE",
-                   help="an arm: text:PATH|GLOB, jsonl:PATH[:FIELD], tokens:PATH (repeatable); "
+                   help="an arm: text:PATH|DIR|GLOB, jsonl:PATH|DIR|GLOB[:FIELD] (.gz/.zst too), "
+                        "parquet:PATH|DIR|GLOB[:COLUMN], tokens:PATH[:u16|u32] (repeatable); "
                         "replaces the three defaults unless --default-arms is given; on a restart "
                         "the run's new arm list, matched by name: new names join, names left out "
                         "are retired, statistics stay with each name")
@@ -179,7 +187,7 @@ def config_from_args(a) -> RunConfig:
         cfg.preset = a.preset
         cfg.model = PRESETS[a.preset]
     for name in ("seed", "batch_size", "lr", "checkpoint_every", "probe_every", "warmup_steps",
-                 "tokenizer", "reward", "bandit_warmup"):
+                 "tokenizer", "reward", "bandit_warmup", "bpe_sample_bytes", "arm_max_tokens"):
         v = getattr(a, name, None)
         if v is not None:
             setattr(cfg, name, v)

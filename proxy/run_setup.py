@@ -1,21 +1,28 @@
-"""Creating a run directory and reading its phases (SPEC sections 3, 7, 8).
+"""Creating a run directory and reading its phases (SPEC sections 3, 7, 8; docs/data.md).
 
-Creation reads every arm's text, trains the run's tokenizer (BPE, or bytes), tokenizes the arms
-into `data/`, writes `phases.json` (phase 0) and finally `run.json`: its presence marks a
-complete run, so an interrupted creation is simply redone.
+Creation trains the run's tokenizer (BPE on a bounded sample drawn from across every text arm,
+or bytes, or a given tokenizer.json), streams every arm whole through it into `data/`
+(shared/arm_data.prepare_arm), writes `data/arms.json`, `phases.json` (phase 0) and finally
+`run.json`: its presence marks a complete run. An interrupted creation is resumed by the same
+command: the tokenizer is reused when it was made from the same recipe, arms already complete
+(their `data/<arm>.done.json` key matches) are kept, the rest are done
+(docs/data.md#crash-safe-creation).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import shutil
 import time
+from pathlib import Path
 
 from proxy.bandit import resolve_bounds
 from proxy.mixture import Phase
 from shared.arm_data import prepare_arm, write_arm_index
-from shared.arms import read_arm_text
-from shared.atomic_io import atomic_write_json
+from shared.arm_sources import open_arm, sample_text
+from shared.arms import source_fingerprint
+from shared.atomic_io import atomic_write_json, read_json
 from shared.config import ConfigError, RunConfig
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
@@ -23,35 +30,85 @@ from shared.tokenizer import RunTokenizer
 log = logging.getLogger("proxy.run_setup")
 
 
-def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
-    """Build the run directory for `cfg`; returns cfg with the tokenizer's vocab_size.
+def _recipe(cfg: RunConfig, text_arms: list) -> dict:
+    """What the tokenizer is a function of; a stored tokenizer with the same recipe is reused."""
+    src = cfg.tokenizer
+    if cfg.tokenizer not in ("bpe", "bytes"):
+        src = str(Path(cfg.tokenizer).expanduser().resolve())
+    return {"tokenizer": src, "vocab_size": cfg.vocab_size, "bpe_sample_bytes": cfg.bpe_sample_bytes,
+            "arms": [[a.name, a.kind, a.source, a.field, source_fingerprint(a)]
+                     for a in sorted(text_arms, key=lambda a: a.name)]}
 
-    Raises ConfigError (bad numbers, infeasible caps/floors, missing or tiny arm sources)
-    before the run directory holds a run.json."""
-    cfg.validate()
-    names = [a.name for a in cfg.arms]
-    resolve_bounds(names, cfg.caps, cfg.floors)  # infeasible boxes refused before any work
-    layout.ensure()
-    t0 = time.perf_counter()
-    texts = {a.name: read_arm_text(a) for a in cfg.arms if a.kind != "tokens"}
-    log.info("read %d arms (%s) in %.1f s", len(cfg.arms),
-             ", ".join(f"{n} {len(t):,} chars" for n, t in texts.items()), time.perf_counter() - t0)
+
+def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
+    """The run's tokenizer, saved as `tokenizer.json` (docs/data.md#the-tokenizer): bytes, a
+    copy of the given tokenizer.json, or a BPE trained on a deterministic sample of at most
+    `cfg.bpe_sample_bytes` characters spread evenly over the text arms (each arm's share drawn
+    from across the whole arm). Reused as it is when `data/tokenizer.recipe.json` matches.
+    Raises ConfigError."""
+    text_arms = [a for a in cfg.arms if a.kind != "tokens"]
+    for a in text_arms:
+        open_arm(a)  # missing files, a Parquet file without the column: refused before any work
+    recipe = _recipe(cfg, text_arms)
+    recipe_file = layout.data / "tokenizer.recipe.json"
+    if layout.tokenizer.exists() and read_json(recipe_file) == recipe:
+        tok = RunTokenizer.load(layout.tokenizer)
+        log.info("tokenizer: kept %s from an interrupted creation (%d tokens)",
+                 layout.tokenizer, tok.vocab_size)
+        return tok
     if cfg.tokenizer == "bytes":
         tok = RunTokenizer.bytes()
+        tok.save(layout.tokenizer)
+    elif cfg.tokenizer != "bpe":
+        src = Path(cfg.tokenizer).expanduser()
+        tok = RunTokenizer.from_file(src)
+        shutil.copyfile(src, layout.tokenizer)
+        log.info("tokenizer: %s (%d tokens), used as given", src, tok.vocab_size)
     else:
-        if not texts:
+        if not text_arms:
             raise ConfigError("--tokenizer bpe needs at least one text arm to train on; "
                               "use --tokenizer bytes with pre-tokenized arms")
         t0 = time.perf_counter()
-        tok = RunTokenizer.train_bpe([texts[n] for n in sorted(texts)], cfg.vocab_size)
+        share = cfg.bpe_sample_bytes // len(text_arms)
+        texts = []
+        for a in sorted(text_arms, key=lambda a: a.name):
+            texts += sample_text(a, share)
+        n = sum(len(t) for t in texts)
+        log.info("BPE sample: %s characters from %d arms (at most %s per arm, drawn from across "
+                 "each arm; --bpe-sample-bytes %s) in %.1f s", f"{n:,}", len(text_arms),
+                 f"{share:,}", f"{cfg.bpe_sample_bytes:,}", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        tok = RunTokenizer.train_bpe(texts, cfg.vocab_size)
+        del texts
         log.info("trained BPE tokenizer: %d tokens in %.1f s", tok.vocab_size,
                  time.perf_counter() - t0)
+        tok.save(layout.tokenizer)
+    atomic_write_json(recipe_file, recipe)
+    return tok
+
+
+def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
+    """Build (or finish building) the run directory for `cfg`; returns cfg with the tokenizer's
+    vocab_size.
+
+    Raises ConfigError (bad numbers, infeasible caps/floors, missing, corrupt or tiny arm
+    sources) before the run directory holds a run.json; arms already complete are kept."""
+    cfg.validate()
+    names = [a.name for a in cfg.arms]
+    resolve_bounds(names, cfg.caps, cfg.floors)  # infeasible boxes refused before any work
+    for a in cfg.arms:
+        source_fingerprint(a)   # every missing source refused before anything is written
+    layout.ensure()
+    tok = make_tokenizer(layout, cfg)
     cfg.vocab_size = tok.vocab_size
     cfg.validate()
-    tok.save(layout.tokenizer)
-    arms = [prepare_arm(a, tok, layout, cfg, texts.get(a.name)) for a in cfg.arms]
+    log.info("model: %s, %s parameters, checkpoint %s bytes with %d tokens", cfg.preset,
+             f"{cfg.n_params:,}", f"{cfg.checkpoint_bytes:,}", cfg.vocab_size)
+    t0 = time.perf_counter()
+    arms = [prepare_arm(a, tok, layout, cfg) for a in cfg.arms]
     write_arm_index(layout, arms)
-    log.info("arms: %s", ", ".join(f"{a.name} {a.n_tokens:,} tokens" for a in arms))
+    log.info("arms: %s in %.1f s", ", ".join(f"{a.name} {a.n_tokens:,} tokens" for a in arms),
+             time.perf_counter() - t0)
     write_phases(layout, [Phase(0, "initial", 0, dict(cfg.caps), dict(cfg.floors))])
     atomic_write_json(layout.run_json, cfg.to_json())
     return cfg

@@ -1,27 +1,38 @@
-"""Tokenized arm data in the run directory, and its index `data/arms.json` (SPEC section 7).
+"""Tokenized arm data in the run directory, and its index `data/arms.json` (SPEC section 7,
+docs/data.md).
 
-At run creation every arm's text is tokenized once into `data/<arm>.u16` (flat uint16, nanoGPT
-style); `tokens` arms point at their own file instead. The last part of each arm's tokens is a
-fixed held-out split that is never trained on: it feeds the bandit's probes and the sample audits.
+At run creation every arm is streamed whole through the run's tokenizer into `data/<arm>.u16`
+(flat uint16, nanoGPT style; `.u32` above 65,536 tokens) by `shared/arm_tokenize.py`; a `tokens`
+arm of one file points at its own file instead. A fixed held-out split, spread over the whole
+arm in up to `probe_sequences` ranges (docs/data.md#the-held-out-split), is never trained on: it
+feeds the bandit's probes and the sample audits.
 
 Index entry per arm: name, kind, source, fingerprint (content, "sha256:..."), path, n_tokens,
-heldout_start, source_fingerprint (cheap, "stat:...": file list, sizes, mtimes; checked at every
-start), retired (null, or {"step", "reason"} while the proxy has the arm retired, as a zombie
-or because a restart left it out: the worker then never loads it) and field (jsonl arms). The
-top-level "changes" list is the proxy's arm-change log (proxy/arm_changes.py); arms added on a
-restart are appended to "arms".
+heldout_start (start of the first held-out range), heldout (the held-out token ranges [[a, b),
+...]; absent in older runs: then [heldout_start, n_tokens) is the split), dtype, source_fingerprint
+(cheap, "stat:...": file list, sizes, mtimes; checked at every start), retired (null, or {"step",
+"reason"} while the proxy has the arm retired, as a zombie or because a restart left it out: the
+worker then never loads it), field (jsonl/parquet arms) and what creation used of the source
+(documents, source_bytes, bad_records, first_bad). The top-level "changes" list is the proxy's
+arm-change log (proxy/arm_changes.py); arms added on a restart are appended to "arms".
+
+Completion: each tokenized arm gets `data/<arm>.done.json` (its entry plus the key it was made
+with: spec, source fingerprint, tokenizer sha256, cap, context) once its token file is whole
+under its final name; an interrupted creation or arm addition re-run keeps every arm whose key
+still matches and redoes only the rest (docs/data.md#crash-safe-creation).
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from shared.arms import ArmSourceError, fingerprint_file, fingerprint_text, read_arm_text, \
-    source_fingerprint
-from shared.atomic_io import atomic_write_bytes, atomic_write_json
+from shared.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
+from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, RunConfig, check_arm_name
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
@@ -40,13 +51,25 @@ class ArmData:
     heldout_start: int
     source_fingerprint: str = ""      # "stat:<hex>" at creation ("" in runs made before it)
     retired: dict | None = None       # {"step", "reason"} while retired (zombie or removed)
-    field: str = "text"               # the JSON Lines field (jsonl arms)
+    field: str = "text"               # the JSON Lines field / Parquet column
+    dtype: str = "uint16"             # of the token file: "uint16" or "uint32"
+    heldout: list | None = None       # held-out ranges [[a, b), ...]; None: [heldout_start, n)
+    documents: int = 0                # documents read (0 for tokens arms and older runs)
+    source_bytes: int = 0             # source bytes used of the source's total
+    bad_records: int = 0              # records skipped (invalid JSON, missing field, ...)
+    first_bad: str = ""               # "file:line: reason" of the first
 
     def tokens(self, run_dir: Path) -> np.ndarray:
-        """All tokens as a read-only uint16 memmap of length n_tokens."""
+        """All tokens as a read-only memmap (`dtype`) of length n_tokens."""
         p = Path(self.path)
         p = p if p.is_absolute() else Path(run_dir) / p
-        return np.memmap(p, dtype=np.uint16, mode="r", shape=(self.n_tokens,))
+        return np.memmap(p, dtype=np.dtype(self.dtype), mode="r", shape=(self.n_tokens,))
+
+    def heldout_ranges(self) -> list[tuple[int, int]]:
+        """The held-out token ranges, sorted and disjoint (docs/data.md#the-held-out-split)."""
+        if self.heldout is None:
+            return [(self.heldout_start, self.n_tokens)]
+        return [(int(a), int(b)) for a, b in self.heldout]
 
 
 def heldout_size(n_tokens: int, cfg: RunConfig) -> int:
@@ -55,40 +78,149 @@ def heldout_size(n_tokens: int, cfg: RunConfig) -> int:
     return max(n_tokens // 20, need)
 
 
+def heldout_ranges(n_tokens: int, cfg: RunConfig) -> list[tuple[int, int]]:
+    """The held-out ranges of an arm of `n_tokens` (docs/data.md#the-held-out-split): heldout_size
+    tokens in k equal ranges, range j ending at n*(j+1)/k, so they are spread over the whole arm
+    and the last ends at the arm's end. k = min(probe_sequences, ranges that each hold a probe
+    window, train gaps of at least 4 windows), at least 1; k = 1 is the tail split of older
+    runs. A pure function of (n_tokens, block_size, probe_sequences): it never changes for a
+    run."""
+    hold = heldout_size(n_tokens, cfg)
+    win = cfg.model.block_size + 2
+    k = max(1, min(cfg.probe_sequences, hold // win, (n_tokens - hold) // (4 * win)))
+    out = []
+    for j in range(k):
+        c = hold * (j + 1) // k - hold * j // k
+        end = n_tokens * (j + 1) // k
+        out.append((end - c, end))
+    return out
+
+
+_log = logging.getLogger("andrea.data")
+
+
+def _tokenizer_sha(layout: RunLayout) -> str:
+    try:
+        return "sha256:" + hashlib.sha256(layout.tokenizer.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return ""
+
+
+def done_marker(layout: RunLayout, name: str) -> Path:
+    """`data/<arm>.done.json`: the arm's token file is whole and was made with the stored key."""
+    return layout.data / f"{name}.done.json"
+
+
+def _key(arm: ArmSpec, sfp: str, layout: RunLayout, cfg: RunConfig) -> dict:
+    return {"spec": asdict(arm), "source_fingerprint": sfp, "tokenizer": _tokenizer_sha(layout),
+            "arm_max_tokens": cfg.arm_max_tokens, "block_size": cfg.model.block_size,
+            "probe_sequences": cfg.probe_sequences}
+
+
+def _completed(arm: ArmSpec, key: dict, layout: RunLayout) -> ArmData | None:
+    try:
+        d = json.loads(done_marker(layout, arm.name).read_text())
+        if d.get("key") != key:
+            return None
+        a = ArmData(**d["arm"])
+        p = Path(a.path) if Path(a.path).is_absolute() else layout.root / a.path
+        if p.stat().st_size < a.n_tokens * np.dtype(a.dtype).itemsize:
+            return None
+        return a
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
 def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConfig,
                 text: str | None = None) -> ArmData:
-    """Tokenize one arm into `data/<name>.u16` (written atomically, only after the checks pass,
-    so a refused arm leaves nothing behind). Raises ArmSourceError when it is too small, or a
-    token file holds ids outside the vocabulary; ConfigError for an unsafe name."""
+    """Tokenize one arm whole into `data/<name>.u16` (`.u32` above 65,536 tokens), streamed
+    (shared/arm_tokenize.py), or check a `tokens` arm's file(s); record completion in
+    `data/<name>.done.json`. An arm already complete with the same key is kept as it is (not
+    redone). The token file appears under its final name only whole and accepted, so a refused
+    or interrupted arm leaves nothing training could read. `text` is unused (older callers).
+
+    Logs what was used of how much (documents, source bytes, tokens, bad records). Raises
+    ArmSourceError (a ConfigError) naming the arm, the file and the fix: a missing or corrupt
+    source, an arm too small for the context, a token file with ids outside the vocabulary or a
+    size that is not a whole number of tokens; ConfigError for an unsafe name."""
+    from shared.arm_tokenize import check_token_files, concat_token_files, publish, suffix_for, \
+        tokenize_stream
     check_arm_name(arm.name)
+    sfp = source_fingerprint(arm)   # a missing source fails here, before any work
+    key = _key(arm, sfp, layout, cfg)
+    done = _completed(arm, key, layout)
+    if done is not None:
+        _log.info("arm %s: already complete (%s, fingerprint %s), kept", arm.name,
+                  f"{done.n_tokens:,} tokens", done.fingerprint[:19])
+        return done
+    layout.data.mkdir(parents=True, exist_ok=True)
+    cap = cfg.arm_max_tokens
+    docs = used = bad = 0
+    first_bad, total, capped = "", 0, False
     if arm.kind == "tokens":
-        src = Path(arm.source).expanduser().resolve()
-        if not src.is_file():
-            raise ArmSourceError(f"arm {arm.name}: token file {src} not found")
-        n = src.stat().st_size // 2
-        ids = np.memmap(src, dtype=np.uint16, mode="r", shape=(n,))
-        if n and int(ids.max()) >= tok.vocab_size:
-            raise ArmSourceError(
-                f"arm {arm.name}: {src} holds token id {int(ids.max())} but the run's vocabulary "
-                f"has {tok.vocab_size}; tokenize it with the run's tokenizer.json")
-        path, fp = str(src), fingerprint_file(src)
+        files, dt, n_all = check_token_files(arm, tok)
+        total = sum(f.stat().st_size for f in files)
+        n = min(n_all, cap) if cap else n_all
+        capped = n < n_all
+        used = n * dt.itemsize
+        fp = content_fingerprint(arm)
+        tmp = final = None
+        if len(files) == 1:
+            path = str(files[0])
+        else:
+            path = str(Path("data") / f"{arm.name}{suffix_for(dt)}")
+            final = layout.root / path
+            tmp = final.with_name(final.name + ".tmp")
     else:
-        text = read_arm_text(arm) if text is None else text
-        ids = tok.encode(text).astype(np.uint16)
-        n = len(ids)
-        path, fp = str(Path("data") / f"{arm.name}.u16"), fingerprint_text(text)
+        dt = np.dtype(tok.dtype)
+        path = str(Path("data") / f"{arm.name}{suffix_for(dt)}")
+        final = layout.root / path
+        tmp = final.with_name(final.name + ".tmp")
     try:
-        sfp = source_fingerprint(arm)
-    except ArmSourceError:
-        sfp = ""
-    hold = heldout_size(n, cfg)
-    if n - hold < cfg.model.block_size + 2:
-        raise ArmSourceError(
-            f"arm {arm.name}: {n:,} tokens is too small for context {cfg.model.block_size} "
-            f"plus {hold:,} held-out tokens; give it more text")
-    if arm.kind != "tokens":  # only once it is accepted, and whole (atomic_write_bytes)
-        atomic_write_bytes(layout.root / path, ids.tobytes())
-    return ArmData(arm.name, arm.kind, arm.source, fp, path, n, n - hold, sfp, field=arm.field)
+        if arm.kind == "tokens":
+            if tmp is not None:
+                n = concat_token_files(files, dt, tmp, n)
+        else:
+            fp, st = tokenize_stream(arm, tok, tmp, cap)
+            n, docs, used, total, capped = st.tokens, st.documents, st.bytes_used, st.bytes_total, st.capped
+            bad, first_bad = st.bad.count, st.bad.first
+            if arm.kind in ("python-docstrings", "python-code", "python-docs"):
+                used = st.chars
+            if bad:
+                _log.warning("arm %s: %s", arm.name, st.bad.summary())
+        hold = heldout_size(n, cfg)
+        if n - hold < cfg.model.block_size + 2:
+            raise ArmSourceError(
+                f"arm {arm.name}: {n:,} tokens is too small for context {cfg.model.block_size} "
+                f"plus {hold:,} held-out tokens; give it more text")
+        if tmp is not None:
+            publish(tmp, final)
+    except BaseException:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise
+    ranges = heldout_ranges(n, cfg)
+    a = ArmData(arm.name, arm.kind, arm.source, fp, path, n, ranges[0][0], sfp, field=arm.field,
+                dtype=dt.name, heldout=[list(r) for r in ranges], documents=docs,
+                source_bytes=used, bad_records=bad, first_bad=first_bad)
+    atomic_write_json(done_marker(layout, arm.name), {"key": key, "arm": asdict(a)})
+    if arm.kind in ("python-docstrings", "python-code", "python-docs"):
+        of = (f"used {used:,} characters (default arms stop at {MAX_ARM_BYTES:,}) from "
+              f"{_mb(total)} of source files")
+    elif arm.kind == "tokens":
+        of = f"used {used:,} of {total:,} bytes of {len(files)} token file(s)"
+    else:
+        of = f"{docs:,} documents, used {used:,} of {total:,} source bytes"
+    if capped:
+        of += f" (capped by --arm-max-tokens {cap:,})"
+    _log.info("arm %s (%s): %s, %s tokens (%s), %s held out in %d ranges; %s", arm.name,
+              arm.kind, of, f"{n:,}", dt.name, f"{sum(b - a for a, b in ranges):,}", len(ranges),
+              f"{bad:,} bad records (first {first_bad})" if bad else "no bad records")
+    return a
 
 
 def write_arm_index(layout: RunLayout, arms: list[ArmData]) -> None:

@@ -5,25 +5,25 @@ installation's own files:
   repo-docstrings  docstrings extracted (with `ast`) from standard-library modules
   repo-code        the source code of those modules
   python-docs      the reference documentation text that ships with Python (`pydoc_data`)
-Users add arms from text files/directories/globs, JSON Lines (a text field) or pre-tokenized
-uint16 token files (nanoGPT's format).
+Users add arms from text files/directories/globs, JSON Lines (a text field; .gz/.zst), Parquet
+(a text column) or pre-tokenized uint16/uint32 token files (nanoGPT's format); user arms are
+always read whole (the streaming readers are `shared/arm_sources.py`), the defaults keep their
+documented size (DEFAULT_ARM_CHARS) and the creation log says how much of how much was used.
 
-What it is not: tokenization and batching (`shared/tokenizer.py`, `worker/data.py`).
+What it is not: tokenization and batching (`shared/arm_tokenize.py`, `worker/data.py`).
 """
 from __future__ import annotations
 
 import ast
 import glob
 import hashlib
-import json
 import os
 import sysconfig
-import warnings
 from pathlib import Path
 
 from shared.config import ArmSpec, ConfigError, check_arm_name
 
-MAX_ARM_BYTES = 2_000_000  # text per arm read at creation; bounds tokenizer training and disk
+MAX_ARM_BYTES = 2_000_000  # the embedded defaults' documented size, characters (never user arms)
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3", "turtledemo"}
 
 
@@ -114,38 +114,25 @@ def _python_docs(limit: int) -> str:
 
 
 def _text_files(arm: ArmSpec) -> list[Path]:
-    p = Path(arm.source).expanduser()
-    if p.is_file():
-        return [p]
-    if p.is_dir():
-        return sorted(q for q in p.rglob("*") if q.is_file())
-    files = sorted(Path(x) for x in glob.glob(arm.source, recursive=True) if Path(x).is_file())
-    if not files:
-        raise ArmSourceError(f"arm {arm.name}: source {arm.source!r} matches no file; "
-                             "fix the path or remove the arm")
-    return files
+    from shared.arm_sources import resolve_files
+    return resolve_files(arm)
 
 
-def _jsonl_text(arm: ArmSpec, limit: int) -> str:
-    def gen():
-        for f in _text_files(arm):
-            with open(f, encoding="utf-8", errors="replace") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except ValueError:
-                        warnings.warn(f"{f}:{lineno}: not JSON, skipped (arm {arm.name})")
-                        continue
-                    text = obj.get(arm.field) if isinstance(obj, dict) else None
-                    if isinstance(text, str) and text:
-                        yield text
-    return _take(gen(), limit)
+def embedded_files(arm: ArmSpec) -> list[Path]:
+    """The files an embedded default arm is built from (for its "of total" size)."""
+    if arm.kind in ("python-docstrings", "python-code"):
+        return _stdlib_files()
+    try:
+        import pydoc_data.topics as t
+    except ImportError as e:
+        raise ArmSourceError("arm python-docs: this Python has no pydoc_data (reference docs); "
+                             "remove the arm or install a full Python") from e
+    return [Path(t.__file__)]
 
 
 def read_arm_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
-    """The text of a (non-token) arm, at most `limit` characters, deterministic for a source.
+    """The text of an embedded default arm, at most `limit` characters, deterministic for a
+    Python installation (user arms are streamed whole: `shared/arm_sources.iter_text`).
 
     Raises ArmSourceError when the source is missing or yields no text.
     """
@@ -155,14 +142,12 @@ def read_arm_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
         text = _python_code(limit)
     elif arm.kind == "python-docs":
         text = _python_docs(limit)
-    elif arm.kind == "text":
-        text = _take((f.read_text(encoding="utf-8", errors="replace") for f in _text_files(arm)),
-                     limit)
-    elif arm.kind == "jsonl":
-        text = _jsonl_text(arm, limit)
+    elif arm.kind in ("text", "jsonl", "parquet"):
+        from shared.arm_sources import iter_text
+        text = "".join(iter_text(arm))  # whole; small arms and tests only
     else:
-        raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} has no text; "
-                             "kinds: python-docstrings, python-code, python-docs, text, jsonl, tokens")
+        raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} has no text; kinds: "
+                             "python-docstrings, python-code, python-docs, text, jsonl, parquet, tokens")
     if not text.strip():
         raise ArmSourceError(f"arm {arm.name}: source {arm.source or arm.kind!r} gave no text")
     return text
@@ -182,13 +167,26 @@ def fingerprint_file(path: Path) -> str:
 
 
 EMBEDDED_KINDS = ("python-docstrings", "python-code", "python-docs")
+USER_KINDS = ("text", "jsonl", "parquet", "tokens")
+
+
+TOKEN_DTYPES = {"u16": "uint16", "uint16": "uint16", "u32": "uint32", "uint32": "uint32"}
+
+
+def _split_tail(source: str) -> tuple[str, str | None]:
+    """`PATH:TAIL` -> (PATH, TAIL) when TAIL looks like a name (no '/', no '*'), else (source, None)."""
+    head, sep, tail = source.rpartition(":")
+    if sep and head and tail and "/" not in tail and "*" not in tail and "\\" not in tail:
+        return head, tail
+    return source, None
 
 
 def parse_arm_option(text: str) -> ArmSpec:
-    """Parse `--arm NAME=KIND:SOURCE[:FIELD]`, e.g. `notes=text:docs/*.md`,
-    `chat=jsonl:data.jsonl:content`, `web=tokens:train.bin`, or `NAME=KIND` for an embedded
-    kind (python-docstrings, python-code, python-docs: `repo-code=python-code` is the default
-    arm, so a restart can keep some default arms and leave others out). Raises ConfigError."""
+    """Parse `--arm NAME=KIND:SOURCE[:FIELD]` (docs/data.md#sources), e.g. `notes=text:docs/*.md`,
+    `chat=jsonl:data.jsonl.zst:content`, `web=parquet:shards/:text`, `gpt=tokens:train.bin:u16`,
+    or `NAME=KIND` for an embedded kind (python-docstrings, python-code, python-docs:
+    `repo-code=python-code` is the default arm, so a restart can keep some default arms and
+    leave others out). SOURCE is a file, a directory or a glob. Raises ConfigError."""
     name, sep, rest = text.partition("=")
     kind, sep2, source = rest.partition(":")
     if sep and name and kind in EMBEDDED_KINDS and not source:
@@ -196,15 +194,23 @@ def parse_arm_option(text: str) -> ArmSpec:
         return ArmSpec(name=name, kind=kind)
     if not sep or not sep2 or not name or not source:
         raise ConfigError(f"--arm {text!r}: expected NAME=KIND:SOURCE[:FIELD] with KIND one of "
-                          f"text, jsonl, tokens, or NAME=KIND with KIND one of "
+                          f"{', '.join(USER_KINDS)}, or NAME=KIND with KIND one of "
                           f"{', '.join(EMBEDDED_KINDS)} (the defaults)")
     check_arm_name(name, f"--arm {text!r}")
-    field = "text"
-    if kind == "jsonl" and ":" in source:
-        source, field = source.rsplit(":", 1)
-    if kind not in ("text", "jsonl", "tokens"):
-        raise ConfigError(f"--arm {text!r}: kind {kind!r} unknown; use text, jsonl or tokens")
-    return ArmSpec(name=name, kind=kind, source=source, field=field)
+    if kind not in USER_KINDS:
+        raise ConfigError(f"--arm {text!r}: kind {kind!r} unknown; use {', '.join(USER_KINDS)}")
+    field, dtype = "text", ""
+    if kind in ("jsonl", "parquet"):
+        source, tail = _split_tail(source)
+        field = tail or "text"
+    elif kind == "tokens":
+        src, tail = _split_tail(source)
+        if tail is not None and tail.lower() in TOKEN_DTYPES:
+            source, dtype = src, TOKEN_DTYPES[tail.lower()]
+        elif tail is not None and not Path(source).expanduser().exists():
+            raise ConfigError(f"--arm {text!r}: token dtype {tail!r} unknown; use u16 or u32 "
+                              "(or leave it out: it is inferred from the vocabulary)")
+    return ArmSpec(name=name, kind=kind, source=source, field=field, dtype=dtype)
 
 
 def _stat_digest(files: list[Path], extra: str = "") -> str:
@@ -238,23 +244,40 @@ def source_fingerprint(arm: ArmSpec) -> str:
         except ImportError as e:
             raise ArmSourceError(f"arm {arm.name}: this Python has no pydoc_data") from e
         return _stat_digest([Path(t.__file__)], sys.version)
-    if arm.kind in ("text", "jsonl"):
-        return _stat_digest(_text_files(arm), arm.field if arm.kind == "jsonl" else "")
+    if arm.kind in ("text", "jsonl", "parquet"):
+        return _stat_digest(_text_files(arm), arm.field if arm.kind != "text" else "")
     if arm.kind == "tokens":
-        p = Path(arm.source).expanduser()
-        if not p.is_file():
-            raise ArmSourceError(f"arm {arm.name}: token file {p} not found")
-        return _stat_digest([p.resolve()])
+        return _stat_digest([p.resolve() for p in token_files(arm)])
     raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} unknown")
 
 
+def token_files(arm: ArmSpec) -> list[Path]:
+    """The file(s) of a `tokens` arm (a file, directory or glob). Raises ArmSourceError."""
+    p = Path(arm.source).expanduser()
+    if not p.is_file() and not p.is_dir() and not glob.glob(str(p)):
+        raise ArmSourceError(f"arm {arm.name}: token file {p} not found; fix the path or "
+                             "remove the arm")
+    return _text_files(arm)
+
+
 def content_fingerprint(arm: ArmSpec) -> str:
-    """The content fingerprint stored at creation ("sha256:<hex>" of the text, or of the token
-    file). Slow (reads the source); used only to confirm a `source_fingerprint` mismatch.
+    """The content fingerprint stored at creation ("sha256:<hex>" of the text as streamed by
+    `shared/arm_sources.iter_text`, or of the token file(s) concatenated). Slow (reads the whole
+    source in bounded memory); used only to confirm a `source_fingerprint` mismatch.
     Raises ArmSourceError when the source is gone."""
+    h = hashlib.sha256()
     if arm.kind == "tokens":
-        p = Path(arm.source).expanduser()
-        if not p.is_file():
-            raise ArmSourceError(f"arm {arm.name}: token file {p} not found")
-        return fingerprint_file(p.resolve())
-    return fingerprint_text(read_arm_text(arm))
+        files = token_files(arm)
+        if len(files) == 1:
+            return fingerprint_file(files[0].resolve())
+        for f in files:
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+        return "sha256:" + h.hexdigest()
+    if arm.kind in EMBEDDED_KINDS:
+        return fingerprint_text(read_arm_text(arm))
+    from shared.arm_sources import iter_text
+    for t in iter_text(arm):
+        h.update(t.encode("utf-8"))
+    return "sha256:" + h.hexdigest()

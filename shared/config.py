@@ -109,15 +109,17 @@ def check_arm_name(name: str, where: str = "arm") -> None:
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """One data source (SPEC section 7). `kind` is one of: python-docstrings, python-code,
-    python-docs (the embedded defaults, read from the running Python installation), text (a
-    file, directory or glob of text files), jsonl (JSON Lines with a text `field`), tokens
-    (pre-tokenized uint16 file, nanoGPT style)."""
+    """One data source (SPEC section 7, docs/data.md#sources). `kind` is one of:
+    python-docstrings, python-code, python-docs (the embedded defaults, read from the running
+    Python installation), text (a file, directory or glob of text files), jsonl (JSON Lines with
+    a text `field`; .gz/.zst read transparently), parquet (a text column `field`), tokens
+    (pre-tokenized uint16/uint32 files, nanoGPT style)."""
 
     name: str
     kind: str
-    source: str = ""      # path or glob for text/jsonl/tokens; empty for the defaults
-    field: str = "text"   # JSON Lines field holding the text
+    source: str = ""      # file, directory or glob for text/jsonl/parquet/tokens; "" for defaults
+    field: str = "text"   # JSON Lines field / Parquet column holding the text
+    dtype: str = ""       # tokens arms: "uint16" or "uint32"; "" = inferred from the vocabulary
 
 
 DEFAULT_ARMS: tuple[ArmSpec, ...] = (
@@ -137,7 +139,9 @@ class RunConfig:
 
     preset: str = "andrea-tiny"
     model: ModelShape = field(default_factory=lambda: PRESETS["andrea-tiny"])
-    tokenizer: str = "bpe"          # "bpe" (trained on the arms) or "bytes" (vocabulary 256)
+    tokenizer: str = "bpe"          # "bpe" (trained on the arms), "bytes" (256) or a tokenizer.json path
+    bpe_sample_bytes: int = 8_000_000  # BPE training sample, characters over all text arms
+    arm_max_tokens: int = 0         # explicit per-arm cap on tokens (0 = every token of every arm)
     vocab_size: int = DEFAULT_BPE_VOCAB
     seed: int = 1337
     batch_size: int = 16            # sequences per optimizer update, all ranks together
@@ -183,8 +187,13 @@ class RunConfig:
             raise ConfigError(f"seed={self.seed} must be in [0, 2**63) (numpy seeds are non-negative)")
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps={self.warmup_steps} must be >= 0")
-        if self.tokenizer not in ("bpe", "bytes"):
-            raise ConfigError(f"tokenizer={self.tokenizer!r}: choose 'bpe' or 'bytes'")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ConfigError(f"tokenizer={self.tokenizer!r}: choose 'bpe', 'bytes' or the path "
+                              "of an existing tokenizer.json")
+        if self.bpe_sample_bytes < 1 << 16:
+            raise ConfigError(f"bpe_sample_bytes={self.bpe_sample_bytes:,} must be >= 65,536")
+        if self.arm_max_tokens < 0:
+            raise ConfigError(f"arm_max_tokens={self.arm_max_tokens} must be >= 0 (0 = no cap)")
         if self.reward not in ("heldout_progress", "train_loss"):
             raise ConfigError(f"reward={self.reward!r}: choose heldout_progress or train_loss")
         names = [a.name for a in self.arms]

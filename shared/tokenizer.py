@@ -3,6 +3,10 @@ the run's arms when the run is created (vocabulary 2305 by default), or raw byte
 
 Saved as `tokenizer.json` in the run directory and used for the life of the run. Both sides load
 it: the proxy to tokenize arms at creation and to print samples, the worker to decode audits.
+An existing `tokenizer.json` (e.g. GPT-2's 50,257 tokens) can be given instead of training one
+(docs/data.md#the-tokenizer). Token ids are stored as uint16, or uint32 above 65,536 tokens.
+
+What it is not: the streaming of whole arms through it (`shared/arm_tokenize.py`).
 """
 from __future__ import annotations
 
@@ -71,9 +75,30 @@ class RunTokenizer:
         except Exception as e:  # tokenizers raises its own exception type
             raise ConfigError(f"{path}: unreadable tokenizer ({e})") from e
 
+    @classmethod
+    def from_file(cls, path) -> "RunTokenizer":
+        """A user's existing `tokenizer.json` (the `tokenizers` library's format). Raises
+        ConfigError naming the file when it is missing or not a tokenizer."""
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"--tokenizer {path}: no such file; give 'bpe', 'bytes' or the path "
+                              "of an existing tokenizer.json")
+        return cls.load(path)
+
     @property
     def dtype(self):
         return np.uint16 if self.vocab_size <= 65536 else np.uint32
+
+    def encode_pieces(self, pieces: list[str]) -> np.ndarray:
+        """Token ids of the concatenation of `pieces`, each encoded on its own, as one 1-D array
+        of `self.dtype`. BPE pieces are encoded in parallel by the `tokenizers` library (Rust
+        threads, RAYON_NUM_THREADS); the GIL is released meanwhile."""
+        if not pieces:
+            return np.zeros(0, self.dtype)
+        if self.kind == "bytes":
+            return np.frombuffer("".join(pieces).encode("utf-8"), dtype=np.uint8).astype(self.dtype)
+        enc = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)(pieces)
+        return np.concatenate([np.asarray(e.ids, dtype=self.dtype) for e in enc])
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of `text` as a 1-D array of `self.dtype`."""

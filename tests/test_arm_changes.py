@@ -116,11 +116,13 @@ def test_bad_arm_lists_on_a_restart_are_refused_and_nothing_is_written(tmp_path)
              (["--arm", f"a=text:{src / 'd.txt'}", *arms("b", "c")], "cannot change under the same name"),
              (arms("a", "b", "c") + ["--arm", f"e=text:{src / 'missing.txt'}"], "matches no file"),
              (arms("a", "b", "c", "c"), "more than once")]
+    listing = sorted(x.name for x in (run / "data").iterdir())
+    assert {"a.u16", "arms.json", "b.u16", "c.u16", "a.done.json"} <= set(listing)
     for args, words in cases:
         r = run_proxy(run, "--max-steps", "20", *COMMON, *args)
         assert r.returncode == 2 and words in r.stderr, (args, r.stderr[-2000:])
         assert {p: p.read_bytes() for p in files} == files
-        assert sorted(x.name for x in (run / "data").iterdir()) == ["a.u16", "arms.json", "b.u16", "c.u16"]
+        assert sorted(x.name for x in (run / "data").iterdir()) == listing
         assert not list(tmp_path.glob("*.u16"))
     assert loss_records(run)[-1]["step"] == 10
 

@@ -7,7 +7,7 @@ import numpy as np
 from proc_helpers import loss_records, run_proxy
 from proxy.bandit import Bandit, BanditConfig
 from proxy.mixture_rebuild import replay_run
-from shared.arm_data import heldout_size, read_arm_index
+from shared.arm_data import heldout_ranges, heldout_size, read_arm_index
 from shared.config import load_run_config
 from shared.run_layout import RunLayout
 from worker.data import ArmSampler
@@ -39,7 +39,10 @@ def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_
     from shared.config import RunConfig, PRESETS
     cfg = RunConfig(model=PRESETS["andrea-test"])
     hold = heldout_size(n, cfg)
-    toks[n - hold:] = 255                                   # marks the held-out split
+    ranges = heldout_ranges(n, cfg)                         # spread over the arm (issue 10)
+    assert len(ranges) > 1 and sum(b - a for a, b in ranges) == hold and ranges[-1][1] == n
+    for a, b in ranges:
+        toks[a:b] = 255                                     # marks the held-out split
     toks.tofile(src / "web.bin")
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "10", "--checkpoint-every", "10", "--probe-every", "5",
@@ -53,7 +56,7 @@ def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_
     assert set(index) == names
     assert all(a.fingerprint.startswith("sha256:") and a.source_fingerprint.startswith("stat:")
                for a in index.values())
-    assert index["web"].heldout_start == n - hold and index["web"].n_tokens == n
+    assert index["web"].heldout_ranges() == ranges and index["web"].n_tokens == n
     chat = bytes(np.asarray(index["chat"].tokens(run)[:40], dtype=np.uint8)).decode()
     assert chat.startswith("message 0: hello there") and "{" not in chat
     recs = loss_records(run)

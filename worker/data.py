@@ -5,7 +5,11 @@ sequences comes from (from the policy p in force for k) and where in the arm's t
 window starts. Rank r takes rows [r*B/W, (r+1)*B/W). So the batch is a pure function of (seed, k,
 p), the same for any world size, and a resumed run draws exactly what the uninterrupted run drew.
 
-Held-out probe windows are fixed per arm (evenly spaced in the held-out split, never trained on).
+Held-out probe windows are fixed per arm (evenly spaced over the held-out ranges, never trained
+on). Training windows start anywhere a whole window fits inside one train segment (the gaps
+between the held-out ranges, docs/data.md#the-held-out-split); with one tail range (older runs,
+small arms) this is exactly the draw `integers(0, heldout_start - block - 1)` it always was, so
+resumes stay bit-exact. Token files are uint16 or uint32 (ArmData.dtype).
 """
 from __future__ import annotations
 
@@ -39,6 +43,15 @@ class ArmSampler:
         self.block = block_size
         self.tokens = {n: arms[n].tokens(run_dir) for n in self.names}
         self.train_end = {n: arms[n].heldout_start for n in self.names}
+        self.heldout = {n: arms[n].heldout_ranges() for n in self.names}
+        self._train = {n: _starts(_gaps(self.heldout[n], arms[n].n_tokens), block_size)
+                       for n in self.names}
+
+    def _train_start(self, name: str, g: np.random.Generator) -> int:
+        seg, cum = self._train[name]
+        u = int(g.integers(0, int(cum[-1])))
+        j = int(np.searchsorted(cum, u, side="right"))
+        return int(seg[j][0]) + u - (int(cum[j - 1]) if j else 0)
 
     def draw(self, seed: int, step: int, probs: dict[str, float], batch_size: int,
              rank: int = 0, world_size: int = 1) -> Batch:
@@ -49,7 +62,7 @@ class ArmSampler:
         arm_idx = g.choice(len(self.names), size=batch_size, p=p)
         starts = np.empty(batch_size, dtype=np.int64)
         for i, a in enumerate(arm_idx):  # one draw per row, in row order: independent of ranks
-            starts[i] = g.integers(0, self.train_end[self.names[a]] - self.block - 1)
+            starts[i] = self._train_start(self.names[a], g)
         counts = {n: int((arm_idx == i).sum()) for i, n in enumerate(self.names)}
         per = batch_size // world_size
         rows = range(rank * per, (rank + 1) * per)
@@ -61,13 +74,39 @@ class ArmSampler:
     def heldout_windows(self, name: str, n: int) -> torch.Tensor:
         """The fixed probe set of arm `name`: int64 (n, block+1), evenly spaced, non-overlapping."""
         toks = self.tokens[name]
-        start, end = self.train_end[name], len(toks)
-        span = (end - start - self.block - 1) // max(1, n)
-        return torch.from_numpy(np.stack([
-            np.asarray(toks[start + i * span:start + i * span + self.block + 1], dtype=np.int64)
-            for i in range(n)]))
+        seg, cum = _starts(self.heldout[name], self.block)
+        span = int(cum[-1]) // max(1, n)
+        rows = []
+        for i in range(n):
+            u = i * span
+            j = int(np.searchsorted(cum, u, side="right"))
+            s = int(seg[j][0]) + u - (int(cum[j - 1]) if j else 0)
+            rows.append(np.asarray(toks[s:s + self.block + 1], dtype=np.int64))
+        return torch.from_numpy(np.stack(rows))
 
     def prompt(self, name: str, n_tokens: int = 16) -> np.ndarray:
         """Fixed audit prompt of arm `name`: the first tokens of its held-out split."""
         s = self.train_end[name]
         return np.asarray(self.tokens[name][s:s + n_tokens], dtype=np.int64)
+
+
+def _gaps(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """The train segments of an arm of `n` tokens: [0, n) minus the held-out `ranges`."""
+    out, at = [], 0
+    for a, b in ranges:
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < n:
+        out.append((at, n))
+    return out
+
+
+def _starts(segments: list[tuple[int, int]], block: int):
+    """(segments, cumulative counts) of window starts: a segment [a, b) offers b - a - block - 1
+    starts (a window and its next-token target fit inside it). Raises ValueError if none."""
+    seg = [(a, b) for a, b in segments if b - a - block - 1 > 0]
+    cum = np.cumsum([b - a - block - 1 for a, b in seg], dtype=np.int64)
+    if not len(cum):
+        raise ValueError(f"no window of {block + 1} tokens fits in segments {segments}")
+    return seg, cum

@@ -1,0 +1,150 @@
+"""Benchmark of arm tokenization at scale (issue 10, docs/data.md#benchmark): throughput of the
+streaming pipeline against `Tokenizer.encode_batch` over the same text already in memory, and
+the peak RSS of creating a run over corpora of two sizes (memory must not grow with the corpus).
+
+No downloads: the corpora are built deterministically from this Python installation's own
+files (standard-library sources and the pydoc reference text), repeated with a line-level
+shuffle seeded per copy until the size is reached. Each creation runs in its own process
+(`python -m proxy` is not needed: `proxy.run_setup.create_run` with `--tokenizer bpe`), and its
+peak RSS is that process's ru_maxrss.
+
+    .venv/bin/python scripts/bench_data.py                     # 100 MB and 1000 MB
+    .venv/bin/python scripts/bench_data.py --sizes-mb 20 200    # quicker
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def seed_lines() -> list[str]:
+    """Lines of local text: the stdlib's .py files and the pydoc topics, in a fixed order."""
+    lines = []
+    std = Path(sysconfig.get_paths()["stdlib"])
+    for f in sorted(std.glob("*.py")):
+        lines += f.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    try:
+        from pydoc_data.topics import topics
+        for k in sorted(topics):
+            lines += topics[k].splitlines(keepends=True)
+    except ImportError:
+        pass
+    return [ln for ln in lines if ln.strip()]
+
+
+def build_corpus(path: Path, size: int) -> None:
+    """Write about `size` bytes of text to `path` (deterministic), in 4 MB blocks."""
+    lines = seed_lines()
+    rng = random.Random(1234)
+    written = 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < size:
+            start = rng.randrange(len(lines))
+            block = "".join(lines[start:start + 40_000])
+            b = block[:size - written] if written + len(block) > size else block
+            f.write(b)
+            written += len(b.encode("utf-8"))
+
+
+CHILD = r"""
+import json, resource, sys, time, logging
+sys.path.insert(0, sys.argv[1])
+logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
+from shared.config import PRESETS, ArmSpec, RunConfig
+from shared.run_layout import RunLayout
+from proxy.run_setup import create_run
+cfg = RunConfig(preset="andrea-test", model=PRESETS["andrea-test"], tokenizer=sys.argv[4],
+                arms=[ArmSpec("corpus", "text", sys.argv[2])])
+t = time.perf_counter()
+create_run(RunLayout(sys.argv[3]), cfg)
+dt = time.perf_counter() - t
+print(json.dumps({"seconds": dt, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def create_in_child(corpus: Path, run_dir: Path, tokenizer: str = "bpe") -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(corpus), str(run_dir),
+                          tokenizer], capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise SystemExit(f"creation failed:\n{out.stderr[-3000:]}")
+    sys.stderr.write(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def baseline_mb_s(corpus: Path, tok_json: Path, limit: int) -> tuple[float, int]:
+    """encode_batch over the first `limit` bytes of `corpus`, already in memory, in the same
+    64K-character items the pipeline uses: MB/s of UTF-8 text."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(tok_json))
+    with open(corpus, encoding="utf-8") as f:
+        text = f.read(limit)
+    items = [text[i:i + (1 << 16)] for i in range(0, len(text), 1 << 16)]
+    nbytes = len(text.encode("utf-8"))
+    t = time.perf_counter()
+    for i in range(0, len(items), 128):
+        tok.encode_batch(items[i:i + 128])
+    return nbytes / 1e6 / (time.perf_counter() - t), nbytes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes-mb", type=int, nargs=2, default=[100, 1000], metavar=("SMALL", "LARGE"))
+    ap.add_argument("--baseline-mb", type=int, default=100,
+                    help="text held in memory for the encode_batch baseline (MB)")
+    ap.add_argument("--workdir", default=None, help="where corpora and runs go (a temp dir)")
+    a = ap.parse_args()
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="andrea-bench-data-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"cores: {os.cpu_count()}, workdir {work}")
+    res = {}
+    for mb in a.sizes_mb:
+        corpus = work / f"corpus-{mb}mb.txt"
+        if not corpus.exists() or corpus.stat().st_size < mb * 10**6 * 0.99:
+            t = time.perf_counter()
+            build_corpus(corpus, mb * 10**6)
+            print(f"built {corpus.name}: {corpus.stat().st_size:,} bytes in {time.perf_counter() - t:.1f} s")
+        run = work / f"run-{mb}mb"
+        if run.exists():
+            import shutil
+            shutil.rmtree(run)
+        r = create_in_child(corpus, run)
+        r["bytes"] = corpus.stat().st_size
+        r["mb_s"] = r["bytes"] / 1e6 / r["seconds"]
+        res[mb] = r
+        print(f"{mb} MB corpus: run created in {r['seconds']:.1f} s ({r['mb_s']:.2f} MB/s end to "
+              f"end, BPE training included), peak RSS {r['maxrss_kb'] / 1024:.0f} MiB")
+    small = a.sizes_mb[0]
+    run = work / f"run-{small}mb"
+    base, nbytes = baseline_mb_s(work / f"corpus-{small}mb.txt", run / "tokenizer.json",
+                                 a.baseline_mb * 10**6)
+    # the pipeline's tokenization throughput alone: the same corpus re-tokenized into a run
+    # whose tokenizer is already trained (its recipe matches, so only the arm is redone)
+    (run / "data" / "corpus.done.json").unlink()
+    (run / "run.json").unlink()
+    r2 = create_in_child(work / f"corpus-{small}mb.txt", run)
+    pipe = res[small]["bytes"] / 1e6 / r2["seconds"]
+    lo, hi = res[a.sizes_mb[0]], res[a.sizes_mb[1]]
+    ratio_rss = hi["maxrss_kb"] / lo["maxrss_kb"]
+    print(f"\nencode_batch over {nbytes / 1e6:.0f} MB in memory: {base:.2f} MB/s")
+    print(f"pipeline (read + encode + write, {small} MB from disk): {pipe:.2f} MB/s  "
+          f"ratio {pipe / base:.2f} (target >= 0.8)")
+    print(f"peak RSS: {lo['maxrss_kb'] / 1024:.0f} MiB at {a.sizes_mb[0]} MB, "
+          f"{hi['maxrss_kb'] / 1024:.0f} MiB at {a.sizes_mb[1]} MB: ratio {ratio_rss:.2f} "
+          f"(target <= 1.2, and < 1.5 GB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,326 @@
+"""Streaming readers of arm sources (docs/data.md#sources): text, JSON Lines (plain, .gz, .zst),
+Parquet and the embedded defaults, as a sequence of text pieces read in bounded chunks.
+
+Every reader yields `Piece(text, new_doc, done)`: a piece of one document (`new_doc` is true on
+its first piece) and `done`, the source bytes consumed so far (compressed bytes for .gz/.zst,
+file bytes for Parquet), against `total` (the sum of the files' sizes on disk): the progress bar
+and the "used X of Y" log line count in those units. A document is one text file, one JSON Lines
+record or one Parquet row; documents are joined with SEPARATOR (docs/data.md#the-token-stream).
+Bad records (invalid JSON, a missing or non-text field, undecodable bytes) are counted in
+`reader.bad` with the first `file:line`; they never abort the read.
+
+What it is not: tokenization (`shared/arm_tokenize.py`) or pre-tokenized `tokens` arms (read
+directly as memory maps there).
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from shared.arms import ArmSourceError
+from shared.config import ArmSpec
+
+SEPARATOR = "\n\n"            # between documents of an arm (not after the last)
+READ_CHUNK = 1 << 20          # bytes read per step from a text file
+PARQUET_BATCH = 1024          # rows per Parquet record batch
+DEFAULT_ARM_CHARS = 2_000_000  # the embedded defaults' documented size (characters)
+_COMPRESSED = (".gz", ".zst", ".zstd")
+
+
+@dataclass
+class Piece:
+    text: str       # a piece of one document (never empty)
+    new_doc: bool   # the first piece of a document
+    done: int       # source bytes consumed so far
+
+
+@dataclass
+class BadRecords:
+    """Records skipped while reading an arm: how many, why (first reason) and where (first)."""
+
+    count: int = 0
+    first: str = ""        # "file:line: reason"
+    by_reason: dict = field(default_factory=dict)
+
+    def add(self, where: str, reason: str) -> None:
+        self.count += 1
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        if not self.first:
+            self.first = f"{where}: {reason}"
+
+    def summary(self) -> str:
+        if not self.count:
+            return "no bad records"
+        kinds = ", ".join(f"{n} {r}" for r, n in sorted(self.by_reason.items()))
+        return f"{self.count:,} bad records skipped ({kinds}; first at {self.first})"
+
+
+def resolve_files(arm: ArmSpec) -> list[Path]:
+    """The files of a PATH, DIR (recursive, sorted, hidden files skipped) or GLOB source.
+
+    Raises ArmSourceError naming the arm and the source when nothing matches, or an empty file
+    list results."""
+    p = Path(arm.source).expanduser()
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = sorted(q for q in p.rglob("*") if q.is_file()
+                       and not any(part.startswith(".") for part in q.relative_to(p).parts))
+        if not files:
+            raise ArmSourceError(f"arm {arm.name}: directory {p} holds no file; "
+                                 "put the arm's files there or remove the arm")
+        return files
+    files = sorted(Path(x) for x in glob.glob(str(p), recursive=True) if Path(x).is_file())
+    if not files:
+        raise ArmSourceError(f"arm {arm.name}: source {arm.source!r} matches no file; "
+                             "fix the path or remove the arm")
+    return files
+
+
+def _open_binary(path: Path):
+    """A binary reader of `path`, decompressing .gz and .zst; returns (reader, raw file)."""
+    raw = open(path, "rb")
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw
+    if name.endswith((".zst", ".zstd")):
+        import zstandard
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw), 1 << 20), raw
+    return raw, raw
+
+
+def _corrupt(arm: ArmSpec, path: Path, e: Exception) -> ArmSourceError:
+    return ArmSourceError(f"arm {arm.name}: {path} is corrupt or truncated ({type(e).__name__}: "
+                          f"{e}); re-download or recompress it, or remove it from the arm")
+
+
+class ArmReader:
+    """Base: `files`, `total` (bytes on disk), `bad`, `documents`, iterate with `pieces()`."""
+
+    def __init__(self, arm: ArmSpec) -> None:
+        self.arm = arm
+        self.bad = BadRecords()
+        self.documents = 0
+        self.files = self._files()
+        self.total = sum(f.stat().st_size for f in self.files)
+
+    def _files(self) -> list[Path]:
+        return resolve_files(self.arm)
+
+    def check(self) -> None:
+        """Cheap up-front checks (before anything is written); raises ArmSourceError."""
+
+    def pieces(self) -> Iterator[Piece]:
+        raise NotImplementedError
+
+
+class TextReader(ArmReader):
+    """Each file is a document, read in READ_CHUNK bytes cut at a line end (or a UTF-8
+    character boundary); undecodable bytes become U+FFFD and are counted as bad records."""
+
+    def pieces(self) -> Iterator[Piece]:
+        base = 0
+        for f in self.files:
+            with open(f, "rb") as fh:
+                first, line, carry = True, 1, b""
+                while True:
+                    buf = fh.read(READ_CHUNK)
+                    data = carry + buf
+                    if not data:
+                        break
+                    if buf:
+                        cut = data.rfind(b"\n") + 1
+                        if cut == 0:
+                            cut = len(data)
+                            while cut > 0 and len(data) - cut < 4 and (data[cut - 1] & 0xC0) == 0x80:
+                                cut -= 1
+                            if cut > 0 and data[cut - 1] >= 0xC0:
+                                cut -= 1
+                            cut = cut or len(data)
+                        data, carry = data[:cut], data[cut:]
+                    else:
+                        carry = b""
+                    try:
+                        text = data.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        bad_line = line + data[:e.start].count(b"\n")
+                        self.bad.add(f"{f}:{bad_line}", "undecodable bytes")
+                        text = data.decode("utf-8", errors="replace")
+                    line += data.count(b"\n")
+                    if first:
+                        self.documents += 1
+                    if text:
+                        yield Piece(text, first, base + fh.tell() - len(carry))
+                        first = False
+                    if not buf:
+                        break
+            base += f.stat().st_size
+
+
+class JsonlReader(ArmReader):
+    """One record per line; the text is `obj[field]`. Plain, .gz or .zst files."""
+
+    def pieces(self) -> Iterator[Piece]:
+        base, key = 0, self.arm.field
+        for f in self.files:
+            reader, raw = _open_binary(f)
+            try:
+                with reader:
+                    for lineno, line in enumerate(reader, 1):
+                        if not line.strip():
+                            continue
+                        where = f"{f}:{lineno}"
+                        try:
+                            obj = json.loads(line)
+                        except UnicodeDecodeError:
+                            self.bad.add(where, "undecodable bytes")
+                            continue
+                        except ValueError:
+                            self.bad.add(where, "invalid JSON")
+                            continue
+                        if not isinstance(obj, dict) or key not in obj:
+                            self.bad.add(where, f"no field {key!r}")
+                            continue
+                        text = obj[key]
+                        if not isinstance(text, str):
+                            self.bad.add(where, f"field {key!r} is not text")
+                            continue
+                        if text:
+                            self.documents += 1
+                            yield Piece(text, True, base + raw.tell())
+            except (OSError, EOFError, zlib.error) as e:
+                raise _corrupt(self.arm, f, e) from e
+            except Exception as e:  # zstandard.ZstdError
+                if type(e).__module__.startswith("zstandard") or "Zstd" in type(e).__name__:
+                    raise _corrupt(self.arm, f, e) from e
+                raise
+            base += f.stat().st_size
+
+
+class ParquetReader(ArmReader):
+    """One row per document from column `field` (default "text"), by record batch."""
+
+    def check(self) -> None:
+        import pyarrow.parquet as pq
+        for f in self.files:
+            try:
+                schema = pq.read_schema(f)
+            except Exception as e:
+                raise ArmSourceError(f"arm {self.arm.name}: {f} is not a readable Parquet file "
+                                     f"({e}); fix or remove it") from e
+            if self.arm.field not in schema.names:
+                raise ArmSourceError(
+                    f"arm {self.arm.name}: {f} has no column {self.arm.field!r} (columns: "
+                    f"{', '.join(schema.names)}); name the text column as "
+                    f"--arm {self.arm.name}=parquet:{self.arm.source}:COLUMN")
+
+    def pieces(self) -> Iterator[Piece]:
+        import pyarrow.parquet as pq
+        self.check()
+        base = 0
+        for f in self.files:
+            size = f.stat().st_size
+            pf = pq.ParquetFile(f)
+            n_rows, row = max(1, pf.metadata.num_rows), 0
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH, columns=[self.arm.field]):
+                col = batch.column(0)
+                for v in col.to_pylist():
+                    row += 1
+                    if not isinstance(v, str):
+                        self.bad.add(f"{f}:row {row}", f"column {self.arm.field!r} is not text")
+                        continue
+                    if v:
+                        self.documents += 1
+                        yield Piece(v, True, base + size * row // n_rows)
+            base += size
+
+
+class EmbeddedReader(ArmReader):
+    """The embedded defaults: their documented size (DEFAULT_ARM_CHARS characters, built as
+    before by `shared/arms.py`), as one document; `total` is the size of the files read from."""
+
+    def _files(self) -> list[Path]:
+        from shared.arms import embedded_files
+        return embedded_files(self.arm)
+
+    def pieces(self) -> Iterator[Piece]:
+        from shared.arms import read_arm_text
+        text = read_arm_text(self.arm, DEFAULT_ARM_CHARS)
+        self.documents = 1
+        yield Piece(text, True, self.total)
+
+
+READERS = {"text": TextReader, "jsonl": JsonlReader, "parquet": ParquetReader,
+           "python-docstrings": EmbeddedReader, "python-code": EmbeddedReader,
+           "python-docs": EmbeddedReader}
+
+
+def open_arm(arm: ArmSpec) -> ArmReader:
+    """The reader of a text-bearing arm; runs its up-front checks. Raises ArmSourceError."""
+    cls = READERS.get(arm.kind)
+    if cls is None:
+        raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} has no text")
+    r = cls(arm)
+    r.check()
+    return r
+
+
+def iter_text(arm: ArmSpec) -> Iterator[str]:
+    """The arm's whole text as consecutive strings (documents joined by SEPARATOR), streamed:
+    the content fingerprint hashes exactly this (docs/data.md#the-token-stream)."""
+    first = True
+    for p in open_arm(arm).pieces():
+        if p.new_doc and not first:
+            yield SEPARATOR
+        first = False
+        yield p.text
+
+
+def sample_text(arm: ArmSpec, budget: int, piece: int = 1 << 16) -> list[str]:
+    """A deterministic sample of about `budget` characters spread over the whole arm, for BPE
+    training (docs/data.md#the-tokenizer): the whole text when it fits, else `budget // piece`
+    runs of `piece` characters taken where the source position crosses evenly spaced marks.
+
+    One streaming pass; memory is bounded by `budget`. Raises ArmSourceError."""
+    r = open_arm(arm)
+    if r.total <= budget or isinstance(r, EmbeddedReader):  # whole (defaults: bounded already)
+        parts = list(iter_text(arm))
+        return ["".join(parts)] if parts else []
+    piece = max(1, min(piece, budget))
+    n = max(1, budget // piece)
+    marks = [r.total * j // n for j in range(n)]
+    out: list[str] = []
+    cur: list[str] = []
+    j = need = prev = 0
+    for p in r.pieces():
+        text, at = p.text, 0
+        if need:  # a run that began in an earlier piece
+            cur.append(text[:need])
+            at = min(len(text), need)
+            need -= at
+            if need == 0:
+                out.append("".join(cur))
+                cur = []
+        span = max(1, p.done - prev)
+        while not need and j < n and marks[j] < p.done:
+            # the mark's place inside this piece, by source bytes (pieces are contiguous)
+            off = max(at, min(len(text), (marks[j] - prev) * len(text) // span))
+            j += 1
+            take = text[off:off + piece]
+            at = off + len(take)
+            if len(take) < piece:
+                cur, need = [take], piece - len(take)
+            else:
+                out.append(take)
+        prev = p.done
+        if j >= n and not need:
+            break
+    if cur:
+        out.append("".join(cur))
+    return out

@@ -1,0 +1,180 @@
+"""The streaming tokenization pipeline: an arm's source -> `data/<arm>.u16` (or `.u32`), in
+bounded memory, in parallel, with progress; and the checks of pre-tokenized `tokens` arms
+(docs/data.md#tokenization).
+
+A reader (`shared/arm_sources.py`) yields pieces of documents; they are cut into items of at most
+ITEM_CHARS characters, gathered into batches of about BATCH_CHARS, and each batch is encoded by
+the `tokenizers` library on all cores (`encode_batch_fast`, Rust threads) while the next batch is
+read (one helper thread: encoding releases the GIL). Ids are appended to `data/<arm>.u16.tmp`
+as they come; when the source is exhausted the file is fsynced and renamed to its final name, so
+a file under the final name is always whole (a kill leaves at most a `.tmp`, removed or rewritten
+by the next attempt). Memory: one batch being read, one being encoded, never the whole arm.
+
+What it is not: the arm index and held-out split (`shared/arm_data.py`), the readers.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from shared.arm_sources import SEPARATOR, BadRecords, open_arm
+from shared.arms import ArmSourceError, content_fingerprint, token_files
+from shared.atomic_io import fsync_dir
+from shared.config import ArmSpec
+from shared.progress import Progress
+from shared.tokenizer import RunTokenizer
+
+ITEM_CHARS = 1 << 16        # characters per encode item (the unit of parallel work)
+BATCH_CHARS = 1 << 22       # characters per batch handed to the encoder (about 4 MB)
+SCAN_TOKENS = 1 << 24       # tokens per chunk when scanning a token file's ids
+
+
+@dataclass
+class ArmStats:
+    """What creation used of an arm: documents, source bytes used/total, tokens, bad records."""
+
+    documents: int = 0
+    bytes_used: int = 0
+    bytes_total: int = 0
+    tokens: int = 0
+    chars: int = 0                 # characters tokenized (separators included)
+    capped: bool = False           # stopped at an explicit --arm-max-tokens
+    bad: BadRecords = field(default_factory=BadRecords)
+    seconds: float = 0.0
+
+
+def suffix_for(dtype) -> str:
+    return ".u32" if np.dtype(dtype) == np.uint32 else ".u16"
+
+
+def _write_all(fh, arr: np.ndarray) -> None:
+    fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+
+
+def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int = 0,
+                    label: str | None = None) -> tuple[str, ArmStats]:
+    """Tokenize the whole text of `arm` into `tmp` (flat `tok.dtype`, no header), fsynced.
+
+    Returns (content fingerprint "sha256:<hex>" of the text as streamed, stats). With
+    `max_tokens` > 0 at most that many tokens are written (the source is still read to the end
+    for the fingerprint and the "of total" figures). Raises ArmSourceError for an unreadable
+    or corrupt source; the caller removes `tmp` on any error."""
+    reader = open_arm(arm)
+    stats = ArmStats(bytes_total=reader.total, bad=reader.bad)
+    h = hashlib.sha256()
+    prog = Progress(label or f"arm {arm.name}", reader.total)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="encode")
+    pending = None
+    batch: list[str] = []
+    size, first, written, done_at_cap = 0, True, 0, None
+
+    def flush(fh, job) -> None:
+        nonlocal written, done_at_cap
+        fut, batch_done = job
+        ids = fut.result()
+        if max_tokens and written + len(ids) >= max_tokens:
+            ids = ids[:max_tokens - written]
+            done_at_cap, stats.capped = batch_done, True
+        _write_all(fh, ids)
+        written += len(ids)
+
+    try:
+        with open(tmp, "wb") as fh:
+            for p in reader.pieces():
+                text = p.text
+                if p.new_doc and not first:
+                    text = SEPARATOR + text
+                first = False
+                h.update(text.encode("utf-8"))
+                prog.update(p.done)
+                if done_at_cap is not None:
+                    continue  # capped: read on only for the fingerprint and the total
+                stats.chars += len(text)
+                for i in range(0, len(text), ITEM_CHARS):
+                    batch.append(text[i:i + ITEM_CHARS])
+                size += len(text)
+                if size >= BATCH_CHARS:
+                    if pending is not None:
+                        flush(fh, pending)
+                    pending = (pool.submit(tok.encode_pieces, batch), p.done)
+                    batch, size = [], 0
+            if pending is not None:
+                flush(fh, pending)
+            if batch and done_at_cap is None:
+                flush(fh, (pool.submit(tok.encode_pieces, batch), reader.total))
+            fh.flush()
+            os.fsync(fh.fileno())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        stats.seconds = prog.close()
+    stats.documents = reader.documents
+    stats.tokens = written
+    stats.bytes_used = done_at_cap if done_at_cap is not None else reader.total
+    return "sha256:" + h.hexdigest(), stats
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Rename the whole, fsynced `tmp` to `final` atomically and make the rename durable."""
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def token_dtype(arm: ArmSpec, tok: RunTokenizer) -> np.dtype:
+    """The dtype of a `tokens` arm's file(s): given (`u16`/`u32`) or inferred from the
+    vocabulary (uint16 up to 65,536 tokens, else uint32)."""
+    return np.dtype(arm.dtype) if arm.dtype else np.dtype(tok.dtype)
+
+
+def check_token_files(arm: ArmSpec, tok: RunTokenizer) -> tuple[list[Path], np.dtype, int]:
+    """Validate a `tokens` arm without loading it: every file a whole number of tokens, every
+    id below the vocabulary (scanned in chunks of SCAN_TOKENS). Returns (files, dtype, total
+    tokens). Raises ArmSourceError naming the arm, the file, the value and the fix."""
+    files = [f.resolve() for f in token_files(arm)]
+    dt = token_dtype(arm, tok)
+    total = 0
+    for f in files:
+        size = f.stat().st_size
+        if size % dt.itemsize:
+            raise ArmSourceError(
+                f"arm {arm.name}: {f} is {size:,} bytes, not a whole number of {dt.name} tokens "
+                f"({dt.itemsize} bytes each); a truncated copy, or the wrong dtype (give "
+                f"tokens:{arm.source}:u16 or :u32)")
+        n = size // dt.itemsize
+        if n:
+            ids = np.memmap(f, dtype=dt, mode="r", shape=(n,))
+            for i in range(0, n, SCAN_TOKENS):
+                chunk = ids[i:i + SCAN_TOKENS]
+                top = int(chunk.max())
+                if top >= tok.vocab_size:
+                    at = i + int(np.argmax(chunk >= tok.vocab_size))
+                    raise ArmSourceError(
+                        f"arm {arm.name}: {f} holds token id {int(ids[at])} at token {at:,} but "
+                        f"the run's vocabulary has {tok.vocab_size:,} ids; tokenize it with the "
+                        f"run's tokenizer.json (or check the dtype: {dt.name})")
+            del ids
+        total += n
+    return files, dt, total
+
+
+def concat_token_files(files: list[Path], dtype, tmp: Path, max_tokens: int = 0) -> int:
+    """Copy `files` (already checked) end to end into `tmp` in 16 MB chunks; returns tokens."""
+    itemsize, written = np.dtype(dtype).itemsize, 0
+    limit = max_tokens * itemsize if max_tokens else None
+    with open(tmp, "wb") as out:
+        for f in files:
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 24), b""):
+                    if limit is not None:
+                        chunk = chunk[:max(0, limit - written * itemsize)]
+                    out.write(chunk)
+                    written += len(chunk) // itemsize
+        out.flush()
+        os.fsync(out.fileno())
+    return written
+
+

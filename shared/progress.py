@@ -1,0 +1,77 @@
+"""Progress of a long byte-counted job (tokenizing an arm): a tqdm bar on a terminal, plain log
+lines every few seconds otherwise (docs/data.md#progress).
+
+What it is not: the training progress lines (`proxy/supervisor.py`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+log = logging.getLogger("andrea.data")
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def plain_every() -> float:
+    """Seconds between plain progress lines: $ANDREA_PROGRESS_SECONDS, else 5."""
+    try:
+        return max(0.0, float(os.environ.get("ANDREA_PROGRESS_SECONDS", "5")))
+    except ValueError:
+        return 5.0
+
+
+class Progress:
+    """`update(done)` with `done` bytes of `total`; `close()` logs the final line.
+
+    stream: where the bar goes (stderr); a bar only when it is a TTY and tqdm is installed,
+    else one log line "<label>: X of Y MB (P %), R MB/s, ETA S s" every `every` seconds."""
+
+    def __init__(self, label: str, total: int, stream=None, every: float | None = None) -> None:
+        self.label, self.total = label, max(0, int(total))
+        self.stream = sys.stderr if stream is None else stream
+        self.every = plain_every() if every is None else every
+        self.t0 = self.last = time.monotonic()
+        self.done = 0
+        self.bar = None
+        isatty = getattr(self.stream, "isatty", lambda: False)
+        if isatty():
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=self.total, desc=label, unit="B", unit_scale=True,
+                                unit_divisor=1000, file=self.stream, dynamic_ncols=True,
+                                mininterval=0.25)
+            except ImportError:
+                self.bar = None
+
+    def line(self) -> str:
+        dt = max(1e-9, time.monotonic() - self.t0)
+        rate = self.done / dt
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        eta_s = f"{eta:,.0f} s" if eta != float("inf") else "?"
+        return (f"{self.label}: {_mb(self.done)} of {_mb(self.total)} ({pct:.0f} %), "
+                f"{rate / 1e6:,.1f} MB/s, ETA {eta_s}")
+
+    def update(self, done: int) -> None:
+        done = min(int(done), self.total) if self.total else int(done)
+        if self.bar is not None:
+            self.bar.update(max(0, done - self.done))
+            self.done = done
+            return
+        self.done = done
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            log.info("%s", self.line())
+
+    def close(self) -> float:
+        """Finish; returns the elapsed seconds."""
+        dt = time.monotonic() - self.t0
+        if self.bar is not None:
+            self.bar.close()
+        return dt

@@ -1,0 +1,138 @@
+"""Run creation over real arm sources with real processes (issue 10, docs/data.md): kill -9 at
+random moments during creation never leaves a partial token file under its final name, and the
+same `run` command completes what is missing without redoing complete arms; sixteen arms of
+mixed kinds train; an arm of a new kind joins on a restart through the same pipeline."""
+import gzip
+import json
+import random
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from proc_helpers import ROOT, loss_records, proxy_cmd, run_proxy
+from shared.arm_data import read_arm_index
+from shared.run_layout import RunLayout
+from test_arm_sources import prose
+
+
+def _corpus(d):
+    d.mkdir()
+    for i in range(4):
+        (d / f"a{i}.txt").write_text(prose(700_000, seed=i))
+    return [f"--arm=a{i}=text:{d / f'a{i}.txt'}" for i in range(4)]
+
+
+def _token_files(run):
+    return {p.name: p.read_bytes() for p in sorted((run / "data").glob("*.u16"))}
+
+
+@pytest.mark.slow
+def test_kill9_at_random_moments_during_creation_then_the_same_command_completes_it(tmp_path):
+    arms = _corpus(tmp_path / "src")
+    args = ["--tokenizer", "bpe", "--bpe-sample-bytes", "400000", "--max-steps", "1",
+            "--checkpoint-every", "1", *arms]
+    clean = tmp_path / "clean"
+    t0 = time.monotonic()
+    r = run_proxy(clean, *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    want = _token_files(clean)
+    assert len(want) == 4
+    created = json.loads((clean / "run.json").read_text())
+    span = max(1.0, time.monotonic() - t0 - 1.0)
+    rng = random.Random(10)
+    stages = set()
+    for trial in range(10):
+        run = tmp_path / f"t{trial}"
+        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+        p = subprocess.Popen(proxy_cmd(run, *args), cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.3, span))
+        p.kill()
+        p.wait()
+        if (run / "run.json").exists():
+            stages.add("created")
+            continue
+        seen = _token_files(run) if (run / "data").exists() else {}
+        for name, data in seen.items():      # never a partial file under a final name
+            assert data == want[name], (trial, name)
+        kept = {n: (run / "data" / n).stat() for n in seen
+                if (run / "data" / n.replace(".u16", ".done.json")).exists()}
+        stages.add(len(kept))
+        r = run_proxy(run, *args)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert _token_files(run) == want, trial
+        for n, st in kept.items():           # complete arms are not redone
+            now = (run / "data" / n).stat()
+            assert (now.st_ino, now.st_mtime_ns) == (st.st_ino, st.st_mtime_ns), (trial, n)
+            assert f"arm {n[:-4]}: already complete" in r.stderr
+        assert not list((run / "data").glob("*.tmp"))
+        got = json.loads((run / "run.json").read_text())
+        assert got["vocab_size"] == created["vocab_size"] and got["arms"] == created["arms"]
+        assert len(loss_records(run)) == 1
+    assert len(stages) >= 2, stages          # the kills landed at different stages
+
+
+def _sixteen(d):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+    d.mkdir()
+    arms, rng = [], np.random.default_rng(1)
+    for i in range(3):
+        (d / f"t{i}").mkdir()
+        for j in range(3):
+            (d / f"t{i}" / f"{j}.txt").write_text(prose(15_000, seed=10 * i + j))
+        arms.append(f"text{i}=text:{d / f't{i}'}")
+    for i in range(3):
+        lines = "\n".join(json.dumps({"text": prose(500, seed=100 * i + k)}) for k in range(80))
+        (d / f"g{i}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+        (d / f"z{i}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+        arms += [f"gz{i}=jsonl:{d / f'g{i}.jsonl.gz'}", f"zst{i}=jsonl:{d / f'z{i}.jsonl.zst'}"]
+    for i in range(3):
+        pq.write_table(pa.table({"text": [prose(500, seed=200 * i + k) for k in range(80)]}),
+                       d / f"p{i}.parquet", row_group_size=20)
+        arms.append(f"pq{i}=parquet:{d / f'p{i}.parquet'}")
+    for i in range(2):
+        rng.integers(0, 256, 40_000).astype(np.uint16).tofile(d / f"k{i}.u16")
+        rng.integers(0, 256, 40_000).astype(np.uint32).tofile(d / f"w{i}.u32")
+        arms += [f"u16-{i}=tokens:{d / f'k{i}.u16'}", f"u32-{i}=tokens:{d / f'w{i}.u32'}:u32"]
+    return arms
+
+
+@pytest.mark.slow
+def test_sixteen_arms_of_mixed_kinds_train_fifty_steps(tmp_path):
+    arms = _sixteen(tmp_path / "src")
+    assert len(arms) == 16
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "50", "--checkpoint-every", "50", "--probe-every", "10",
+                  "--batch-size", "16", *[f"--arm={a}" for a in arms])
+    assert r.returncode == 0, r.stderr[-3000:]
+    idx = read_arm_index(RunLayout(run))
+    assert len(idx) == 16 and {a.dtype for a in idx.values()} == {"uint16", "uint32"}
+    assert all(a.documents == 80 for n, a in idx.items() if n[:2] in ("gz", "zs", "pq"))
+    recs = loss_records(run)
+    assert len(recs) == 50 and set(recs[9]["probe"]) == set(idx)
+    assert (run / "step_000050.bin").exists()
+
+
+@pytest.mark.slow
+def test_an_arm_of_a_new_kind_joins_on_a_restart_through_the_same_pipeline(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text(prose(80_000))
+    pq.write_table(pa.table({"body": [prose(400, seed=k) for k in range(200)]}), src / "p.parquet",
+                   row_group_size=50)
+    run = tmp_path / "run"
+    common = ["--checkpoint-every", "10", "--probe-every", "5", "--bandit-warmup", "5"]
+    assert run_proxy(run, "--max-steps", "10", *common, f"--arm=a=text:{src / 'a.txt'}").returncode == 0
+    r = run_proxy(run, "--max-steps", "20", *common, f"--arm=a=text:{src / 'a.txt'}",
+                  f"--arm=p=parquet:{src / 'p.parquet'}:body")
+    assert r.returncode == 0, r.stderr[-3000:]
+    p = read_arm_index(RunLayout(run))["p"]
+    assert p.documents == 200 and len(p.heldout_ranges()) > 1
+    assert "arm p (parquet): 200 documents" in r.stderr
+    assert any(x["arms"].get("p", 0) for x in loss_records(run)[10:])
