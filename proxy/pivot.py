@@ -240,7 +240,8 @@ def cmd_pivot(a) -> int:
     if old is not None:
         return _refuse(f"a pivot is already pending ({REQUEST_NAME}: label {old.get('label')!r}, "
                        f"state {old.get('state')}, step {old.get('step')}); wait for it (`status` "
-                       "shows it) and ask again once it is in force")
+                       "shows it; on a stopped run `python -m proxy run` puts it in force) and "
+                       "ask again once it is in force")
     req = {"label": label, "caps": caps, "floors": floors, "requested_by": os.getpid(),
            "requested_at": time.time(), "state": "requested", "step": None}
     if _lock_free(layout):
