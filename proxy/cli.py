@@ -4,7 +4,7 @@
   status   step, loss and EMA, tokens/s, last checkpoint, arm probabilities, worker health
   inspect  a checkpoint: header, validity, checksum, parameter table, norms
   sample   text from a checkpoint
-  pivot    polish pivot: stop at the next boundary, restart with new caps/floors (SPEC 8)
+  pivot    polish pivot in place: new caps/floors, fresh bandit, same proxy (SPEC 8)
   fork     audit fork: a new run from another run's checkpoint and history
   plot     PNG of loss and EMA, pivots, held-out loss per arm, the arm mixture
   export   a checkpoint's weights as model.safetensors (named tensors)
