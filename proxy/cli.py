@@ -139,7 +139,8 @@ COMMANDS = (  # name, one line of help; each command's options are defined by it
     ("status", "step, loss and EMA, tokens/s, last checkpoint, arm probabilities, worker health"),
     ("inspect", "check and describe a checkpoint: header, validity, checksum, parameters, norms"),
     ("sample", "generate text from a checkpoint"),
-    ("pivot", "polish pivot: new caps and floors under a fresh bandit, same weights and history"),
+    ("pivot", "polish pivot in place: new caps and floors, a fresh bandit, same weights, "
+              "history and proxy"),
     ("fork", "audit fork: a new run from another run's checkpoint and its history"),
     ("plot", "PNG of loss and EMA, pivots, held-out loss per arm, the arm mixture"),
     ("export", "a checkpoint as safetensors, or as a Hugging Face model folder (--format hf)"),

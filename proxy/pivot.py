@@ -1,28 +1,26 @@
-"""`python -m proxy pivot`: a polish pivot on a live or stopped run (SPEC section 8).
+"""Polish pivots (SPEC section 8, docs/pivots.md): the request file, the in-place pivot the
+supervisor runs, and the `python -m proxy pivot` command.
 
-Sequence on a LIVE run (a proxy holds the run lock):
-  1. validate --caps/--floors against run.json's arms (nothing is touched when they are bad);
-  2. write `.pivot.request.json` naming the live proxy's pid; the proxy polls it
-     (`poll_pivot_request`), picks the next cadence boundary B past the last filed step and posts
-     handshake control {stop_at_step: B, reason: "pivot"}; the worker, which reads control every
-     step, checkpoints `step_B.bin` (reason pivot) and exits 0, and the proxy exits 0;
-  3. wait for both to be gone (the lock is free), check the newest valid checkpoint;
-  4. start a new proxy detached (own session, output in logs/proxy.console.log; its log records
-     go to logs/proxy.log as always) with `run --run-dir DIR` plus the hidden --pivot-* options.
-     That proxy resumes from step_B.bin, moves `.samples.json`/`.state.json` to
-     archive/pivot-B/, appends the new phase to phases.json (prior = the old phase's final
-     mixture projected into the new box) and leaves `.loss.json` where it is.
-On a STOPPED run the same happens without steps 2-3: the pivot step is the newest valid checkpoint.
-The restarted proxy reuses the stopped proxy's command-line options (read from /proc) unless
---run-args is given; --caps/--floors/--from-scratch are never carried over.
+A pivot is a durable state machine in `.pivot.request.json` = {label, caps, floors,
+requested_by, requested_at, state, step, ...}; `state` moves requested -> boundary (step B
+chosen, handshake control stop_at_step = B posted) -> archived (archive/pivot-B/ complete) ->
+recorded (phase in phases.json: the commit point) -> running (the new worker filed step B+1; the
+file then moves to archive/pivot-B/pivot.request.json). A refused request gets state "failed"
+and an "error". The live proxy serves the request itself (proxy/supervisor.py): the worker
+checkpoints B and exits 0, the proxy archives, records the phase and starts a new worker from
+step_B.bin; its pid never changes. On a stopped run the command runs the same steps in its own
+foreground and the next `run` trains in the new phase.
+
+What it is not: the bandit's reset (proxy/mixture.py `next_phase`), the mixture rebuild
+(proxy/mixture_rebuild.py), resume planning (proxy/resume_planning.py).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shlex
-import subprocess
+import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -31,56 +29,54 @@ from shared.atomic_io import atomic_write_json
 from shared.config import ConfigError, RunConfig, load_run_config
 from shared.handshake import update_handshake
 from shared.run_layout import RunLayout
-from proxy.proc_tree import pid_alive
 
 log = logging.getLogger("proxy.pivot")
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REQUEST_NAME = ".pivot.request.json"
-# options of the old proxy that must not be carried into the restarted one (name -> takes value)
-_DROP = {"--run-dir": True, "--caps": True, "--floors": True, "--pivot-label": True,
-         "--pivot-caps": True, "--pivot-floors": True, "--from-scratch": False}
+ARCHIVED_REQUEST = "pivot.request.json"   # the finished request, inside archive/pivot-B/
+PENDING = ("requested", "boundary", "archived", "recorded")
+FAULT_ENV = "ANDREA_FAULT_PIVOT"          # test hook: the proxy SIGKILLs itself at that moment
 
 
 def request_path(layout: RunLayout) -> Path:
+    """`.pivot.request.json` of the run."""
     return layout.root / REQUEST_NAME
 
 
-# ------------------------------------------------------------------------------ proxy side
-
-def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int) -> int | None:
-    """Called by the supervisor's watch loop: answer a pending pivot request addressed to this
-    proxy. Posts handshake control stop_at_step = B (the next multiple of the checkpoint cadence
-    after `filed_step` + 1), reason "pivot", records B in the request file and returns it; None
-    when there is nothing to do. A request for another pid (stale) is removed with a warning."""
-    path = request_path(layout)
-    if not path.exists():
-        return None
+def read_request(layout: RunLayout) -> dict | None:
+    """The request, or None when there is none (or it is being replaced: atomic writes)."""
     try:
-        req = json.loads(path.read_text())
+        d = json.loads(request_path(layout).read_text())
     except (OSError, ValueError):
-        return None                      # being written (atomic replace): next poll
-    if req.get("stop_at_step") is not None:
         return None
-    if req.get("proxy_pid") != os.getpid():
-        log.warning("%s addresses proxy pid %s, not this one (%d): stale, removed",
-                    path.name, req.get("proxy_pid"), os.getpid())
-        path.unlink(missing_ok=True)
-        return None
-    every = cfg.checkpoint_every
-    b = ((filed_step + 1) // every + 1) * every
-    update_handshake(layout, lambda d: d["control"].update(stop_at_step=b, reason="pivot"))
-    req.update(stop_at_step=b, posted_at=time.time())
-    atomic_write_json(path, req)
-    log.info("pivot requested (by pid %s, label %r): the worker checkpoints and stops at step %d",
-             req.get("by_pid"), req.get("label"), b)
-    return b
+    return d if isinstance(d, dict) else None
+
+
+def write_request(layout: RunLayout, req: dict) -> None:
+    """Replace the request atomically (fsynced: it is what a restart reads)."""
+    atomic_write_json(request_path(layout), req)
+
+
+def pending_request(layout: RunLayout) -> dict | None:
+    """The request when it is still pending (state requested .. recorded), else None."""
+    req = read_request(layout)
+    return req if req and req.get("state") in PENDING else None
+
+
+def fault_point(moment: str) -> None:
+    """Test hook (docs/pivots.md#crash-safety): SIGKILL this process when the environment
+    variable ANDREA_FAULT_PIVOT names `moment`. Off unless set; production never sets it."""
+    if os.environ.get(FAULT_ENV) == moment:
+        log.warning("%s=%s: killing this proxy (SIGKILL) for a crash test", FAULT_ENV, moment)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------ bounds
 
 def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[dict, dict]:
     """Parse and check pivot bounds against the run's arms: (caps, floors) as given (arms not
-    named get floor 0 and cap 1). Raises BanditConfigError naming the arm, value and rule."""
+    named get floor 0 and cap 1). Raises BanditConfigError naming the arm, value and rule
+    (docs/bandit.md#polish-pivot)."""
     from proxy.bandit import parse_arm_values, resolve_bounds
     names = [a.name for a in cfg.arms]
     caps = parse_arm_values(caps_text, names, "--caps")
@@ -89,27 +85,103 @@ def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[
     return caps, floors
 
 
+# ------------------------------------------------------------------------------ proxy side
+
+def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int,
+                       max_steps: int) -> int | None:
+    """Called by the live proxy's watch loop. A request in state "requested" gets its boundary
+    B = the next multiple of the checkpoint cadence after `filed_step` + 1 (the worker may be a
+    step ahead of what is filed): handshake control stop_at_step = B (reason "pivot") is posted
+    and the request moves to state "boundary". Returns B, or None when there is nothing to do.
+    A request that can no longer be served (B would not be before `max_steps`) gets state
+    "failed" with the reason; nothing else changes."""
+    req = read_request(layout)
+    if not req or req.get("state") != "requested":
+        return None
+    every = cfg.checkpoint_every
+    b = ((filed_step + 1) // every + 1) * every
+    if b >= max_steps:
+        req.update(state="failed", error=f"the next checkpoint boundary, step {b}, is not before "
+                   f"the last step {max_steps}: nothing would train in the new phase; run longer "
+                   "(run --max-steps N) and pivot again")
+        write_request(layout, req)
+        log.warning("pivot %r refused: %s", req.get("label"), req["error"])
+        return None
+    update_handshake(layout, lambda d: d["control"].update(stop_at_step=b, reason="pivot"))
+    req.update(state="boundary", step=b, proxy_pid=os.getpid(), posted_at=time.time())
+    write_request(layout, req)
+    log.info("pivot requested (by pid %s, label %r): the worker checkpoints and stops at step %d",
+             req.get("requested_by"), req.get("label"), b)
+    fault_point("before-boundary")
+    return b
+
+
+def pivot_due(layout: RunLayout, step: int) -> dict | None:
+    """The request when the pivot must happen at `step` now (state boundary or archived, at
+    that step); a boundary/archived request for another step (the worker stopped before B: a
+    kill, a SIGTERM) is put back to "requested" with a log line, so the live proxy serves it
+    again, and a half-made archive of it is removed."""
+    req = pending_request(layout)
+    if not req or req.get("state") not in ("boundary", "archived"):
+        return None
+    if req.get("step") == step:
+        return req
+    b = req.get("step")
+    shutil.rmtree(_tmp_archive(layout, b), ignore_errors=True)
+    shutil.rmtree(layout.pivot_archive(b), ignore_errors=True)
+    log.warning("pivot %r was to happen at step %s but the run resumes from step %d: the old "
+                "phase goes on and the request is served again at the next boundary",
+                req.get("label"), b, step)
+    req.update(state="requested", step=None)
+    write_request(layout, req)
+    return None
+
+
+def _tmp_archive(layout: RunLayout, step) -> Path:
+    return layout.archive / f"pivot-{step}.tmp"
+
+
+def archive_sidecars(layout: RunLayout, step: int) -> Path:
+    """Copy `.samples.json` and `.state.json` into archive/pivot-<step>/ via pivot-<step>.tmp/
+    and one rename, so the archive is complete or absent (docs/pivots.md#crash-safety). The
+    originals stay until the phase is recorded. Idempotent: an existing archive is kept."""
+    from shared.atomic_io import fsync_dir
+    dest = layout.pivot_archive(step)
+    if dest.exists():
+        return dest
+    tmp = _tmp_archive(layout, step)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for p in (layout.samples, layout.state):
+        if p.exists():
+            shutil.copyfile(p, tmp / p.name)
+            with open(tmp / p.name, "rb") as f:
+                os.fsync(f.fileno())
+    fsync_dir(tmp)
+    tmp.replace(dest)
+    fsync_dir(layout.archive)
+    log.info("archived .samples.json and .state.json to %s", dest.relative_to(layout.root))
+    return dest
+
+
+def mark_running(layout: RunLayout, step: int, worker_pid: int | None, first_step: int) -> bool:
+    """The new worker filed `first_step` after the pivot at `step`: state "running", and the
+    request moves into archive/pivot-<step>/ (the record of what was asked). True if done."""
+    req = read_request(layout)
+    if not req or req.get("state") != "recorded" or req.get("step") != step:
+        return False
+    req.update(state="running", worker_pid=worker_pid, first_step=first_step,
+               running_at=time.time())
+    write_request(layout, req)
+    dest = layout.pivot_archive(step)
+    dest.mkdir(parents=True, exist_ok=True)
+    request_path(layout).replace(dest / ARCHIVED_REQUEST)
+    log.info("pivot %r: new worker pid %s filed step %d; phase in force", req.get("label"),
+             worker_pid, first_step)
+    return True
+
+
 # ------------------------------------------------------------------------------ the command
-
-def _old_run_args(pid: int) -> list[str]:
-    """The `run` options of proxy `pid` (from /proc), minus the ones a pivot must not repeat."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    except OSError:
-        return []
-    argv = [x for x in argv if x]
-    if "run" not in argv:
-        return []
-    rest, out, i = argv[argv.index("run") + 1:], [], 0
-    while i < len(rest):
-        name = rest[i].split("=", 1)[0]
-        if name in _DROP:
-            i += 1 + (_DROP[name] and "=" not in rest[i])
-            continue
-        out.append(rest[i])
-        i += 1
-    return out
-
 
 def _lock_free(layout: RunLayout) -> bool:
     """True when no proxy holds the run lock (tried and released at once)."""
@@ -130,99 +202,176 @@ def _owner_pid(layout: RunLayout) -> int | None:
         return None
 
 
-def start_detached(layout: RunLayout, run_args: list[str]) -> subprocess.Popen:
-    """`python -m proxy run --run-dir DIR *run_args` in its own session, detached from this
-    terminal; stdout/stderr appended to logs/proxy.console.log."""
-    layout.logs.mkdir(parents=True, exist_ok=True)
-    out = open(layout.logs / "proxy.console.log", "ab")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-    argv = [sys.executable, "-m", "proxy", "run", "--run-dir", str(layout.root), *run_args]
+def _last_filed(layout: RunLayout) -> int:
+    from proxy.status import tail_records
+    recs = tail_records(layout.loss, 8192)
+    return recs[-1]["step"] if recs else 0
+
+
+def _planned_steps(layout: RunLayout, cfg: RunConfig) -> int:
     try:
-        return subprocess.Popen(argv, cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                close_fds=True)
-    finally:
-        out.close()
+        return int(json.loads((layout.root / ".status.json").read_text())["max_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return cfg.max_steps
+
+
+def _refuse(msg: str) -> int:
+    print(f"pivot refused: {msg}", file=sys.stderr)
+    return 2
 
 
 def cmd_pivot(a) -> int:
-    """The `pivot` command; returns the exit code (0 done, 1 the stop failed, 2 bad input)."""
+    """The `pivot` command: 0 the new phase is in force (live: its worker filed its first step;
+    stopped: recorded, the next `run` trains in it) or the request was accepted (--no-wait);
+    1 the pivot did not complete (the message says what state it left); 2 refused before
+    anything changed (bad bounds, a pending pivot, a finished run)."""
     from proxy.bandit import BanditConfigError
-    from shared.checkpoint_format import find_latest_valid
-    from shared.checkpoint_manifest import manifest_checksums, read_manifest
     layout = RunLayout(a.run_dir)
+    if not layout.run_json.exists():
+        return _refuse(f"{layout.root} is not a run directory (no run.json); pass the --run-dir "
+                       "given to `python -m proxy run`")
     try:
         cfg = load_run_config(layout.run_json)
         caps, floors = validated_bounds(cfg, a.caps, a.floors)
     except (ConfigError, BanditConfigError) as e:
-        print(f"pivot refused: {e}", file=sys.stderr)
-        return 2
+        return _refuse(f"{e}")
     label = a.label or "pivot"
-    run_args = shlex.split(a.run_args) if a.run_args is not None else None
-    if not _lock_free(layout):
-        pid = _owner_pid(layout)
-        if pid is None:
-            print(f"pivot: {layout.root} is locked but {layout.proxy_owner.name} names no pid; "
-                  "stop the proxy first", file=sys.stderr)
+    old = pending_request(layout)
+    if old is not None:
+        return _refuse(f"a pivot is already pending ({REQUEST_NAME}: label {old.get('label')!r}, "
+                       f"state {old.get('state')}, step {old.get('step')}); wait for it (`status` "
+                       "shows it; on a stopped run `python -m proxy run` puts it in force) and "
+                       "ask again once it is in force")
+    req = {"label": label, "caps": caps, "floors": floors, "requested_by": os.getpid(),
+           "requested_at": time.time(), "state": "requested", "step": None}
+    if _lock_free(layout):
+        return _pivot_stopped(layout, cfg, req, a)
+    planned, last = _planned_steps(layout, cfg), _last_filed(layout)
+    if last >= planned:
+        return _refuse(f"{layout.root} already finished at step {last:,} (max steps {planned:,}); "
+                       "nothing would train under the new policy")
+    pid = _owner_pid(layout)
+    write_request(layout, req)
+    print(f"pivot: request {label!r} caps {caps} floors {floors} written to {REQUEST_NAME}; "
+          f"live proxy pid {pid} picks the next boundary", flush=True)
+    if a.no_wait:
+        print("pivot: accepted (--no-wait); `python -m proxy status --run-dir DIR` shows its "
+              "progress", flush=True)
+        return 0
+    return _wait(layout, pid, a.timeout)
+
+
+def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
+    """Follow the live proxy through the pivot, printing each state once."""
+    from proxy.proc_tree import pid_alive
+    end, told, b, last_print = time.monotonic() + timeout, set(), None, 0.0
+    while True:
+        req = read_request(layout)
+        if req is None and b is not None:  # moved into the archive: running
+            try:
+                req = json.loads((layout.pivot_archive(b) / ARCHIVED_REQUEST).read_text())
+            except (OSError, ValueError):
+                req = None
+        state = (req or {}).get("state")
+        if state == "failed":
+            print(f"pivot failed: {req.get('error')}; nothing changed, the old phase runs on",
+                  file=sys.stderr)
+            request_path(layout).unlink(missing_ok=True)
             return 1
-        if run_args is None:
-            run_args = _old_run_args(pid)
-        atomic_write_json(request_path(layout), {"proxy_pid": pid, "by_pid": os.getpid(),
-                                                 "label": label, "requested_at": time.time()})
-        print(f"pivot: asked proxy pid {pid} to checkpoint and stop at the next cadence boundary",
-              flush=True)
-        end, told = time.monotonic() + a.timeout, False
-        while pid_alive(pid) or not _lock_free(layout):
-            if not told:
-                try:
-                    b = json.loads(request_path(layout).read_text()).get("stop_at_step")
-                except (OSError, ValueError):
-                    b = None
-                if b is not None:
-                    print(f"pivot: the worker stops at step {b}", flush=True)
-                    told = True
-            if time.monotonic() > end:
+        if req and req.get("step") is not None:
+            b = req["step"]
+        order = ["boundary", "archived", "recorded", "running"]
+        reached = order.index(state) if state in order else -1
+        if reached >= 0 and "boundary" not in told:
+            told.add("boundary")
+        if reached == 0 and "at-boundary" not in told and time.monotonic() - last_print >= 2.0:
+            last = _last_filed(layout)
+            if last >= b:
+                print(f"pivot: step {b} reached; the worker writes step_{b:06d}.bin and exits",
+                      flush=True)
+                told.add("at-boundary")
+            else:
+                print(f"pivot: waiting for boundary step {b} ({b - last} steps to go)", flush=True)
+            last_print = time.monotonic()
+        if reached >= 1 and "archived" not in told:
+            print(f"pivot: archived to archive/pivot-{b}", flush=True)
+            told.add("archived")
+        if reached >= 2 and "recorded" not in told:
+            from proxy.run_setup import read_phases
+            ph = read_phases(layout)[-1]
+            print(f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
+                  f"caps {ph.caps}, floors {ph.floors})", flush=True)
+            told.add("recorded")
+            print("pivot: waiting for the new worker's first step", flush=True)
+        if reached == 3:
+            print(f"pivot: new worker pid {req.get('worker_pid')} filed step "
+                  f"{req.get('first_step')}; the new phase is in force", flush=True)
+            return 0
+        if pid is not None and not pid_alive(pid):
+            print(f"pivot failed: proxy pid {pid} exited during the pivot (request state "
+                  f"{state}); `python -m proxy run --run-dir {layout.root}` resumes "
+                  + ("in the new phase" if reached >= 2 else
+                     "in the old phase and serves the request again"), file=sys.stderr)
+            return 1
+        if time.monotonic() > end:
+            print(f"pivot: not in force after {timeout:.0f} s (request state {state}, boundary "
+                  f"{b}); the live proxy still holds the request and will finish it (see "
+                  "`status`); nothing was undone", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+
+
+def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
+    """A stopped run: the same steps in this command's foreground, under the run lock; the next
+    `run` resumes in the new phase from the newest valid checkpoint."""
+    from proxy.resume_planning import ResumeError, plan_resume
+    from proxy.run_lock import RunLock
+    from proxy.run_setup import read_phases
+    from shared.loss_history import LossHistory
+    lock = RunLock(layout)
+    try:
+        lock.acquire()
+    except Exception as e:  # noqa: BLE001 - a proxy started in between
+        return _refuse(f"{e}")
+    try:
+        history = LossHistory(layout.loss)
+        try:
+            last = history.last_step or 0
+            planned = a.max_steps or cfg.max_steps
+            if last >= planned:
+                return _refuse(f"{layout.root} already finished at step {last:,} (max steps "
+                               f"{planned:,}); nothing would train under the new policy. Pass "
+                               f"--max-steps N with N > {last} here and to the next `run`")
+            req.update(state="boundary", step=None)
+            try:
+                plan = plan_resume(layout, cfg, history, False, stopped_pivot=req)
+            except ResumeError as e:
                 request_path(layout).unlink(missing_ok=True)
-                print(f"pivot: proxy pid {pid} did not stop within {a.timeout:.0f} s; request "
-                      "withdrawn, nothing changed (stop it with kill -TERM and pivot again)",
-                      file=sys.stderr)
+                print(f"pivot failed: {e}", file=sys.stderr)
                 return 1
-            time.sleep(0.1)
-        request_path(layout).unlink(missing_ok=True)
-    run_args = run_args or []
-    info, _ = find_latest_valid(layout.root, cfg.n_params, manifest_checksums(read_manifest(layout.root)))
-    if info is None:
-        print(f"pivot: {layout.root} has no valid checkpoint to pivot at", file=sys.stderr)
-        return 1
-    planned = cfg.max_steps
-    if "--max-steps" in run_args[:-1]:
-        planned = int(run_args[run_args.index("--max-steps") + 1])
-    if info.step >= planned:
-        print(f"pivot refused: {layout.root} already finished at step {info.step:,} (max steps "
-              f"{planned:,}); nothing would train under the new policy. Pass --run-args "
-              f"'--max-steps N' with N > {info.step}", file=sys.stderr)
-        return 2
-    entry = read_manifest(layout.root).get(info.step)
-    print(f"pivot: resuming from {info.path.name} (step {info.step}, reason "
-          f"{entry.reason if entry else '?'}) under phase {label!r} caps {caps} floors {floors}",
-          flush=True)
-    proc = start_detached(layout, [*run_args, "--pivot-label", label,
-                                   "--pivot-caps", a.caps, "--pivot-floors", a.floors])
-    print(f"pivot: new proxy pid {proc.pid} (detached; output in "
-          f"{layout.logs / 'proxy.console.log'}), training to step {planned:,} with run options: "
-          f"{' '.join(shlex.quote(x) for x in run_args) or '(none: run.json settings)'}",
-          flush=True)
-    return 0
+        finally:
+            history.close()
+        ph = read_phases(layout)[-1]
+        print(f"pivot: archived to archive/pivot-{plan.step}", flush=True)
+        print(f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
+              f"caps {ph.caps}, floors {ph.floors}); the run is stopped: `python -m proxy run "
+              f"--run-dir {layout.root}` trains in it from step_{plan.step:06d}.bin", flush=True)
+        return 0
+    finally:
+        lock.release()
 
 
 def add_pivot_args(p) -> None:
-    """`pivot --run-dir DIR [--caps ...] [--floors ...] [--label L] [--timeout S] [--run-args ...]`."""
-    p.add_argument("--run-dir", required=True, metavar="DIR", help="the run to pivot (live or stopped)")
+    """The `pivot` command's options (docs/pivots.md)."""
+    p.add_argument("--run-dir", required=True, metavar="DIR",
+                   help="the run to pivot: live (its proxy does it in place) or stopped")
     p.add_argument("--caps", default="", help="per-arm caps, arm=value,...")
     p.add_argument("--floors", default="", help="per-arm floors, arm=value,...")
     p.add_argument("--label", default=None, help="the new phase's label (default 'pivot')")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds to wait for the live run to stop at the boundary")
-    p.add_argument("--run-args", default=None,
-                   help="options for the restarted `run` (default: the stopped proxy's own)")
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds to wait for the live pivot to be in force (900)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="return once the live proxy has the request")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="stopped run only: the --max-steps the next `run` will use, when the "
+                        "run reached run.json's")

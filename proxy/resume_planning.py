@@ -4,8 +4,8 @@
 In order, for each incarnation: pick the newest valid checkpoint (rejected files named with the
 rule they broke and kept in rejected/), cut the history back to it (records past it go to
 `.loss.rewound.json`), drop pivot phases that start after it, rebuild the mixture controller for
-that step (proxy/mixture_rebuild.py), start a pending pivot's phase, and make `.state.json` agree
-with the rebuilt bandit.
+that step (proxy/mixture_rebuild.py), make `.state.json` agree with the rebuilt bandit, and carry
+out, finish or roll back a pending pivot (`plan_resume`, docs/pivots.md#crash-safety).
 
 What it is not: spawning or watching the worker (proxy/supervisor.py), filing its reports
 (proxy/report_filing.py), or the arm checks at start (proxy/arm_changes.py).
@@ -13,6 +13,7 @@ What it is not: spawning or watching the worker (proxy/supervisor.py), filing it
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from proxy.mixture_rebuild import new_controller, rebuild_mixture
 from proxy.run_setup import read_phases, write_phases
 from proxy.sidecars import read_json_tolerant, write_state
 from proxy.state_snapshots import mark_rewound
+from shared.atomic_io import atomic_write_json
 from shared.checkpoint_format import CheckpointError, clean_stale_temporaries, \
     quarantine_checkpoint, scan_for_resume
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
@@ -101,26 +103,11 @@ def align_history(layout: RunLayout, history: LossHistory, step: int) -> None:
                     layout.loss.name, history.last_step, step)
 
 
-def archive_phase(layout: RunLayout, step: int) -> Path:
-    """Move `.samples.json` and `.state.json` into archive/pivot-<step>/ (docs/pivots.md);
-    `.loss.json` stays where it is. Returns the archive folder."""
-    dest = layout.pivot_archive(step)
-    dest.mkdir(parents=True, exist_ok=True)
-    for p in (layout.samples, layout.state):
-        if p.exists():
-            p.replace(dest / p.name)
-    log.info("archived .samples.json and .state.json to %s", dest)
-    return dest
-
-
-def prepare_mixture(layout: RunLayout, cfg: RunConfig, step: int, changes: list[ArmChange],
-                    pivot: dict | None) -> tuple[MixtureController, list[str]]:
-    """The controller for a resume after update `step`, and the arms changed at `step`.
-
-    Phases that start after `step` (a resume from before a pivot) are removed from phases.json
-    (their archives stay). `pivot` ({"label", "caps", "floors"}) starts a new phase at `step`:
-    the sidecars of the old one are archived and a fresh controller starts under the new bounds.
-    Raises BanditConfigError (bounds)."""
+def prepare_mixture(layout: RunLayout, cfg: RunConfig, step: int,
+                    changes: list[ArmChange]) -> tuple[MixtureController, list[str]]:
+    """The controller for a resume after update `step` (the phase in force at `step`), and the
+    arms changed at `step`. Phases that start after `step` (a resume from before a pivot) are
+    removed from phases.json (their archives stay). Raises BanditConfigError (bounds)."""
     every = read_phases(layout)
     phases = [p for p in every if p.start_step <= step] or every[:1]
     if len(phases) < len(every):  # resumed from before a pivot: those phases never happened
@@ -134,15 +121,7 @@ def prepare_mixture(layout: RunLayout, cfg: RunConfig, step: int, changes: list[
     log.info("bandit rebuilt at step %d in %.2f s (%s, %d records replayed)", step, r.seconds,
              f"from the step-{r.snapshot_step} snapshot" if r.snapshot_step is not None
              else "from the phase start", r.replayed)
-    mix = r.mix
-    if pivot is not None:
-        new = mix.next_phase(pivot["label"], pivot["caps"], pivot["floors"], step)
-        archive_phase(layout, step)
-        write_phases(layout, phases + [new])
-        log.info("pivot: phase %d %r starts at step %d with caps %s floors %s",
-                 new.index, new.label, step, new.caps, new.floors)
-        mix = new_controller(layout, cfg, new, changes)
-    return mix, r.changed
+    return r.mix, r.changed
 
 
 def reconcile_state_file(layout: RunLayout, mix: MixtureController, step: int,
@@ -167,3 +146,95 @@ def reconcile_state_file(layout: RunLayout, mix: MixtureController, step: int,
     else:
         return
     write_state(layout.state, replayed)
+
+
+@dataclass
+class ResumePlan:
+    """What `plan_resume` returns: where the incarnation starts and under which controller.
+    `pivot_step`: B when a pivot at B is recorded and its new worker has not filed a step yet
+    (the supervisor then marks the request running after step B+1)."""
+
+    step: int
+    path: Path | None
+    mix: MixtureController
+    arm_changes: list[ArmChange]
+    pivot_step: int | None = None
+
+
+def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_scratch: bool,
+                stopped_pivot: dict | None = None) -> ResumePlan:
+    """Make the run directory describe one checkpoint and build its controller; then carry out,
+    finish or roll back a pivot request (docs/pivots.md#crash-safety). `stopped_pivot`: a
+    request to pivot at the resume step (`pivot` on a stopped run). Raises ResumeError (no
+    checkpoint; a stopped pivot without one) and BanditConfigError (bounds)."""
+    from proxy.arm_changes import handle_zombies
+    from proxy import pivot as pv
+    point = find_resume_point(layout, cfg, history, from_scratch)
+    step = point.step
+    align_history(layout, history, step)
+    if stopped_pivot is not None:
+        if point.path is None:
+            raise ResumeError(f"{layout.root} has no valid checkpoint to pivot at; train at "
+                              "least one checkpoint cadence first", code=1)
+        stopped_pivot.update(state="boundary", step=step)
+        pv.write_request(layout, stopped_pivot)
+    changes = handle_zombies(layout, cfg.arms, step)
+    mix, changed = prepare_mixture(layout, cfg, step, changes)
+    reconcile_state_file(layout, mix, step, changed)
+    plan = ResumePlan(step, point.path, mix, changes)
+    req = pv.pending_request(layout)
+    if req is None or req.get("state") == "requested":
+        return plan
+    b, recorded = req.get("step"), phase_recorded(layout, req)
+    if b == step and not recorded:
+        plan.mix = start_pivot_phase(layout, cfg, mix, req, step, changes)
+        plan.pivot_step = step
+        pv.fault_point("after-record")
+    elif b == step:                       # recorded before a kill: finish, idempotently
+        finish_pivot(layout, mix, req, step)
+        plan.pivot_step = step
+    elif recorded and b is not None and step > b:   # the new phase already trained past B
+        if req.get("state") == "recorded":
+            pv.mark_running(layout, b, None, step)
+    else:
+        pv.pivot_due(layout, step)        # the old phase goes on: serve the request again
+    return plan
+
+
+def phase_recorded(layout: RunLayout, req: dict) -> bool:
+    """True when phases.json's last phase is the one `req` asks for (the commit point)."""
+    last = read_phases(layout)[-1]
+    return (last.index > 0 and last.start_step == req.get("step")
+            and last.label == req.get("label"))
+
+
+def start_pivot_phase(layout: RunLayout, cfg: RunConfig, mix: MixtureController, req: dict,
+                      step: int, changes: list[ArmChange]) -> MixtureController:
+    """The pivot at `step` (SPEC section 8, docs/pivots.md#the-sequence): archive the two
+    sidecars (complete or absent), record the new phase in phases.json (the commit point),
+    then reset `.state.json`/`.samples.json` for it. Returns the new phase's controller.
+    `.loss.json` is not touched. Raises BanditConfigError (bounds)."""
+    from proxy import pivot as pv
+    new = mix.next_phase(req["label"], req["caps"], req["floors"], step)
+    new_mix = new_controller(layout, cfg, new, changes)   # bounds checked before any change
+    pv.archive_sidecars(layout, step)
+    req.update(state="archived", archived_at=time.time())
+    pv.write_request(layout, req)
+    pv.fault_point("after-archive")
+    write_phases(layout, read_phases(layout) + [new])
+    log.info("pivot: phase %d %r starts at step %d with caps %s floors %s",
+             new.index, new.label, step, new.caps, new.floors)
+    finish_pivot(layout, new_mix, req, step)
+    return new_mix
+
+
+def finish_pivot(layout: RunLayout, mix: MixtureController, req: dict, step: int) -> None:
+    """After the phase is recorded: `.state.json` = the fresh bandit at `step`, `.samples.json`
+    = an empty log of the new phase, request state "recorded". Idempotent."""
+    from proxy import pivot as pv
+    write_state(layout.state, mix.bandit.to_dict())
+    atomic_write_json(layout.samples, {"phase": {"label": mix.phase.label,
+                                                 "index": mix.phase.index}, "audits": []})
+    if req.get("state") != "recorded":
+        req.update(state="recorded", recorded_at=time.time())
+        pv.write_request(layout, req)

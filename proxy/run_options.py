@@ -44,9 +44,7 @@ class ProxyOptions:
     print_every: int = 10              # steps between progress lines
     samples_keep: int = 50             # audits kept in .samples.json
     from_scratch: bool = False         # allow step 0 when history exists but no checkpoint does
-    pivot: dict | None = None          # {"label", "caps", "floors"}: start a new phase at resume
     backoff: float = 1.0               # first restart delay, seconds (doubles, max 30)
-    stop_at_step: int | None = None    # ask the worker to checkpoint and stop here (pivot)
     stop_on_collapse: bool = False     # the collapse alarm also stops the run
     launch: LaunchOptions = field(default_factory=LaunchOptions)  # torchrun
     compile: bool = False              # torch.compile in the worker
@@ -132,9 +130,6 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                         "[tensorboard] extra (pip install -e '.[tensorboard]')")
     g.add_argument("--from-scratch", action="store_true",
                    help="start at step 0 even though the history has records but no checkpoint")
-    g.add_argument("--pivot-label", default=None, help=argparse.SUPPRESS)  # set by `pivot`
-    g.add_argument("--pivot-caps", default="", help=argparse.SUPPRESS)
-    g.add_argument("--pivot-floors", default="", help=argparse.SUPPRESS)
     g = ap.add_argument_group("several ranks (torchrun) and speed")
     g.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="ranks on this node; > 1 launches the worker with torchrun (DDP)")
@@ -233,7 +228,7 @@ def check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
 def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
     """The per-start options of namespace `a` for the run `cfg`. Raises ConfigError when the
     world size is malformed or does not divide the run's global batch (each rank takes an equal
-    slice), BanditConfigError for bad hidden --pivot-* bounds."""
+    slice)."""
     lo = LaunchOptions(nproc_per_node=a.nproc_per_node, nnodes=a.nnodes, node_rank=a.node_rank,
                        rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id,
                        rdzv_backend=a.rdzv_backend)
@@ -245,15 +240,10 @@ def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
         raise ConfigError(f"run.json batch_size={cfg.batch_size} is not divisible by the world "
                           f"size {world} (--nproc-per-node x --nnodes): each rank takes an equal "
                           "slice of the global batch; choose a world size that divides it")
-    pivot = None
-    if a.pivot_label is not None:
-        from proxy.pivot import validated_bounds
-        caps, floors = validated_bounds(cfg, a.pivot_caps, a.pivot_floors)
-        pivot = {"label": a.pivot_label, "caps": caps, "floors": floors}
     return ProxyOptions(max_steps=a.max_steps, usr1_at=a.usr1_at, device=a.device,
                         keep_last=a.keep_last, keep_every=a.keep_every,
                         max_restarts=a.max_restarts, hang_timeout=a.hang_timeout,
                         stop_timeout=a.stop_timeout, print_every=a.print_every,
-                        samples_keep=a.samples_keep, from_scratch=a.from_scratch, pivot=pivot,
+                        samples_keep=a.samples_keep, from_scratch=a.from_scratch,
                         stop_on_collapse=a.stop_on_collapse, launch=lo, compile=a.compile,
                         precision=a.precision, tensorboard=a.tensorboard)

@@ -11,6 +11,8 @@ are read, never trusted blindly):
   checkpoints.json    plus the step_*.bin files actually present: the last checkpoint
   .state.json         arm probabilities and pulls (else the last record's `p`)
   .handshake.json     the worker's pid(s)
+  phases.json         the phase in force: index, label, start step, caps, floors
+  .pivot.request.json a pending pivot (docs/pivots.md)
 
 Reads only; takes no lock, so it never disturbs a running proxy. Exit 0, or 2 when DIR is not a
 run directory.
@@ -152,6 +154,13 @@ def collect_status(run_dir) -> dict:
     else:
         d["arms"] = {}
 
+    phases = (_read_json(layout.phases, {}) or {}).get("phases") or [{}]
+    ph = phases[-1]
+    d["phase"] = {k: ph.get(k) for k in ("index", "label", "start_step", "caps", "floors")}
+    from proxy.pivot import pending_request
+    req = pending_request(layout)
+    d["pivot_request"] = ({k: req.get(k) for k in ("label", "caps", "floors", "state", "step",
+                                                   "requested_at")} if req else None)
     proxy_alive = _proxy_alive(owner)
     wpid = st.get("worker_pid") or worker.get("pid")
     wstate = _proc_state(wpid)
@@ -184,6 +193,10 @@ def collect_status(run_dir) -> dict:
     return d
 
 
+def _bounds(v: dict | None) -> str:
+    return ",".join(f"{k}={x:g}" for k, x in sorted((v or {}).items())) or "none"
+
+
 def format_status(d: dict) -> str:
     """The human-readable table of `collect_status`'s dict."""
     lines = [f"run         {d['run_dir']}  ({d['preset']}, {d['n_params']:,} parameters)",
@@ -193,6 +206,15 @@ def format_status(d: dict) -> str:
              f"{d['worker_pid'] or '-'}" + (f" (state {d['worker_state']})" if d['worker_pid'] else ""),
              f"step        {d['step']:,} / {d['max_steps']:,}"
              + (f"  (last step {d['last_step_age_s']:.0f} s ago)" if d["last_step_age_s"] is not None else "")]
+    ph = d.get("phase") or {}
+    if ph.get("index") is not None:
+        lines.append(f"phase       {ph['index']} {ph['label']!r} from step {ph['start_step']:,}  "
+                     f"caps {_bounds(ph.get('caps'))}  floors {_bounds(ph.get('floors'))}")
+    pr = d.get("pivot_request")
+    if pr:
+        at = f" at boundary step {pr['step']:,}" if pr.get("step") is not None else ""
+        lines.append(f"pivot       pending: {pr['label']!r} ({pr['state']}{at}) caps "
+                     f"{_bounds(pr.get('caps'))} floors {_bounds(pr.get('floors'))}")
     if d["loss"] is not None:
         ema = f"{d['loss_ema']:.4f}" if d["loss_ema"] is not None else "-"
         lines.append(f"loss        {d['loss']:.4f}  (EMA {ema})")

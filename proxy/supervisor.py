@@ -6,7 +6,10 @@ mixture controller made to describe exactly that step), post the policies, spawn
 worker` (argv list, no shell, its own session), then watch: hand every report to the filer
 (proxy/report_filing.py), forward signals, detect crash and hang. A worker that exits non-zero or
 hangs is restarted from the newest valid checkpoint with back-off, up to `max_restarts`;
-SIGTERM/SIGINT/SIGHUP to the proxy stop the worker cleanly and exit 0.
+SIGTERM/SIGINT/SIGHUP to the proxy stop the worker cleanly and exit 0. A polish pivot happens in
+place (docs/pivots.md): the worker stops at the boundary B, the next incarnation's planning
+archives the phase and records the new one, and a new worker starts from step_B.bin; the
+proxy's pid never changes.
 
 What it is not: the options (proxy/run_options.py), the run's creation (proxy/run_setup.py).
 """
@@ -22,15 +25,13 @@ import time
 from pathlib import Path
 
 from proxy import proc_tree
-from proxy.arm_changes import handle_zombies
 from proxy.launch import agent_descendants, kill_ranks, rank_pids, reap_leftover_ranks, \
     signal_pids, torchrun_argv
 from proxy.mixture import MixtureController
-from proxy.pivot import poll_pivot_request
+from proxy.pivot import fault_point, mark_running, pending_request, poll_pivot_request
 from proxy.report_filing import LiveStats, ReportFiler, write_status
 from proxy.report_salvage import salvage_step_reports
-from proxy.resume_planning import ResumeError, align_history, find_resume_point, \
-    prepare_mixture, reconcile_state_file
+from proxy.resume_planning import ResumeError, plan_resume
 from proxy.run_options import ProxyOptions
 from proxy.run_setup import read_phases
 from proxy.run_watch import RunWatch
@@ -71,6 +72,7 @@ class Supervisor:
         self._status_t = 0.0
         self.pending_events: list[dict] = []   # attached to the next step record filed
         self.watch = RunWatch(layout, cfg, self.max_steps, opts.tensorboard)
+        self.pivot_step: int | None = None     # a pivot at B recorded, its worker's first step due
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -139,6 +141,10 @@ class Supervisor:
                 outcome, rc = self._incarnation(history)
                 if outcome == "done":
                     return 0
+                if outcome == "pivot":  # the worker stopped at the boundary: same proxy goes on
+                    log.info("pivot: the worker stopped at boundary step %s; archiving the phase "
+                             "and starting the new one in this proxy (pid %d)", rc, os.getpid())
+                    continue
                 if outcome == "fatal":
                     why = self.stats.stop_why or "see the worker's log above"
                     raise SupervisorError(f"worker exited with code {rc} ({why}): the run cannot "
@@ -169,24 +175,16 @@ class Supervisor:
 
     def _incarnation(self, history: LossHistory) -> tuple[str, int | None]:
         try:
-            point = find_resume_point(self.layout, self.cfg, history, self.opts.from_scratch)
+            plan = plan_resume(self.layout, self.cfg, history, self.opts.from_scratch)
         except ResumeError as e:
             raise SupervisorError(str(e), code=e.code) from None
-        step = point.step
-        align_history(self.layout, history, step)
+        step, point, mix = plan.step, plan, plan.mix
+        self.arm_changes, self.pivot_step = plan.arm_changes, plan.pivot_step
         self.watch.on_incarnation(step)  # ETA window restarts; TensorBoard purges steps > step
-        self.arm_changes = handle_zombies(self.layout, self.cfg.arms, step)
-        pivot, self.opts.pivot = self.opts.pivot, None  # once: a restart resumes in the new phase
-        mix, changed = prepare_mixture(self.layout, self.cfg, step, self.arm_changes, pivot)
-        reconcile_state_file(self.layout, mix, step, changed)
         samples = SamplesLog(self.layout.samples, {"label": mix.phase.label, "index": mix.phase.index},
                              self.opts.samples_keep)
         samples.trim_after(step, self.layout.archive / "rewound-samples.json")
         reset_handshake(self.layout)
-        if self.opts.stop_at_step is not None:
-            stop_at = self.opts.stop_at_step
-            update_handshake(self.layout, lambda d: d["control"].update(
-                stop_at_step=stop_at, reason="pivot"))
         self._post_policies(mix, policy_period(step + 1, self.cfg.probe_every))
         # the EMA over the history's tail, as `status` computes it, so the two agree
         self.stats = LiveStats(step=step, ema=loss_ema(tail_records(self.layout.loss)))
@@ -271,7 +269,13 @@ class Supervisor:
                 last_report = time.monotonic()
             for r in reports:
                 self.filer.file(r)
-            poll_pivot_request(self.layout, self.cfg, history.last_step or 0)  # `proxy pivot`
+                if r.get("type") == "checkpoint_started" and self._pivot_boundary() == r["step"]:
+                    fault_point("during-checkpoint")  # crash test hook (docs/pivots.md)
+            if self.pivot_step is not None and (history.last_step or 0) > self.pivot_step:
+                mark_running(self.layout, self.pivot_step, self.proc.pid, self.pivot_step + 1)
+                self.pivot_step = None
+            if not self.stop_requested:  # `proxy pivot` on this live run
+                poll_pivot_request(self.layout, self.cfg, history.last_step or 0, self.max_steps)
             if mix.next_period != posted_next:
                 posted_next = mix.next_period
                 self._post_policies(mix, policy_period(mix.folded_through + 1, self.cfg.probe_every) - 1)
@@ -285,6 +289,9 @@ class Supervisor:
                 if hung:
                     return "hung", rc
                 if rc == 0:
+                    b = self._pivot_boundary()
+                    if b is not None and history.last_step == b and not self.stop_requested:
+                        return "pivot", b
                     return "done", 0
                 if rc == EXIT_FATAL or self.stats.exit_code == EXIT_FATAL:
                     return "fatal", rc  # (torchrun reports a rank's code 3 as its own 1)
@@ -321,6 +328,11 @@ class Supervisor:
             # poll fast only while something is happening.
             time.sleep(0.02 if (reports or self.stop_requested or self.usr1_pending
                                 or stop_sent_at is not None) else POLL_IDLE_S)
+
+    def _pivot_boundary(self) -> int | None:
+        """B of a pivot request whose boundary is posted, else None."""
+        req = pending_request(self.layout)
+        return req.get("step") if req and req.get("state") == "boundary" else None
 
     def _write_status(self, force: bool = False, alive: bool = True) -> None:
         now = time.monotonic()

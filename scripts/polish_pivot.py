@@ -3,9 +3,11 @@
 
     scripts/polish_pivot.py --run-dir runs/x --caps repo-code=0.5 --floors python-docs=0.2 --label v3
 
-Validates the bounds, asks the live proxy to checkpoint and stop at the next cadence boundary B,
-waits for step_B.bin and a clean exit, then starts the proxy again detached under the new bounds
-(see proxy/pivot.py). Exit code: 0 done, 1 the run did not stop, 2 refused (bad bounds).
+Validates the bounds, then asks the live proxy to pivot in place (same pid: the worker stops at
+the next cadence boundary B, the phase is archived and recorded, a new worker starts from
+step_B.bin) and waits until the new worker filed step B+1, printing the progress; on a stopped
+run it records the new phase in the foreground and the next `run` trains in it (docs/pivots.md).
+Exit code: 0 in force (or accepted, --no-wait), 1 the pivot did not complete, 2 refused.
 """
 import sys
 from pathlib import Path

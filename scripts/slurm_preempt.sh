@@ -14,6 +14,11 @@
 #    partition's GraceTime cover that.
 #  * `scancel --signal=USR2 --batch <jobid>` asks for a checkpoint without stopping: forwarded to
 #    the proxy as SIGUSR1 (a pinned checkpoint after the current step).
+#  * Polish pivots (docs/pivots.md): run `python -m proxy pivot --run-dir RUN_DIR --caps ...`
+#    from a shell on the node (`srun --jobid <jobid> --overlap --pty bash`, or ssh); the proxy
+#    of this job step does the pivot in place (same pid, inside the job), so the traps above and
+#    Slurm's signals keep reaching it. A pivot on a stopped/queued run is recorded and the next
+#    (requeued) start trains in the new phase.
 #  * The requeued job runs this script again; `proxy run` on the same directory resumes from the
 #    newest valid checkpoint, bit-exactly.
 #SBATCH --job-name=andrea

@@ -4,7 +4,10 @@ in data/arms.json makes replays reproduce .state.json across the changes."""
 import json
 import random
 
-from proc_helpers import loss_records, run_proxy
+import subprocess
+import sys
+
+from proc_helpers import ROOT, loss_records, run_proxy
 from proxy.arm_changes import ArmChange, read_changes
 from proxy.mixture import MixtureController, Phase
 from proxy.mixture_rebuild import replay_run
@@ -277,8 +280,10 @@ def test_falling_back_to_before_a_pivot_drops_that_phase_for_good(tmp_path):
     run = tmp_path / "run"
     keep = ["--keep-last", "10"]
     assert run_proxy(run, "--max-steps", "20", *COMMON, *keep, *arms("a", "b")).returncode == 0
-    r = run_proxy(run, "--max-steps", "40", *COMMON, *keep, "--pivot-label", "v2",
-                  "--pivot-caps", "a=0.6")
+    r = subprocess.run([sys.executable, "-m", "proxy", "pivot", "--run-dir", str(run), "--caps",
+                        "a=0.6", "--label", "v2"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]                # a stopped-run pivot at step 20
+    r = run_proxy(run, "--max-steps", "40", *COMMON, *keep)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [p["start_step"] for p in json.loads((run / "phases.json").read_text())["phases"]] == [0, 20]
     for s in (20, 30, 40):                                   # corrupt: resume falls back to 10

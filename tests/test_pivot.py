@@ -1,31 +1,32 @@
-"""Polish pivot on a live run (SPEC section 8, issue 5): real proxy and worker processes."""
+"""Polish pivots (SPEC section 8, issue 13, docs/pivots.md): in place on a live run, in the
+foreground on a stopped one, crash-safe at every moment. Real proxy and worker processes."""
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
-from proc_helpers import ROOT, TINY, checkpoint_steps, last_step, loss_records, pid_alive, \
-    run_proxy, start_proxy, wait_for
+from proc_helpers import ROOT, TINY, checkpoint_steps, cleaned_up, last_step, loss_records, \
+    pid_alive, run_processes, run_proxy, start, wait_for
+from proxy.mixture_rebuild import rebuild_mixture, replay_run
+from proxy.run_setup import read_phases
 from shared.checkpoint_format import checkpoint_name
+from shared.config import load_run_config
+from shared.run_layout import RunLayout
 import pytest
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
-COMMON = ["--max-steps", "400", "--checkpoint-every", "20", "--probe-every", "5",
-          "--bandit-warmup", "10", "--sample-every", "10"]
+COMMON = ["--checkpoint-every", "10", "--probe-every", "5", "--bandit-warmup", "10",
+          "--sample-every", "10"]
 CAPS, FLOORS = "repo-code=0.2,python-docs=0.5", "repo-docstrings=0.3"
 
 
 def pivot(run_dir, *args, timeout=300):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("ANDREA_FAULT_PIVOT", None)
     return subprocess.run([sys.executable, "-m", "proxy", "pivot", "--run-dir", str(run_dir), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def owner_pid(run_dir):
-    return json.loads((run_dir / ".proxy.owner.json").read_text())["pid"]
 
 
 def phases(run_dir):
@@ -37,9 +38,35 @@ def in_box(p):
             and p["repo-docstrings"] >= 0.3 - 1e-12 and abs(sum(p.values()) - 1) < 1e-9)
 
 
-def test_pivot_with_infeasible_or_unknown_bounds_is_refused_before_anything_stops(tmp_path):
+def assert_one_consistent_state(run, final):
+    """Exactly one state: every archive complete and matching a recorded phase, nothing pending
+    or half-made, the history continuous with the phase switching at each pivot's B, and the
+    replay of `.loss.json` equal to `.state.json`."""
+    layout = RunLayout(run)
+    cfg = load_run_config(layout.run_json)
+    ph = read_phases(layout)
+    recs = loss_records(run)
+    assert [r["step"] for r in recs] == list(range(1, final + 1)), "the history has a gap or repeat"
+    assert not (run / ".pivot.request.json").exists(), "a pivot is still pending"
+    archives = sorted(p.name for p in (run / "archive").glob("pivot-*"))
+    assert archives == [f"pivot-{p.start_step}" for p in ph[1:]], (archives, ph)
+    for p in ph[1:]:
+        b, a = p.start_step, run / "archive" / f"pivot-{p.start_step}"
+        assert (a / ".state.json").exists() and (a / ".samples.json").exists()
+        old = json.loads((a / ".state.json").read_text())
+        prev = ph[p.index - 1]
+        assert old == rebuild_mixture(layout, cfg, b, phase=prev, use_snapshots=False).mix \
+            .bandit.to_dict(), "the archived .state.json is not the old phase's bandit at B"
+        assert recs[b - 1]["phase"]["index"] == prev.index and recs[b]["phase"]["index"] == p.index
+        assert json.loads((a / "pivot.request.json").read_text())["state"] == "running"
+    assert replay_run(layout, cfg, final).bandit.to_dict() == \
+        json.loads((run / ".state.json").read_text())
+    return ph
+
+
+def test_pivot_refuses_bad_bounds_a_second_request_and_a_finished_run_before_changing_anything(tmp_path):
     run = tmp_path / "run"
-    assert run_proxy(run, "--max-steps", "5", "--checkpoint-every", "5").returncode == 0
+    assert run_proxy(run, "--max-steps", "10", "--checkpoint-every", "5").returncode == 0
     before = (run / "phases.json").read_bytes()
     for caps, floors, words in [("nope=0.5", "", "unknown arm 'nope'"),
                                 ("repo-code=0.1", "repo-code=0.2", "floor above cap"),
@@ -48,64 +75,87 @@ def test_pivot_with_infeasible_or_unknown_bounds_is_refused_before_anything_stop
                                 ("repo-code=1.5", "", "outside [0, 1]")]:
         r = pivot(run, "--caps", caps, "--floors", floors)
         assert r.returncode == 2 and words in r.stderr, (caps, floors, r.stderr)
+    r = pivot(run, "--caps", "repo-code=0.5")
+    assert r.returncode == 2 and "already finished at step 10" in r.stderr and "--max-steps" in r.stderr
     assert (run / "phases.json").read_bytes() == before
-    assert not (run / "archive" / "pivot-5").exists()
+    assert not (run / "archive").exists() or not list((run / "archive").glob("pivot-*"))
+    assert not (run / ".pivot.request.json").exists()
+    # A stopped-run pivot records the phase in the foreground; a second one is refused.
+    r = pivot(run, "--caps", "repo-code=0.5", "--label", "v2", "--max-steps", "20")
+    assert r.returncode == 0 and "phase 1 'v2' recorded" in r.stdout, r.stderr
+    after = (run / "phases.json").read_bytes()
+    r = pivot(run, "--caps", "repo-code=0.4", "--label", "v3", "--max-steps", "20")
+    assert r.returncode == 2 and "already pending" in r.stderr and "'v2'" in r.stderr
+    assert (run / "phases.json").read_bytes() == after
+    assert run_proxy(run, "--max-steps", "20", "--checkpoint-every", "5").returncode == 0
+    assert [p["label"] for p in phases(run)] == ["initial", "v2"]
+    assert_one_consistent_state(run, 20)
 
 
-def test_live_pivot_stops_at_a_boundary_and_resumes_under_the_new_box_from_step_B_exactly(tmp_path):
+def test_live_pivot_happens_in_the_same_proxy_and_returns_once_the_new_worker_filed_a_step(tmp_path):
     run = tmp_path / "run"
-    proc = start_proxy(run, *COMMON)
-    new_pid = None
-    try:
+    proc = start(run, "--max-steps", "300", *COMMON)
+    with cleaned_up(proc, run):
         wait_for(lambda: last_step(run) >= 25, 300, what="training to pass step 25")
-        old_wpid = json.loads((run / ".handshake.json").read_text())["worker"]["pid"]
         r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--label", "polish")
         assert r.returncode == 0, r.stdout + r.stderr
-        assert proc.wait(timeout=60) == 0, "the old proxy must exit 0 at the pivot"
-        assert not pid_alive(old_wpid)
-        wait_for(lambda: len(phases(run)) == 2, 120, what="the new proxy to start the new phase")
+        out = r.stdout
+        assert proc.poll() is None, "the proxy must not exit at a pivot"
         ph = phases(run)[1]
         b = ph["start_step"]
-        assert b % 20 == 0 and b >= 40 and (ph["index"], ph["label"]) == (1, "polish")
-        new_pid = owner_pid(run)
-        assert new_pid != proc.pid and pid_alive(new_pid)
-        samples = run / ".samples.json"
-        assert (not samples.exists()) or json.loads(samples.read_text())["audits"] == [], \
-            "the sample log must start empty in the new phase"
-        archived = run / "archive" / f"pivot-{b}"
-        old_state = json.loads((archived / ".state.json").read_text())
-        assert (old_state["step"], old_state["phase"]["index"]) == (b, 0)
-        old_audits = json.loads((archived / ".samples.json").read_text())["audits"]
-        assert old_audits and max(a["step"] for a in old_audits) <= b
-        wait_for(lambda: last_step(run) >= b + 25, 300, what="training after the pivot")
-        os.kill(new_pid, signal.SIGTERM)
-        wait_for(lambda: not pid_alive(new_pid), 120, what="the new proxy to stop")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if new_pid and pid_alive(new_pid):
-            os.kill(new_pid, signal.SIGKILL)
+        assert b % 10 == 0 and b >= 30 and (ph["index"], ph["label"]) == (1, "polish")
+        for line in (f"waiting for boundary step {b}", f"archived to archive/pivot-{b}",
+                     "phase 1 'polish' recorded", f"filed step {b + 1}"):
+            assert line in out, (line, out)
+        assert json.loads((run / ".proxy.owner.json").read_text())["pid"] == proc.pid
+        st = json.loads(subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir",
+                                        str(run), "--json"], cwd=ROOT, capture_output=True,
+                                       text=True).stdout)
+        assert st["phase"] == {"index": 1, "label": "polish", "start_step": b,
+                               "caps": {"repo-code": 0.2, "python-docs": 0.5},
+                               "floors": {"repo-docstrings": 0.3}} and st["pivot_request"] is None
+        wait_for(lambda: last_step(run) >= b + 20, 300, what="training after the pivot")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    final = last_step(run)
+    assert_one_consistent_state(run, final)
     records = loss_records(run)
-    assert [x["step"] for x in records] == list(range(1, len(records) + 1)), "a gap in the history"
-    assert records[b - 1]["phase"] == {"label": "initial", "index": 0}
-    assert records[b]["phase"] == {"label": "polish", "index": 1}
     assert all(in_box(x["p"]) for x in records[b:]), "an arm left its new box"
     assert not all(in_box(x["p"]) for x in records[:b]), "the old box already satisfied the new one"
     audits = json.loads((run / ".samples.json").read_text())["audits"]
     assert audits and all(a["step"] > b for a in audits)
     assert b + 20 in checkpoint_steps(run)
 
-    # The same pivot on an audit fork at B (a stopped run) must reach a byte-identical
-    # checkpoint at B+20: the live pivot resumed from step_B.bin's weights, m and v exactly.
+    # The same pivot on an audit fork at B (a stopped run) reaches a byte-identical checkpoint
+    # at B+20: the live pivot resumed from step_B.bin's weights, m and v exactly.
     fork = tmp_path / "fork"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     f = subprocess.run([sys.executable, "-m", "proxy", "fork", "--from", f"{run}:{b}",
                         "--run-dir", str(fork)], cwd=ROOT, env=env, capture_output=True, text=True)
     assert f.returncode == 0, f.stderr
-    r = pivot(fork, "--caps", CAPS, "--floors", FLOORS, "--label", "polish",
-              "--run-args", " ".join(TINY + ["--max-steps", str(b + 20)]))
+    r = pivot(fork, "--caps", CAPS, "--floors", FLOORS, "--label", "polish")
     assert r.returncode == 0, r.stdout + r.stderr
-    fpid = int(r.stdout.split("new proxy pid ")[1].split()[0])
-    wait_for(lambda: (fork / checkpoint_name(b + 20)).exists(), 300, what="the fork's checkpoint")
-    wait_for(lambda: not pid_alive(fpid), 120, what="the fork's proxy to finish")
+    assert run_processes(fork) == [], "a stopped-run pivot must leave nothing running"
+    assert run_proxy(fork, "--max-steps", str(b + 20)).returncode == 0
     assert (fork / checkpoint_name(b + 20)).read_bytes() == (run / checkpoint_name(b + 20)).read_bytes()
+
+
+@pytest.mark.parametrize("moment", ["before-boundary", "during-checkpoint", "after-archive",
+                                    "after-record"])
+def test_kill_9_of_the_proxy_at_each_moment_of_a_pivot_leaves_one_consistent_state(tmp_path, moment):
+    run = tmp_path / "run"
+    env = {"ANDREA_FAULT_PIVOT": moment}
+    if moment == "during-checkpoint":
+        env["ANDREA_TEST_WRITE_DELAY"] = "1"   # the kill lands while the worker writes step_B
+    proc = start(run, "--max-steps", "70", *COMMON, env=env)
+    with cleaned_up(proc, run):
+        wait_for(lambda: last_step(run) >= 15, 300, what="training to pass step 15")
+        r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--label", "polish", "--timeout", "200")
+        assert proc.wait(120) == -signal.SIGKILL, "the fault hook did not fire"
+        assert r.returncode == 1 and "exited during the pivot" in r.stderr, r.stdout + r.stderr
+        wait_for(lambda: not run_processes(run), 120, what="the orphaned worker to stop")
+        again = run_proxy(run, "--max-steps", "70", *COMMON, timeout=400)
+        assert again.returncode == 0, again.stderr[-3000:]
+    ph = assert_one_consistent_state(run, 70)
+    if moment in ("after-archive", "after-record"):
+        assert len(ph) == 2, "a pivot whose boundary checkpoint exists is finished on restart"
