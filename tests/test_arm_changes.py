@@ -281,7 +281,8 @@ def test_falling_back_to_before_a_pivot_drops_that_phase_for_good(tmp_path):
     keep = ["--keep-last", "10"]
     assert run_proxy(run, "--max-steps", "20", *COMMON, *keep, *arms("a", "b")).returncode == 0
     r = subprocess.run([sys.executable, "-m", "proxy", "pivot", "--run-dir", str(run), "--caps",
-                        "a=0.6", "--label", "v2"], cwd=ROOT, capture_output=True, text=True)
+                        "a=0.6", "--label", "v2", "--max-steps", "40"], cwd=ROOT, capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stderr[-3000:]                # a stopped-run pivot at step 20
     r = run_proxy(run, "--max-steps", "40", *COMMON, *keep)
     assert r.returncode == 0, r.stderr[-3000:]
