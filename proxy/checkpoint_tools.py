@@ -13,15 +13,13 @@ What it is not: resume (proxy/supervisor.py) or the format itself (shared/checkp
 """
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from pathlib import Path
 
 from shared.config import ConfigError, RunConfig, load_run_config
-
-EXIT_INVALID = 1     # the checkpoint (or its config) fails a rule
-EXIT_USAGE = 2       # bad arguments: missing config for export, output in the way
+from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fails a rule
+from shared.exit_codes import EXIT_USAGE  # bad arguments: no config for export, output in the way
 
 
 def add_inspect_args(p) -> None:
@@ -82,6 +80,20 @@ def _manifest_entry(path: Path):
         if step in entries and entries[step].file == path.name:
             return entries[step]
     return None
+
+
+def read_weights(path: Path, cfg: RunConfig):
+    """(step, weights float32 (n_params,)) of a checkpoint validated against `cfg` (with the
+    manifest checksum when the manifest has an entry), or None after printing the rule it
+    broke (docs/checkpoint-format.md#validity)."""
+    from shared.checkpoint_format import CheckpointError, load_checkpoint
+    entry = _manifest_entry(path)
+    try:
+        step, w, _, _ = load_checkpoint(path, cfg.n_params, entry.checksum if entry else None)
+    except CheckpointError as e:
+        print(f"INVALID    (rule: {e.rule}) {e}")
+        return None
+    return step, w
 
 
 def cmd_inspect(a) -> int:
@@ -153,7 +165,6 @@ def cmd_export(a) -> int:
     """
     import numpy as np
     from safetensors.numpy import save
-    from shared.checkpoint_format import CheckpointError, load_checkpoint
     from shared.config import parameter_table
     if (a.path is None) == (a.from_run is None):
         print("export: give a checkpoint PATH or --from-run RUN (one of them)")
@@ -179,12 +190,10 @@ def cmd_export(a) -> int:
     if out.exists() and not a.force:
         print(f"export: {out} exists; pass --force to overwrite it")
         return EXIT_USAGE
-    entry = _manifest_entry(path)
-    try:
-        step, w, _, _ = load_checkpoint(path, cfg.n_params, entry.checksum if entry else None)
-    except CheckpointError as e:
-        print(f"INVALID    (rule: {e.rule}) {e}")
+    got = read_weights(path, cfg)
+    if got is None:
         return EXIT_INVALID
+    step, w = got
     tensors = {}
     for name, shp, off in parameter_table(cfg.model, cfg.vocab_size):
         size = int(np.prod(shp))

@@ -31,6 +31,7 @@ from shared.checkpoint_manifest import ManifestEntry, manifest_checksums, read_m
 from shared.config import ConfigError, load_run_config
 from shared.loss_history import LossHistory, read_records
 from shared.run_layout import RunLayout
+from shared.exit_codes import EXIT_USAGE
 
 
 class ForkError(RuntimeError):
@@ -114,7 +115,7 @@ def cmd_fork(a) -> int:
         s = fork_run(src, step, Path(a.run_dir))
     except ForkError as e:
         print(f"fork refused: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(f"fork: {a.run_dir} starts from {src}/{checkpoint_name(s)} (step {s}) with its "
           f"history; run it with: python -m proxy run --run-dir {a.run_dir}")
     return 0

@@ -182,18 +182,16 @@ def write_hf_dir(out: Path, cfg: RunConfig, run_tokenizer: Path, step: int,
 def export_hf(a, path: Path, cfg: RunConfig, where: str, out: Path) -> int:
     """`export --format hf`: validate the checkpoint (manifest checksum when known), then
     `write_hf_dir`. Returns 0, 1 for a bad checkpoint, 2 for an output in the way."""
-    from proxy.checkpoint_tools import EXIT_INVALID, EXIT_USAGE, _manifest_entry
-    from shared.checkpoint_format import CheckpointError, load_checkpoint
+    from proxy.checkpoint_tools import read_weights
+    from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not a.force:
         print(f"export: {out} exists" + (" and is not empty" if out.is_dir() else "")
               + "; pass --force to replace it")
         return EXIT_USAGE
-    entry = _manifest_entry(path)
-    try:
-        step, w, _, _ = load_checkpoint(path, cfg.n_params, entry.checksum if entry else None)
-    except CheckpointError as e:
-        print(f"INVALID    (rule: {e.rule}) {e}")
-        return EXIT_INVALID
+    got = read_weights(path, cfg)
+    if got is None:
+        return EXIT_FAILED
+    step, w = got
     run_dir = Path(where).parent  # the folder whose run.json described the checkpoint
     try:
         names = write_hf_dir(out, cfg, run_dir / "tokenizer.json", step, w, path.name, a.force)

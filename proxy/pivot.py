@@ -29,6 +29,7 @@ from shared.atomic_io import atomic_write_json
 from shared.config import ConfigError, RunConfig, load_run_config
 from shared.handshake import update_handshake
 from shared.run_layout import RunLayout
+from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 
 log = logging.getLogger("proxy.pivot")
 REQUEST_NAME = ".pivot.request.json"
@@ -217,7 +218,7 @@ def _planned_steps(layout: RunLayout, cfg: RunConfig) -> int:
 
 def _refuse(msg: str) -> int:
     print(f"pivot refused: {msg}", file=sys.stderr)
-    return 2
+    return EXIT_USAGE
 
 
 def cmd_pivot(a) -> int:
@@ -277,7 +278,7 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
             print(f"pivot failed: {req.get('error')}; nothing changed, the old phase runs on",
                   file=sys.stderr)
             request_path(layout).unlink(missing_ok=True)
-            return 1
+            return EXIT_FAILED
         if req and req.get("step") is not None:
             b = req["step"]
         order = ["boundary", "archived", "recorded", "running"]
@@ -312,12 +313,12 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
                   f"{state}); `python -m proxy run --run-dir {layout.root}` resumes "
                   + ("in the new phase" if reached >= 2 else
                      "in the old phase and serves the request again"), file=sys.stderr)
-            return 1
+            return EXIT_FAILED
         if time.monotonic() > end:
             print(f"pivot: not in force after {timeout:.0f} s (request state {state}, boundary "
                   f"{b}); the live proxy still holds the request and will finish it (see "
                   "`status`); nothing was undone", file=sys.stderr)
-            return 1
+            return EXIT_FAILED
         time.sleep(0.2)
 
 
@@ -348,7 +349,7 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
             except ResumeError as e:
                 request_path(layout).unlink(missing_ok=True)
                 print(f"pivot failed: {e}", file=sys.stderr)
-                return 1
+                return EXIT_FAILED
         finally:
             history.close()
         ph = read_phases(layout)[-1]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from shared.loss_history import read_records
 from shared.run_layout import RunLayout
+from shared.exit_codes import EXIT_USAGE
 
 
 def series(records: list[dict]) -> dict:
@@ -99,7 +100,7 @@ def cmd_plot(a) -> int:
         out = plot_run(Path(a.run_dir), Path(a.out) if a.out else None)
     except FileNotFoundError as e:
         print(f"plot: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(f"plot: wrote {out}")
     return 0
 

@@ -28,7 +28,7 @@ from shared.checkpoint_format import CheckpointError, clean_stale_temporaries, \
     quarantine_checkpoint, scan_for_resume
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import RunConfig
-from shared.exit_codes import EXIT_USAGE
+from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 from shared.loss_history import LossHistory
 from shared.run_layout import RunLayout
 
@@ -175,7 +175,7 @@ def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_sc
     if stopped_pivot is not None:
         if point.path is None:
             raise ResumeError(f"{layout.root} has no valid checkpoint to pivot at; train at "
-                              "least one checkpoint cadence first", code=1)
+                              "least one checkpoint cadence first", code=EXIT_FAILED)
         stopped_pivot.update(state="boundary", step=step)
         pv.write_request(layout, stopped_pivot)
     changes = handle_zombies(layout, cfg.arms, step)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from shared.config import ConfigError, load_run_config
 from shared.run_layout import RunLayout
+from shared.exit_codes import EXIT_USAGE
 
 
 def add_sample_args(p) -> None:
@@ -49,13 +50,13 @@ def cmd_sample(a) -> int:
     run_dir = Path(a.run_dir) if a.run_dir else (Path(a.path).parent if a.path else None)
     if run_dir is None:
         print("sample: give a checkpoint PATH or --run-dir", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if (a.tokens < 1 or a.samples < 1 or a.temperature <= 0 or a.top_k < 0
             or (a.threads is not None and a.threads < 1)):
         print("sample: --tokens, --samples and --threads must be >= 1, --temperature > 0, "
               "--top-k >= 0",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     layout = RunLayout(run_dir)
     try:
         cfg = load_run_config(layout.run_json)
@@ -66,19 +67,19 @@ def cmd_sample(a) -> int:
             info, _ = find_latest_valid(run_dir, cfg.n_params)
             if info is None:
                 print(f"sample: {run_dir} has no valid checkpoint", file=sys.stderr)
-                return 2
+                return EXIT_USAGE
             path = info.path
         ids = tok.encode(a.prompt).astype("int64")
         if len(ids) == 0:
             print("sample: --prompt is empty after tokenization", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         import torch
         from worker.sampling import generate_batched, load_weights_only, set_inference_threads
         threads = set_inference_threads(cfg.n_params, a.threads)
         step, model = load_weights_only(path, cfg)
     except (ConfigError, CheckpointError) as e:
         print(f"sample: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     t_gen = time.perf_counter()
     g = torch.Generator().manual_seed(a.seed)
     idx = torch.from_numpy(ids).view(1, -1).repeat(a.samples, 1)

@@ -28,6 +28,7 @@ import time
 
 from shared.procfs import process_state
 from shared.run_layout import RunLayout
+from shared.exit_codes import EXIT_USAGE
 
 TAIL_BYTES = 1 << 17       # the last 128 KiB of .loss.json: a few hundred records
 EMA_ALPHA = 0.05           # weight of the newest loss in the EMA (also the progress line's)
@@ -252,7 +253,7 @@ def cmd_status(a) -> int:
     if not layout.run_json.exists():
         print(f"{layout.root}: not a run directory (no run.json); pass the --run-dir given to "
               "`python -m proxy run`", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     d = collect_status(layout.root)
     if getattr(a, "json", False):
         print(json.dumps(d, indent=1, sort_keys=True))
