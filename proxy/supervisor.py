@@ -105,6 +105,8 @@ class Supervisor:
             argv.append("--compile")
         if o.precision != "auto":
             argv += ["--precision", o.precision]
+        if o.micro_batch_size is not None:  # per start: speed and memory, not the data
+            argv += ["--micro-batch-size", str(o.micro_batch_size)]
         if o.launch.uses_torchrun:  # ranks watch the proxy's pid (--parent-pid), not the agent
             argv = torchrun_argv(sys.executable, argv[3:], o.launch)
         env = dict(os.environ)
