@@ -59,6 +59,9 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("the run (fixed at creation in run.json)")
     ap.add_argument("--run-dir", required=True, metavar="DIR",
                     help="run directory: created with the run, resumed when it holds run.json")
+    ap.add_argument("--config", default=None, metavar="FILE.toml",
+                    help="read any of these options from a TOML file (keys: the long names, "
+                         "with _ or -); the command line overrides it (docs/configuration.md)")
     g.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model shape (default andrea-tiny); the architecture cannot change later")
     g.add_argument("--seed", type=int, default=None,
@@ -202,6 +205,8 @@ def config_from_args(a) -> RunConfig:
     if a.max_steps is not None:
         cfg.max_steps = cfg.lr_decay_steps = a.max_steps
     cfg.micro_batch_size = getattr(a, "micro_batch_size", None)
+    cfg.config_file = getattr(a, "config", None)
+    cfg.sources = dict(getattr(a, "sources", {}))  # where each resolved value came from
     if cfg.warmup_steps >= cfg.lr_decay_steps:
         if a.warmup_steps is not None:
             raise ConfigError(f"--warmup-steps {cfg.warmup_steps} must be below --max-steps "

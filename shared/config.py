@@ -163,6 +163,8 @@ class RunConfig:
     floors: dict[str, float] = field(default_factory=dict)
     reward: str = "heldout_progress"
     bandit_warmup: int = 200        # steps on the prior before the first bandit update
+    config_file: str | None = None  # the --config FILE.toml the run was created with
+    sources: dict[str, str] = field(default_factory=dict)  # option -> file/command line/default
 
     @property
     def n_params(self) -> int:

@@ -1,6 +1,7 @@
 """Gradient accumulation (docs/configuration.md#batch-and-accumulation): an update's batch run as
 micro-batches trains like the batch in one pass. In-process: a real run directory (created as
 `run` creates it, without a worker process), the real Trainer, real updates on CPU."""
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,34 @@ def test_a_batch_that_does_not_split_is_refused_naming_the_numbers(batch, micro,
 def test_accumulation_steps_is_the_rank_share_over_the_micro_batch():
     assert accumulation_steps(512, 16, 4) == 8
     assert accumulation_steps(16, None, 2) == 1
+
+
+# ---------------------------------------------------------------- real processes, real signals
+ACC = ["--max-steps", "30", "--checkpoint-every", "10", "--probe-every", "10",
+       "--warmup-steps", "5", "--bandit-warmup", "0"]
+
+
+@pytest.mark.slow
+def test_sigterm_between_micro_batches_finishes_the_update_and_the_resume_is_bit_exact(tmp_path):
+    from proc_helpers import (assert_same_run, checkpoint_steps, clone, run, start, stopped_step,
+                              wait_report)
+    tpl = create_template(tmp_path / "tpl", *ACC, "--micro-batch-size", "2")  # 8 = 4 x 2
+    ref = clone(tpl, tmp_path / "ref")
+    r = run(ref, *ACC)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "4 micro-batch(es) of 2 sequences" in r.stderr
+    b = clone(tpl, tmp_path / "b")
+    proc = start(b, *ACC, env={"ANDREA_TEST_PAUSE_AT_MICRO": "13.2:5"})
+    try:
+        wait_report(b, lambda x: x.get("event") == "test-pause-micro", 180,
+                    "the pause after micro-batch 2 of update 13")
+        proc.send_signal(signal.SIGTERM)  # arrives between micro-batches 2 and 3 of update 13
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert stopped_step(b) == 13, "the update in progress is finished, then the worker stops"
+    assert 13 in checkpoint_steps(b)
+    r = run(b, *ACC)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_run(ref, b, 30)
