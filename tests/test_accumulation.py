@@ -124,3 +124,18 @@ def test_sigterm_between_micro_batches_finishes_the_update_and_the_resume_is_bit
     r = run(b, *ACC)
     assert r.returncode == 0, r.stderr[-3000:]
     assert_same_run(ref, b, 30)
+
+
+def test_status_shows_tokens_and_micro_batches_per_update_and_the_projected_time():
+    from proxy.status import _batch_and_eta
+    from shared.config import PRESETS, RunConfig
+    cfg = RunConfig(preset="andrea-12m", model=PRESETS["andrea-12m"], batch_size=64,
+                    micro_batch_size=16)
+    recs = [{"step": s, "time": 1000.0 + 2.0 * s} for s in range(1, 6)]
+    d = _batch_and_eta(cfg, {}, recs, 5, 105)
+    assert (d["tokens_per_update"], d["micro_batches_per_update"], d["micro_batch_size"]) == \
+        (65_536, 4, 16)
+    assert d["seconds_per_update"] == 2.0 and d["eta_s"] == 200.0
+    worker = {"world_size": 2, "accumulation_steps": 2, "micro_batch_size": 16}  # its own figures
+    assert _batch_and_eta(cfg, worker, recs[:2], 2, 105)["eta_s"] is None  # too few steps yet
+    assert _batch_and_eta(cfg, worker, recs, 5, 105)["micro_batches_per_update"] == 2
