@@ -16,7 +16,7 @@ from shared.config import ConfigError, RunConfig
 
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
 ARG = f"x=text:{Path(sysconfig.get_paths()['stdlib']) / 'argparse.py'}"
-SHRINK = {"preset": "andrea-test", "tokenizer": "bytes", "max_steps": "3", "batch_size": "8",
+SHRINK = {"preset": "andrea-test", "tokenizer": "bytes", "max_steps": "3", "warmup_steps": "1", "batch_size": "8",
           "micro_batch_size": "4", "arm": ARG, "device": "cpu"}
 
 
