@@ -93,7 +93,7 @@ class Supervisor:
         self.subreaper = proc_tree.become_subreaper()
 
     # ------------------------------------------------------------------ one incarnation
-    def _spawn(self, resume: Path | None) -> subprocess.Popen:
+    def _spawn(self, resume: Path | None, verified: str | None = None) -> subprocess.Popen:
         o = self.opts
         argv = [sys.executable, "-m", "worker", "--run-dir", str(self.layout.root),
                 "--max-steps", str(self.max_steps), "--usr1-at", o.usr1_at, "--device", o.device,
@@ -101,6 +101,8 @@ class Supervisor:
                 "--keep-every", str(o.keep_every)]
         if resume is not None:
             argv += ["--resume-from", str(resume)]
+            if verified:  # read and checksum the newest checkpoint once per start (issue 11)
+                argv += ["--resume-verified", verified]
         if o.compile:
             argv.append("--compile")
         if o.precision != "auto":
@@ -198,7 +200,7 @@ class Supervisor:
             return "done", 0
         log.info("starting worker: %s",
                  f"resume from {point.path.name}" if point.path else "fresh run")
-        self.proc = self._spawn(point.path)
+        self.proc = self._spawn(point.path, point.verified)
         return self._watch(mix, history)
 
     # ------------------------------------------------------------------ watching

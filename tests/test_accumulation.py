@@ -123,6 +123,7 @@ def test_sigterm_between_micro_batches_finishes_the_update_and_the_resume_is_bit
     assert 13 in checkpoint_steps(b)
     r = run(b, *ACC)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "(checksum verified by the proxy's scan)" in r.stderr, "read and checksummed once"
     assert_same_run(ref, b, 30)
 
 

@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m worker")
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--resume-from", default=None)
+    ap.add_argument("--resume-verified", default=None,
+                    help="the checksum the proxy verified --resume-from against: the worker "
+                         "still checks its size and header but does not checksum it again")
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--usr1-at", choices=("step", "boundary"), default="step")
     ap.add_argument("--device", default="auto")
@@ -48,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                          parent_pid=args.parent_pid, keep_last=args.keep_last,
                          keep_every=args.keep_every, policy_timeout=args.policy_timeout,
                          compile=args.compile, precision=args.precision,
-                         micro_batch_size=args.micro_batch_size)
+                         micro_batch_size=args.micro_batch_size,
+                         resume_verified=args.resume_verified)
     try:
         trainer = Trainer(opts, flags)
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback

@@ -63,6 +63,7 @@ class WorkerOptions:
     compile: bool = False            # torch.compile the training module (issue 6)
     precision: str = "auto"          # auto, fp32, bf16: worker/precision.py (issue 6)
     micro_batch_size: int | None = None  # None: run.json's (None there: the rank's whole slice)
+    resume_verified: str | None = None   # checksum the proxy verified resume_from against
 
 
 class _NoReports:
@@ -166,10 +167,13 @@ class Trainer:
 
     def _resume(self, path: Path) -> None:
         t0 = time.perf_counter()
-        entries = read_manifest(self.layout.root)
-        from shared.checkpoint_format import parse_checkpoint_name
-        s = parse_checkpoint_name(path.name)
-        checksum = entries[s].checksum if s in entries else None
+        if self.opts.resume_verified:  # the proxy's scan checksummed this file: size and
+            checksum = None              # header are still checked, the data is read once
+        else:
+            entries = read_manifest(self.layout.root)
+            from shared.checkpoint_format import parse_checkpoint_name
+            s = parse_checkpoint_name(path.name)
+            checksum = entries[s].checksum if s in entries else None
         step, w, m, v = load_checkpoint(path, self.model.n_params, checksum)
         with torch.no_grad():
             self.model.flat.copy_(torch.from_numpy(w))
@@ -177,7 +181,9 @@ class Trainer:
             self.opt.v.copy_(torch.from_numpy(v))
         self.opt.set_step(step)  # AdamW bias correction = the header step (SPEC section 4)
         self.step = self.resumed_from = step
-        log.info("resumed from %s (step %d) in %.2f s", path.name, step, time.perf_counter() - t0)
+        log.info("resumed from %s (step %d) in %.2f s (checksum %s)", path.name, step,
+                 time.perf_counter() - t0, "verified by the proxy's scan" if self.opts.resume_verified
+                 else "verified on load" if checksum else "not in the manifest: size and header only")
 
     def announce(self) -> None:
         """Rank 0 announces the worker; every rank adds its pid to `worker.pids` under the lock
