@@ -3,6 +3,7 @@
 that a concurrent writer appends. Real files, a real writer thread, the real reader."""
 import os
 import threading
+import time
 
 from shared.handshake import ReportReader, ReportWriter
 from shared.run_layout import RunLayout
@@ -15,9 +16,11 @@ def test_reports_log_stays_bounded_and_loses_nothing_under_a_concurrent_writer(t
     reader = ReportReader(layout, compact_bytes=limit)
     done = threading.Event()
 
-    def write():
+    def write():  # bursts of reports with a pause between, as a worker's steps write them
         for k in range(1, n + 1):
             w.write({"type": "step", "step": k, "loss": 1.0 / k, "pad": "x" * 40})
+            if k % 20 == 0:
+                time.sleep(0.001)
         done.set()
     t = threading.Thread(target=write)
     t.start()
