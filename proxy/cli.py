@@ -89,7 +89,8 @@ def cmd_run(a) -> int:
         log.error("%s", e)
         return EXIT_USAGE
     try:
-        if layout.run_json.exists():
+        resumed = layout.run_json.exists()
+        if resumed:
             cfg = load_run_config(layout.run_json)
             check_resume_args(a, cfg, layout)
             cfg = _apply_arm_list(a, cfg, layout)
@@ -100,7 +101,7 @@ def cmd_run(a) -> int:
             cfg = create_run(layout, cfg)
             log.info("created: %s parameters, vocabulary %d, checkpoint %s bytes",
                      f"{cfg.n_params:,}", cfg.vocab_size, f"{cfg.checkpoint_bytes:,}")
-        _print_settings(cfg, a)
+        _print_settings(cfg, a, resumed=resumed)
         opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
         sup = Supervisor(layout, cfg, opts)
         sup.install_signal_handlers()
@@ -117,21 +118,47 @@ def cmd_run(a) -> int:
         lock.release()
 
 
-def _print_settings(cfg: RunConfig, a) -> None:
-    """llm.c habit: one table of every setting the run uses, at start."""
-    rows = [("preset", cfg.preset), ("parameters", f"{cfg.n_params:,}"),
+def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
+    """llm.c habit: one table of every setting the run uses, at start, with where each value
+    came from: the command line, the --config file, the default, or run.json (a resumed run's
+    creation settings; docs/configuration.md#where-a-value-came-from)."""
+    from shared.config import accumulation_steps
+    sources = getattr(a, "sources", {})
+    world = a.nproc_per_node * (int(str(a.nnodes).split(":")[-1]) if a.nnodes else 1)
+    micro = a.micro_batch_size or cfg.micro_batch_size or cfg.batch_size // world
+    accum = accumulation_steps(cfg.batch_size, micro, world)
+
+    def src(*dests: str, per_start: bool = False) -> str:
+        got = [sources.get(d, "default") for d in dests]
+        if resumed and not per_start and all(g != "command line" for g in got):
+            return "run.json"
+        return next((g for g in got if g != "default"), "default")
+    rows = [("preset", cfg.preset, src("preset")), ("parameters", f"{cfg.n_params:,}", ""),
             ("layers/heads/width/context", f"{cfg.model.n_layer}/{cfg.model.n_head}/"
-                                           f"{cfg.model.n_embd}/{cfg.model.block_size}"),
-            ("tokenizer", f"{cfg.tokenizer} ({cfg.vocab_size} tokens)"),
-            ("batch (sequences/step)", cfg.batch_size), ("max steps", a.max_steps or cfg.max_steps),
-            ("lr peak/warm-up/decay end", f"{cfg.lr}/{cfg.warmup_steps}/{cfg.lr_decay_steps}"),
-            ("weight decay / grad clip", f"{cfg.weight_decay}/{cfg.grad_clip}"),
-            ("checkpoint/sample/probe every", f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}"),
-            ("arms", ", ".join(x.name for x in cfg.arms)), ("reward", cfg.reward),
-            ("seed", cfg.seed)]
-    w = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        log.info("  %s  %s", k.ljust(w), v)
+                                           f"{cfg.model.n_embd}/{cfg.model.block_size}", src("preset")),
+            ("tokenizer", f"{cfg.tokenizer} ({cfg.vocab_size} tokens)", src("tokenizer")),
+            ("batch (sequences/update)", cfg.batch_size, src("batch_size")),
+            ("micro-batch (sequences/rank)", micro, src("micro_batch_size", per_start=True)),
+            ("micro-batches per update", f"{accum} on each of {world} rank(s)",
+             src("micro_batch_size", "nproc_per_node", per_start=True)),
+            ("tokens per update", f"{cfg.batch_size * cfg.model.block_size:,}", src("batch_size")),
+            ("max steps", a.max_steps or cfg.max_steps, src("max_steps", per_start=True)),
+            ("lr peak/warm-up/decay end", f"{cfg.lr}/{cfg.warmup_steps}/{cfg.lr_decay_steps}",
+             src("lr", "warmup_steps", "max_steps")),
+            ("weight decay / grad clip", f"{cfg.weight_decay}/{cfg.grad_clip}", "default"),
+            ("checkpoint/sample/probe every", f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}",
+             src("checkpoint_every", "sample_every", "probe_every")),
+            ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
+             src("keep_last", "keep_every", per_start=True)),
+            ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),
+            ("arms", ", ".join(x.name for x in cfg.arms), src("arm")),
+            ("reward", cfg.reward, src("reward")), ("seed", cfg.seed, src("seed"))]
+    if getattr(a, "config", None):
+        rows.insert(0, ("config file", a.config, "command line"))
+    w = max(len(k) for k, _, _ in rows)
+    vw = max(len(str(v)) for _, v, _ in rows)
+    for k, v, where in rows:
+        log.info("  %s  %s  %s", k.ljust(w), str(v).ljust(vw), f"[{where}]" if where else "")
 
 
 COMMANDS = (  # name, one line of help; each command's options are defined by its own module
@@ -175,5 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # SIGUSR1's default action kills: ignore it until the supervisor installs its handler.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    a = build_parser().parse_args(argv)
+    ap = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"]:  # --config FILE.toml: command line > file > default
+        from proxy.run_config_file import parse_run_args
+        _setup_logging(None)
+        sub = next(x for x in ap._actions if isinstance(x, argparse._SubParsersAction))
+        try:
+            a = parse_run_args(sub.choices["run"], argv[1:])
+        except ConfigError as e:
+            log.error("%s", e)
+            return EXIT_USAGE
+        a.cmd, a.func = "run", cmd_run
+    else:
+        a = ap.parse_args(argv)
     return a.func(a)

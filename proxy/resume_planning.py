@@ -49,6 +49,7 @@ class ResumePoint:
 
     step: int
     path: Path | None
+    verified: str | None = None  # the checksum the scan verified the file against, if any
 
 
 def find_resume_point(layout: RunLayout, cfg: RunConfig, history: LossHistory,
@@ -85,7 +86,7 @@ def find_resume_point(layout: RunLayout, cfg: RunConfig, history: LossHistory,
         return ResumePoint(0, None)
     if rejected:
         log.warning("resuming from %s instead", info.path.name)
-    return ResumePoint(info.step, info.path)
+    return ResumePoint(info.step, info.path, checks.get(info.step))
 
 
 def align_history(layout: RunLayout, history: LossHistory, step: int) -> None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from proxy.launch import LaunchOptions
 from proxy.tensorboard_log import check_available as check_tensorboard
 from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
-from shared.config import DEFAULT_ARMS, PRESETS, ConfigError, RunConfig, count_parameters
+from shared.config import DEFAULT_ARMS, PRESETS, ConfigError, RunConfig, accumulation_steps, \
+    count_parameters
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
@@ -50,6 +51,7 @@ class ProxyOptions:
     compile: bool = False              # torch.compile in the worker
     precision: str = "auto"            # worker --precision: auto (bf16 on CUDA), fp32, bf16
     tensorboard: bool = False          # live event files under RUN/tensorboard/
+    micro_batch_size: int | None = None  # worker --micro-batch-size; None: run.json's
 
 
 def add_run_args(ap: argparse.ArgumentParser) -> None:
@@ -57,6 +59,9 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("the run (fixed at creation in run.json)")
     ap.add_argument("--run-dir", required=True, metavar="DIR",
                     help="run directory: created with the run, resumed when it holds run.json")
+    ap.add_argument("--config", default=None, metavar="FILE.toml",
+                    help="read any of these options from a TOML file (keys: the long names, "
+                         "with _ or -); the command line overrides it (docs/configuration.md)")
     g.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model shape (default andrea-tiny); the architecture cannot change later")
     g.add_argument("--seed", type=int, default=None,
@@ -104,6 +109,11 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--max-steps", type=int, default=None, metavar="N",
                    help="stop after this many updates (at creation: also the end of the "
                         "cosine schedule)")
+    g.add_argument("--micro-batch-size", type=int, default=None, metavar="N",
+                   help="sequences per forward/backward on each rank; the update's batch runs as "
+                        "(--batch-size / ranks) / N micro-batches with gradient accumulation "
+                        "(default: the rank's whole share in one pass). Changes speed and "
+                        "memory, not the data; a bit-exact resume needs the same value")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     g.add_argument("--usr1-at", choices=("step", "boundary"), default="step",
                    help="SIGUSR1 checkpoint after the current step, or at the next cadence boundary")
@@ -163,6 +173,9 @@ def check_run_options(a) -> None:
              ("--nproc-per-node", a.nproc_per_node, a.nproc_per_node >= 1, "must be >= 1"),
              ("--seed", a.seed, a.seed is None or 0 <= a.seed < 2**63,
               "must be in [0, 2**63) (numpy seeds are non-negative)")]
+    if getattr(a, "micro_batch_size", None) is not None:
+        rules.append(("--micro-batch-size", a.micro_batch_size, a.micro_batch_size >= 1,
+                      "must be >= 1 (sequences per forward/backward on one rank)"))
     if a.max_steps is not None:
         rules.append(("--max-steps", a.max_steps, a.max_steps >= 1, "must be >= 1"))
     for name, value, ok, rule in rules:
@@ -170,6 +183,21 @@ def check_run_options(a) -> None:
             raise ConfigError(f"{name} {value}: {rule}")
     if a.tensorboard and (why := check_tensorboard()):  # before anything is created
         raise ConfigError(why)
+    _check_batch_split(a)
+
+
+def _check_batch_split(a) -> None:
+    """The batch / ranks / micro-batch split, checked before anything is created or written:
+    the batch and micro-batch from the options, else the existing run.json, else the defaults."""
+    from shared.config import load_run_config
+    layout = RunLayout(a.run_dir)
+    cfg = load_run_config(layout.run_json) if layout.run_json.exists() else RunConfig()
+    try:
+        world = LaunchOptions(nproc_per_node=a.nproc_per_node, nnodes=a.nnodes).world_size()
+    except ValueError:
+        return  # proxy_options names the malformed --nnodes
+    batch = cfg.batch_size if layout.run_json.exists() else (a.batch_size or cfg.batch_size)
+    accumulation_steps(batch, a.micro_batch_size or cfg.micro_batch_size, world)
 
 
 def config_from_args(a) -> RunConfig:
@@ -188,6 +216,9 @@ def config_from_args(a) -> RunConfig:
             setattr(cfg, name, v)
     if a.max_steps is not None:
         cfg.max_steps = cfg.lr_decay_steps = a.max_steps
+    cfg.micro_batch_size = getattr(a, "micro_batch_size", None)
+    cfg.config_file = getattr(a, "config", None)
+    cfg.sources = dict(getattr(a, "sources", {}))  # where each resolved value came from
     if cfg.warmup_steps >= cfg.lr_decay_steps:
         if a.warmup_steps is not None:
             raise ConfigError(f"--warmup-steps {cfg.warmup_steps} must be below --max-steps "
@@ -228,7 +259,8 @@ def check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
 def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
     """The per-start options of namespace `a` for the run `cfg`. Raises ConfigError when the
     world size is malformed or does not divide the run's global batch (each rank takes an equal
-    slice)."""
+    slice) or the micro-batch does not divide a rank's slice (shared/config.py
+    `accumulation_steps`)."""
     lo = LaunchOptions(nproc_per_node=a.nproc_per_node, nnodes=a.nnodes, node_rank=a.node_rank,
                        rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id,
                        rdzv_backend=a.rdzv_backend)
@@ -236,14 +268,17 @@ def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
         world = lo.world_size()
     except ValueError:
         raise ConfigError(f"--nnodes {lo.nnodes!r}: give N or MIN:MAX (integers)") from None
-    if cfg.batch_size % world:
-        raise ConfigError(f"run.json batch_size={cfg.batch_size} is not divisible by the world "
-                          f"size {world} (--nproc-per-node x --nnodes): each rank takes an equal "
-                          "slice of the global batch; choose a world size that divides it")
+    accumulation_steps(cfg.batch_size, a.micro_batch_size or cfg.micro_batch_size, world)
+    if a.micro_batch_size is not None and a.micro_batch_size != cfg.micro_batch_size:
+        log.warning("--micro-batch-size %d: run.json says %s; the data and the mean gradient are "
+                    "the same, the float rounding is not: this start matches the run's earlier "
+                    "steps within float tolerance, not bit for bit", a.micro_batch_size,
+                    cfg.micro_batch_size or "none (one pass)")
     return ProxyOptions(max_steps=a.max_steps, usr1_at=a.usr1_at, device=a.device,
                         keep_last=a.keep_last, keep_every=a.keep_every,
                         max_restarts=a.max_restarts, hang_timeout=a.hang_timeout,
                         stop_timeout=a.stop_timeout, print_every=a.print_every,
                         samples_keep=a.samples_keep, from_scratch=a.from_scratch,
                         stop_on_collapse=a.stop_on_collapse, launch=lo, compile=a.compile,
-                        precision=a.precision, tensorboard=a.tensorboard)
+                        precision=a.precision, tensorboard=a.tensorboard,
+                        micro_batch_size=a.micro_batch_size)

@@ -120,6 +120,7 @@ def collect_status(run_dir) -> dict:
     d["tokens_per_s"] = (sum(tps) / len(tps) if tps else  # the worker's own figure (update only)
                          tok_per_step * len(times) / sum(times) if times and sum(times) > 0 else None)
     d["last_step_age_s"] = now - last["time"] if last and last.get("time") else None
+    d.update(_batch_and_eta(cfg, worker, recent, d["step"], d["max_steps"]))
     d["skipped_recent"] = sum(1 for r in recent if r.get("skipped"))
 
     from shared.checkpoint_format import CheckpointError, list_checkpoints, validate_checkpoint
@@ -198,6 +199,36 @@ def _bounds(v: dict | None) -> str:
     return ",".join(f"{k}={x:g}" for k, x in sorted((v or {}).items())) or "none"
 
 
+def _batch_and_eta(cfg, worker: dict, recent: list[dict], step: int, max_steps: int) -> dict:
+    """Tokens per update, micro-batches per update (docs/configuration.md#batch-and-accumulation:
+    the running worker's figures, else run.json's) and the projected seconds to `max_steps`
+    from the median wall time between the last records (None before 3 steps)."""
+    from shared.config import ConfigError, accumulation_steps
+    world = worker.get("world_size") or 1
+    accum = worker.get("accumulation_steps")
+    micro = worker.get("micro_batch_size")
+    if accum is None:
+        try:
+            accum = accumulation_steps(cfg.batch_size, cfg.micro_batch_size, world)
+        except ConfigError:
+            accum = None
+        micro = cfg.micro_batch_size or cfg.batch_size // world
+    gaps = sorted(b["time"] - a["time"] for a, b in zip(recent, recent[1:])
+                  if isinstance(a.get("time"), (int, float)) and isinstance(b.get("time"), (int, float))
+                  and b["step"] == a["step"] + 1 and b["time"] > a["time"])
+    per_step = gaps[len(gaps) // 2] if len(gaps) >= 2 else None
+    return {"tokens_per_update": cfg.batch_size * cfg.model.block_size,
+            "micro_batches_per_update": accum, "micro_batch_size": micro, "world_size": world,
+            "seconds_per_update": per_step,
+            "eta_s": per_step * max(0, max_steps - step) if per_step is not None else None}
+
+
+def _duration(s: float) -> str:
+    s = int(s)
+    d, h, m = s // 86400, s // 3600 % 24, s // 60 % 60
+    return f"{d}d {h}h {m}m" if d else f"{h}h {m}m" if h else f"{m}m {s % 60}s"
+
+
 def format_status(d: dict) -> str:
     """The human-readable table of `collect_status`'s dict."""
     lines = [f"run         {d['run_dir']}  ({d['preset']}, {d['n_params']:,} parameters)",
@@ -225,6 +256,14 @@ def format_status(d: dict) -> str:
         lines.append(f"skipped     {d['skipped_recent']} of the last 20 updates (non-finite loss)")
     if d["tokens_per_s"]:
         lines.append(f"tokens/s    {d['tokens_per_s']:,.0f}")
+    if d.get("tokens_per_update"):
+        acc = d.get("micro_batches_per_update")
+        lines.append(f"update      {d['tokens_per_update']:,} tokens"
+                     + (f", {acc} micro-batch(es) of {d['micro_batch_size']} sequences on each of "
+                        f"{d['world_size']} rank(s)" if acc else ""))
+    if d.get("eta_s") is not None:
+        lines.append(f"projected   {_duration(d['eta_s'])} to step {d['max_steps']:,} "
+                     f"({d['seconds_per_update']:.2f} s per update)")
     c = d["last_checkpoint"]
     if c:
         extra = ", ".join(x for x in (c["reason"], "pinned" if c["pinned"] else None,

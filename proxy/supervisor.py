@@ -97,7 +97,7 @@ class Supervisor:
         self.subreaper = proc_tree.become_subreaper()
 
     # ------------------------------------------------------------------ one incarnation
-    def _spawn(self, resume: Path | None) -> subprocess.Popen:
+    def _spawn(self, resume: Path | None, verified: str | None = None) -> subprocess.Popen:
         o = self.opts
         argv = [sys.executable, "-m", "worker", "--run-dir", str(self.layout.root),
                 "--max-steps", str(self.max_steps), "--usr1-at", o.usr1_at, "--device", o.device,
@@ -105,10 +105,14 @@ class Supervisor:
                 "--keep-every", str(o.keep_every)]
         if resume is not None:
             argv += ["--resume-from", str(resume)]
+            if verified:  # read and checksum the newest checkpoint once per start (issue 11)
+                argv += ["--resume-verified", verified]
         if o.compile:
             argv.append("--compile")
         if o.precision != "auto":
             argv += ["--precision", o.precision]
+        if o.micro_batch_size is not None:  # per start: speed and memory, not the data
+            argv += ["--micro-batch-size", str(o.micro_batch_size)]
         if o.launch.uses_torchrun:  # ranks watch the proxy's pid (--parent-pid), not the agent
             argv = torchrun_argv(sys.executable, argv[3:], o.launch)
         env = dict(os.environ)
@@ -198,7 +202,7 @@ class Supervisor:
             return "done", 0
         log.info("starting worker: %s",
                  f"resume from {point.path.name}" if point.path else "fresh run")
-        self.proc = self._spawn(point.path)
+        self.proc = self._spawn(point.path, point.verified)
         return self._watch(mix, history)
 
     # ------------------------------------------------------------------ watching

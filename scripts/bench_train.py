@@ -14,6 +14,12 @@ busy machine slows both alike; the median of the per-round paired ratios counts,
 attention per token, nanoGPT's estimate) against the peak the worker measures at start (an fp32
 1024^3 matmul on CPU) or the device table on CUDA.
 
+With `--micro M` it instead times our update with gradient accumulation (the batch as
+batch/M micro-batches of M) against our update of the same batch in one pass, interleaved the
+same way (target: accumulation >= 0.95x the one-pass tokens/s):
+
+    .venv/bin/python scripts/bench_train.py --batch 4 --micro 1
+
 Targets on CPU: ours >= 1.0x the reference, achieved >= 0.75 of the matmul peak.
 This is a measurement, not a test: it prints numbers and never fails on them.
 """
@@ -103,6 +109,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per round")
     ap.add_argument("--rounds", type=int, default=5, help="paired rounds (median ratio counts)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--micro", type=int, default=None,
+                    help="compare accumulation (micro-batches of M) with one pass of --batch")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from worker.perf import device_peak_flops
@@ -118,6 +126,8 @@ def main() -> int:
               f"batch {a.batch} x {cfg.model.block_size} tokens, {torch.get_num_threads()} threads, "
               f"device {tr.device} (set-up {time.perf_counter() - t0:.1f} s)")
         probs = {n: 1.0 / len(tr.sampler.names) for n in tr.sampler.names}
+        if a.micro:
+            return _bench_accumulation(a, run, tr, probs)
         s = cfg.model
         dev = tr.device
         torch.manual_seed(0)
@@ -173,6 +183,36 @@ def main() -> int:
             print(f"achieved / peak  = {fpt * tokens / t_ours / peak:.3f}      (target >= 0.75; "
                   f"peak {peak / 1e9:.1f} GFLOP/s, {peak_src})")
         print(f"FLOPs per token  = {fpt / 1e6:.1f} M (6N + 12*L*d*T)")
+    return 0
+
+
+def _bench_accumulation(a, run: Path, one_pass, probs) -> int:
+    """Our update of --batch sequences as --micro micro-batches vs in one pass, interleaved."""
+    from worker.signals import SignalFlags
+    from worker.trainer import Trainer, WorkerOptions
+    acc = Trainer(WorkerOptions(run_dir=run, device=a.device, micro_batch_size=a.micro),
+                  SignalFlags())
+    k = {id(one_pass): 0, id(acc): 0}
+
+    def timed(tr) -> float:
+        t = time.perf_counter()
+        for _ in range(a.steps):
+            k[id(tr)] += 1
+            tr.train_step(k[id(tr)], probs)
+        return (time.perf_counter() - t) / a.steps
+
+    timed(one_pass), timed(acc)  # warm-up
+    t1, t4 = [], []
+    for r in range(a.rounds):
+        t1.append(timed(one_pass))
+        t4.append(timed(acc))
+        print(f"  round {r + 1}: one pass {t1[-1]:.3f} s/update, {acc.accum} micro-batches "
+              f"{t4[-1]:.3f} s/update")
+    tokens = a.batch * acc.cfg.model.block_size
+    print(f"\n{'':<24}{'s/update':>10}{'tokens/s':>12}")
+    for name, t in (("one pass", min(t1)), (f"{acc.accum} x {a.micro} micro-batches", min(t4))):
+        print(f"{name:<24}{t:>10.3f}{tokens / t:>12,.0f}")
+    print(f"\naccumulation / one pass = {min(t1) / min(t4):.3f}x   (target >= 0.95)")
     return 0
 
 

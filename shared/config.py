@@ -145,6 +145,8 @@ class RunConfig:
     vocab_size: int = DEFAULT_BPE_VOCAB
     seed: int = 1337
     batch_size: int = 16            # sequences per optimizer update, all ranks together
+    micro_batch_size: int | None = None  # sequences per forward/backward per rank (None: the
+                                    # rank's whole slice in one pass); a start may override it
     lr: float = 3e-3                # peak learning rate
     min_lr_ratio: float = 0.1       # cosine floor, as a fraction of lr
     warmup_steps: int = 50          # linear warm-up, steps
@@ -165,6 +167,8 @@ class RunConfig:
     floors: dict[str, float] = field(default_factory=dict)
     reward: str = "heldout_progress"
     bandit_warmup: int = 200        # steps on the prior before the first bandit update
+    config_file: str | None = None  # the --config FILE.toml the run was created with
+    sources: dict[str, str] = field(default_factory=dict)  # option -> file/command line/default
 
     @property
     def n_params(self) -> int:
@@ -205,6 +209,7 @@ class RunConfig:
             raise ConfigError(
                 f"{self.preset}: {self.n_params:,} parameters exceed the checkpoint format's "
                 f"int32 limit ({INT32_MAX:,}); use a smaller model")
+        accumulation_steps(self.batch_size, self.micro_batch_size)
         if self.max_steps > INT32_MAX:
             raise ConfigError(f"max_steps={self.max_steps:,} exceeds int32 ({INT32_MAX:,})")
 
@@ -224,6 +229,40 @@ class RunConfig:
         d["model"] = ModelShape(**d["model"])
         d["arms"] = [ArmSpec(**a) for a in d.get("arms", [])]
         return cls(**d)
+
+
+def accumulation_steps(batch_size: int, micro_batch_size: int | None, world_size: int = 1) -> int:
+    """Micro-batches per optimizer update on each rank: (batch_size / world_size) /
+    micro_batch_size; `micro_batch_size` None means the rank's whole slice in one pass (1).
+
+    `batch_size` is sequences per update over all ranks, `micro_batch_size` sequences per
+    forward/backward on one rank (docs/configuration.md#batch-and-accumulation). Raises
+    ConfigError naming the numbers and a fix when the world size does not divide the batch,
+    the micro-batch is < 1 or larger than a rank's slice, or does not divide the slice."""
+    if world_size < 1 or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size} and world size {world_size} must be >= 1")
+    if batch_size % world_size:
+        raise ConfigError(f"batch_size={batch_size} is not divisible by the world size "
+                          f"{world_size} (--nproc-per-node x --nnodes): each rank takes an equal "
+                          "slice of the global batch; choose a world size that divides it")
+    per_rank = batch_size // world_size
+    if micro_batch_size is None:
+        return 1
+    if micro_batch_size < 1:
+        raise ConfigError(f"--micro-batch-size {micro_batch_size}: must be >= 1 (sequences per "
+                          "forward/backward on one rank)")
+    if micro_batch_size > per_rank:
+        raise ConfigError(f"--micro-batch-size {micro_batch_size} is larger than a rank's share "
+                          f"of the batch ({batch_size} sequences / {world_size} rank(s) = "
+                          f"{per_rank}); use --micro-batch-size {per_rank} or less, or a larger "
+                          "--batch-size")
+    if per_rank % micro_batch_size:
+        fits = [d for d in range(per_rank, 0, -1) if per_rank % d == 0 and d <= micro_batch_size]
+        raise ConfigError(f"--micro-batch-size {micro_batch_size} does not divide a rank's share "
+                          f"of the batch ({batch_size} / {world_size} = {per_rank} sequences): "
+                          f"use --micro-batch-size {fits[0]}, or a --batch-size that is a "
+                          f"multiple of {micro_batch_size * world_size}")
+    return per_rank // micro_batch_size
 
 
 def load_run_config(path: Path) -> RunConfig:

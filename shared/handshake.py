@@ -16,6 +16,7 @@ The proxy tails complete lines only, so a kill mid-line loses nothing that was w
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -80,31 +81,56 @@ def reset_handshake(layout: RunLayout) -> None:
         pass
 
 
+# The proxy empties `.reports.jsonl` once it has consumed at least this many bytes and nothing
+# unread is left, so the file stays bounded over a run of any length (issue 11).
+REPORTS_COMPACT_BYTES = 4 << 20
+
+
 class ReportWriter:
-    """Worker side: append one JSON line per report with a single O_APPEND write."""
+    """Worker side: append one JSON line per report with a single O_APPEND write, under an
+    exclusive flock of the file so the proxy's compaction never falls between two writes."""
 
     def __init__(self, layout: RunLayout) -> None:
         self.fd = os.open(layout.reports, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def write(self, report: dict) -> None:
         line = json.dumps(jsonable(report), separators=(",", ":"), allow_nan=False) + "\n"
-        os.write(self.fd, line.encode("utf-8"))
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            os.write(self.fd, line.encode("utf-8"))
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         os.close(self.fd)
 
 
 class ReportReader:
-    """Proxy side: yields complete report lines appended since the last call."""
+    """Proxy side: yields complete report lines appended since the last call.
 
-    def __init__(self, layout: RunLayout) -> None:
+    Bounded file: when a call finds that at least `compact_bytes` were consumed by earlier
+    calls (whose reports the caller has handled) and nothing new was appended, it truncates the
+    file to zero under the writer's flock and starts again at offset 0. Nothing unread is ever
+    dropped, so a salvage after a proxy crash (proxy/report_salvage.py) still finds every
+    unfiled report."""
+
+    def __init__(self, layout: RunLayout, compact_bytes: int = REPORTS_COMPACT_BYTES) -> None:
         self.path = layout.reports
         self.offset = 0
+        self.compact_bytes = compact_bytes
         self._partial = b""
 
     def read(self) -> list[dict]:
         try:
-            with open(self.path, "rb") as f:
+            with open(self.path, "rb+" if self.offset >= self.compact_bytes else "rb") as f:
+                if self.offset >= self.compact_bytes:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                    try:
+                        if os.fstat(f.fileno()).st_size == self.offset and not self._partial:
+                            f.truncate(0)
+                            self.offset = 0
+                    finally:
+                        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
                 f.seek(self.offset)
                 data = f.read()
         except FileNotFoundError:

@@ -193,3 +193,24 @@ def test_kill_9_of_the_proxy_stops_every_rank_and_the_agent_with_a_checkpoint(tm
         finish(proc, run)
     assert [r for r in manifest(run) if r[1] == "sigterm"], \
         "the ranks must take the proxy's death as SIGTERM: checkpoint, then exit"
+
+
+def test_two_ranks_with_accumulation_match_one_rank_in_one_pass(tmp_path):
+    """Batch 8: one rank in one pass vs 2 ranks x 2 micro-batches of 2 (no_sync on the first):
+    the same data, the same mean gradient, within the float tolerance above."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = [*ARMS, "--max-steps", "20", "--checkpoint-every", "20", "--bandit-warmup", "0",
+              "--probe-every", "5"]
+    r1 = run_proxy(one, *common, timeout=300)
+    assert r1.returncode == 0, r1.stderr[-2000:]
+    r2 = run_proxy(two, *common, "--nproc-per-node", "2", "--micro-batch-size", "2", timeout=300)
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    assert "2 micro-batch(es) of 2 sequences" in r2.stderr
+    _, *arrays1 = load_checkpoint(one / checkpoint_name(20), N_PARAMS)
+    _, *arrays2 = load_checkpoint(two / checkpoint_name(20), N_PARAMS)
+    for name, a, b in zip(("weights", "m", "v"), arrays1, arrays2):
+        np.testing.assert_allclose(b, a, rtol=RTOL, atol=ATOL, err_msg=name)
+    l1, l2 = loss_records(one), loss_records(two)
+    assert [r["step"] for r in l2] == list(range(1, 21)), "one record per update, not per micro-batch"
+    assert [r["arms"] for r in l1] == [r["arms"] for r in l2]
+    np.testing.assert_allclose([r["loss"] for r in l2], [r["loss"] for r in l1], rtol=1e-5)

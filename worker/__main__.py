@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m worker")
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--resume-from", default=None)
+    ap.add_argument("--resume-verified", default=None,
+                    help="the checksum the proxy verified --resume-from against: the worker "
+                         "still checks its size and header but does not checksum it again")
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--usr1-at", choices=("step", "boundary"), default="step")
     ap.add_argument("--device", default="auto")
@@ -32,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                     help="auto: bf16 autocast on CUDA, fp32 on CPU; bf16: autocast on any device; "
                          "fp32: none. Weights, m, v and checkpoints are fp32 always")
+    ap.add_argument("--micro-batch-size", type=int, default=None,
+                    help="sequences per forward/backward on this rank (default: run.json's)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s")
@@ -45,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
                          max_steps=args.max_steps, usr1_at=args.usr1_at, device=args.device,
                          parent_pid=args.parent_pid, keep_last=args.keep_last,
                          keep_every=args.keep_every, policy_timeout=args.policy_timeout,
-                         compile=args.compile, precision=args.precision)
+                         compile=args.compile, precision=args.precision,
+                         micro_batch_size=args.micro_batch_size,
+                         resume_verified=args.resume_verified)
     try:
         trainer = Trainer(opts, flags)
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback

@@ -8,6 +8,9 @@ and supervision tests are deterministic instead of racing a 10 ms step:
   ANDREA_TEST_PAUSE_AT_STEP=N:SECS[,N:SECS]  update N sleeps SECS seconds before its boundary,
                                      once per run directory (it first reports
                                      {"type": "event", "event": "test-pause"})
+  ANDREA_TEST_PAUSE_AT_MICRO=K.I:SECS update K sleeps SECS seconds after its micro-batch I
+                                     (1-based), before the next one, once per run directory (it
+                                     first reports {"type": "event", "event": "test-pause-micro"})
   ANDREA_TEST_STEAL_SIGNAL=SIGUSR1   a "library" resets that handler before the worker's check
   ANDREA_TEST_WRITE_DELAY=SECS       every checkpoint write sleeps SECS seconds before writing
                                      (a window to signal "during a write")
@@ -41,7 +44,7 @@ _NAN = _steps(os.environ.get("ANDREA_TEST_NAN_AT_STEP", ""))
 
 
 def poison_loss(step: int, loss):
-    """`loss` (a 0-d torch tensor) times NaN when `step` is listed in ANDREA_TEST_NAN_AT_STEP."""
+    """`loss` (a torch tensor: per-sequence losses) times NaN when `step` is listed in ANDREA_TEST_NAN_AT_STEP."""
     return loss * float("nan") if step in _NAN else loss
 
 
@@ -59,6 +62,23 @@ def pause_in_step(step: int, report, run_dir: Path | None = None) -> None:
                 return
             marker.write_text(str(os.getpid()))
         report({"type": "event", "event": "test-pause", "step": step, "time": time.time()})
+        time.sleep(float(secs))
+
+
+def pause_between_micro_batches(step: int, micro: int, report, run_dir: Path) -> None:
+    """Sleep between micro-batch `micro` (1-based) and the next of update `step` if
+    ANDREA_TEST_PAUSE_AT_MICRO lists `step.micro:secs`; once per run directory (marker
+    `.test-pause-<step>.<micro>`). Reports {"type": "event", "event": "test-pause-micro"} first."""
+    for part in filter(None, os.environ.get("ANDREA_TEST_PAUSE_AT_MICRO", "").split(",")):
+        where, secs = part.split(":")
+        if where != f"{step}.{micro}":
+            continue
+        marker = Path(run_dir) / f".test-pause-{where}"
+        if marker.exists():
+            return
+        marker.write_text(str(os.getpid()))
+        report({"type": "event", "event": "test-pause-micro", "step": step, "micro": micro,
+                "time": time.time()})
         time.sleep(float(secs))
 
 

@@ -77,6 +77,14 @@ class FlatAdamW:
             g["lr"] = lr
         self.opt.step()
 
+    def skip_step(self) -> None:
+        """Do not apply this update (non-finite loss or gradient, docs/architecture.md#bad-input-and-faults):
+        drop the gradients and advance every parameter's AdamW step by one anyway, so AdamW's
+        step stays equal to the header step (bias correction) and a resume matches."""
+        self.zero_grad()
+        for st in self.opt.state.values():
+            st["step"] += 1
+
     def check_views(self) -> None:
         """Raise RuntimeError if AdamW replaced or moved its state: every parameter's exp_avg /
         exp_avg_sq must be the view of `m` / `v` at its checkpoint offset (else checkpoints

@@ -3,14 +3,21 @@
 MFU = achieved training FLOP/s (the model's FLOPs per token x tokens/s, all ranks together) /
 (peak FLOP/s of one device x world size). The peak comes from a per-device table on CUDA (dense
 bf16 tensor-core figures from the vendors' data sheets) and, on CPU, from a short fp32 matmul
-timed when the worker starts (`measure_cpu_matmul_peak`): on a CPU there is no data sheet figure
-the process can trust, and the matmul is the best the BLAS in this process can do.
+timed once per machine (`measure_cpu_matmul_peak`): on a CPU there is no data sheet figure the
+process can trust, and the matmul is the best the BLAS in this process can do. `PeakFlops` keeps
+that measurement off a (re)start's critical path: a cached figure (per CPU model, thread count
+and torch version, under shared/arms.py `cache_dir()`) is used at once; without one the matmul is
+timed in a background thread after the first update, and MFU is reported from then on.
 
 What it is not: the timing of steps (worker/trainer.py) or the progress line (proxy/supervisor.py).
 """
 from __future__ import annotations
 
+import json
+import os
+import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -84,6 +91,68 @@ def device_peak_flops(device: torch.device) -> tuple[float | None, str]:
         return cuda_peak_flops(device)
     peak = measure_cpu_matmul_peak()
     return peak, f"measured: fp32 1024^3 matmul {peak / 1e9:.1f} GFLOP/s"
+
+
+def _cpu_cache_key() -> str:
+    model = "unknown-cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+
+
+class PeakFlops:
+    """Peak FLOP/s of ONE device for MFU, obtained without delaying the first step.
+
+    `value` (float or None while unknown) and `source` (how it was obtained). CUDA: the table,
+    at once. CPU: the per-machine cache if it holds this CPU's figure, else None until
+    `measure_later()` has timed the matmul in a background thread (and cached it)."""
+
+    def __init__(self, device: torch.device, cache: Path | None = None) -> None:
+        self.device, self.value, self.source = device, None, "not measured yet"
+        self._cache = cache
+        self._key = None
+        if device.type == "cuda":
+            self.value, self.source = cuda_peak_flops(device)
+            return
+        self._key = _cpu_cache_key()
+        try:
+            hit = json.loads(self._cache.read_text()).get(self._key) if self._cache else None
+        except (OSError, ValueError, AttributeError):
+            hit = None
+        if isinstance(hit, (int, float)) and hit > 0:
+            self.value = float(hit)
+            self.source = f"measured earlier on this machine (cached): fp32 1024^3 matmul {hit / 1e9:.1f} GFLOP/s"
+
+    def measure_later(self) -> None:
+        """CPU without a cached figure: time the matmul in a daemon thread, then cache it."""
+        if self.value is not None or self.device.type == "cuda" or self._key is None:
+            return
+        self._key, key = None, self._key  # once
+
+        def work() -> None:
+            peak = measure_cpu_matmul_peak()
+            self.value = peak
+            self.source = f"measured: fp32 1024^3 matmul {peak / 1e9:.1f} GFLOP/s"
+            if self._cache is None:
+                return
+            try:  # best effort: an unwritable cache only costs the measurement next time
+                self._cache.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    d = json.loads(self._cache.read_text())
+                except (OSError, ValueError):
+                    d = {}
+                d[key] = peak
+                tmp = self._cache.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(d))
+                os.replace(tmp, self._cache)
+            except OSError:
+                pass
+        threading.Thread(target=work, name="peak-flops", daemon=True).start()
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_per_device: float | None,

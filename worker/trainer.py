@@ -9,6 +9,7 @@ the uninterrupted run had (bit-identical on CPU).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ from shared.arm_data import read_arm_index
 from shared.checkpoint_format import load_checkpoint
 from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, read_manifest
 from shared.exit_codes import EXIT_FATAL, EXIT_OK
-from shared.config import RunConfig, load_run_config
+from shared.config import ConfigError, RunConfig, accumulation_steps, load_run_config
 from shared.handshake import ReportWriter, policy_period, read_handshake, update_handshake, \
     HandshakeError
 from shared.run_layout import RunLayout
@@ -34,7 +35,7 @@ from worker.checkpointer import Checkpointer, WriteResult
 from worker.data import ArmSampler
 from worker.model import GPT
 from worker.optim import FlatAdamW, learning_rate
-from worker.perf import device_peak_flops, mfu
+from worker.perf import PeakFlops, mfu
 from worker import precision as wprec
 from worker import fault_injection
 from worker.signals import SignalFlags, Usr1Requests
@@ -61,6 +62,8 @@ class WorkerOptions:
     audit_tokens: int = 48           # tokens generated per arm per sample audit
     compile: bool = False            # torch.compile the training module (issue 6)
     precision: str = "auto"          # auto, fp32, bf16: worker/precision.py (issue 6)
+    micro_batch_size: int | None = None  # None: run.json's (None there: the rank's whole slice)
+    resume_verified: str | None = None   # checksum the proxy verified resume_from against
 
 
 class _NoReports:
@@ -94,11 +97,14 @@ class Trainer:
         self.max_steps = opts.max_steps or self.cfg.max_steps
         self.dist, self.device = wdist.init_distributed(opts.device)
         self.rank, self.world_size = self.dist.rank, self.dist.world_size
-        if self.cfg.batch_size % self.world_size:
-            raise wdist.DistributedError(
-                f"{self.layout.run_json}: batch_size={self.cfg.batch_size} is not divisible by "
-                f"the world size {self.world_size}: each rank takes an equal slice of the global "
-                "batch; pick --nproc-per-node/--nnodes that divide it")
+        per_rank = self.cfg.batch_size // max(1, self.world_size)
+        micro = opts.micro_batch_size or self.cfg.micro_batch_size or per_rank
+        try:  # sequences per forward/backward on this rank, and micro-batches per update
+            self.accum = accumulation_steps(self.cfg.batch_size, micro, self.world_size)
+        except ConfigError as e:
+            raise wdist.DistributedError(f"{self.layout.run_json}: {e}") from None
+        self.micro = micro
+        self.micro_scale = micro / per_rank  # each micro-batch's share of the rank's mean loss
         self.precision = wprec.resolve_precision(opts.precision, self.device)  # "bf16" / "fp32"
         if self.device.type == "cuda":  # TF32 for fp32 matmuls left outside bf16 autocast only:
             tf32 = self.precision == "bf16"  # --precision fp32 means true fp32 matmuls
@@ -115,10 +121,10 @@ class Trainer:
             self._resume(Path(opts.resume_from))
         self.train_module = self._wrap_for_training()
         self.flops_per_token = self.model.flops_per_token()
-        self.peak_flops, self.peak_source = (device_peak_flops(self.device) if self.rank == 0
-                                             else (None, "rank 0 measures"))
-        if self.device.type == "cuda" and self.precision == "fp32" and self.peak_flops:
-            self.peak_source += " (training in fp32: MFU is against the bf16 peak)"
+        from shared.arms import cache_dir
+        self.peak = PeakFlops(self.device, cache_dir() / "cpu-peak-flops.json")  # no wait here
+        if self.device.type == "cuda" and self.precision == "fp32" and self.peak.value:
+            self.peak.source += " (training in fp32: MFU is against the bf16 peak)"
         self.reports = ReportWriter(self.layout) if self.rank == 0 else _NoReports()
         self.ckpt = (Checkpointer(self.layout.root, self.model.n_params, opts.keep_last,
                                   opts.keep_every, pin_memory=self.device.type == "cuda",
@@ -132,8 +138,9 @@ class Trainer:
         self._policy: tuple[int, dict] | None = None
         self._views_checked = False   # FlatAdamW.check_views after this incarnation's 1st update
         if self.rank == 0:
-            log.info("training on %s: precision %s (%s), AdamW %s, torch.compile %s",
-                     self.device, self.precision,
+            log.info("training on %s: %d micro-batch(es) of %d sequences per rank per update, "
+                     "precision %s (%s), AdamW %s, torch.compile %s", self.device, self.accum,
+                     self.micro, self.precision,
                      "bf16 autocast, fp32 weights/m/v/file" if self.precision == "bf16"
                      else "no autocast", "fused" if self.opt.fused else "foreach",
                      "on" if opts.compile else "off")
@@ -144,10 +151,12 @@ class Trainer:
         that the .grad tensors view), optionally torch.compile'd. Probes, audits and checkpoints
         use the unwrapped `self.model`, whose parameters stay views of `model.flat`."""
         module: torch.nn.Module = self.model
+        self._ddp = None  # the DDP wrapper, for no_sync between micro-batches
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
             module = DDP(self.model, device_ids=[self.device] if self.device.type == "cuda" else None,
                          gradient_as_bucket_view=True)
+            self._ddp = module
             flat = self.model.flat.untyped_storage().data_ptr()
             if any(p.untyped_storage().data_ptr() != flat for p in self.model.parameters()):
                 raise RuntimeError("DDP moved a parameter out of model.flat; checkpoints would "
@@ -158,10 +167,13 @@ class Trainer:
 
     def _resume(self, path: Path) -> None:
         t0 = time.perf_counter()
-        entries = read_manifest(self.layout.root)
-        from shared.checkpoint_format import parse_checkpoint_name
-        s = parse_checkpoint_name(path.name)
-        checksum = entries[s].checksum if s in entries else None
+        if self.opts.resume_verified:  # the proxy's scan checksummed this file: size and
+            checksum = None              # header are still checked, the data is read once
+        else:
+            entries = read_manifest(self.layout.root)
+            from shared.checkpoint_format import parse_checkpoint_name
+            s = parse_checkpoint_name(path.name)
+            checksum = entries[s].checksum if s in entries else None
         step, w, m, v = load_checkpoint(path, self.model.n_params, checksum)
         with torch.no_grad():
             self.model.flat.copy_(torch.from_numpy(w))
@@ -169,7 +181,9 @@ class Trainer:
             self.opt.v.copy_(torch.from_numpy(v))
         self.opt.set_step(step)  # AdamW bias correction = the header step (SPEC section 4)
         self.step = self.resumed_from = step
-        log.info("resumed from %s (step %d) in %.2f s", path.name, step, time.perf_counter() - t0)
+        log.info("resumed from %s (step %d) in %.2f s (checksum %s)", path.name, step,
+                 time.perf_counter() - t0, "verified by the proxy's scan" if self.opts.resume_verified
+                 else "verified on load" if checksum else "not in the manifest: size and header only")
 
     def announce(self) -> None:
         """Rank 0 announces the worker; every rank adds its pid to `worker.pids` under the lock
@@ -177,9 +191,10 @@ class Trainer:
         info = {"pid": os.getpid(), "n_params": self.model.n_params,
                 "resumed_from": self.resumed_from, "device": str(self.device),
                 "world_size": self.world_size, "started_at": time.time(),
-                "peak_flops": self.peak_flops, "peak_source": self.peak_source,
+                "peak_flops": self.peak.value, "peak_source": self.peak.source,
                 "precision": self.precision, "fused_adamw": self.opt.fused,
-                "compile": self.opts.compile}
+                "compile": self.opts.compile, "micro_batch_size": self.micro,
+                "accumulation_steps": self.accum}
         pid = os.getpid()
 
         def change(d: dict) -> None:
@@ -224,9 +239,11 @@ class Trainer:
                               y.to(self.device, non_blocking=True).reshape(-1), reduction="none")
         return tok.view(y.shape).mean(dim=1)
 
-    def _global_losses(self, seq: torch.Tensor, arm_index: np.ndarray) -> tuple[float, dict]:
-        """(loss over the GLOBAL batch, per-arm mean loss over the global batch) from this rank's
-        per-sequence losses: one all_reduce of [sum, per-arm sums, per-arm counts]."""
+    def _update_losses(self, seq: torch.Tensor, arm_index: np.ndarray) -> tuple[float, dict]:
+        """(loss over the update's GLOBAL batch, per-arm mean loss over the global batch) from
+        this rank's per-sequence losses `seq` (float32 (b,), all its micro-batches in order):
+        one sum of [sum, per-arm sums, per-arm counts] over the ranks (worker/distributed.py
+        `sum_floats`; a no-op on one rank), in float64. One code path for every world size."""
         seq_np = seq.detach().float().cpu().numpy().astype(np.float64)
         names = self.sampler.names
         local = [float(seq_np.sum())]
@@ -237,48 +254,64 @@ class Trainer:
         arm_loss = {n: tot[1 + i] / tot[1 + a + i] for i, n in enumerate(names) if tot[1 + a + i] > 0}
         return tot[0] / self.cfg.batch_size, arm_loss
 
+    def _micro_batches(self, batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's slice of the update's batch as `self.accum` consecutive (x, y) micro-batches
+        of `self.micro` rows, in row order (docs/configuration.md#batch-and-accumulation)."""
+        m = self.micro
+        return [(batch.x[i:i + m], batch.y[i:i + m]) for i in range(0, batch.x.size(0), m)]
+
+    def _grad_sync(self, last: bool):
+        """Context of one micro-batch's backward: DDP's `no_sync` (gradients accumulate locally)
+        on every micro-batch but the update's last, whose backward all-reduces them once."""
+        if self._ddp is None or last:
+            return contextlib.nullcontext()
+        return self._ddp.no_sync()
+
+    def _apply_update(self, lr: float) -> None:
+        self.ckpt.wait_copied()  # a deferred checkpoint copy must not see this update
+        self.opt.step(lr)
+        if not self._views_checked:  # m/v still the flat buffers the checkpoints copy
+            self.opt.check_views()
+            self._views_checked = True
+        self.nonfinite_run = 0
+
+    def _skip_update(self, k: int, loss_v: float, gnorm_v: float) -> str:
+        """SPEC section 9: a non-finite update is not applied, and the event is recorded."""
+        self.opt.skip_step()
+        self.nonfinite_run += 1
+        why = f"non-finite loss {loss_v} / grad norm {gnorm_v}: update not applied"
+        log.error("step %d: %s", k, why)
+        return why
+
     def train_step(self, k: int, probs: dict) -> dict:
+        """Optimizer update k: its batch in `self.accum` micro-batches, then clip and AdamW."""
         t0 = time.perf_counter()
         cfg = self.cfg
         batch = self.sampler.draw(cfg.seed, k, probs, cfg.batch_size, self.rank, self.world_size)
         lr = learning_rate(k, cfg)
         self.model.train()
-        seq = self._seq_losses(batch.x, batch.y, self.train_module)
-        loss = fault_injection.poison_loss(k, seq.mean())  # test hook; off unless set
         self.opt.zero_grad()
-        loss.backward()  # under DDP: gradients averaged over the ranks = the global batch's
+        seqs = []
+        for i, (x, y) in enumerate(self._micro_batches(batch)):
+            with self._grad_sync(last=i == self.accum - 1):
+                seq = self._seq_losses(x, y, self.train_module)
+                seq = fault_injection.poison_loss(k, seq)  # test hook; off unless set
+                (seq.mean() * self.micro_scale).backward()  # sum = the slice's mean gradient
+            seqs.append(seq.detach())
+            fault_injection.pause_between_micro_batches(k, i + 1, self.reports.write, self.layout.root)
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        if self.dist.enabled:  # every rank decides on the same (global) numbers
-            loss_v, global_arm_loss = self._global_losses(seq, batch.arm_index)
-        else:
-            loss_v, global_arm_loss = float(loss.detach()), None
+        loss_v, arm_loss = self._update_losses(torch.cat(seqs), batch.arm_index)
         gnorm_v = float(gnorm)
         rec = {"type": "step", "step": k, "loss": loss_v, "lr": lr,
                "tokens": k * cfg.batch_size * cfg.model.block_size,
                "arms": batch.counts, "p": {n: float(probs.get(n, 0.0)) for n in self.sampler.names},
-               "period": policy_period(k, cfg.probe_every), "grad_norm": gnorm_v}
+               "period": policy_period(k, cfg.probe_every), "grad_norm": gnorm_v,
+               "arm_loss": arm_loss}
         if math.isfinite(loss_v) and math.isfinite(gnorm_v):
-            self.ckpt.wait_copied()  # a deferred checkpoint copy must not see this update
-            self.opt.step(lr)
-            if not self._views_checked:  # m/v still the flat buffers the checkpoints copy
-                self.opt.check_views()
-                self._views_checked = True
-            self.nonfinite_run = 0
-        else:  # SPEC section 9: the step is not applied, the event is recorded
-            self.opt.zero_grad()
-            for st in self.opt.opt.state.values():  # keep AdamW's step == header step
-                st["step"] += 1
-            self.nonfinite_run += 1
-            rec["skipped"] = f"non-finite loss {loss_v} / grad norm {gnorm_v}: update not applied"
-            log.error("step %d: %s", k, rec["skipped"])
-        if global_arm_loss is not None:
-            rec["arm_loss"] = global_arm_loss
+            self._apply_update(lr)
         else:
-            seq_np = seq.detach().cpu().numpy()
-            rec["arm_loss"] = {n: float(seq_np[batch.arm_index == i].mean())
-                               for i, n in enumerate(self.sampler.names)
-                               if (batch.arm_index == i).any()}
+            rec["skipped"] = self._skip_update(k, loss_v, gnorm_v)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         train_time = time.perf_counter() - t0
@@ -287,7 +320,9 @@ class Trainer:
         rec["step_time"] = time.perf_counter() - t0
         tokens_per_s = cfg.batch_size * cfg.model.block_size / max(train_time, 1e-9)
         rec["tokens_per_s"] = tokens_per_s  # global (all ranks), the update alone (no probe)
-        rec["mfu"] = mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world_size)
+        rec["mfu"] = mfu(self.flops_per_token, tokens_per_s, self.peak.value, self.world_size)
+        if self.rank == 0:
+            self.peak.measure_later()  # CPU, first update of a machine without a cached peak
         rec["time"] = time.time()
         return rec
 

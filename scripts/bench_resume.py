@@ -1,0 +1,134 @@
+"""Restart cost: `python -m proxy run` on an existing andrea-12m run, to its first resumed step,
+against a nanoGPT-style resume of the same checkpoint (issue 11). Prints times and the ratio.
+
+    .venv/bin/python scripts/bench_resume.py [--rounds 3] [--dir DIR]
+
+Builds one andrea-12m run (BPE on two standard-library files, batch 1 x 1024, cadence 1) and
+trains its first step. Then, in interleaved rounds (ours, reference, ours, ...):
+  ours       a new process `python -m proxy run --run-dir R --max-steps S+1`: lock, resume scan
+             (size, header, checksum), worker start, checkpoint load, the first resumed update;
+             timed from the launch to the moment `.loss.json` holds step S+1;
+  reference  a new process doing what nanoGPT's train.py does on `init_from='resume'`, without
+             torch.load: import torch, build the model (plain nn.Module, the same shape),
+             np.fromfile the same checkpoint into the parameters and AdamW's state, and run one
+             update of the same batch shape; timed from the launch to the end of that update.
+Each round's ratio is ours / reference; the median of the paired ratios counts (target <= 1.0:
+no slower). This is a measurement, not a test: it prints numbers and never fails on them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+REFERENCE = r'''
+import sys, time
+t0 = float(sys.argv[3])
+sys.path.insert(0, sys.argv[1] + "/scripts"); sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+from torch.nn import functional as F
+from bench_train import RefGPT
+path, V, d, h, L, T = sys.argv[2], *map(int, sys.argv[4:9])
+model = RefGPT(V, d, h, L, T)
+raw = np.fromfile(path, dtype=np.float32, offset=8)
+n = sum(p.numel() for p in model.parameters())
+w, m, v = raw[:n], raw[n:2 * n], raw[2 * n:3 * n]
+decay = [p for p in model.parameters() if p.dim() >= 2]
+rest = [p for p in model.parameters() if p.dim() < 2]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=1e-3)
+off = 0
+with torch.no_grad():
+    for p in model.parameters():
+        k = p.numel()
+        p.copy_(torch.from_numpy(w[off:off + k]).view_as(p))
+        opt.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.from_numpy(m[off:off + k].copy()).view_as(p),
+                        "exp_avg_sq": torch.from_numpy(v[off:off + k].copy()).view_as(p)}
+        off += k
+x = torch.randint(0, V, (1, T + 1))
+loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
+opt.zero_grad(set_to_none=True); loss.backward()
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); opt.step()
+print(time.time() - t0)
+'''
+
+
+def _last_step(run: Path) -> int:
+    try:
+        recs = json.loads((run / ".loss.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+    return recs[-1]["step"] if recs else 0
+
+
+def ours(run: Path, step: int, env: dict) -> float:
+    t0 = time.time()
+    p = subprocess.Popen([sys.executable, "-m", "proxy", "run", "--run-dir", str(run),
+                          "--max-steps", str(step + 1), "--print-every", "1000"], cwd=ROOT,
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while _last_step(run) < step + 1:
+        if p.poll() is not None and _last_step(run) < step + 1:
+            raise SystemExit(f"proxy exited with {p.returncode} before step {step + 1}")
+        time.sleep(0.01)
+    dt = time.time() - t0
+    p.wait(600)
+    return dt
+
+
+def reference(ckpt: Path, cfg, env: dict) -> float:
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", REFERENCE, str(ROOT), str(ckpt), repr(t0),
+                          str(cfg.vocab_size), str(cfg.model.n_embd), str(cfg.model.n_head),
+                          str(cfg.model.n_layer), str(cfg.model.block_size)], env=env,
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=None)
+    a = ap.parse_args()
+    from shared.checkpoint_format import checkpoint_name
+    from shared.config import load_run_config
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
+        run = Path(tmp) / "run"
+        subprocess.run([sys.executable, "-m", "proxy", "run", "--run-dir", str(run), "--preset",
+                        "andrea-12m", "--batch-size", "1", "--checkpoint-every", "1",
+                        "--max-steps", "1", "--print-every", "1000",
+                        "--arm", f"argparse=text:{stdlib / 'argparse.py'}",
+                        "--arm", f"typing=text:{stdlib / 'typing.py'}"], cwd=ROOT, env=env,
+                       check=True, capture_output=True)
+        cfg = load_run_config(run / "run.json")
+        print(f"andrea-12m: {cfg.n_params:,} parameters, checkpoint {cfg.checkpoint_bytes:,} bytes, "
+              f"batch 1 x {cfg.model.block_size}")
+        ratios, t_ours, t_ref = [], [], []
+        step = 1
+        for r in range(a.rounds):
+            o = ours(run, step, env)
+            f = reference(run / checkpoint_name(step + 1), cfg, env)
+            step += 1
+            t_ours.append(o)
+            t_ref.append(f)
+            ratios.append(o / f)
+            print(f"  round {r + 1}: ours {o:.2f} s, nanoGPT-style {f:.2f} s, ratio {o / f:.3f}")
+        print(f"\nmedian: ours {statistics.median(t_ours):.2f} s, nanoGPT-style "
+              f"{statistics.median(t_ref):.2f} s to the first resumed step")
+        print(f"median of paired ratios ours / nanoGPT-style = {statistics.median(ratios):.3f}"
+              "   (target <= 1.0)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

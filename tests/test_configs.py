@@ -1,0 +1,125 @@
+"""The ready-made configurations under configs/ (docs/configuration.md#ready-made-configurations)
+and the --config file rules (docs/configuration.md#the-config-file): every file loads, resolves
+to a valid run of its published shape, and creates and trains a real run on CPU with the model
+shrunk only where the file's `# overridable in tests:` line allows."""
+import argparse
+import json
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from proc_helpers import ROOT
+from proxy.run_config_file import parse_run_args, read_config_file
+from proxy.run_options import add_run_args, config_from_args
+from shared.config import ConfigError, RunConfig
+
+CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
+ARG = f"x=text:{Path(sysconfig.get_paths()['stdlib']) / 'argparse.py'}"
+SHRINK = {"preset": "andrea-test", "tokenizer": "bytes", "max_steps": "3", "warmup_steps": "1", "batch_size": "8",
+          "micro_batch_size": "4", "arm": ARG, "device": "cpu"}
+
+
+def _parser():
+    ap = argparse.ArgumentParser()
+    add_run_args(ap)
+    return ap
+
+
+def _overridable(path: Path) -> set[str]:
+    for line in path.read_text().splitlines():
+        if line.startswith("# overridable in tests:"):
+            return {k.strip() for k in line.split(":", 1)[1].split(",")}
+    return set()
+
+
+def test_the_three_ready_made_configurations_exist():
+    assert {p.name for p in CONFIGS} >= {"andrea-12m.toml", "andrea-120m.toml", "tiny-cpu.toml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_config_resolves_to_a_valid_run_of_its_shape(path, tmp_path):
+    a = parse_run_args(_parser(), ["--run-dir", str(tmp_path / "r"), "--config", str(path)])
+    cfg = config_from_args(a)
+    cfg.validate()
+    assert cfg.checkpoint_every == 100 and a.keep_last >= 2
+    assert all(a.sources[k] == "file" for k in read_config_file(path, _parser()))
+    if path.stem.startswith("andrea-"):
+        assert cfg.preset == path.stem and cfg.model.block_size == 1024
+        assert cfg.micro_batch_size and cfg.batch_size // cfg.micro_batch_size > 1
+        assert cfg.batch_size * cfg.model.block_size >= 65_536  # a realistic update
+        assert 0 < cfg.warmup_steps < cfg.max_steps and cfg.grad_clip > 0
+    text = path.read_text()
+    assert "per update" in text and "overridable in tests:" in text
+
+
+def test_tiny_cpu_is_the_embedded_default(tmp_path):
+    a = parse_run_args(_parser(), ["--run-dir", str(tmp_path / "r"),
+                                   "--config", str(ROOT / "configs" / "tiny-cpu.toml")])
+    b = parse_run_args(_parser(), ["--run-dir", str(tmp_path / "r")])
+    ca, cb = config_from_args(a).to_json(), config_from_args(b).to_json()
+    for d in (ca, cb):
+        d.pop("sources"), d.pop("config_file")
+    assert ca == cb
+    assert (a.keep_last, a.keep_every) == (b.keep_last, b.keep_every)
+
+
+def test_command_line_beats_the_file_and_the_sources_say_so(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('batch-size = 32\nmicro_batch_size = 8\nlr = 1\ncompile = true\n'
+                 'arm = ["a=text:x"]\n')
+    a = parse_run_args(_parser(), ["--run-dir", "r", "--config", str(f), "--batch-size", "64",
+                                   "--arm", "b=text:y"])
+    assert (a.batch_size, a.micro_batch_size, a.lr, a.compile, a.arm) == (64, 8, 1.0, True,
+                                                                          ["b=text:y"])
+    assert (a.sources["batch_size"], a.sources["micro_batch_size"], a.sources["seed"],
+            a.sources["arm"]) == ("command line", "file", "default", "command line")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("batch_sise = 8\n", "unknown key 'batch_sise'; did you mean 'batch_size'"),
+    ("batch_size = '8'\n", "batch_size = '8' (str): --batch-size takes an integer"),
+    ("compile = 1\n", "takes true or false"),
+    ("precision = 'fp16'\n", "choose one of auto, fp32, bf16"),
+    ("lr = 1e-3\nbatch_size = = 8\n", "not valid TOML: Invalid value (at line 2, column 14)"),
+])
+def test_a_bad_config_file_is_refused_with_the_key_or_the_line(tmp_path, text, message):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        parse_run_args(_parser(), ["--run-dir", "r", "--config", str(f)])
+    assert message in str(e.value) and str(f) in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad,why", [
+    (["--micro-batch-size", "0"], "must be >= 1"),
+    (["--micro-batch-size", "16"], "larger than a rank's share"),
+    (["--config", "MISSING.toml"], "cannot read it"),
+])
+def test_bad_batch_or_config_input_exits_2_before_anything_is_written(tmp_path, bad, why):
+    from proc_helpers import run_proxy
+    run = tmp_path / "run"
+    r = run_proxy(run, *bad, timeout=60)  # TINY: batch 8
+    assert r.returncode == 2 and why in r.stderr, r.stderr[-2000:]
+    assert not run.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_config_creates_and_trains_a_run_on_cpu(path, tmp_path):
+    import subprocess
+    import sys
+    allowed = _overridable(path)
+    args = [x for k, v in SHRINK.items() if k in allowed
+            for x in (f"--{k.replace('_', '-')}", v)]
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "proxy", "run", "--run-dir", str(run), "--config",
+                        str(path), "--print-every", "1000", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cfg = RunConfig.from_json(json.loads((run / "run.json").read_text()))
+    assert cfg.config_file == str(path) and cfg.sources["preset"] in ("file", "command line")
+    records = json.loads((run / ".loss.json").read_text())
+    assert [x["step"] for x in records] == [1, 2, 3]
+    assert "micro-batches per update" in r.stderr and "[file]" in r.stderr
