@@ -125,3 +125,17 @@ def test_ddp_wrapping_keeps_the_parameters_in_flat(tmp_path):
         assert all(p.grad is not None for p in model.parameters())
     finally:
         dist.destroy_process_group()
+
+
+def test_flops_per_token_counts_matmuls_not_embedding_lookups():
+    """MFU's FLOPs per token (PaLM appendix B): 6 x the weights of every matmul (the untied head
+    included) + attention; the token and position embeddings are lookups, not matmuls. Checked
+    against the model's own nn.Linear weights (biases and layer norms add well under 1 %)."""
+    from shared.config import PRESETS
+    for preset in ("andrea-tiny", "andrea-12m"):
+        model = GPT(PRESETS[preset], 2305)
+        s = model.shape
+        matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        attention = 12 * s.n_layer * s.n_embd * s.block_size
+        got = model.flops_per_token() - attention
+        assert 6 * matmul <= got <= 1.01 * 6 * matmul, preset

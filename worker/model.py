@@ -173,9 +173,14 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token (6N + attention), PaLM appendix B / nanoGPT estimate_mfu."""
+        """Training FLOPs per token: 6 x the parameters that take part in a matmul (all but the
+        token and position embeddings, which are lookups; the untied output head is a matmul)
+        plus attention's 12 x layers x width x context (PaLM appendix B; nanoGPT's
+        estimate_mfu, which leaves out the position embeddings and, its head being tied, counts
+        the token embedding once as the head)."""
         s = self.shape
-        return 6 * self.n_params + 12 * s.n_layer * s.n_embd * s.block_size
+        lookups = (self.vocab_size + s.block_size) * s.n_embd
+        return 6 * (self.n_params - lookups) + 12 * s.n_layer * s.n_embd * s.block_size
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
