@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import logging.handlers
 import signal
 import sys
 
@@ -20,6 +21,9 @@ from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
 
+LOG_BYTES = 16 * 2**20   # logs/proxy.log rotates at this size ...
+LOG_BACKUPS = 4          # ... keeping this many older files (proxy.log.1 .. .4)
+
 def _setup_logging(layout: RunLayout | None) -> None:
     fmt = logging.Formatter("%(asctime)s proxy[%(process)d] %(levelname)s %(message)s")
     root = logging.getLogger()
@@ -30,7 +34,9 @@ def _setup_logging(layout: RunLayout | None) -> None:
     logging.captureWarnings(True)  # library warnings (e.g. a garbage manifest) as log lines
     if layout is not None:
         layout.logs.mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(layout.logs / "proxy.log")
+        # bounded: a weeks-long run's log rotates at LOG_BYTES into LOG_BACKUPS older files
+        fh = logging.handlers.RotatingFileHandler(layout.logs / "proxy.log", maxBytes=LOG_BYTES,
+                                                  backupCount=LOG_BACKUPS)
         fh.setFormatter(fmt)
         root.addHandler(fh)
 

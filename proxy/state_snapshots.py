@@ -33,9 +33,47 @@ def _append(layout: RunLayout, obj: dict) -> None:
         os.close(fd)
 
 
+COMPACT_AT = 64  # lines; past this the file is compacted to the checkpoints still on disk
+
+
 def append_snapshot(layout: RunLayout, snap: dict) -> None:
-    """Record the controller state of a durable checkpoint (MixtureController.to_snapshot())."""
+    """Record the controller state of a durable checkpoint (MixtureController.to_snapshot()).
+    The file stays bounded: past COMPACT_AT lines it is rewritten (atomically) with only the
+    valid snapshots of checkpoints still on disk, so its size follows retention, not steps."""
     _append(layout, snap)
+    compact(layout)
+
+
+def compact(layout: RunLayout, at: int = COMPACT_AT) -> int:
+    """Rewrite the file when it holds more than `at` lines: rewind markers applied (the lines
+    they invalidate dropped), then only the snapshots whose checkpoint file still exists, plus
+    the newest one. Torn lines are dropped. A resume from a checkpoint whose snapshot is gone
+    replays from the phase start instead (same state, slower). Returns the lines kept, or 0
+    when nothing was rewritten."""
+    from shared.atomic_io import atomic_write_bytes
+    from shared.checkpoint_format import list_checkpoints
+    try:
+        lines = _path(layout).read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return 0
+    if len(lines) <= at:
+        return 0
+    valid, limit = [], None
+    for raw in reversed(lines):  # newest first: a marker invalidates the older lines past it
+        try:
+            obj = json.loads(raw)
+            if "rewound_to" in obj:
+                limit = int(obj["rewound_to"]) if limit is None else min(limit, int(obj["rewound_to"]))
+                continue
+            step = int(obj["step"])
+        except (ValueError, TypeError, KeyError):
+            continue
+        if limit is None or step <= limit:
+            valid.append((step, raw))
+    on_disk = {s for s, _ in list_checkpoints(layout.root)}
+    keep = [raw for i, (step, raw) in enumerate(valid) if i == 0 or step in on_disk]
+    atomic_write_bytes(_path(layout), b"".join(r + b"\n" for r in reversed(keep)))
+    return len(keep)
 
 
 def mark_rewound(layout: RunLayout, step: int) -> None:

@@ -1,5 +1,6 @@
 """Fast resume of the bandit: a snapshot at a checkpoint plus the history's tail gives
 exactly the state a replay from the phase start gives, and a rewind invalidates later snapshots."""
+import json
 import random
 
 from proxy.mixture import MixtureController, Phase
@@ -92,3 +93,32 @@ def test_read_records_after_matches_read_records(tmp_path):
     for after, end in ((0, None), (10, 20), (2999, None), (3000, None), (1500, 2900), (-5, 3)):
         lo = max(after + 1, 1)
         assert read_records_after(path, after, end) == read_records(path, lo, end)
+
+
+def test_snapshot_file_stays_bounded_by_the_checkpoints_on_disk(tmp_path):
+    """Hundreds of checkpoints, retention keeping a few: the file is compacted to the snapshots
+    of checkpoints still on disk (plus the newest), a rewind marker still hides what it hid, and
+    a resume from a kept checkpoint still finds its own snapshot."""
+    from proxy.state_snapshots import COMPACT_AT, SNAPSHOTS, compact
+    from shared.checkpoint_format import checkpoint_name
+    layout = RunLayout(tmp_path)
+    c = _controller()
+    kept = {1000, 2000, 2900, 3000}
+    for step in range(10, 3001, 10):
+        c.folded_through = step
+        if step in kept:
+            (tmp_path / checkpoint_name(step)).write_bytes(b"")  # names are what retention keeps
+        append_snapshot(layout, c.to_snapshot())
+        if step == 2500:
+            mark_rewound(layout, 2400)   # snapshots 2410..2500 no longer describe the run
+        lines = (tmp_path / SNAPSHOTS).read_bytes().count(b"\n")
+        assert lines <= COMPACT_AT + 1, (step, lines)
+    compact(layout, at=0)             # what the next compaction leaves
+    assert find_snapshot(layout, 0, 0, 3000)["step"] == 3000
+    assert find_snapshot(layout, 0, 0, 2999)["step"] == 2900
+    assert find_snapshot(layout, 0, 0, 2000)["step"] == 2000
+    assert find_snapshot(layout, 0, 0, 1999)["step"] == 1000
+    steps = [json.loads(x)["step"] for x in (tmp_path / SNAPSHOTS).read_text().splitlines()
+             if "rewound_to" not in x]
+    assert not any(2400 < s <= 2500 for s in steps)   # the marker's effect survived compaction
+    assert steps == [1000, 2000, 2900, 3000]
