@@ -160,6 +160,7 @@ class ResumePlan:
     mix: MixtureController
     arm_changes: list[ArmChange]
     pivot_step: int | None = None
+    verified: str | None = None    # the checksum the scan verified `path` against, if any
 
 
 def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_scratch: bool,
@@ -182,7 +183,7 @@ def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_sc
     changes = handle_zombies(layout, cfg.arms, step)
     mix, changed = prepare_mixture(layout, cfg, step, changes)
     reconcile_state_file(layout, mix, step, changed)
-    plan = ResumePlan(step, point.path, mix, changes)
+    plan = ResumePlan(step, point.path, mix, changes, verified=point.verified)
     req = pv.pending_request(layout)
     if req is None or req.get("state") == "requested":
         return plan
