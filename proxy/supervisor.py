@@ -246,6 +246,43 @@ class Supervisor:
             pass
         kill_ranks(ranks)  # torchrun starts each rank in its own session
 
+    def _forward_usr1(self) -> None:
+        """Forward pending SIGUSR1s to the worker. A single worker starts with SIGUSR1 blocked
+        (proc_tree.signals_blocked) and unblocks it once its handler is in: forward at once, so
+        signals sent during start-up coalesce in the kernel into one request. torchrun's agent
+        would treat SIGUSR1 as "stop all": held until the ranks announce their pids."""
+        while self.usr1_pending and (not self.opts.launch.uses_torchrun
+                                     or self.stats.worker is not None):
+            if not self._signal_worker(signal.SIGUSR1):
+                break  # torchrun ranks not announced yet: forwarded once they are
+            self.usr1_pending -= 1
+            log.info("SIGUSR1 received: forwarded to worker pid %d", self.proc.pid)
+
+    def _outcome(self, rc: int, hung: bool, stop_sent: bool,
+                 history: LossHistory) -> tuple[str, int | None]:
+        """What the worker's exit with code `rc` means: "hung", "pivot" (stopped at a pivot's
+        boundary B: the new phase starts in this proxy), "done", "fatal" (do not restart) or
+        "crashed" (restart from the newest valid checkpoint)."""
+        if hung:
+            return "hung", rc
+        if rc == 0:
+            b = self._pivot_boundary()
+            if b is not None and history.last_step == b and not self.stop_requested:
+                return "pivot", b
+            return "done", 0
+        if rc == EXIT_FATAL or self.stats.exit_code == EXIT_FATAL:
+            return "fatal", rc  # (torchrun reports a rank's code 3 as its own 1)
+        if self.stop_requested and stop_sent and (
+                rc == -signal.SIGTERM or (self.opts.launch.uses_torchrun
+                                          and self.stats.worker is None)):
+            if self.stats.worker is None:
+                log.info("worker stopped by SIGTERM before it was ready; nothing was lost")
+            else:
+                log.warning("worker ended by SIGTERM (code %d) without its handler; steps "
+                            "after the newest checkpoint are trained again on resume", rc)
+            return "done", 0
+        return "crashed", rc
+
     def _watch(self, mix: MixtureController, history: LossHistory) -> tuple[str, int | None]:
         reader = ReportReader(self.layout)
         posted_next = mix.next_period
@@ -258,16 +295,7 @@ class Supervisor:
                          self.stop_requested, self.proc.pid)
                 self._signal_worker(signal.SIGTERM)
                 stop_sent_at = time.monotonic()
-            while self.usr1_pending and (not self.opts.launch.uses_torchrun
-                                         or self.stats.worker is not None):
-                # A single worker starts with SIGUSR1 blocked (proc_tree.signals_blocked) and
-                # unblocks it once its handler is in: forward at once, so signals sent during
-                # start-up coalesce in the kernel into one request. torchrun's agent would treat
-                # SIGUSR1 as "stop all": held until the ranks announce their pids (issue 4, 6).
-                if not self._signal_worker(signal.SIGUSR1):
-                    break  # torchrun ranks not announced yet: forwarded once they are
-                self.usr1_pending -= 1
-                log.info("SIGUSR1 received: forwarded to worker pid %d", self.proc.pid)
+            self._forward_usr1()
             reports = reader.read()
             if reports:
                 last_report = time.monotonic()
@@ -290,25 +318,7 @@ class Supervisor:
                 history.flush()
                 if self.opts.launch.uses_torchrun:  # nothing may outlive the agent
                     reap_leftover_ranks(rank_pids(self.layout), str(self.layout.root))
-                if hung:
-                    return "hung", rc
-                if rc == 0:
-                    b = self._pivot_boundary()
-                    if b is not None and history.last_step == b and not self.stop_requested:
-                        return "pivot", b
-                    return "done", 0
-                if rc == EXIT_FATAL or self.stats.exit_code == EXIT_FATAL:
-                    return "fatal", rc  # (torchrun reports a rank's code 3 as its own 1)
-                if self.stop_requested and stop_sent_at is not None and (
-                        rc == -signal.SIGTERM or (self.opts.launch.uses_torchrun
-                                                  and self.stats.worker is None)):
-                    if self.stats.worker is None:
-                        log.info("worker stopped by SIGTERM before it was ready; nothing was lost")
-                    else:
-                        log.warning("worker ended by SIGTERM (code %d) without its handler; steps "
-                                    "after the newest checkpoint are trained again on resume", rc)
-                    return "done", 0
-                return "crashed", rc
+                return self._outcome(rc, hung, stop_sent_at is not None, history)
             now = time.monotonic()
             if stop_sent_at is not None and now - stop_sent_at > self.opts.stop_timeout:
                 log.error("worker did not exit %.0f s after SIGTERM; not answering: %s; killing "
