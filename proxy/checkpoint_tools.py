@@ -1,4 +1,4 @@
-"""Operator tools for one checkpoint file: ``inspect`` and ``export`` (issue 3, SPEC 4).
+"""Operator tools for one checkpoint file: ``inspect`` and ``export`` (docs/checkpoint-format.md).
 
   python -m proxy inspect PATH                        header, size, checksum, table, norms
   python -m proxy export PATH --to model.safetensors  the weights, named, for other tools

@@ -42,7 +42,7 @@ def _setup_logging(layout: RunLayout | None) -> None:
 
 
 def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
-    """`--arm ...` on a restart is the run's new arm list, matched by name (issue 5): new names
+    """`--arm ...` on a restart is the run's new arm list, matched by name: new names
     are tokenized and join at the resume step, names left out are retired there, names listed
     again after a removal re-join with their statistics (proxy/arm_changes.py). Without --arm
     the arms stay as they are. Raises ConfigError (nothing written) for a changed source under
@@ -65,7 +65,7 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
 
 def cmd_run(a) -> int:
     from proxy.proc_tree import EarlySignals
-    EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal (issue 4)
+    EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal
     from proxy.run_lock import RunLock, RunLockError
     from proxy.run_setup import create_run
     from proxy.supervisor import Supervisor, SupervisorError

@@ -1,4 +1,4 @@
-"""Hugging Face export (issue 12): a checkpoint as a `transformers` GPT-2 model directory.
+"""Hugging Face export: a checkpoint as a `transformers` GPT-2 model directory.
 
   python -m proxy export RUN/step_000600.bin --format hf --to DIR
   python -m proxy export --from-run RUN --format hf --to DIR     (the newest valid checkpoint)

@@ -1,4 +1,4 @@
-"""Polish pivots (SPEC section 8, docs/pivots.md): the request file, the in-place pivot the
+"""Polish pivots (docs/pivots.md): the request file, the in-place pivot the
 supervisor runs, and the `python -m proxy pivot` command.
 
 A pivot is a durable state machine in `.pivot.request.json` = {label, caps, floors,

@@ -212,7 +212,7 @@ def phase_recorded(layout: RunLayout, req: dict) -> bool:
 
 def start_pivot_phase(layout: RunLayout, cfg: RunConfig, mix: MixtureController, req: dict,
                       step: int, changes: list[ArmChange]) -> MixtureController:
-    """The pivot at `step` (SPEC section 8, docs/pivots.md#the-sequence): archive the two
+    """The pivot at `step` (docs/pivots.md#the-sequence): archive the two
     sidecars (complete or absent), record the new phase in phases.json (the commit point),
     then reset `.state.json`/`.samples.json` for it. Returns the new phase's controller.
     `.loss.json` is not touched. Raises BanditConfigError (bounds)."""

@@ -1,4 +1,4 @@
-"""What a person watching a run sees, fed from the supervisor's call sites (issue 12): the
+"""What a person watching a run sees, fed from the supervisor's call sites: the
 progress line (proxy/progress.py), live TensorBoard scalars (proxy/tensorboard_log.py, with
 `--tensorboard`) and the summary logged when the run stops.
 

@@ -1,4 +1,4 @@
-"""`python -m proxy sample PATH|--run-dir DIR`: text from a checkpoint (SPEC section 6).
+"""`python -m proxy sample PATH|--run-dir DIR`: text from a checkpoint (docs/architecture.md#processes).
 
 Loads the run's config and tokenizer and the checkpoint's weights only (structure validated;
 m and v are not read, the checksum is not computed: `inspect` checks it) into a GPT with no

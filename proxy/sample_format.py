@@ -1,4 +1,4 @@
-"""How a generated sample is shown to a person (issue 12): the one formatter for the proxy's
+"""How a generated sample is shown to a person: the one formatter for the proxy's
 audit log lines and for `python -m proxy sample`.
 
     sample @150 [repo-code] held-out 5.260 (temperature 0.8, top-k 40)

@@ -1,4 +1,4 @@
-"""`python -m proxy status --run-dir DIR [--json]`: how a run is doing (SPEC section 6, issue 4).
+"""`python -m proxy status --run-dir DIR [--json]`: how a run is doing (docs/architecture.md#processes).
 
 Shows step, loss and its EMA, tokens/s, the last checkpoint, worker pid and health, and the arm
 probabilities. Works while the run is live and after it stopped (however it stopped: the files

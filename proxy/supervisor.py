@@ -105,7 +105,7 @@ class Supervisor:
                 "--keep-every", str(o.keep_every)]
         if resume is not None:
             argv += ["--resume-from", str(resume)]
-            if verified:  # read and checksum the newest checkpoint once per start (issue 11)
+            if verified:  # read and checksum the newest checkpoint once per start
                 argv += ["--resume-verified", verified]
         if o.compile:
             argv.append("--compile")

@@ -1,4 +1,4 @@
-"""Live TensorBoard scalars from the proxy (issue 12): `run --tensorboard` writes RUN/tensorboard/.
+"""Live TensorBoard scalars from the proxy: `run --tensorboard` writes RUN/tensorboard/.
 
 What it is: a writer of TensorBoard event files built on the `tensorboard` package's own
 EventFileWriter and protobufs (the `[tensorboard]` extra; no torch, no TensorFlow), fed by the

@@ -1,4 +1,4 @@
-"""Benchmark of arm tokenization at scale (issue 10, docs/data.md#benchmark): throughput of the
+"""Benchmark of arm tokenization at scale (docs/data.md#benchmark): throughput of the
 streaming pipeline against `Tokenizer.encode_batch` over the same text already in memory, and
 the peak RSS of creating a run over corpora of two sizes (memory must not grow with the corpus).
 

@@ -1,5 +1,5 @@
 """Restart cost: `python -m proxy run` on an existing andrea-12m run, to its first resumed step,
-against a nanoGPT-style resume of the same checkpoint (issue 11). Prints times and the ratio.
+against a nanoGPT-style resume of the same checkpoint. Prints times and the ratio.
 
     .venv/bin/python scripts/bench_resume.py [--rounds 3] [--dir DIR]
 

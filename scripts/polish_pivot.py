@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Polish pivot for operators (SPEC section 8): the same as `python -m proxy pivot`.
+"""Polish pivot for operators (docs/pivots.md): the same as `python -m proxy pivot`.
 
     scripts/polish_pivot.py --run-dir runs/x --caps repo-code=0.5 --floors python-docs=0.2 --label v3
 

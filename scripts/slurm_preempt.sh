@@ -1,6 +1,6 @@
 #!/bin/bash
 # Batch-scheduler example (Slurm) for an ANDREA run that survives pre-emption and time limits
-# (issue 4; README "Running under systemd or a scheduler").
+# (docs/operations.md#slurm).
 #
 #   sbatch scripts/slurm_preempt.sh runs/main [extra `proxy run` options]
 #

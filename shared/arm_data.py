@@ -1,4 +1,4 @@
-"""Tokenized arm data in the run directory, and its index `data/arms.json` (SPEC section 7,
+"""Tokenized arm data in the run directory, and its index `data/arms.json` (docs/architecture.md#arms,
 docs/data.md).
 
 At run creation every arm is streamed whole through the run's tokenizer into `data/<arm>.u16`
@@ -229,7 +229,7 @@ def write_arm_index(layout: RunLayout, arms: list[ArmData]) -> None:
 
 def read_arm_index(layout: RunLayout, include_retired: bool = False) -> dict[str, ArmData]:
     """The run's arms by name; retired (zombie) arms only with `include_retired` (the worker
-    never loads them, SPEC section 7). Raises ArmSourceError naming the file when missing or
+    never loads them, docs/architecture.md#arms). Raises ArmSourceError naming the file when missing or
     garbage."""
     try:
         d = json.loads(layout.arms_index.read_text())

@@ -1,4 +1,4 @@
-"""Data sources (arms): read each arm's text, fingerprint it (SPEC section 7).
+"""Data sources (arms): read each arm's text, fingerprint it (docs/architecture.md#arms).
 
 The embedded default needs nothing downloaded: three arms built from the running Python
 installation's own files:
@@ -223,7 +223,7 @@ def _stat_digest(files: list[Path], extra: str = "") -> str:
 
 def source_fingerprint(arm: ArmSpec) -> str:
     """A cheap fingerprint of an arm's SOURCE (not its text): sha256 over the source's file list
-    with sizes and mtimes, as "stat:<hex>" (SPEC section 7 "Zombie arms").
+    with sizes and mtimes, as "stat:<hex>" (docs/architecture.md#arms).
 
     For the embedded defaults the files are the standard-library modules (plus the Python version
     and stdlib path); python-docs hashes `pydoc_data/topics.py`. It is computed in milliseconds

@@ -1,6 +1,6 @@
 """Run configuration: model presets, the parameter table, and the resolved run config.
 
-This is the contract both sides read from `run.json` (SPEC section 3). It is pure Python (no torch,
+This is the contract both sides read from `run.json` (docs/architecture.md#the-run-directory). It is pure Python (no torch,
 no numpy) so that the proxy can compute a model's exact parameter count and checkpoint size
 without building the model, and reject a mismatched checkpoint before anything starts.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from shared.checkpoint_format import INT32_MAX, expected_size
 
-DEFAULT_BPE_VOCAB = 2305  # the published ANDREA-12M vocabulary (SPEC section 5)
+DEFAULT_BPE_VOCAB = 2305  # the published ANDREA-12M vocabulary (docs/architecture.md#the-worker)
 
 
 class ConfigError(ValueError):
@@ -29,7 +29,7 @@ class ModelShape:
     """Architecture of a GPT: pre-norm, GELU MLP, learned positions, biases on, untied head.
 
     The output head has no bias (nanoGPT's `lm_head`); that is what makes `andrea-12m` exactly
-    12,811,008 parameters with a 2305-token vocabulary (SPEC section 5).
+    12,811,008 parameters with a 2305-token vocabulary (docs/architecture.md#the-worker).
     """
 
     n_layer: int    # transformer blocks
@@ -47,7 +47,7 @@ class ModelShape:
                 "pick a width that is a multiple of the head count")
 
 
-# Published ANDREA shapes (SPEC section 5). `andrea-tiny` is the CPU demo (about a million
+# Published ANDREA shapes (docs/architecture.md#the-worker). `andrea-tiny` is the CPU demo (about a million
 # parameters with the BPE vocabulary); `andrea-test` is for the test suite (tens of thousands).
 PRESETS: dict[str, ModelShape] = {
     "andrea-test": ModelShape(n_layer=2, n_head=2, n_embd=32, block_size=32),
@@ -60,7 +60,7 @@ PRESETS: dict[str, ModelShape] = {
 def parameter_table(shape: ModelShape, vocab_size: int) -> list[tuple[str, tuple[int, ...], int]]:
     """The checkpoint's parameter order as (name, shape, offset in elements) rows.
 
-    Order = the model's parameter iterator (SPEC section 4): token embedding, position embedding,
+    Order = the model's parameter iterator (docs/checkpoint-format.md): token embedding, position embedding,
     per layer (ln_1, attention c_attn/c_proj, ln_2, MLP c_fc/c_proj, each weight then bias), the
     final norm, then the output head. Linear weights are (out_features, in_features) as torch
     stores them. Offsets count float32 elements from the start of each array region.
@@ -101,7 +101,7 @@ _ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 def check_arm_name(name: str, where: str = "arm") -> None:
     """Raise ConfigError unless `name` is a safe arm name: it names the file `data/<name>.u16`
-    and keys every statistic, so no '/', no '..', nothing hidden (issue 5)."""
+    and keys every statistic, so no '/', no '..', nothing hidden."""
     if not isinstance(name, str) or not _ARM_NAME.fullmatch(name) or ".." in name:
         raise ConfigError(f"{where}: arm name {name!r} is not allowed; use {ARM_NAME_RULE} "
                           "(the name becomes the file data/<name>.u16)")
@@ -109,7 +109,7 @@ def check_arm_name(name: str, where: str = "arm") -> None:
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """One data source (SPEC section 7, docs/data.md#sources). `kind` is one of:
+    """One data source (docs/data.md#sources). `kind` is one of:
     python-docstrings, python-code, python-docs (the embedded defaults, read from the running
     Python installation), text (a file, directory or glob of text files), jsonl (JSON Lines with
     a text `field`; .gz/.zst read transparently), parquet (a text column `field`), tokens
@@ -131,7 +131,7 @@ DEFAULT_ARMS: tuple[ArmSpec, ...] = (
 
 @dataclass
 class RunConfig:
-    """Everything `run.json` holds, resolved at creation (SPEC section 3).
+    """Everything `run.json` holds, resolved at creation (docs/architecture.md#the-run-directory).
 
     Units: steps are optimizer updates; `batch_size` is sequences per update (global, across
     ranks); `lr` is the peak learning rate; `warmup_steps`/`lr_decay_steps` are steps.
@@ -179,7 +179,7 @@ class RunConfig:
         return expected_size(self.n_params)
 
     def validate(self) -> None:
-        """Refuse bad numbers before anything starts (SPEC section 9). Raises ConfigError."""
+        """Refuse bad numbers before anything starts (docs/architecture.md#bad-input-and-faults). Raises ConfigError."""
         positive = ("batch_size", "checkpoint_every", "sample_every", "probe_every",
                     "probe_sequences", "max_steps", "lr_decay_steps")
         for name in positive:

@@ -82,7 +82,7 @@ def reset_handshake(layout: RunLayout) -> None:
 
 
 # The proxy empties `.reports.jsonl` once it has consumed at least this many bytes and nothing
-# unread is left, so the file stays bounded over a run of any length (issue 11).
+# unread is left, so the file stays bounded over a run of any length.
 REPORTS_COMPACT_BYTES = 4 << 20
 
 

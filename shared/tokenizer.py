@@ -1,4 +1,4 @@
-"""The run's tokenizer (SPEC section 5): a byte-level BPE trained with the `tokenizers` library on
+"""The run's tokenizer (docs/architecture.md#the-worker): a byte-level BPE trained with the `tokenizers` library on
 the run's arms when the run is created (vocabulary 2305 by default), or raw bytes (256).
 
 Saved as `tokenizer.json` in the run directory and used for the life of the run. Both sides load

@@ -1,5 +1,5 @@
 """A run restarted with its arms reordered, removed or added keeps each arm's statistics by name
-(issue 5, SPEC section 7): `run --arm ...` on a restart is the new arm list; the arm-change log
+(docs/architecture.md#arms): `run --arm ...` on a restart is the new arm list; the arm-change log
 in data/arms.json makes replays reproduce .state.json across the changes."""
 import json
 import random

@@ -1,4 +1,4 @@
-"""Run creation over real arm sources with real processes (issue 10, docs/data.md): kill -9 at
+"""Run creation over real arm sources with real processes (docs/data.md): kill -9 at
 random moments during creation never leaves a partial token file under its final name, and the
 same `run` command completes what is missing without redoing complete arms; sixteen arms of
 mixed kinds train; an arm of a new kind joins on a restart through the same pipeline."""

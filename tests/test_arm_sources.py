@@ -1,4 +1,4 @@
-"""Arms of any size (issue 10, docs/data.md): every byte of every arm is tokenized, streamed from
+"""Arms of any size (docs/data.md): every byte of every arm is tokenized, streamed from
 text, JSON Lines (.gz/.zst), Parquet and token files; bad records are counted, bad input is a
 clear error that harms nothing; the held-out split is spread over the arm; the tokenizer can be
 given; creation resumes without redoing complete arms. In-process, small files, fast."""

@@ -1,4 +1,4 @@
-"""Arms (SPEC section 7, issue 5): text file/dir/glob, JSON Lines field and uint16 token sources
+"""Arms (docs/architecture.md#arms): text file/dir/glob, JSON Lines field and uint16 token sources
 with a held-out split never trained on; zombie arms retired by name; bad bounds refused."""
 import json
 
@@ -39,7 +39,7 @@ def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_
     from shared.config import RunConfig, PRESETS
     cfg = RunConfig(model=PRESETS["andrea-test"])
     hold = heldout_size(n, cfg)
-    ranges = heldout_ranges(n, cfg)                         # spread over the arm (issue 10)
+    ranges = heldout_ranges(n, cfg)                         # spread over the arm
     assert len(ranges) > 1 and sum(b - a for a, b in ranges) == hold and ranges[-1][1] == n
     for a, b in ranges:
         toks[a:b] = 255                                     # marks the held-out split

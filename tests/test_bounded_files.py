@@ -1,5 +1,5 @@
-"""Files in a run directory other than `.loss.json` do not grow with the number of steps
-(issue 11): `.reports.jsonl` is emptied by its reader once consumed, without losing a report
+"""Files in a run directory other than `.loss.json` do not grow with the number of steps:
+`.reports.jsonl` is emptied by its reader once consumed, without losing a report
 that a concurrent writer appends. Real files, a real writer thread, the real reader."""
 import os
 import threading

@@ -1,4 +1,4 @@
-"""Issue 3 operator tools: `python -m proxy inspect PATH` and `export PATH --to X.safetensors`.
+"""operator tools: `python -m proxy inspect PATH` and `export PATH --to X.safetensors`.
 
 A real model's flat parameters are written with the real writer into a run directory that
 has a real run.json; the tools run as real processes.

@@ -138,3 +138,27 @@ def test_anchor_rules_match_githubs():
         "policy-softmax-then-the-projection-onto-the-box"
     assert slug("kill -9") == "kill--9"
     assert slug("Containers and PID 1") == "containers-and-pid-1"
+
+
+_OUTSIDE_REF = re.compile(r"\bSPEC\b|\bBANDIT\.md\b|\.\./shared/|\b[Ii]ssue \d+\b|\bticket \d+\b")
+
+
+def outside_references(root: Path = ROOT) -> list[str]:
+    """`file:line: text` of every reference in the code to a design document outside the
+    repository (SPEC, BANDIT.md, ../shared/) or to a ticket number: the code cites docs/."""
+    out = []
+    for d in ("proxy", "worker", "shared", "scripts", "tests", "configs"):
+        for p in sorted((root / d).rglob("*")):
+            if p.suffix not in (".py", ".toml", ".sh", ".service") or p.name == Path(__file__).name:
+                continue
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+                if _OUTSIDE_REF.search(line):
+                    out.append(f"{p.relative_to(root)}:{i}: {line.strip()}")
+    return out
+
+
+def test_the_code_cites_docs_never_a_document_outside_or_a_ticket_number(tmp_path):
+    assert outside_references() == []
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "proxy" / "x.py").write_text("# see SPEC section 4 (issue 3)\n")
+    assert outside_references(tmp_path) == ["proxy/x.py:1: # see SPEC section 4 (issue 3)"]

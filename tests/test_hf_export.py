@@ -1,4 +1,4 @@
-"""Issue 12: `python -m proxy export ... --format hf --to DIR` gives a folder that `transformers`
+"""`python -m proxy export ... --format hf --to DIR` gives a folder that `transformers`
 loads as it is, with the project's logits and the project's token ids.
 
 A real GPT's flat weights (perturbed so that no bias or norm is at its initial value, which would

@@ -1,4 +1,4 @@
-"""Polish pivots (SPEC section 8, issue 13, docs/pivots.md): in place on a live run, in the
+"""Polish pivots (docs/pivots.md): in place on a live run, in the
 foreground on a stopped one, crash-safe at every moment. Real proxy and worker processes."""
 import json
 import os

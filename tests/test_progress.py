@@ -1,4 +1,4 @@
-"""Issue 12: the progress line (elapsed, ETA, a credible MFU) and readable samples — the pure
+"""the progress line (elapsed, ETA, a credible MFU) and readable samples — the pure
 formatting, no processes (the run-level checks are in tests/test_run_watch.py)."""
 import time
 

@@ -1,4 +1,4 @@
-"""Issue 12, as a user meets it: a real tiny run prints elapsed time and an ETA, logs its
+"""As a user meets it: a real tiny run prints elapsed time and an ETA, logs its
 samples readably, writes live TensorBoard scalars, ends with a summary; `sample` prints the same
 way and says how long it took; `--tensorboard` without the package is refused before anything
 is created. Real proxy and worker processes (tests/proc_helpers.py)."""
@@ -15,7 +15,6 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
-    pytest.importorskip("tensorboard")
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "20", "--checkpoint-every", "10", "--sample-every", "10",
                   "--print-every", "5", "--tensorboard")

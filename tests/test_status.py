@@ -45,7 +45,7 @@ def test_sample_prints_text_from_the_newest_checkpoint_and_refuses_a_bad_file(tm
     assert r.returncode == 0, r.stderr
     assert "step_000020.bin (step 20" in r.stdout
     assert r.stdout.count("\nsample 1/2\n") == r.stdout.count("\nsample 2/2\n") == 1
-    assert r.stdout.count("    prompt | def f(\n      text |") == 2  # issue 12: apart
+    assert r.stdout.count("    prompt | def f(\n      text |") == 2  # apart
     with open(run / "step_000020.bin", "r+b") as f:
         f.truncate(100)
     r = subprocess.run(cmd + [str(run / "step_000020.bin")], cwd=ROOT, env=env,

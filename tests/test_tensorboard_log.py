@@ -1,11 +1,10 @@
-"""Issue 12: the proxy's TensorBoard event files, read back by TensorBoard's own loader.
+"""The proxy's TensorBoard event files, read back by TensorBoard's own loader.
 
 The writer is the real one (proxy/tensorboard_log.py over the `tensorboard` package); the reader
 is TensorBoard's EventAccumulator, so "shows each step once" is what TensorBoard itself sees.
 """
 import pytest
 
-pytest.importorskip("tensorboard")
 pytestmark = pytest.mark.slow  # imports tensorboard (about 1.5 s)
 
 from proxy.tensorboard_log import TensorBoardLog, step_scalars  # noqa: E402

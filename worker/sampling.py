@@ -1,4 +1,4 @@
-"""Fast text generation for `python -m proxy sample` (issue 12): weights only, batched, no KV cache.
+"""Fast text generation for `python -m proxy sample`: weights only, batched, no KV cache.
 
 What it is: `load_weights_only` (the checkpoint's weights region, never m and v, into a GPT
 whose parameters are views of one buffer; no optimizer is built) and `generate_batched` (every

@@ -1,4 +1,4 @@
-"""The training loop (SPEC section 5): one optimizer update per step, decisions at the boundary.
+"""The training loop (docs/architecture.md#the-worker): one optimizer update per step, decisions at the boundary.
 
 Update k (1-based) draws batch k with the policy of its period (posted by the proxy), trains,
 reports loss record k, probes held-out loss every `probe_every` steps and runs a sample audit
@@ -60,8 +60,8 @@ class WorkerOptions:
     policy_timeout: float = 120.0    # seconds to wait for the proxy's policy
     max_nonfinite: int = 5           # consecutive non-finite steps before the run stops
     audit_tokens: int = 48           # tokens generated per arm per sample audit
-    compile: bool = False            # torch.compile the training module (issue 6)
-    precision: str = "auto"          # auto, fp32, bf16: worker/precision.py (issue 6)
+    compile: bool = False            # torch.compile the training module
+    precision: str = "auto"          # auto, fp32, bf16: worker/precision.py
     micro_batch_size: int | None = None  # None: run.json's (None there: the rank's whole slice)
     resume_verified: str | None = None   # checksum the proxy verified resume_from against
 
@@ -74,7 +74,7 @@ class _NoReports:
 
 
 class _NoCheckpointer:
-    """Ranks other than 0 write no checkpoint: rank 0 writes the file (SPEC section 5)."""
+    """Ranks other than 0 write no checkpoint: rank 0 writes the file (docs/architecture.md#the-worker)."""
 
     def snapshot(self, *a, **kw) -> float:
         return 0.0
@@ -132,7 +132,7 @@ class Trainer:
                      if self.rank == 0 else _NoCheckpointer())
         self.last_written = self.step if opts.resume_from is not None else None
         self.usr1 = Usr1Requests(flags, opts.usr1_at, self.cfg.checkpoint_every)
-        self._last_reason: str | None = None   # reason of the newest snapshot (issue 4)
+        self._last_reason: str | None = None   # reason of the newest snapshot
         self.nonfinite_run = 0
         self._probe_cache: dict[str, torch.Tensor] = {}
         self._policy: tuple[int, dict] | None = None
@@ -179,7 +179,7 @@ class Trainer:
             self.model.flat.copy_(torch.from_numpy(w))
             self.opt.m.copy_(torch.from_numpy(m))
             self.opt.v.copy_(torch.from_numpy(v))
-        self.opt.set_step(step)  # AdamW bias correction = the header step (SPEC section 4)
+        self.opt.set_step(step)  # AdamW bias correction = the header step (docs/checkpoint-format.md)
         self.step = self.resumed_from = step
         log.info("resumed from %s (step %d) in %.2f s (checksum %s)", path.name, step,
                  time.perf_counter() - t0, "verified by the proxy's scan" if self.opts.resume_verified
@@ -231,7 +231,7 @@ class Trainer:
         """Mean next-token loss per sequence, float32 (b,). `module`: the training module (DDP /
         compiled) or, by default, the unwrapped model (probes: no collective). The forward
         runs under worker/precision.py `autocast` (bf16 for --precision bf16, and auto on
-        CUDA); weights, m and v stay fp32 (issue 6). The loss is computed in fp32."""
+        CUDA); weights, m and v stay fp32. The loss is computed in fp32."""
         module = self.model if module is None else module
         with wprec.autocast(self.device, self.precision):
             logits = module(x.to(self.device, non_blocking=True))
@@ -276,7 +276,7 @@ class Trainer:
         self.nonfinite_run = 0
 
     def _skip_update(self, k: int, loss_v: float, gnorm_v: float) -> str:
-        """SPEC section 9: a non-finite update is not applied, and the event is recorded."""
+        """docs/architecture.md#bad-input-and-faults: a non-finite update is not applied, and the event is recorded."""
         self.opt.skip_step()
         self.nonfinite_run += 1
         why = f"non-finite loss {loss_v} / grad norm {gnorm_v}: update not applied"
@@ -328,7 +328,7 @@ class Trainer:
 
     @torch.no_grad()
     def probe(self) -> dict[str, float]:
-        """Mean held-out loss per arm on the fixed probe set (never trained on; BANDIT.md)."""
+        """Mean held-out loss per arm on the fixed probe set (never trained on; docs/bandit.md#rewards)."""
         self.model.eval()
         out = {}
         for n in self.sampler.names:
@@ -341,7 +341,7 @@ class Trainer:
 
     @torch.no_grad()
     def sample_audit(self, k: int, probe: dict[str, float] | None) -> dict:
-        """Text from a fixed prompt per arm (seeded), and held-out loss per arm (SPEC section 5)."""
+        """Text from a fixed prompt per arm (seeded), and held-out loss per arm (docs/architecture.md#the-worker)."""
         self.model.eval()
         probe = probe or self.probe()
         self.model.eval()
@@ -467,7 +467,7 @@ class Trainer:
                     f"{control.get('reason') or 'control'} requested by the proxy")
                 r = self.ckpt.wait()
                 if r is not None and r.error:
-                    code = EXIT_FATAL  # SPEC 4 Disk: the stop path exits non-zero, saying so
+                    code = EXIT_FATAL  # docs/checkpoint-format.md#disk: the stop path exits non-zero, saying so
                     log.error("stopping (%s) but the checkpoint of step %d (%s) FAILED: %s; "
                               "exiting with code %d: steps after the newest durable checkpoint "
                               "will be trained again on resume", why, r.step, r.reason, r.error,
