@@ -18,7 +18,7 @@ import sys
 
 from proxy.run_options import add_run_args, check_resume_args, check_run_options, \
     config_from_args, proxy_options
-from shared.config import ConfigError, DEFAULT_ARMS, RunConfig, load_run_config
+from shared.config import ConfigError, DEFAULT_ARMS, RunConfig, load_run_config, probe_plan
 from shared.exit_codes import EXIT_USAGE
 from shared.run_layout import RunLayout
 
@@ -123,11 +123,19 @@ def _print_settings(cfg: RunConfig, a) -> None:
             ("lr peak/warm-up/decay end", f"{cfg.lr}/{cfg.warmup_steps}/{cfg.lr_decay_steps}"),
             ("weight decay / grad clip", f"{cfg.weight_decay}/{cfg.grad_clip}"),
             ("checkpoint/sample/probe every", f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}"),
+            ("held-out probe", _probe_row(cfg)),
             ("arms", ", ".join(x.name for x in cfg.arms)), ("reward", cfg.reward),
             ("seed", cfg.seed)]
     w = max(len(k) for k, _ in rows)
     for k, v in rows:
         log.info("  %s  %s", k.ljust(w), v)
+
+
+def _probe_row(cfg: RunConfig) -> str:
+    """The probe's size and its cost in training compute (shared/config.py probe_plan)."""
+    pp = probe_plan(cfg)
+    return (f"{pp.sequences} x {cfg.model.block_size} tokens per arm every {pp.every} steps = "
+            f"{pp.cost:.1%} of training FLOPs (budget {cfg.probe_budget:.0%})")
 
 
 def cmd_status(a) -> int:
