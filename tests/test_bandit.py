@@ -513,3 +513,127 @@ def test_centred_progress_ignores_a_trend_common_to_every_arm():
             assert p["a"] > p["b"] > p["c"], p
         else:
             assert not same
+
+
+# ----------------------------------------------------------------------------- issue 15
+
+TRAP_ARMS = ARMS + ["list-trap"]
+
+
+def trap_records(n_steps, batch=16, probe_every=10, seed=3, p=None):
+    """Records where arm `list-trap` (repetitive, list-like text) has a training loss that falls
+    fast (3.0 -> 0.2) while its held-out probe says nothing beyond the shared trend: it falls by
+    less than the others' (the trivial gain is made in the first steps, then stops)."""
+    rng = random.Random(seed)
+    probe = {a: 4.0 for a in TRAP_ARMS}
+    drops = {"python-docs": 0.012, "repo-code": 0.010, "repo-docstrings": 0.008, "list-trap": 0.004}
+    p = p or {a: 0.25 for a in TRAP_ARMS}
+    out = []
+    for step in range(1, n_steps + 1):
+        counts = {a: 0 for a in TRAP_ARMS}
+        for _ in range(batch):
+            counts[rng.choices(TRAP_ARMS, weights=[p[a] for a in TRAP_ARMS])[0]] += 1
+        loss = {a: 3.0 + 0.3 * rng.random() for a in ARMS} | {"list-trap": 0.2 + 2.8 * math.exp(-step / 20)}
+        rec = {"step": step, "phase_index": 0, "arms": counts, "p": dict(p),
+               "arm_loss": {a: v for a, v in loss.items() if counts[a]}, "probe": None,
+               "batch_size": batch}
+        if step % probe_every == 0:
+            for a in TRAP_ARMS:
+                probe[a] -= drops[a] * (1 + 0.5 * rng.gauss(0, 1))
+            rec["probe"] = dict(probe)
+        out.append(rec)
+    return out
+
+
+def test_collapse_trap_default_never_raises_the_repetitive_arm_after_warmup():
+    """Issue 15 point 4: the default bandit (heldout_progress) never lifts the repetitive arm's
+    probability above where it stands when the warm-up ends, although its train loss falls
+    fastest; the ODM baseline (train_loss) reacts to the train loss instead (here it lowers
+    it: a raw-loss reward prefers hard arms, the trap's danger is to a loss-DECREASE reward)."""
+    floors, caps = {a: 0.1 for a in TRAP_ARMS}, {a: 0.6 for a in TRAP_ARMS}
+    cfg = BanditConfig(warmup_steps=50)
+    b = Bandit(TRAP_ARMS, floors, caps, cfg)
+    start, top = None, 0.0
+    for r in trap_records(1500):
+        b.observe(r)
+        if r["step"] == cfg.warmup_steps:
+            start = b.probabilities()["list-trap"]
+        elif r["step"] > cfg.warmup_steps:
+            top = max(top, b.probabilities()["list-trap"])
+    assert b.updates > 100
+    assert top <= start + 1e-12, (start, top)
+    assert b.probabilities()["list-trap"] == pytest.approx(0.1)
+    # the negative control: a reward on the arm's own train-loss DECREASE would favour it
+    odm = Bandit(TRAP_ARMS, floors, caps, BanditConfig(reward="train_loss", warmup_steps=50))
+    for r in trap_records(1500):
+        odm.observe(r)
+    assert odm.probabilities()["list-trap"] <= 0.25
+
+
+def test_default_moves_fast_enough_for_a_steady_gap():
+    """docs/bandit.md#update: the stated speed of adaptation. With the defaults, an arm whose
+    probe falls faster than the others' reaches its cap within 20 updates after the warm-up."""
+    cfg = BanditConfig(warmup_steps=0)
+    b = make(cfg, {a: 0.1 for a in ARMS}, {a: 0.6 for a in ARMS})
+    recs = synthetic_records(10 * 25, probe_every=10,
+                             drops={"python-docs": 0.02, "repo-code": 0.01, "repo-docstrings": 0.01})
+    for r in recs:
+        b.observe(r)
+    assert b.updates <= 25
+    assert b.probabilities()["python-docs"] == pytest.approx(0.6, abs=1e-9)
+
+
+def test_progress_per_p_divides_progress_by_the_mean_recorded_p():
+    """progress_per_p: an arm drawn half as often that made the same progress scores twice the
+    raw reward (its data moved its loss twice as far per sequence)."""
+    cfg = BanditConfig(warmup_steps=0, progress_per_p=True, center_progress=False)
+    b = Bandit(["a", "b"], None, None, cfg)
+    p = {"a": 0.25, "b": 0.75}
+    b.observe({"step": 1, "phase_index": 0, "arms": {"a": 1, "b": 3}, "p": p, "probe": {"a": 3.0, "b": 3.0}})
+    b.observe({"step": 2, "phase_index": 0, "arms": {"a": 1, "b": 3}, "p": p})
+    b.observe({"step": 3, "phase_index": 0, "arms": {"a": 1, "b": 3}, "p": p, "probe": {"a": 2.9, "b": 2.9}})
+    assert sorted(b.scaler.to_dict()["values"]) == pytest.approx(sorted([0.1 / 0.25, 0.1 / 0.75]))
+    assert b.probabilities()["a"] > 0.5
+    plain = Bandit(["a", "b"], None, None, BanditConfig(warmup_steps=0, center_progress=False))
+    for r in ({"step": 1, "phase_index": 0, "arms": {}, "p": p, "probe": {"a": 3.0, "b": 3.0}},
+              {"step": 3, "phase_index": 0, "arms": {}, "p": p, "probe": {"a": 2.9, "b": 2.9}}):
+        plain.observe(r)
+    assert plain.scaler.to_dict()["values"] == pytest.approx([0.1, 0.1])
+
+
+@pytest.mark.parametrize("per_p", [False, True])
+def test_state_round_trip_mid_probe_interval(per_p):
+    """The p accumulated since the last probe is part of the state: a bandit restored between
+    two probes continues exactly like the original (resume bit-exact)."""
+    cfg = BanditConfig(progress_per_p=per_p, warmup_steps=20)
+    recs = synthetic_records(437, probe_every=10, drops={"python-docs": 0.02, "repo-code": 0.01,
+                                                         "repo-docstrings": 0.0})
+    a = replay(ARMS, {}, {}, cfg, recs[:433], 0, "x", 0)
+    back = Bandit.from_dict(json.loads(json.dumps(a.to_dict())))
+    for r in recs[433:] + synthetic_records(100, probe_every=10, seed=4, start=437):
+        a.observe(r)
+        back.observe(r)
+    assert a.to_dict() == back.to_dict()
+
+
+def test_probe_plan_costs_at_most_the_budget_at_every_preset_and_batch():
+    """shared/config.py probe_plan (docs/bandit.md#probe-cost): the probe's forward FLOPs stay
+    within probe_budget of training FLOPs for every preset, batch and arm count; the plan is a
+    pure function of the config; at batch 16 with probe_every 25 it is the historic 8 windows."""
+    from shared.config import PRESETS, RunConfig, probe_plan
+    for preset, shape in PRESETS.items():
+        for batch in (1, 2, 3, 4, 8, 16, 64, 512):
+            for k in (1, 2, 3, 4, 16):
+                cfg = RunConfig(preset=preset, model=shape, batch_size=batch)
+                pp = probe_plan(cfg, k)
+                cost = k * pp.sequences * shape.block_size / (3 * pp.every * batch * shape.block_size)
+                assert pp.cost == pytest.approx(cost)
+                assert cost <= cfg.probe_budget + 1e-12, (preset, batch, k, pp)
+                assert 1 <= pp.sequences <= cfg.probe_sequences and pp.every % cfg.probe_every == 0
+                assert probe_plan(cfg, k) == pp
+    cfg = RunConfig(batch_size=16)
+    assert probe_plan(cfg) == probe_plan(cfg, 3) and probe_plan(cfg).sequences == 8
+    assert probe_plan(cfg).every == 25
+    small = RunConfig(batch_size=2)
+    assert probe_plan(small).sequences == 1
+    assert probe_plan(RunConfig(batch_size=1)).every == 50
