@@ -353,11 +353,15 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
                 hit += 1
             runs.append(cache[key])
         res[label] = {"runs": runs, "t": time.perf_counter() - t1, "cached": hit}
+        if a.cache and hit < len(a.seeds):
+            a.cache.write_text(json.dumps(cache))  # after every row: a stopped run keeps its work
+        print(f"  ... {set_name} {label}: {res[label]['t']:.0f} s", file=sys.stderr, flush=True)
     for label, kind, c, bf in brows:
         t1 = time.perf_counter()
         runs = [train(kind, seed, copy.deepcopy(c), layout, a.steps, evals, bandit_fields=bf)
                 for seed in a.seeds]
         res[label] = {"runs": runs, "t": time.perf_counter() - t1, "cached": 0}
+        print(f"  ... {set_name} {label}: {res[label]['t']:.0f} s", file=sys.stderr, flush=True)
     for r in res.values():
         runs = r["runs"]
         r["ok"] = all(x["ok"] for x in runs)
