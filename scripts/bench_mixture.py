@@ -48,6 +48,7 @@ The last lines are one machine-readable `RESULT {...}` per arm set.
 import argparse
 import copy
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
@@ -81,7 +82,13 @@ POLICIES = ("static", "stratified", "odm", "default")
 VARIANT_KEYS = {"warmup": "bandit_warmup", "probe_every": "probe_every",
                 "probe_sequences": "probe_sequences"}
 BANDIT_KEYS = {f.name: f.type for f in dataclasses.fields(BanditConfig)} | {}
-PROBING = ("odm", "default")  # policies run as the real system runs them: with the worker's probe
+PROBING = ("odm", "default")
+ROOT = Path(__file__).resolve().parent.parent
+# the bandit rows' cache key includes the policy's code, so a cached row is what this code gives
+POLICY_SOURCE = hashlib.sha256(b"".join(
+    (ROOT / f).read_bytes() for f in ("proxy/bandit.py", "proxy/mixture.py", "proxy/reward_scaler.py",
+                                      "proxy/box_projection.py", "shared/config.py",
+                                      "scripts/bench_mixture.py"))).hexdigest()[:16]  # policies run as the real system runs them: with the worker's probe
 
 
 def arm_set(name: str, tmp: Path) -> list[ArmSpec]:
@@ -358,9 +365,19 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
         print(f"  ... {set_name} {label}: {res[label]['t']:.0f} s", file=sys.stderr, flush=True)
     for label, kind, c, bf in brows:
         t1 = time.perf_counter()
-        runs = [train(kind, seed, copy.deepcopy(c), layout, a.steps, evals, bandit_fields=bf)
-                for seed in a.seeds]
-        res[label] = {"runs": runs, "t": time.perf_counter() - t1, "cached": 0}
+        runs, hit = [], 0
+        for seed in a.seeds:
+            key = json.dumps(["v1", set_name, seed, kind, a.steps, c.bandit_warmup, c.probe_every,
+                              c.probe_sequences, c.probe_budget, sorted(bf.items()), a.eval_windows,
+                              max_s, c.batch_size, POLICY_SOURCE])
+            if key not in cache:
+                cache[key] = train(kind, seed, copy.deepcopy(c), layout, a.steps, evals, bandit_fields=bf)
+            else:
+                hit += 1
+            runs.append(cache[key])
+        res[label] = {"runs": runs, "t": time.perf_counter() - t1, "cached": hit}
+        if a.cache and hit < len(a.seeds):
+            a.cache.write_text(json.dumps(cache))
         print(f"  ... {set_name} {label}: {res[label]['t']:.0f} s", file=sys.stderr, flush=True)
     for r in res.values():
         runs = r["runs"]
@@ -444,7 +461,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     ap.add_argument("--grid-step", type=float, default=0.1, help="oracle grid step (default 0.1)")
     ap.add_argument("--no-oracle", action="store_true", help="skip the grid of fixed mixtures")
-    ap.add_argument("--cache", type=Path, help="JSON file keeping the fixed mixtures' results")
+    ap.add_argument("--cache", type=Path, nargs="+",
+                    help="JSON file keeping the rows' results (written; fixed mixtures by set, seed, "
+                         "mixture and steps; bandit rows also by the policy's source hash); more files "
+                         "are read too")
     ap.add_argument("--eval-windows", type=int, default=0,
                     help="held-out evaluation windows per arm, disjoint from the probes; 0 (default) = "
                          "every non-overlapping window of the held-out split clear of the probes")
@@ -463,7 +483,11 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     t_all = time.perf_counter()
-    cache = json.loads(a.cache.read_text()) if a.cache and a.cache.exists() else {}
+    cache = {}
+    for f in reversed(a.cache or []):
+        if f.exists():
+            cache.update(json.loads(f.read_text()))
+    a.cache = a.cache[0] if a.cache else None
     results = []
     with tempfile.TemporaryDirectory() as d:
         for set_name in list(a.sets) + (["trap"] if a.trap else []):
