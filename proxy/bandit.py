@@ -46,7 +46,7 @@ class BanditConfig:
     Raises BanditConfigError naming the field, the value and the allowed range.
     """
     reward: str = "heldout_progress"   # "heldout_progress" (Graves 2017) | "train_loss" (ODM, Albalak 2023)
-    eta: float = 0.05                  # learning rate on log-weights, nats per update per unit scaled reward
+    eta: float = 0.3                   # learning rate on log-weights, nats per update per unit scaled reward (issue 15)
     discount: float = 0.999            # lambda: log-weight decay per update, (0, 1]
     share: float = 0.01                # alpha: Exp3.S fixed-share mixing per update (Auer 2002), [0, 1)
     warmup_steps: int = 200            # steps after the phase start on the prior before the first update
@@ -61,7 +61,7 @@ class BanditConfig:
         if self.reward not in REWARDS:
             raise bad("reward", self.reward, f"is not one of {', '.join(REWARDS)}")
         if not _real(self.eta) or self.eta <= 0:
-            raise bad("eta", self.eta, "must be a finite number > 0 (default 0.05)")
+            raise bad("eta", self.eta, "must be a finite number > 0 (default 0.3)")
         if not _real(self.discount) or not 0.0 < self.discount <= 1.0:
             raise bad("discount", self.discount, "must be in (0, 1] (default 0.999)")
         if not _real(self.share) or not 0.0 <= self.share < 1.0:

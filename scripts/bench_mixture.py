@@ -453,8 +453,9 @@ def print_table(res: dict, labels: list, ref: dict, names, a) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", nargs="+", choices=("A", "B"), default=["A", "B"],
-                    help="arm sets (A: the embedded defaults; B: C headers, test files, prose)")
+    ap.add_argument("--sets", nargs="+", choices=("A", "B", "trap"), default=["A", "B"],
+                    help="arm sets (A: the embedded defaults; B: C headers, test files, prose; trap: "
+                         "A plus the repetitive arm)")
     ap.add_argument("--trap", action="store_true",
                     help="also run the collapse trap: set A plus a repetitive list-like arm")
     ap.add_argument("--steps", type=int, default=300, help="training steps of the bandit rows (e.g. 1000)")
@@ -468,8 +469,8 @@ def main() -> None:
     ap.add_argument("--eval-windows", type=int, default=0,
                     help="held-out evaluation windows per arm, disjoint from the probes; 0 (default) = "
                          "every non-overlapping window of the held-out split clear of the probes")
-    ap.add_argument("--bandit-warmup", type=int, default=50,
-                    help="run config bandit_warmup: steps on the prior before the first update (default 50)")
+    ap.add_argument("--bandit-warmup", type=int, default=10,
+                    help="run config bandit_warmup: steps on the prior before the first update (default 10)")
     ap.add_argument("--probe-every", type=int, default=10,
                     help="run config probe_every: the policy period and lag, steps (default 10)")
     ap.add_argument("--probe-sequences", type=int, default=8,
@@ -490,7 +491,7 @@ def main() -> None:
     a.cache = a.cache[0] if a.cache else None
     results = []
     with tempfile.TemporaryDirectory() as d:
-        for set_name in list(a.sets) + (["trap"] if a.trap else []):
+        for set_name in list(dict.fromkeys(list(a.sets) + (["trap"] if a.trap else []))):
             out = run_set(set_name, a, Path(d), cache)
             if a.cache:
                 a.cache.write_text(json.dumps(cache))
