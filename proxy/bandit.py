@@ -54,6 +54,9 @@ class BanditConfig:
     epochs_discount: bool = False      # multiply rewards by 1/(1 + epochs_i) when records carry "epochs"
     center_progress: bool = True       # heldout_progress: subtract the probe's mean over arms before scaling
     progress_per_p: bool = False       # heldout_progress: divide each arm's progress by its mean recorded p
+    easy_arm_ratio: float = 0.8        # heldout_progress: an arm whose probe loss is below this times the
+                                       # mean of the others' is trivially predictable: it never out-scores
+                                       # the worst arm (the collapse trap, docs/bandit.md#the-easy-arm-guard); 0 = off
 
     def __post_init__(self):
         def bad(field: str, value: Any, rule: str) -> BanditConfigError:
@@ -77,6 +80,9 @@ class BanditConfig:
             raise bad("center_progress", self.center_progress, "must be true or false")
         if not isinstance(self.progress_per_p, bool):
             raise bad("progress_per_p", self.progress_per_p, "must be true or false")
+        if not _real(self.easy_arm_ratio) or not 0.0 <= self.easy_arm_ratio < 1.0:
+            raise bad("easy_arm_ratio", self.easy_arm_ratio, "must be in [0, 1) (default 0.8; 0 = off)")
+        self.easy_arm_ratio = float(self.easy_arm_ratio)
         self.eta, self.discount, self.share = float(self.eta), float(self.discount), float(self.share)
         self.ema_beta = float(self.ema_beta)
 
@@ -272,7 +278,24 @@ class Bandit:
             mean = math.fsum(raw.values()) / len(raw)
             raw = {a: v - mean for a, v in raw.items()}
         scaled = self._fold_scaled(raw)
-        return {a: s * self._multiplier(record, a) for a, s in scaled.items()}
+        g = {a: s * self._multiplier(record, a) for a, s in scaled.items()}
+        easy = self.easy_arms()
+        if easy and len(g) > 1:
+            worst = min(g.values())
+            g = {a: (min(v, worst) if a in easy else v) for a, v in g.items()}
+        return g
+
+    def easy_arms(self) -> list[str]:
+        """Arms whose last probe loss is below `easy_arm_ratio` times the mean of the other arms'
+        last probe losses (sorted names; docs/bandit.md#the-easy-arm-guard): trivially predictable
+        sources (lists, repetition) whose held-out progress is not allowed to raise them."""
+        r = self.config.easy_arm_ratio
+        known = {a: v for a, v in self.last_probe.items() if v is not None}
+        if r <= 0 or len(known) < 2:
+            return []
+        total = math.fsum(known.values())
+        return [a for a in sorted(known)
+                if known[a] < r * (total - known[a]) / (len(known) - 1)]
 
     def _train_loss_rewards(self, record: Mapping[str, Any], n: dict[str, int]) -> dict[str, float]:
         losses = record.get("arm_loss") or {}
