@@ -302,27 +302,34 @@ def test_records_of_other_phases_and_old_steps_are_ignored():
     assert b.to_dict() == before
 
 
-def test_repetitive_arm_whose_probe_drops_fastest_gains_but_never_passes_cap():
+def test_repetitive_arm_whose_probe_drops_fastest_never_passes_cap_and_loses_once_easy():
     cfg = BanditConfig()
     caps = {"repo-docstrings": 0.5}
     floors = {a: 0.1 for a in ARMS}
     b = make(cfg, floors, caps)
     recs = synthetic_records(3000, drops={"python-docs": 0.005, "repo-code": 0.005, "repo-docstrings": 0.05})
     p0 = b.probabilities()
-    changed_before_warmup = False
+    changed_before_warmup, top = False, 0.0
     for r in recs:
         changed = b.observe(r)
         if r["step"] <= cfg.warmup_steps:
             changed_before_warmup |= changed
             assert b.probabilities() == p0
         p = b.probabilities()
+        top = max(top, p["repo-docstrings"])
         for a in ARMS:
             assert floors[a] - 1e-12 <= p[a] <= caps.get(a, 1.0) + 1e-12
     assert not changed_before_warmup
     p = b.probabilities()
-    assert p["repo-docstrings"] > p0["repo-docstrings"]
-    assert p["repo-docstrings"] == pytest.approx(0.5)
-    assert p["repo-docstrings"] > max(p["python-docs"], p["repo-code"])
+    # it gained while its loss was ordinary, up to its cap; once its probe loss fell below
+    # easy_arm_ratio x the others' it is an easy arm and can only lose (docs/bandit.md#the-easy-arm-guard)
+    assert top == pytest.approx(0.5)
+    assert b.easy_arms() == ["repo-docstrings"]
+    assert p["repo-docstrings"] < 0.5 - 0.1
+    off = make(dataclasses.replace(cfg, easy_arm_ratio=0.0), floors, caps)
+    for r in recs:
+        off.observe(r)
+    assert off.probabilities()["repo-docstrings"] == pytest.approx(0.5)   # the guard's negative control
 
 
 def test_heldout_progress_ignores_train_loss():
@@ -647,3 +654,34 @@ def test_probe_plan_costs_at_most_the_budget_at_every_preset_and_batch():
     small = RunConfig(batch_size=2)
     assert probe_plan(small).sequences == 1
     assert probe_plan(RunConfig(batch_size=1)).every == 50
+
+
+def test_collapse_trap_whose_probe_falls_fastest_is_held_by_the_easy_arm_guard():
+    """The bench's trap (scripts/bench_mixture.py --sets trap): the repetitive arm's held-out
+    probe falls FASTEST and far below the others'. Without the guard (easy_arm_ratio 0) the
+    default pushes it to its cap; with it, it is never raised above its p after the warm-up."""
+    floors, caps = {a: 0.1 for a in TRAP_ARMS}, {a: 0.6 for a in TRAP_ARMS}
+    rng = random.Random(11)
+    probe = {a: 5.5 for a in TRAP_ARMS}
+    recs = []
+    for step in range(1, 301):
+        rec = {"step": step, "phase_index": 0, "arms": {a: 4 for a in TRAP_ARMS}, "p": {a: 0.25 for a in TRAP_ARMS}}
+        if step % 10 == 0:
+            for a in ARMS:
+                probe[a] -= 2.0 / step + 0.003 * rng.random()
+            probe["list-trap"] = 0.5 + 5.0 * math.exp(-step / 15) - 0.001 * step * rng.random()
+            rec["probe"] = dict(probe)
+        recs.append(rec)
+    tops = {}
+    for ratio in (0.8, 0.0):
+        b = Bandit(TRAP_ARMS, floors, caps, BanditConfig(warmup_steps=10, easy_arm_ratio=ratio))
+        start, top = None, 0.0
+        for r in recs:
+            b.observe(r)
+            if r["step"] == 10:
+                start = b.probabilities()["list-trap"]
+            elif r["step"] > 10:
+                top = max(top, b.probabilities()["list-trap"])
+        tops[ratio] = (start, top)
+    assert tops[0.8][1] <= tops[0.8][0] + 1e-12, tops
+    assert tops[0.0][1] > tops[0.0][0] + 0.1, tops      # the trap is real without the guard
