@@ -46,7 +46,7 @@ class BanditConfig:
     Raises BanditConfigError naming the field, the value and the allowed range.
     """
     reward: str = "heldout_progress"   # "heldout_progress" (Graves 2017) | "train_loss" (ODM, Albalak 2023)
-    eta: float = 0.3                   # learning rate on log-weights, nats per update per unit scaled reward (issue 15)
+    eta: float = 0.05                  # learning rate on log-weights, nats per update per unit scaled reward
     discount: float = 0.999            # lambda: log-weight decay per update, (0, 1]
     share: float = 0.01                # alpha: Exp3.S fixed-share mixing per update (Auer 2002), [0, 1)
     warmup_steps: int = 200            # steps after the phase start on the prior before the first update
@@ -54,9 +54,9 @@ class BanditConfig:
     epochs_discount: bool = False      # multiply rewards by 1/(1 + epochs_i) when records carry "epochs"
     center_progress: bool = True       # heldout_progress: subtract the probe's mean over arms before scaling
     progress_per_p: bool = False       # heldout_progress: divide each arm's progress by its mean recorded p
-    easy_arm_ratio: float = 0.8        # heldout_progress: an arm whose probe loss is below this times the
+    easy_arm_ratio: float = 0.0        # heldout_progress: an arm whose probe loss is below this times the
                                        # mean of the others' is trivially predictable: it never out-scores
-                                       # the worst arm (the collapse trap, docs/bandit.md#the-easy-arm-guard); 0 = off
+                                       # the worst arm (the collapse trap, docs/bandit.md#the-easy-arm-guard); 0 = off (default)
 
     def __post_init__(self):
         def bad(field: str, value: Any, rule: str) -> BanditConfigError:
@@ -64,7 +64,7 @@ class BanditConfig:
         if self.reward not in REWARDS:
             raise bad("reward", self.reward, f"is not one of {', '.join(REWARDS)}")
         if not _real(self.eta) or self.eta <= 0:
-            raise bad("eta", self.eta, "must be a finite number > 0 (default 0.3)")
+            raise bad("eta", self.eta, "must be a finite number > 0 (default 0.05)")
         if not _real(self.discount) or not 0.0 < self.discount <= 1.0:
             raise bad("discount", self.discount, "must be in (0, 1] (default 0.999)")
         if not _real(self.share) or not 0.0 <= self.share < 1.0:
@@ -81,7 +81,7 @@ class BanditConfig:
         if not isinstance(self.progress_per_p, bool):
             raise bad("progress_per_p", self.progress_per_p, "must be true or false")
         if not _real(self.easy_arm_ratio) or not 0.0 <= self.easy_arm_ratio < 1.0:
-            raise bad("easy_arm_ratio", self.easy_arm_ratio, "must be in [0, 1) (default 0.8; 0 = off)")
+            raise bad("easy_arm_ratio", self.easy_arm_ratio, "must be in [0, 1) (default 0 = off)")
         self.easy_arm_ratio = float(self.easy_arm_ratio)
         self.eta, self.discount, self.share = float(self.eta), float(self.discount), float(self.share)
         self.ema_beta = float(self.ema_beta)
@@ -205,6 +205,9 @@ class Bandit:
         lost (scripts/bench_mixture.py: 48 % of scaled rewards at -1 without, 13 % with); train_loss =
         g_i = n_i s_i / (B p_i) with s_i the scaled train loss (0 for n_i == 0). Raw rewards
         enter the QuantileScaler, then are scaled to [-1, 1]; the EMA sees the scaled value.
+        Options (off by default): `progress_per_p` divides each arm's progress by its mean
+        recorded p since the previous probe; `easy_arm_ratio` > 0 caps the scaled reward of an
+        easy arm (`easy_arms`) at the worst arm's (docs/bandit.md#the-easy-arm-guard).
         No log-weight update during warm-up (step <= phase start + warmup_steps) or when the
         record carries no reward. Raises ValueError for a record without a usable "step" or
         with negative or non-integer counts (nothing is changed then).

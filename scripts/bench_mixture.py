@@ -469,8 +469,8 @@ def main() -> None:
     ap.add_argument("--eval-windows", type=int, default=0,
                     help="held-out evaluation windows per arm, disjoint from the probes; 0 (default) = "
                          "every non-overlapping window of the held-out split clear of the probes")
-    ap.add_argument("--bandit-warmup", type=int, default=10,
-                    help="run config bandit_warmup: steps on the prior before the first update (default 10)")
+    ap.add_argument("--bandit-warmup", type=int, default=50,
+                    help="run config bandit_warmup: steps on the prior before the first update (default 50)")
     ap.add_argument("--probe-every", type=int, default=10,
                     help="run config probe_every: the policy period and lag, steps (default 10)")
     ap.add_argument("--probe-sequences", type=int, default=8,
