@@ -53,6 +53,10 @@ class BanditConfig:
     ema_beta: float = 0.9              # decay of the per-arm reward EMA (bias-corrected), [0, 1)
     epochs_discount: bool = False      # multiply rewards by 1/(1 + epochs_i) when records carry "epochs"
     center_progress: bool = True       # heldout_progress: subtract the probe's mean over arms before scaling
+    progress_per_p: bool = False       # heldout_progress: divide each arm's progress by its mean recorded p
+    easy_arm_ratio: float = 0.0        # heldout_progress: an arm whose probe loss is below this times the
+                                       # mean of the others' is trivially predictable: it never out-scores
+                                       # the worst arm (the collapse trap, docs/bandit.md#the-easy-arm-guard); 0 = off (default)
 
     def __post_init__(self):
         def bad(field: str, value: Any, rule: str) -> BanditConfigError:
@@ -74,6 +78,11 @@ class BanditConfig:
             raise bad("epochs_discount", self.epochs_discount, "must be true or false")
         if not isinstance(self.center_progress, bool):
             raise bad("center_progress", self.center_progress, "must be true or false")
+        if not isinstance(self.progress_per_p, bool):
+            raise bad("progress_per_p", self.progress_per_p, "must be true or false")
+        if not _real(self.easy_arm_ratio) or not 0.0 <= self.easy_arm_ratio < 1.0:
+            raise bad("easy_arm_ratio", self.easy_arm_ratio, "must be in [0, 1) (default 0 = off)")
+        self.easy_arm_ratio = float(self.easy_arm_ratio)
         self.eta, self.discount, self.share = float(self.eta), float(self.discount), float(self.share)
         self.ema_beta = float(self.ema_beta)
 
@@ -141,6 +150,8 @@ class Bandit:
         self.ema_acc = {a: 0.0 for a in self.arms}   # uncorrected EMA accumulator
         self.ema_n = {a: 0 for a in self.arms}
         self.last_probe: dict[str, float | None] = {a: None for a in self.arms}
+        self.p_acc = {a: 0.0 for a in self.arms}     # sum of recorded p since the last probe
+        self.p_n = 0                                 # records in that sum
         if prior is None:
             raw = {a: 1.0 for a in self.arms}
         else:
@@ -194,6 +205,9 @@ class Bandit:
         lost (scripts/bench_mixture.py: 48 % of scaled rewards at -1 without, 13 % with); train_loss =
         g_i = n_i s_i / (B p_i) with s_i the scaled train loss (0 for n_i == 0). Raw rewards
         enter the QuantileScaler, then are scaled to [-1, 1]; the EMA sees the scaled value.
+        Options (off by default): `progress_per_p` divides each arm's progress by its mean
+        recorded p since the previous probe; `easy_arm_ratio` > 0 caps the scaled reward of an
+        easy arm (`easy_arms`) at the worst arm's (docs/bandit.md#the-easy-arm-guard).
         No log-weight update during warm-up (step <= phase start + warmup_steps) or when the
         record carries no reward. Raises ValueError for a record without a usable "step" or
         with negative or non-integer counts (nothing is changed then).
@@ -216,6 +230,11 @@ class Bandit:
             self.pulls_lifetime[a] += n[a]
         self.step = step
         self.steps += 1
+        p_rec = record.get("p") or {}
+        if all(_real(p_rec.get(a)) for a in self.arms):
+            for a in self.arms:
+                self.p_acc[a] += float(p_rec[a])
+            self.p_n += 1
         if self.config.reward == "heldout_progress":
             g = self._heldout_rewards(record)
         else:
@@ -255,11 +274,31 @@ class Bandit:
             prev, self.last_probe[a] = self.last_probe[a], v
             if prev is not None:
                 raw[a] = prev - v
+        if self.config.progress_per_p and self.p_n:
+            raw = {a: v * self.p_n / self.p_acc[a] if self.p_acc[a] > 0 else v for a, v in raw.items()}
+        self.p_acc, self.p_n = {a: 0.0 for a in self.arms}, 0
         if self.config.center_progress and len(raw) > 1:
             mean = math.fsum(raw.values()) / len(raw)
             raw = {a: v - mean for a, v in raw.items()}
         scaled = self._fold_scaled(raw)
-        return {a: s * self._multiplier(record, a) for a, s in scaled.items()}
+        g = {a: s * self._multiplier(record, a) for a, s in scaled.items()}
+        easy = self.easy_arms()
+        if easy and len(g) > 1:
+            worst = min(g.values())
+            g = {a: (min(v, worst) if a in easy else v) for a, v in g.items()}
+        return g
+
+    def easy_arms(self) -> list[str]:
+        """Arms whose last probe loss is below `easy_arm_ratio` times the mean of the other arms'
+        last probe losses (sorted names; docs/bandit.md#the-easy-arm-guard): trivially predictable
+        sources (lists, repetition) whose held-out progress is not allowed to raise them."""
+        r = self.config.easy_arm_ratio
+        known = {a: v for a, v in self.last_probe.items() if v is not None}
+        if r <= 0 or len(known) < 2:
+            return []
+        total = math.fsum(known.values())
+        return [a for a in sorted(known)
+                if known[a] < r * (total - known[a]) / (len(known) - 1)]
 
     def _train_loss_rewards(self, record: Mapping[str, Any], n: dict[str, int]) -> dict[str, float]:
         losses = record.get("arm_loss") or {}
@@ -323,7 +362,7 @@ class Bandit:
             "last_probe": self.last_probe[name]}
         self.arms = rest
         for d in (self.floors, self.caps, self.pulls, self.pulls_lifetime, self.ema_acc,
-                  self.ema_n, self.last_probe, self.prior, self.logw):
+                  self.ema_n, self.last_probe, self.prior, self.logw, self.p_acc):
             del d[name]
         top = max(self.logw.values())
         self.logw = {a: v - top for a, v in self.logw.items()}
@@ -355,6 +394,7 @@ class Bandit:
         self.arms, self.floors, self.caps = arms, floors, caps
         self.pulls[name], self.pulls_lifetime[name] = 0, 0
         self.ema_acc[name], self.ema_n[name], self.last_probe[name] = 0.0, 0, None
+        self.p_acc[name] = 0.0
         self.logw[name], self.prior[name] = average, 0.0
         if old is not None:
             self.pulls_lifetime[name] = int(old["pulls_lifetime"])
@@ -369,7 +409,7 @@ class Bandit:
         top = max(self.logw.values())
         self.logw = {a: self.logw[a] - top for a in self.arms}
         for d in (self.floors, self.caps, self.pulls, self.pulls_lifetime, self.ema_acc,
-                  self.ema_n, self.last_probe, self.prior):
+                  self.ema_n, self.last_probe, self.prior, self.p_acc):
             items = sorted(d.items())
             d.clear()
             d.update(items)
@@ -399,7 +439,8 @@ class Bandit:
                           "steps": self.steps},
                 "caps": dict(self.caps), "floors": dict(self.floors), "version": self.version,
                 "config": self.config.to_dict(), "arms": arms, "scaler": self.scaler.to_dict(),
-                "retired": copy.deepcopy(self.retired), "added": copy.deepcopy(self.added)}
+                "retired": copy.deepcopy(self.retired), "added": copy.deepcopy(self.added),
+                "p_since_probe": {"sum": dict(self.p_acc), "n": self.p_n}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Bandit":
@@ -419,6 +460,9 @@ class Bandit:
             b.scaler = QuantileScaler.from_dict(d["scaler"])
             b.retired = copy.deepcopy(dict(d.get("retired") or {}))
             b.added = copy.deepcopy(dict(d.get("added") or {}))
+            since = d.get("p_since_probe") or {}
+            b.p_n = int(since.get("n", 0))
+            b.p_acc = {a: float((since.get("sum") or {}).get(a, 0.0)) for a in b.arms}
             for a in b.arms:
                 s = arms[a]
                 b.pulls[a] = int(s["pulls"])

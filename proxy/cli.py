@@ -15,7 +15,7 @@ import sys
 
 from proxy.run_options import add_run_args, check_resume_args, check_run_options, \
     config_from_args, proxy_options
-from shared.config import ConfigError, DEFAULT_ARMS, RunConfig, load_run_config
+from shared.config import ConfigError, DEFAULT_ARMS, RunConfig, load_run_config, probe_plan
 from shared.exit_codes import EXIT_USAGE
 from shared.run_layout import RunLayout
 
@@ -154,6 +154,7 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
             ("weight decay / grad clip", f"{cfg.weight_decay}/{cfg.grad_clip}", "default"),
             ("checkpoint/sample/probe every", f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}",
              src("checkpoint_every", "sample_every", "probe_every")),
+            ("held-out probe", _probe_row(cfg), "default"),
             ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
              src("keep_last", "keep_every", per_start=True)),
             ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),
@@ -165,6 +166,13 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
     vw = max(len(str(v)) for _, v, _ in rows)
     for k, v, where in rows:
         log.info("  %s  %s  %s", k.ljust(w), str(v).ljust(vw), f"[{where}]" if where else "")
+
+
+def _probe_row(cfg: RunConfig) -> str:
+    """The probe's size and its cost in training compute (shared/config.py probe_plan)."""
+    pp = probe_plan(cfg)
+    return (f"{pp.sequences} x {cfg.model.block_size} tokens per arm every {pp.every} steps = "
+            f"{pp.cost:.1%} of training FLOPs (budget {cfg.probe_budget:.0%})")
 
 
 COMMANDS = (  # name, one line of help; each command's options are defined by its own module

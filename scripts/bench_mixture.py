@@ -1,40 +1,61 @@
 #!/usr/bin/env python3
 """Benchmark (docs/bandit.md#how-we-show-it-works): does the default mixture policy pay?
 
-Same tiny model (andrea-test), same token budget, same seeds, four policies:
+Same tiny model (andrea-test), same compute, same seeds, on two arm sets of different character
+(A: the embedded default arms, docstrings / code / reference docs; B: the standard library's C
+headers, its test files and IDLE's English prose; local files only), each in the box floors 0.1,
+caps 0.6 on every arm:
   static      the natural mixture (proportional to each arm's training tokens), projected into the box
   stratified  uniform within the box (Aioli's strong baseline; the reference of every ratio)
   odm         the bandit with reward train_loss (ODM, Albalak et al. 2023)
-  default     the bandit with reward heldout_progress (ours)
+  default     the bandit with its default configuration (reward heldout_progress)
+  fixed[...]  the oracle: every fixed mixture of a grid over the box (step --grid-step, 0.1),
+              best one per set = the "available gain" (stratified - best fixed); the default's
+              captured share = (stratified - default) / (stratified - best fixed)
 Runs in-process (no proxy): the worker's model, optimizer, sampler and the proxy's
-MixtureController, with the same one-period policy lag as a real run. For a given seed every
-policy starts from the same initialisation and trains for the same steps x sequences x tokens;
-probes are forward passes only and cost no training tokens.
+MixtureController, with the same one-period policy lag as a real run, and the probe the worker
+runs (shared/config.py `probe_plan`: its size from the config, <= probe_budget of training FLOPs).
+The comparison charges the bandit for its probes: every policy that does not probe (static,
+stratified, fixed) trains extra steps whose training FLOPs equal the default's probe forwards
+(a forward is 1/3 of a training step per token), with its learning-rate schedule stretched to
+match; so all rows spend the same compute. For a given seed every policy starts from the same
+initialisation.
 
 What is scored: at the end, each arm's mean loss (nats/token) on a FIXED evaluation set from the
 arm's held-out split (never trained on) that is DISJOINT from the bandit's probe windows
-(`ArmSampler.heldout_windows(name, probe_sequences)`, for every probe_sequences in use), so the
+(`ArmSampler.heldout_windows(name, probe_sequences)`, for every probe size in use), so the
 heldout_progress reward never sees the windows it is judged on. The evaluation windows are the
 non-overlapping block+1 tiles of the held-out split minus every tile that overlaps a probe window:
-all of them by default (about 650 to 3,000 per arm), or `--eval-windows N` evenly spaced among
-them. Per seed: the mean over arms and the worst arm. The table averages over seeds, gives ratios
-to stratified, and the paired (same-seed) difference to stratified with its standard error over
-seeds. It also checks that no posted p ever left its box.
+all of them by default, or `--eval-windows N` evenly spaced among them. Per seed: the mean over
+arms and the worst arm. The table averages over seeds, gives ratios to stratified, and the paired
+(same-seed) difference to stratified with its standard error over seeds. It also checks that no
+posted p ever left its box.
 
-The bandit knobs a run's configuration sets (bandit_warmup, probe_every, probe_sequences) are
-options; `--variant` adds rows of the default policy under other values of them, e.g.
-`--variant fast:warmup=0,probe_every=1,probe_sequences=32`.
+`--trap` adds the collapse trap: set A plus an arm of repetitive, list-like text ("- item 3:
+region region region"); the default must never raise that arm's probability above the prior it
+holds after the warm-up, and the odm row shows whether the trap is real.
 
-    python scripts/bench_mixture.py [--steps 300] [--seeds 1 2 3 4 5] [--eval-windows 0]
-        [--bandit-warmup 50] [--probe-every 10] [--probe-sequences 8] [--policies ...]
-        [--variant NAME:warmup=W,probe_every=P,probe_sequences=S ...]
+The run configuration's bandit knobs (bandit_warmup, probe_every, probe_sequences) are options;
+`--variant` adds rows of the default policy under other values of them or of BanditConfig
+fields, e.g. `--variant fast:warmup=0,probe_every=5,eta=0.5`. `--cache FILE` keeps the fixed
+mixtures' results (they do not depend on the bandit) so a rerun only trains the bandit rows.
+The last lines are one machine-readable `RESULT {...}` per arm set.
+
+    python scripts/bench_mixture.py [--sets A B] [--steps 300] [--seeds 1 2 3 4 5] [--trap]
+        [--grid-step 0.1 | --no-oracle] [--cache FILE] [--eval-windows 0] [--bandit-warmup 50]
+        [--probe-every 10] [--probe-sequences 8] [--policies ...] [--variant NAME:KEY=V,...]
 """
 import argparse
 import copy
+import dataclasses
+import hashlib
+import itertools
+import json
 import logging
 import math
 import statistics
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -45,21 +66,70 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from proxy.bandit import project_to_box  # noqa: E402
+from proxy.bandit import BanditConfig, project_to_box  # noqa: E402
 from proxy.mixture import MixtureController, Phase  # noqa: E402
 from proxy.run_setup import create_run  # noqa: E402
 from shared.arm_data import read_arm_index  # noqa: E402
-from shared.config import PRESETS, RunConfig  # noqa: E402
+from shared.config import DEFAULT_ARMS, PRESETS, ArmSpec, RunConfig, probe_plan  # noqa: E402
 from shared.run_layout import RunLayout  # noqa: E402
 from worker.data import ArmSampler  # noqa: E402
 from worker.model import GPT  # noqa: E402
 from worker.optim import FlatAdamW, learning_rate  # noqa: E402
 
-CAPS = {"repo-code": 0.6, "repo-docstrings": 0.6, "python-docs": 0.6}
-FLOORS = {"repo-code": 0.1, "repo-docstrings": 0.1, "python-docs": 0.1}
+FLOOR, CAP = 0.1, 0.6         # the box of every arm
+TRAP = "list-trap"
 POLICIES = ("static", "stratified", "odm", "default")
 VARIANT_KEYS = {"warmup": "bandit_warmup", "probe_every": "probe_every",
                 "probe_sequences": "probe_sequences"}
+BANDIT_KEYS = {f.name: f.type for f in dataclasses.fields(BanditConfig)} | {}
+PROBING = ("odm", "default")
+ROOT = Path(__file__).resolve().parent.parent
+# the bandit rows' cache key includes the policy's code, so a cached row is what this code gives
+POLICY_SOURCE = hashlib.sha256(b"".join(
+    (ROOT / f).read_bytes() for f in ("proxy/bandit.py", "proxy/mixture.py", "proxy/reward_scaler.py",
+                                      "proxy/box_projection.py", "shared/config.py",
+                                      "scripts/bench_mixture.py"))).hexdigest()[:16]  # policies run as the real system runs them: with the worker's probe
+
+
+def arm_set(name: str, tmp: Path) -> list[ArmSpec]:
+    """The arms of set `name`: "A" (the embedded defaults), "B" (C headers, test files, English
+    prose of this Python installation) or "trap" (A plus the repetitive list-like arm)."""
+    lib, inc = sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["include"]
+    if name == "A":
+        return list(DEFAULT_ARMS)
+    if name == "B":
+        return [ArmSpec("c-headers", "text", f"{inc}/**/*.h"),
+                ArmSpec("py-tests", "text", f"{lib}/test/test_[a-c]*.py"),
+                ArmSpec("prose", "text", f"{lib}/idlelib/*.txt")]
+    if name == "trap":
+        return list(DEFAULT_ARMS) + [ArmSpec(TRAP, "text", str(write_trap(tmp / "trap.txt")))]
+    raise ValueError(f"unknown arm set {name!r}")
+
+
+def write_trap(path: Path, lines: int = 12000) -> Path:
+    """Repetitive, list-like text ("- item 3: region region region"): trivially predictable,
+    the kind of source that lowered the predecessor's cross-entropy and collapsed its run."""
+    words = ["region", "value", "entry", "table", "field", "option"]
+    path.write_text("".join(f"- item {i % 50}: " + " ".join([words[i % len(words)]] * 3) + "\n"
+                            for i in range(lines)))
+    return path
+
+
+def box(names) -> tuple[dict, dict]:
+    """(floors, caps) of the benchmark box for `names`."""
+    return {n: FLOOR for n in names}, {n: CAP for n in names}
+
+
+def grid(names, step: float) -> list[dict]:
+    """Every mixture on the grid of `step` inside the box (floors and caps included)."""
+    units = round(1 / step)
+    lo, hi = round(FLOOR / step), round(CAP / step)
+    out = []
+    for c in itertools.product(range(lo, hi + 1), repeat=len(names) - 1):
+        last = units - sum(c)
+        if lo <= last <= hi:
+            out.append({n: round(v * step, 10) for n, v in zip(names, (*c, last))})
+    return out
 
 
 def seq_losses(model, x, y):
@@ -115,34 +185,46 @@ def eval_windows(sampler: ArmSampler, name: str, n: int, probe_counts) -> tuple[
     return torch.from_numpy(np.stack([np.asarray(toks[s:s + w], dtype=np.int64) for s in pick])), len(tiles)
 
 
-def train(policy: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
-          evals: dict[str, torch.Tensor]) -> tuple[dict, bool, dict, dict]:
-    """Train one policy for one seed; returns (eval loss per arm, in box, time-mean p, final p)."""
+def train(kind: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
+          evals: dict[str, torch.Tensor], fixed: dict | None = None,
+          bandit_fields: dict | None = None) -> dict:
+    """Train one policy for one seed for `steps` updates (cfg.lr_decay_steps sets the schedule).
+
+    `kind`: "fixed" (the mixture `fixed`), "odm" or "default" (the bandit with the worker's probe
+    of `probe_plan(cfg)`; `bandit_fields` override BanditConfig fields). Returns {"h": eval loss
+    per arm, "ok": every posted p in the box, "pmean": time-mean p, "pfinal": final p, "pmax":
+    largest p posted after the warm-up, "pstart": p in force at the first step after it}."""
     torch.manual_seed(seed)
     cfg.seed = seed
     index = read_arm_index(layout)
     sampler = ArmSampler(layout.root, index, cfg.model.block_size)
     names = sampler.names
-    probes = {n: sampler.heldout_windows(n, cfg.probe_sequences) for n in names}
+    floors, caps = box(names)
+    plan = probe_plan(cfg, len(names))
+    probes = {n: sampler.heldout_windows(n, plan.sequences) for n in names}
     model = GPT(cfg.model, cfg.vocab_size, 0.0, seed=seed)
     model.to_device(torch.device("cpu"))
     opt = FlatAdamW(model, cfg)
     mix = None
-    if policy in ("odm", "default"):
-        mix = MixtureController(names, Phase(0, "bench", 0, CAPS, FLOORS),
-                                "train_loss" if policy == "odm" else "heldout_progress",
+    if kind in PROBING:
+        mix = MixtureController(names, Phase(0, "bench", 0, caps, floors),
+                                "train_loss" if kind == "odm" else "heldout_progress",
                                 cfg.bandit_warmup, cfg.probe_every)
-    elif policy == "static":
-        fixed = project_to_box({n: float(index[n].heldout_start) for n in names}, FLOORS, CAPS)
-    else:
-        fixed = project_to_box({n: 1.0 for n in names}, FLOORS, CAPS)
+        if bandit_fields:
+            mix.bandit.config = dataclasses.replace(mix.bandit.config, **bandit_fields)
     in_box = True
     p_sum = {n: 0.0 for n in names}
+    pmax = {n: 0.0 for n in names}
+    pstart = None
     for k in range(1, steps + 1):
         p = mix.policies[(k - 1) // cfg.probe_every] if mix else fixed
-        in_box &= all(FLOORS[n] - 1e-12 <= p.get(n, 0) <= CAPS[n] + 1e-12 for n in names)
+        in_box &= all(floors[n] - 1e-12 <= p.get(n, 0) <= caps[n] + 1e-12 for n in names)
         for n in names:
             p_sum[n] += p.get(n, 0.0)
+            if k > cfg.bandit_warmup:
+                pmax[n] = max(pmax[n], p.get(n, 0.0))
+        if k == cfg.bandit_warmup + 1:
+            pstart = dict(p)
         b = sampler.draw(seed, k, p, cfg.batch_size)
         seq = seq_losses(model, b.x, b.y)
         loss = seq.mean()
@@ -155,25 +237,38 @@ def train(policy: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
             rec = {"step": k, "arms": b.counts, "p": dict(p), "phase": {"index": 0, "label": "bench"},
                    "arm_loss": {n: float(s[b.arm_index == i].mean()) for i, n in enumerate(names)
                                 if (b.arm_index == i).any()}}
-            if k % cfg.probe_every == 0:
+            if k % plan.every == 0:
                 rec["probe"] = heldout(model, probes)
             mix.observe(rec)
-    return heldout(model, evals), in_box, {n: v / steps for n, v in p_sum.items()}, dict(p)
+    return {"h": heldout(model, evals), "ok": in_box, "pmean": {n: v / steps for n, v in p_sum.items()},
+            "pfinal": dict(p), "pmax": pmax, "pstart": pstart or dict(p)}
 
 
-def parse_variant(text: str) -> tuple[str, dict]:
-    """'NAME:warmup=W,probe_every=P,probe_sequences=S' (any subset) -> (NAME, {config field: int})."""
+def parse_variant(text: str) -> tuple[str, dict, dict]:
+    """'NAME:KEY=V,...' -> (NAME, {run config field: int}, {BanditConfig field: value}); KEY is
+    warmup, probe_every, probe_sequences (run config) or a BanditConfig field (eta, share, ...)."""
     name, _, spec = text.partition(":")
     if not name or not spec:
         raise argparse.ArgumentTypeError(f"--variant {text!r}: write NAME:warmup=W,probe_every=P,...")
-    fields = {}
+    run_fields, bandit_fields = {}, {}
     for item in spec.split(","):
         key, _, val = item.partition("=")
-        if key not in VARIANT_KEYS or not val.isdigit():
+        if key in VARIANT_KEYS and val.isdigit():
+            run_fields[VARIANT_KEYS[key]] = int(val)
+        elif key in BANDIT_KEYS and key not in ("warmup_steps", "reward"):
+            try:
+                bandit_fields[key] = json.loads(val)
+            except ValueError:
+                bandit_fields[key] = val
+        else:
             raise argparse.ArgumentTypeError(
-                f"--variant {text!r}: {item!r} is not KEY=INT with KEY one of {', '.join(VARIANT_KEYS)}")
-        fields[VARIANT_KEYS[key]] = int(val)
-    return name, fields
+                f"--variant {text!r}: {item!r} is not KEY=VALUE with KEY one of "
+                f"{', '.join(list(VARIANT_KEYS) + sorted(BANDIT_KEYS))}")
+    try:
+        BanditConfig(**bandit_fields)
+    except Exception as e:  # BanditConfigError, TypeError
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: {e}") from None
+    return name, run_fields, bandit_fields
 
 
 def _mean(xs):
@@ -186,93 +281,166 @@ def _paired(xs, ys) -> tuple[float, float, list[float]]:
     return _mean(d), (statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")), d
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    ap.add_argument("--eval-windows", type=int, default=0,
-                    help="held-out evaluation windows per arm, disjoint from the probes; 0 (default) = "
-                         "every non-overlapping window of the held-out split clear of the probes")
-    ap.add_argument("--bandit-warmup", type=int, default=50,
-                    help="run config bandit_warmup: steps on the prior before the first update (default 50)")
-    ap.add_argument("--probe-every", type=int, default=10,
-                    help="run config probe_every: probe cadence = policy period and lag, steps (default 10)")
-    ap.add_argument("--probe-sequences", type=int, default=8,
-                    help="run config probe_sequences: probe windows per arm (default 8)")
-    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
-                    help="policies to run (stratified always runs: it is the reference)")
-    ap.add_argument("--variant", type=parse_variant, action="append", default=[],
-                    help="extra row: the default policy with other bandit knobs, "
-                         "NAME:warmup=W,probe_every=P,probe_sequences=S (any subset; repeatable)")
-    a = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(1)
-    t_all = time.perf_counter()
-    with tempfile.TemporaryDirectory() as d:
-        layout = RunLayout(Path(d) / "bench")
-        cfg = RunConfig(preset="andrea-test", model=PRESETS["andrea-test"], tokenizer="bytes",
-                        batch_size=16, max_steps=a.steps, lr_decay_steps=a.steps, warmup_steps=20,
-                        probe_every=a.probe_every, bandit_warmup=a.bandit_warmup,
-                        probe_sequences=a.probe_sequences, caps=dict(CAPS), floors=dict(FLOORS))
-        t0 = time.perf_counter()
-        cfg = create_run(layout, cfg)
-        rows = [(p, p, cfg) for p in POLICIES if p in a.policies or p == "stratified"]
-        for name, fields in a.variant:
-            vcfg = copy.deepcopy(cfg)
-            for k, v in fields.items():
-                setattr(vcfg, k, v)
-            vcfg.validate()
-            rows.append((f"default[{name}]", "default", vcfg))
-        sampler = ArmSampler(layout.root, read_arm_index(layout), cfg.model.block_size)
-        names = sampler.names
-        probe_counts = sorted({c.probe_sequences for _, pol, c in rows if pol in ("odm", "default")}
-                              | {cfg.probe_sequences})
-        evals, tiles = {}, {}
-        for n in names:
-            evals[n], tiles[n] = eval_windows(sampler, n, a.eval_windows, probe_counts)
-        print(f"run created in {time.perf_counter() - t0:.1f} s; {a.steps} steps x {cfg.batch_size} "
-              f"sequences x {cfg.model.block_size} tokens = {a.steps * cfg.batch_size * cfg.model.block_size:,} "
-              f"training tokens per policy and seed; seeds {' '.join(map(str, a.seeds))}; "
-              f"box floors 0.1, caps 0.6 on every arm")
-        for label, pol, c in rows:
-            if pol in ("odm", "default"):
-                upd = (a.steps - c.bandit_warmup) // c.probe_every if pol == "default" \
-                    else a.steps - c.bandit_warmup
-                print(f"  {label}: bandit_warmup {c.bandit_warmup}, probe_every {c.probe_every} (= policy "
-                      f"period and lag), probe_sequences {c.probe_sequences}; about {max(0, upd)} "
-                      f"bandit updates")
-        print(f"scored on: fixed, non-overlapping {cfg.model.block_size + 1}-token windows of each arm's "
-              f"held-out split (never trained on) and DISJOINT from the bandit's probe windows "
-              f"(probe_sequences {', '.join(map(str, probe_counts))}): "
-              f"{', '.join(f'{n} {len(evals[n])}' for n in names)} windows "
-              f"(of {', '.join(str(tiles[n]) for n in names)} clear of the probes).\n"
-              f"score per seed = mean over arms of the arm's mean loss (nats/token), and the worst arm; "
-              f"averaged over seeds")
-        res = {}
-        for label, policy, c in rows:
-            t0 = time.perf_counter()
-            runs = [train(policy, seed, c, layout, a.steps, evals) for seed in a.seeds]
-            r = res[label] = {"h": [x[0] for x in runs], "ok": all(x[1] for x in runs),
-                              "pmean": {n: _mean([x[2][n] for x in runs]) for n in names},
-                              "pfinal": {n: _mean([x[3][n] for x in runs]) for n in names},
-                              "t": time.perf_counter() - t0}
-            r["means"] = [_mean(list(h.values())) for h in r["h"]]
-            r["worsts"] = [max(h.values()) for h in r["h"]]
-            r["mean"], r["worst"] = _mean(r["means"]), _mean(r["worsts"])
-            r["arm"] = {n: _mean([h[n] for h in r["h"]]) for n in names}
+def _tval(dm: float, se: float) -> float:
+    return dm / se if se > 0 else float("nan")
+
+
+def mix_label(p: dict, names) -> str:
+    """fixed[0.6/0.3/0.1] in arm-name order."""
+    return "fixed[" + "/".join(f"{p[n]:.1f}" for n in names) + "]"
+
+
+def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
+    """Every row of one arm set; prints its tables and returns its RESULT fields."""
+    layout = RunLayout(root / f"bench-{set_name}")
+    arms = arm_set(set_name, root)
+    floors, caps = box([x.name for x in arms])
+    cfg = RunConfig(preset="andrea-test", model=PRESETS["andrea-test"], tokenizer="bytes",
+                    batch_size=16, max_steps=a.steps, lr_decay_steps=a.steps, warmup_steps=20,
+                    probe_every=a.probe_every, bandit_warmup=a.bandit_warmup,
+                    probe_sequences=a.probe_sequences, arms=arms, caps=dict(caps), floors=dict(floors))
+    t0 = time.perf_counter()
+    cfg = create_run(layout, cfg)
+    sampler = ArmSampler(layout.root, read_arm_index(layout), cfg.model.block_size)
+    names = sampler.names
+    K, B = len(names), cfg.batch_size
+    # the bandit rows: (label, kind, run config, BanditConfig overrides)
+    brows = [(p, p, cfg, {}) for p in PROBING if p in a.policies]
+    for name, run_fields, bandit_fields in a.variant:
+        vcfg = copy.deepcopy(cfg)
+        for k, v in run_fields.items():
+            setattr(vcfg, k, v)
+        vcfg.validate()
+        brows.append((f"default[{name}]", "default", vcfg, bandit_fields))
+    plan = probe_plan(cfg, K)
+    n_probes = a.steps // plan.every
+    extra = round(n_probes * K * plan.sequences / (3 * B))   # training steps of equal FLOPs
+    base_cfg = copy.deepcopy(cfg)
+    base_cfg.lr_decay_steps = a.steps + extra
+    # fixed rows: (label, mixture)
+    frows = []
+    if "static" in a.policies:
+        frows.append(("static", project_to_box({n: float(read_arm_index(layout)[n].heldout_start)
+                                                for n in names}, floors, caps)))
+    frows.append(("stratified", project_to_box({n: 1.0 for n in names}, floors, caps)))
+    oracle = [] if (a.no_oracle or set_name == "trap") else grid(names, a.grid_step)
+    frows += [(mix_label(p, names), p) for p in oracle]
+    max_s = max([cfg.probe_sequences] + [c.probe_sequences for _, _, c, _ in brows]
+                + [probe_plan(c, K).sequences for _, _, c, _ in brows])
+    evals, tiles = {}, {}
+    for n in names:
+        evals[n], tiles[n] = eval_windows(sampler, n, a.eval_windows, range(1, max_s + 1))
+    print(f"\n=== arm set {set_name}: {', '.join(f'{n} ({read_arm_index(layout)[n].n_tokens:,} tokens)' for n in names)}; "
+          f"run created in {time.perf_counter() - t0:.1f} s")
+    print(f"{a.steps} steps x {B} sequences x {cfg.model.block_size} tokens per bandit policy and seed; "
+          f"seeds {' '.join(map(str, a.seeds))}; box floors {FLOOR}, caps {CAP} on every arm")
+    print(f"probe (probe_plan): {plan.sequences} windows x {K} arms every {plan.every} steps = "
+          f"{plan.cost:.2%} of training FLOPs; charged: policies that do not probe train "
+          f"{a.steps} + {extra} steps (the probes' {n_probes} x {K * plan.sequences} window forwards "
+          f"/ 3 per token), lr schedule over {a.steps + extra}")
+    for label, kind, c, bf in brows:
+        pp = probe_plan(c, K)
+        upd = a.steps - c.bandit_warmup if kind == "odm" else (a.steps - c.bandit_warmup) // pp.every
+        print(f"  {label}: bandit_warmup {c.bandit_warmup}, probe_every {c.probe_every} (policy period), "
+              f"probe {pp.sequences} windows every {pp.every} ({pp.cost:.2%}); about {max(0, upd)} "
+              f"updates{'; ' + ', '.join(f'{k}={v}' for k, v in bf.items()) if bf else ''}")
+    print(f"scored on: fixed, non-overlapping {cfg.model.block_size + 1}-token windows of each arm's "
+          f"held-out split, DISJOINT from every probe window of 1..{max_s} sequences: "
+          f"{', '.join(f'{n} {len(evals[n])}' for n in names)} windows")
+    res = {}
+    for label, p in frows:
+        t1 = time.perf_counter()
+        runs, hit = [], 0
+        for seed in a.seeds:
+            key = json.dumps(["v1", set_name, seed, a.steps + extra, base_cfg.lr_decay_steps,
+                              sorted(p.items()), a.eval_windows, max_s, cfg.batch_size])
+            if key not in cache:
+                cache[key] = train("fixed", seed, base_cfg, layout, a.steps + extra, evals, fixed=p)
+            else:
+                hit += 1
+            runs.append(cache[key])
+        res[label] = {"runs": runs, "t": time.perf_counter() - t1, "cached": hit}
+        if a.cache and hit < len(a.seeds):
+            a.cache.write_text(json.dumps(cache))  # after every row: a stopped run keeps its work
+        print(f"  ... {set_name} {label}: {res[label]['t']:.0f} s", file=sys.stderr, flush=True)
+    for label, kind, c, bf in brows:
+        t1 = time.perf_counter()
+        runs, hit = [], 0
+        for seed in a.seeds:
+            key = json.dumps(["v1", set_name, seed, kind, a.steps, c.bandit_warmup, c.probe_every,
+                              c.probe_sequences, c.probe_budget, sorted(bf.items()), a.eval_windows,
+                              max_s, c.batch_size, POLICY_SOURCE])
+            if key not in cache:
+                cache[key] = train(kind, seed, copy.deepcopy(c), layout, a.steps, evals, bandit_fields=bf)
+            else:
+                hit += 1
+            runs.append(cache[key])
+        res[label] = {"runs": runs, "t": time.perf_counter() - t1, "cached": hit}
+        if a.cache and hit < len(a.seeds):
+            a.cache.write_text(json.dumps(cache))
+        print(f"  ... {set_name} {label}: {res[label]['t']:.0f} s", file=sys.stderr, flush=True)
+    for r in res.values():
+        runs = r["runs"]
+        r["ok"] = all(x["ok"] for x in runs)
+        for f in ("pmean", "pfinal", "pmax", "pstart"):
+            r[f] = {n: _mean([x[f][n] for x in runs]) for n in names}
+        r["pmax_all"] = {n: max(x["pmax"][n] for x in runs) for n in names}
+        r["pstart_all"] = {n: min(x["pstart"][n] for x in runs) for n in names}
+        r["means"] = [_mean(list(x["h"].values())) for x in runs]
+        r["worsts"] = [max(x["h"].values()) for x in runs]
+        r["mean"], r["worst"] = _mean(r["means"]), _mean(r["worsts"])
+        r["arm"] = {n: _mean([x["h"][n] for x in runs]) for n in names}
     ref = res["stratified"]
-    labels = [r[0] for r in rows]
+    fixed_labels = [lab for lab, _ in frows[:2] if lab in ("static", "stratified")]
+    grid_labels = sorted((lab for lab, _ in frows if lab.startswith("fixed[")), key=lambda x: res[x]["mean"])
+    best = grid_labels[0] if grid_labels else None
+    labels = fixed_labels + ([best] if best else []) + [lab for lab, _, _, _ in brows]
+    print_table(res, labels, ref, names, a)
+    if grid_labels:
+        print(f"\noracle grid ({len(grid_labels)} fixed mixtures, step {a.grid_step}, arms "
+              f"{'/'.join(names)}), by mean held-out loss (seed mean); - strat paired:")
+        for i in range(0, len(grid_labels), 3):
+            print("  " + "   ".join(f"{lab:<{9 + 4 * K}} {res[lab]['mean']:.4f} "
+                                    f"{_paired(res[lab]['means'], ref['means'])[0]:+.4f}"
+                                    for lab in grid_labels[i:i + 3]))
+    out = {}
+    for lab, kind, _, _ in brows:
+        r = res[lab]
+        dm, se, _ = _paired(r["means"], ref["means"])
+        gain = ref["mean"] - res[best]["mean"] if best else float("nan")
+        s = {"set": set_name, "policy": lab, "delta_mean": round(dm, 5), "t": round(_tval(dm, se), 2),
+             "captured": (round((ref["mean"] - r["mean"]) / gain, 3) if best and gain > 0 else None),
+             "available_gain": round(gain, 5) if best else None, "best_fixed": best,
+             "worst_delta": round(r["worst"] - ref["worst"], 5), "box_ok": r["ok"]}
+        if TRAP in names:
+            s |= {"trap_p_start": round(r["pstart_all"][TRAP], 4),
+                  "trap_p_max_after_warmup": round(r["pmax_all"][TRAP], 4),
+                  "trap_raised": r["pmax_all"][TRAP] > r["pstart_all"][TRAP] + 1e-9}
+        print(f"{lab} vs stratified: delta mean {s['delta_mean']:+.4f} (t = {s['t']:+.1f}), captured "
+              f"{s['captured']} of the available gain {s['available_gain']} ({best}), worst arm "
+              f"{s['worst_delta']:+.4f}, in box {s['box_ok']}"
+              + (f"; {TRAP}: p {s['trap_p_start']:.3f} after the warm-up, at most "
+                 f"{s['trap_p_max_after_warmup']:.3f} later (raised: {s['trap_raised']})"
+                 if TRAP in names else ""))
+        out[lab] = s
+    return out
+
+
+def print_table(res: dict, labels: list, ref: dict, names, a) -> None:
+    """The main table and the per-arm table of one set."""
     wl = max(11, max(map(len, labels)) + 1)
     ws = 7 * len(a.seeds) + 2
     print(f"\n{'policy':<{wl}} {'mean held-out':>13} {'/strat':>7} {'worst arm':>10} {'/strat':>7}  "
-          f"{'- strat (paired)':>18}  {'per seed (mean)':<{ws}} in box  time")
+          f"{'- strat (paired)':>18} {'t':>5}  {'per seed (mean)':<{ws}} in box  time")
     for label in labels:
         r = res[label]
         dm, se, _ = _paired(r["means"], ref["means"])
-        pair = "reference" if label == "stratified" else f"{dm:+.4f} +- {se:.4f}"
+        pair = "reference" if r is ref else f"{dm:+.4f} +- {se:.4f}"
+        tv = "" if r is ref else f"{_tval(dm, se):+.1f}"
         print(f"{label:<{wl}} {r['mean']:13.4f} {r['mean'] / ref['mean']:7.4f} {r['worst']:10.4f} "
-              f"{r['worst'] / ref['worst']:7.4f}  {pair:>18}  "
-              f"{' '.join(f'{x:.4f}' for x in r['means']):<{ws}} {str(r['ok']):<6} {r['t']:4.0f} s")
+              f"{r['worst'] / ref['worst']:7.4f}  {pair:>18} {tv:>5}  "
+              f"{' '.join(f'{x:.4f}' for x in r['means']):<{ws}} {str(r['ok']):<6} {r['t']:4.0f} s"
+              + (f" ({r['cached']} cached)" if r["cached"] else ""))
     short = {n: n.replace("repo-", "") for n in names}
     print(f"\nper arm: held-out loss (seed mean) | mixture p, time-averaged -> final (seed mean)")
     print(f"{'policy':<{wl}} " + " ".join(f"{short[n]:>11}" for n in names) + "  | "
@@ -281,17 +449,58 @@ def main() -> None:
         r = res[label]
         print(f"{label:<{wl}} " + " ".join(f"{r['arm'][n]:11.4f}" for n in names) + "  | "
               + "  ".join(f"{r['pmean'][n]:6.3f} -> {r['pfinal'][n]:.3f}" for n in names))
-    if "default" in res:
-        r = res["default"]
-        dm, se, _ = _paired(r["means"], ref["means"])
-        drift = max(abs(r["pmean"][n] - ref["pmean"][n]) for n in names)
-        verdict = "PASS" if r["mean"] <= ref["mean"] else "FAIL"
-        print(f"\ndefault vs stratified, mean held-out loss: {r['mean']:.4f} vs {ref['mean']:.4f} -> {verdict} "
-              f"(ratio {r['mean'] / ref['mean']:.4f}; paired difference {dm:+.4f} +- {se:.4f} s.e. over "
-              f"{len(a.seeds)} seeds, t = {dm / se if se > 0 else float('nan'):+.1f}); the default's "
-              f"time-averaged p stays within {drift:.3f} of stratified's")
-    print(f"all posted p inside the box: {all(r['ok'] for r in res.values())}; "
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sets", nargs="+", choices=("A", "B", "trap"), default=["A", "B"],
+                    help="arm sets (A: the embedded defaults; B: C headers, test files, prose; trap: "
+                         "A plus the repetitive arm)")
+    ap.add_argument("--trap", action="store_true",
+                    help="also run the collapse trap: set A plus a repetitive list-like arm")
+    ap.add_argument("--steps", type=int, default=300, help="training steps of the bandit rows (e.g. 1000)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--grid-step", type=float, default=0.1, help="oracle grid step (default 0.1)")
+    ap.add_argument("--no-oracle", action="store_true", help="skip the grid of fixed mixtures")
+    ap.add_argument("--cache", type=Path, nargs="+",
+                    help="JSON file keeping the rows' results (written; fixed mixtures by set, seed, "
+                         "mixture and steps; bandit rows also by the policy's source hash); more files "
+                         "are read too")
+    ap.add_argument("--eval-windows", type=int, default=0,
+                    help="held-out evaluation windows per arm, disjoint from the probes; 0 (default) = "
+                         "every non-overlapping window of the held-out split clear of the probes")
+    ap.add_argument("--bandit-warmup", type=int, default=50,
+                    help="run config bandit_warmup: steps on the prior before the first update (default 50)")
+    ap.add_argument("--probe-every", type=int, default=10,
+                    help="run config probe_every: the policy period and lag, steps (default 10)")
+    ap.add_argument("--probe-sequences", type=int, default=8,
+                    help="run config probe_sequences: at most this many probe windows per arm (default 8)")
+    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
+                    help="policies to run (stratified always runs: it is the reference)")
+    ap.add_argument("--variant", type=parse_variant, action="append", default=[],
+                    help="extra row: the default policy with other knobs, NAME:KEY=VALUE,... with KEY "
+                         "warmup, probe_every, probe_sequences or a BanditConfig field (repeatable)")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(1)
+    t_all = time.perf_counter()
+    cache = {}
+    for f in reversed(a.cache or []):
+        if f.exists():
+            cache.update(json.loads(f.read_text()))
+    a.cache = a.cache[0] if a.cache else None
+    results = []
+    with tempfile.TemporaryDirectory() as d:
+        for set_name in list(dict.fromkeys(list(a.sets) + (["trap"] if a.trap else []))):
+            out = run_set(set_name, a, Path(d), cache)
+            if a.cache:
+                a.cache.write_text(json.dumps(cache))
+            results += [s for s in out.values() if s["policy"] == "default" or set_name == "trap"]
+    print(f"\nall posted p inside the box: {all(s['box_ok'] for s in results)}; "
           f"total wall time {time.perf_counter() - t_all:.0f} s")
+    for s in results:
+        if s["policy"] == "default":
+            print("RESULT " + json.dumps(s))
 
 
 if __name__ == "__main__":

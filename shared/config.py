@@ -169,6 +169,7 @@ class RunConfig:
     bandit_warmup: int = 200        # steps on the prior before the first bandit update
     config_file: str | None = None  # the --config FILE.toml the run was created with
     sources: dict[str, str] = field(default_factory=dict)  # option -> file/command line/default
+    probe_budget: float = 0.02      # held-out probes' forward FLOPs / training FLOPs, at most (probe_plan)
 
     @property
     def n_params(self) -> int:
@@ -191,6 +192,8 @@ class RunConfig:
             raise ConfigError(f"seed={self.seed} must be in [0, 2**63) (numpy seeds are non-negative)")
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if not (isinstance(self.probe_budget, (int, float)) and 0 < self.probe_budget <= 1):
+            raise ConfigError(f"probe_budget={self.probe_budget!r} must be in (0, 1] (default 0.02)")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigError(f"tokenizer={self.tokenizer!r}: choose 'bpe', 'bytes' or the path "
                               "of an existing tokenizer.json")
@@ -263,6 +266,31 @@ def accumulation_steps(batch_size: int, micro_batch_size: int | None, world_size
                           f"use --micro-batch-size {fits[0]}, or a --batch-size that is a "
                           f"multiple of {micro_batch_size * world_size}")
     return per_rank // micro_batch_size
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """How the held-out probe runs (docs/bandit.md#probe-cost): `sequences` windows per arm,
+    every `every` steps (a multiple of probe_every), and `cost` = its forward FLOPs as a
+    fraction of the training FLOPs of the same steps."""
+
+    sequences: int
+    every: int
+    cost: float
+
+
+def probe_plan(cfg: RunConfig, n_arms: int | None = None) -> ProbePlan:
+    """The probe's size from the config alone (so a replay sees the same probes): a probe of
+    S windows x K arms x block tokens (forward, 1/3 of a training token's FLOPs) every m*P steps
+    costs K*S / (3*m*P*B) of the training compute of those steps (B = batch_size, P =
+    probe_every). S = min(probe_sequences, floor(probe_budget * 3*P*B / K)), at least 1; m = 1,
+    or the smallest multiple of P that brings one window per arm within the budget.
+    `n_arms` defaults to len(cfg.arms). docs/bandit.md#probe-cost."""
+    k = max(1, len(cfg.arms) if n_arms is None else int(n_arms))
+    per_period = cfg.probe_budget * 3 * cfg.probe_every * cfg.batch_size
+    s = max(1, min(cfg.probe_sequences, math.floor(per_period / k + 1e-9)))
+    m = max(1, math.ceil(k * s / per_period - 1e-9))
+    return ProbePlan(s, m * cfg.probe_every, k * s / (3.0 * m * cfg.probe_every * cfg.batch_size))
 
 
 def load_run_config(path: Path) -> RunConfig:

@@ -25,7 +25,8 @@ from shared.arm_data import read_arm_index
 from shared.checkpoint_format import load_checkpoint
 from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, read_manifest
 from shared.exit_codes import EXIT_FATAL, EXIT_OK
-from shared.config import ConfigError, RunConfig, accumulation_steps, load_run_config
+from shared.config import ConfigError, RunConfig, accumulation_steps, load_run_config, \
+    probe_plan
 from shared.handshake import ReportWriter, policy_period, read_handshake, update_handshake, \
     HandshakeError
 from shared.run_layout import RunLayout
@@ -135,6 +136,7 @@ class Trainer:
         self._last_reason: str | None = None   # reason of the newest snapshot
         self.nonfinite_run = 0
         self._probe_cache: dict[str, torch.Tensor] = {}
+        self.probe_plan = probe_plan(self.cfg, len(self.sampler.names))  # <= probe_budget of compute
         self._policy: tuple[int, dict] | None = None
         self._views_checked = False   # FlatAdamW.check_views after this incarnation's 1st update
         if self.rank == 0:
@@ -315,7 +317,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         train_time = time.perf_counter() - t0
-        if k % cfg.probe_every == 0 and self.rank == 0:
+        if k % self.probe_plan.every == 0 and self.rank == 0:
             rec["probe"] = self.probe()
         rec["step_time"] = time.perf_counter() - t0
         tokens_per_s = cfg.batch_size * cfg.model.block_size / max(train_time, 1e-9)
@@ -333,7 +335,7 @@ class Trainer:
         out = {}
         for n in self.sampler.names:
             if n not in self._probe_cache:
-                self._probe_cache[n] = self.sampler.heldout_windows(n, self.cfg.probe_sequences)
+                self._probe_cache[n] = self.sampler.heldout_windows(n, self.probe_plan.sequences)
             w = self._probe_cache[n]
             out[n] = float(self._seq_losses(w[:, :-1], w[:, 1:]).mean())
         self.model.train()
