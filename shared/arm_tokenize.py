@@ -14,6 +14,7 @@ What it is not: the arm index and held-out split (`shared/arm_data.py`), the rea
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +57,23 @@ def _write_all(fh, arr: np.ndarray) -> None:
     fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
 
 
+MMAP_THRESHOLD = 128 * 1024  # bytes: glibc's default before it starts adjusting it
+_M_MMAP_THRESHOLD = -3       # glibc mallopt parameter
+
+
+def pin_mmap_threshold() -> bool:
+    """Keep every allocation of MMAP_THRESHOLD bytes or more in its own mapping, returned to the
+    system when freed. glibc raises this threshold to the largest block freed so far (up to
+    32 MiB); after the first multi-MB batch is freed, later batches (text, token arrays, the
+    tokenizer's buffers) come from the heap and fragment it, and peak RSS then grows with the
+    corpus: 74 MiB at 100 MB vs 133 MiB at 1 GB (bytes tokenizer), 67 MiB at 1 GB once pinned.
+    Returns False where there is no glibc (nothing to do)."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
+
+
 def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int = 0,
                     label: str | None = None) -> tuple[str, ArmStats]:
     """Tokenize the whole text of `arm` into `tmp` (flat `tok.dtype`, no header), fsynced.
@@ -64,6 +82,7 @@ def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int 
     `max_tokens` > 0 at most that many tokens are written (the source is still read to the end
     for the fingerprint and the "of total" figures). Raises ArmSourceError for an unreadable
     or corrupt source; the caller removes `tmp` on any error."""
+    pin_mmap_threshold()  # memory that does not grow with the corpus (see there)
     reader = open_arm(arm)
     stats = ArmStats(bytes_total=reader.total, bad=reader.bad)
     h = hashlib.sha256()
