@@ -123,6 +123,27 @@ def _is_our_rank(pid: int, run_dir: str) -> bool:
     return b"worker" in argv and os.fsencode(run_dir) in argv
 
 
+def wait_for_earlier_workers(layout: RunLayout, grace: float) -> list[int]:
+    """A proxy killed by SIGKILL leaves its worker running: it notices the parent's death,
+    checkpoints and exits by itself (docs/signals.md#kill--9), which can take a while on a busy
+    machine. A new proxy must not plan its resume while that worker may still write a checkpoint
+    or reports. Waits up to `grace` seconds for every worker the handshake names (this run's
+    only, checked by command line), then SIGKILLs what is left. Returns the pids waited for."""
+    ours = [p for p in rank_pids(layout) if p != os.getpid() and _is_our_rank(p, str(layout.root))]
+    if not ours:
+        return []
+    log.warning("worker pid(s) %s of an earlier proxy still run on %s: waiting up to %.0f s for "
+                "their checkpoint and exit before resuming", ours, layout.root, grace)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(pid_alive(p) for p in ours):
+        time.sleep(0.05)
+    left = [p for p in ours if pid_alive(p)]
+    if left:
+        log.error("worker pid(s) %s did not exit within %.0f s: killing them", left, grace)
+        kill_ranks(left)
+    return ours
+
+
 def reap_leftover_ranks(pids: list[int], run_dir: str, grace: float = 10.0) -> list[int]:
     """After the agent exited: wait up to `grace` seconds for ranks still running (this run's
     only), then SIGKILL them. Returns the pids that had to be killed (logged: nothing may be

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from proxy import proc_tree
 from proxy.launch import agent_descendants, kill_ranks, rank_pids, reap_leftover_ranks, \
-    signal_pids, torchrun_argv
+    signal_pids, torchrun_argv, wait_for_earlier_workers
 from proxy.mixture import MixtureController
 from proxy.pivot import fault_point, mark_running, pending_request, poll_pivot_request
 from proxy.report_filing import LiveStats, ReportFiler, write_status
@@ -126,6 +126,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Supervise until the run finishes or is stopped; returns the exit code."""
+        wait_for_earlier_workers(self.layout, self.opts.stop_timeout)  # a kill -9'd proxy's
         history = LossHistory(self.layout.loss)
         for msg in history.repairs:
             log.warning("%s", msg)

@@ -3,6 +3,7 @@ proxy per run directory, PID 1 / orphan reaping, NaN storms, and `status` live a
 Real processes and real signals; the worker's fault hooks (worker/fault_injection.py) make the
 faults exact."""
 import json
+import re
 import os
 import shutil
 import signal
@@ -205,3 +206,27 @@ def test_nan_loss_is_skipped_and_recorded_and_a_run_of_them_stops_with_the_last_
     assert np.array_equal(w10, w15) and np.array_equal(m10, m15) and np.array_equal(v10, v15), \
         "the alarm checkpoint holds the last good state"
     assert np.isfinite(w15).all()
+
+
+@pytest.mark.slow
+def test_a_new_proxy_waits_for_the_worker_a_killed_proxy_left_before_resuming(tmp_path):
+    """kill -9 of the proxy leaves its worker writing its last checkpoint (slowed to 3 s here);
+    the same `run` started at once must wait for that worker, then resume from the checkpoint
+    it wrote, with the history continuous (docs/signals.md#kill--9). Before, the new proxy
+    planned its resume from the older checkpoint while the old worker was still writing."""
+    from proc_helpers import hello_pid, loss_records, start, wait_for
+    from proc_helpers import run as run_to_end
+    run_dir = tmp_path / "run"
+    args = ["--max-steps", "40", "--checkpoint-every", "10", "--probe-every", "5"]
+    slow = {"ANDREA_TEST_WRITE_DELAY": "3"}
+    a = start(run_dir, *args, env=slow)
+    old = hello_pid(run_dir)
+    wait_for(lambda: len(loss_records(run_dir)) >= 13, timeout=120, what="step 13 filed")
+    a.kill()
+    a.wait()
+    r = run_to_end(run_dir, *args, env=slow)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"worker pid(s) [{old}] of an earlier proxy" in r.stderr
+    m = re.search(r"resume from step_(\d+)\.bin", r.stderr)
+    assert m and int(m.group(1)) >= 13, r.stderr[-3000:]   # the old worker's last checkpoint
+    assert [x["step"] for x in loss_records(run_dir)] == list(range(1, 41))
