@@ -13,6 +13,7 @@ import pytest
 
 from proc_helpers import ROOT, loss_records, proxy_cmd, run_proxy
 from shared.arm_data import read_arm_index
+from shared.config import load_run_config, probe_plan
 from shared.run_layout import RunLayout
 from test_arm_sources import prose
 
@@ -113,7 +114,8 @@ def test_sixteen_arms_of_mixed_kinds_train_fifty_steps(tmp_path):
     assert len(idx) == 16 and {a.dtype for a in idx.values()} == {"uint16", "uint32"}
     assert all(a.documents == 80 for n, a in idx.items() if n[:2] in ("gz", "zs", "pq"))
     recs = loss_records(run)
-    assert len(recs) == 50 and set(recs[9]["probe"]) == set(idx)
+    every = probe_plan(load_run_config(RunLayout(run).run_json)).every  # 20: 16 arms, 2 % budget
+    assert len(recs) == 50 and set(recs[every - 1]["probe"]) == set(idx)
     assert (run / "step_000050.bin").exists()
 
 

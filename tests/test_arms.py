@@ -8,7 +8,7 @@ from proc_helpers import loss_records, run_proxy
 from proxy.bandit import Bandit, BanditConfig
 from proxy.mixture_rebuild import replay_run
 from shared.arm_data import heldout_ranges, heldout_size, read_arm_index
-from shared.config import load_run_config
+from shared.config import load_run_config, probe_plan
 from shared.run_layout import RunLayout
 from worker.data import ArmSampler
 import pytest
@@ -45,7 +45,7 @@ def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_
         toks[a:b] = 255                                     # marks the held-out split
     toks.tofile(src / "web.bin")
     run = tmp_path / "run"
-    r = run_proxy(run, "--max-steps", "10", "--checkpoint-every", "10", "--probe-every", "5",
+    r = run_proxy(run, "--max-steps", "15", "--checkpoint-every", "15", "--probe-every", "5",
                   "--arm", f"dir=text:{src / 'notes'}", "--arm", f"glob=text:{src}/notes/*.md",
                   "--arm", f"file=text:{src / 'single.txt'}",
                   "--arm", f"chat=jsonl:{src / 'chat.jsonl'}:content",
@@ -60,7 +60,11 @@ def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_
     chat = bytes(np.asarray(index["chat"].tokens(run)[:40], dtype=np.uint8)).decode()
     assert chat.startswith("message 0: hello there") and "{" not in chat
     recs = loss_records(run)
-    assert set(recs[4]["probe"]) == names and sum(sum(x["arms"].values()) for x in recs) == 80
+    # five arms at batch 8: the probe's 2 % budget spaces it to every 15 steps (probe_plan)
+    every = probe_plan(load_run_config(RunLayout(run).run_json)).every
+    assert every == 15 and set(recs[every - 1]["probe"]) == names
+    assert not any("probe" in x for x in recs[:every - 1])
+    assert sum(sum(x["arms"].values()) for x in recs) == 8 * 15
     sampler = ArmSampler(run, index, 32)
     for k in range(1, 200):                                 # the held-out split is never drawn
         b = sampler.draw(1, k, {"web": 1.0}, 8)
