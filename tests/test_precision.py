@@ -21,7 +21,7 @@ from proc_helpers import (assert_same_run, checkpoint_steps, clone, create_templ
 from shared.checkpoint_format import checkpoint_name, load_checkpoint, read_header
 from shared.checkpoint_manifest import read_manifest
 
-FINAL = 18
+FINAL = 30  # probes (2 % budget) fall every 8 steps here: enough for the bandit to move
 ARGS = ["--max-steps", str(FINAL), "--checkpoint-every", "6", "--probe-every", "4",
         "--sample-every", "1000", "--warmup-steps", "8", "--bandit-warmup", "0"]
 N_PARAMS, FILE_BYTES = 42_880, 514_568   # andrea-test, 256 tokens (tests/test_presets.py)
