@@ -134,14 +134,21 @@ def wait_for_earlier_workers(layout: RunLayout, grace: float) -> list[int]:
         return []
     log.warning("worker pid(s) %s of an earlier proxy still run on %s: waiting up to %.0f s for "
                 "their checkpoint and exit before resuming", ours, layout.root, grace)
-    end = time.monotonic() + grace
-    while time.monotonic() < end and any(pid_alive(p) for p in ours):
-        time.sleep(0.05)
-    left = [p for p in ours if pid_alive(p)]
-    if left:
-        log.error("worker pid(s) %s did not exit within %.0f s: killing them", left, grace)
-        kill_ranks(left)
+    _wait_then_kill(ours, grace, "worker pid(s) %s did not exit within %.0f s: killing them")
     return ours
+
+
+def _wait_then_kill(pids: list[int], grace: float, why: str) -> list[int]:
+    """Wait up to `grace` seconds for `pids` to exit, then SIGKILL (and log `why` % (left,
+    grace)) those still alive; returns them."""
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(pid_alive(p) for p in pids):
+        time.sleep(0.05)
+    left = [p for p in pids if pid_alive(p)]
+    if left:
+        log.error(why, left, grace)
+        kill_ranks(left)
+    return left
 
 
 def reap_leftover_ranks(pids: list[int], run_dir: str, grace: float = 10.0) -> list[int]:
@@ -149,11 +156,4 @@ def reap_leftover_ranks(pids: list[int], run_dir: str, grace: float = 10.0) -> l
     only), then SIGKILL them. Returns the pids that had to be killed (logged: nothing may be
     left holding a GPU)."""
     ours = [p for p in pids if _is_our_rank(p, run_dir)]
-    end = time.monotonic() + grace
-    while time.monotonic() < end and any(pid_alive(p) for p in ours):
-        time.sleep(0.05)
-    left = [p for p in ours if pid_alive(p)]
-    if left:
-        log.error("ranks %s outlived the torchrun agent by %.0f s: killing them", left, grace)
-        kill_ranks(left)
-    return left
+    return _wait_then_kill(ours, grace, "ranks %s outlived the torchrun agent by %.0f s: killing them")
