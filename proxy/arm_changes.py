@@ -35,6 +35,7 @@ import os
 from dataclasses import dataclass
 
 from shared.arm_data import ArmData, prepare_arm, read_arm_index
+from shared.stop_request import StopRequested
 from shared.arms import ArmSourceError, content_fingerprint, source_fingerprint
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, ConfigError, RunConfig
@@ -236,6 +237,8 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
         try:
             for s in plan.added:
                 prepared.append(prepare_arm(s, tok, layout, cfg))
+        except StopRequested:
+            raise  # a stop, not a refusal: complete new arms are kept for the same command
         except Exception:
             for a in prepared:  # a later arm was refused: leave no token file of this attempt
                 if a.kind != "tokens":

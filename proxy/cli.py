@@ -16,7 +16,7 @@ import sys
 from proxy.run_options import add_run_args, check_resume_args, check_run_options, \
     config_from_args, proxy_options
 from shared.config import ConfigError, DEFAULT_ARMS, RunConfig, load_run_config, probe_plan
-from shared.exit_codes import EXIT_USAGE
+from shared.exit_codes import EXIT_OK, EXIT_USAGE
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
@@ -70,6 +70,7 @@ def cmd_run(a) -> int:
     from proxy.run_setup import create_run
     from proxy.supervisor import Supervisor, SupervisorError
     from proxy.bandit import BanditConfigError
+    from shared.stop_request import StopRequested
 
     _setup_logging(None)
     try:
@@ -120,6 +121,10 @@ def cmd_run(a) -> int:
     except SupervisorError as e:
         log.error("%s", e)
         return e.code
+    except StopRequested as e:
+        log.info("%s; nothing is lost: complete arms are kept (checked by their fingerprints) and "
+                 "the same command goes on from there", e)
+        return EXIT_OK
     finally:
         lock.release()
 

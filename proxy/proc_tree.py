@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 
+from shared import stop_request
 from shared.procfs import all_pids, process_state, read_stat
 
 log = logging.getLogger("proxy")
@@ -39,6 +40,7 @@ class EarlySignals:
     def install(cls) -> None:
         def on_stop(signum, frame):
             cls.stop = cls.stop or signal.Signals(signum).name
+            stop_request.request(cls.stop)  # long creation work stops at its next piece
 
         def on_usr1(signum, frame):
             cls.usr1 += 1

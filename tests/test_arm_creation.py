@@ -3,6 +3,8 @@ random moments during creation never leaves a partial token file under its final
 same `run` command completes what is missing without redoing complete arms; sixteen arms of
 mixed kinds train; an arm of a new kind joins on a restart through the same pipeline."""
 import gzip
+import os
+import signal
 import json
 import random
 import subprocess
@@ -138,3 +140,51 @@ def test_an_arm_of_a_new_kind_joins_on_a_restart_through_the_same_pipeline(tmp_p
     assert p.documents == 200 and len(p.heldout_ranges()) > 1
     assert "arm p (parquet): 200 documents" in r.stderr
     assert any(x["arms"].get("p", 0) for x in loss_records(run)[10:])
+
+
+@pytest.mark.slow
+def test_sigterm_during_tokenization_stops_within_a_piece_and_the_same_command_goes_on(tmp_path):
+    """docs/signals.md#during-creation: SIGTERM while a large arm is tokenized stops the proxy
+    within a piece of the source (not after the whole corpus), exit 0, nothing written under a
+    final name for the interrupted arm, the complete arm kept; the same command then finishes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "small.txt").write_text(prose(200_000, seed=1))
+    (src / "big").mkdir()
+    block = prose(2_000_000, seed=2)
+    for i in range(8):   # 16 MB: seconds of BPE encoding on any machine
+        (src / "big" / f"{i}.txt").write_text(block)
+    args = ["--tokenizer", "bpe", "--bpe-sample-bytes", "300000", "--max-steps", "1",
+            "--checkpoint-every", "1", f"--arm=small=text:{src / 'small.txt'}",
+            f"--arm=big=text:{src / 'big'}"]
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), ANDREA_PROGRESS_SECONDS="0.05")
+    p = subprocess.Popen(proxy_cmd(run, *args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in p.stderr:        # the first progress line of the big arm: it is being encoded
+        lines.append(line)
+        if "arm big:" in line and "MB of" in line:
+            break
+    else:
+        raise AssertionError("".join(lines[-30:]))
+    sent = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    rest = p.stderr.read()
+    p.wait(timeout=60)
+    took = time.monotonic() - sent
+    assert p.returncode == 0, rest[-2000:]
+    assert "stopped by SIGTERM during tokenization of arm big" in rest, rest[-2000:]
+    assert "arm big (text)" not in rest            # it did not finish the arm first
+    data = run / "data"
+    assert not (run / "run.json").exists()
+    assert not (data / "big.u16").exists() and not list(data.glob("*.tmp"))
+    assert (data / "small.done.json").exists() and not (data / "big.done.json").exists()
+    small = (data / "small.u16").stat()
+    r = run_proxy(run, *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "arm small: already complete" in r.stderr
+    now = (data / "small.u16").stat()
+    assert (now.st_ino, now.st_mtime_ns) == (small.st_ino, small.st_mtime_ns)
+    assert (data / "big.u16").exists() and len(loss_records(run)) == 1
+    assert took < 10, took   # within a piece: well under a second when the machine is quiet
