@@ -69,6 +69,15 @@ def hf_tensors(cfg: RunConfig, weights: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+def generation_config(cfg: RunConfig) -> dict:
+    """generation_config.json: GENERATION, with max_new_tokens at most half the context, so a
+    prompt plus the generated tokens fit in n_positions (transformers refuses longer inputs)
+    even for the small presets; no special tokens (the run's tokenizers have none)."""
+    new = min(GENERATION["max_new_tokens"], max(1, cfg.model.block_size // 2))
+    return dict(GENERATION, max_new_tokens=new, bos_token_id=None, eos_token_id=None,
+                pad_token_id=None)
+
+
 def hf_config(cfg: RunConfig, step: int) -> dict:
     """config.json for GPT2LMHeadModel: the shape of `cfg.model`, untied head, exact GELU.
 
@@ -158,7 +167,7 @@ def write_hf_dir(out: Path, cfg: RunConfig, run_tokenizer: Path, step: int,
                 "preset": cfg.preset, "source": source}
         _write(tmp / "model.safetensors", save(hf_tensors(cfg, weights), metadata=meta))
         _write(tmp / "config.json", json.dumps(hf_config(cfg, step), indent=2).encode())
-        gen = dict(GENERATION, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        gen = generation_config(cfg)
         _write(tmp / "generation_config.json", json.dumps(gen, indent=2).encode())
         tok = (json.dumps(bytes_tokenizer_json()).encode() if cfg.tokenizer == "bytes"
                else Path(run_tokenizer).read_bytes())

@@ -292,7 +292,7 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
                       flush=True)
                 told.add("at-boundary")
             else:
-                print(f"pivot: waiting for boundary step {b} ({b - last} steps to go)", flush=True)
+                print(f"pivot: waiting for boundary step {b} ({b - last} step{'s' if b - last != 1 else ''} to go)", flush=True)
             last_print = time.monotonic()
         if reached >= 1 and "archived" not in told:
             print(f"pivot: archived to archive/pivot-{b}", flush=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -26,6 +27,17 @@ from pathlib import Path
 log = logging.getLogger("proxy")
 
 RATE_WINDOW = 50    # steps over which the ETA's rate is measured
+
+
+def python_command() -> str:
+    """The interpreter to put in a printed command: the one running now, relative to the
+    working directory when it lies under it (`.venv/bin/python`), else its absolute path; a
+    bare `python` may be another interpreter without this project installed."""
+    exe = Path(sys.executable or "python")
+    try:
+        return str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -153,10 +165,11 @@ def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: floa
     lines.append(f"  checkpoint  {info.path} (step {info.step:,})" if info
                  else "  checkpoint  none yet")
     more = "" if end_step < max_steps else f" --max-steps {max(max_steps * 2, end_step + 1)}"
+    py = python_command()
     lines += ["  next:",
-              f"    resume  python -m proxy run --run-dir {run}{more}",
-              f"    sample  python -m proxy sample --run-dir {run} --prompt 'def ' --samples 3",
-              f"    plot    python -m proxy plot --run-dir {run} --out {run}/loss.png",
-              f"    export  python -m proxy export --from-run {run} --format hf "
+              f"    resume  {py} -m proxy run --run-dir {run}{more}",
+              f"    sample  {py} -m proxy sample --run-dir {run} --prompt 'def ' --samples 3",
+              f"    plot    {py} -m proxy plot --run-dir {run} --out {run}/loss.png",
+              f"    export  {py} -m proxy export --from-run {run} --format hf "
               f"--to {Path(run).name}-hf"]
     return "\n".join(lines)

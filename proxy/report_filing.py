@@ -92,7 +92,8 @@ class ReportFiler:
             if r.get("event") == "stopped":
                 self.stats.exit_code = r.get("exit_code")
                 self.stats.stop_why = r.get("why")
-            log.info("worker event: %s", {k: v for k, v in r.items() if k != "type"})
+            log.info("worker event %s: %s", r.get("event", "?"), " ".join(
+                f"{k}={v}" for k, v in r.items() if k not in ("type", "event")))
 
     def _step(self, r: dict) -> None:
         rec = {k: v for k, v in r.items() if k != "type"}

@@ -233,8 +233,10 @@ def format_status(d: dict) -> str:
     """The human-readable table of `collect_status`'s dict."""
     lines = [f"run         {d['run_dir']}  ({d['preset']}, {d['n_params']:,} parameters)",
              f"health      {d['health']}",
-             f"processes   proxy pid {d['proxy_pid']} on {d['proxy_host']} "
-             f"({'alive' if d['proxy_alive'] else 'not running'}), worker pid "
+             f"processes   "
+             + (f"proxy pid {d['proxy_pid']} on {d['proxy_host']} "
+                f"({'alive' if d['proxy_alive'] else 'not running'})" if d['proxy_pid']
+                else "no proxy (none has held the run lock)") + ", worker pid "
              f"{d['worker_pid'] or '-'}" + (f" (state {d['worker_state']})" if d['worker_pid'] else ""),
              f"step        {d['step']:,} / {d['max_steps']:,}"
              + (f"  (last step {d['last_step_age_s']:.0f} s ago)" if d["last_step_age_s"] is not None else "")]

@@ -103,6 +103,11 @@ def test_hf_export_loads_in_transformers_with_the_same_logits_and_token_ids(tmp_
     assert gen.shape == (1, 14) and torch.equal(gen[0, :6], prompt[0])
     with torch.no_grad():  # greedy: the first new token is the project's argmax
         assert gen[0, 6].item() == model(prompt)[0, -1].argmax().item()
+    # the exported generation_config.json alone (no arguments) stays inside the context
+    # (it once asked for 100 new tokens of a 32-token model, which transformers cannot embed)
+    torch.manual_seed(0)
+    out_ids = hf.generate(prompt)
+    assert 6 < out_ids.shape[1] <= PRESETS["andrea-test"].block_size
 
 
 def test_hf_export_refuses_a_non_empty_folder_without_force_and_replaces_it_with(tmp_path):

@@ -1,6 +1,7 @@
 """the progress line (elapsed, ETA, a credible MFU) and readable samples — the pure
 formatting, no processes (the run-level checks are in tests/test_run_watch.py)."""
 import time
+from pathlib import Path
 
 from proxy.progress import ProgressLine, credible_mfu, fmt_duration
 from proxy.sample_format import format_audit, format_sample
@@ -49,3 +50,25 @@ def test_a_sample_shows_prompt_and_continuation_apart_with_real_line_breaks():
                                                          "top_k": 40}}})
     assert block.split("\n")[0] == "sample @7 [docs] held-out 2.500 (temperature 0.8, top-k 40)"
     assert "\\n" not in block and "    prompt | The " in block
+
+
+def test_status_of_a_run_no_proxy_ever_held_says_so_not_pid_none(tmp_path):
+    """Found by a new-user walk-through: `status` of a just-created run printed
+    "proxy pid None on None"."""
+    from proc_helpers import create_template
+    from proxy.status import collect_status, format_status
+    run = create_template(tmp_path / "run")
+    line = next(l for l in format_status(collect_status(run)).splitlines()
+                if l.startswith("processes"))
+    assert "None" not in line and "no proxy" in line, line
+
+
+def test_printed_commands_name_the_interpreter_that_runs_this(tmp_path, monkeypatch):
+    """The summary's `next:` commands once said a bare `python`, which may be another
+    interpreter without the project installed."""
+    import sys
+    from proxy.progress import python_command
+    monkeypatch.chdir(tmp_path)
+    assert python_command() == sys.executable          # not under the working directory
+    monkeypatch.chdir(Path(sys.executable).parent)
+    assert python_command() == Path(sys.executable).name
