@@ -140,10 +140,16 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
     accum = accumulation_steps(cfg.batch_size, micro, world)
 
     def src(*dests: str, per_start: bool = False) -> str:
-        got = [sources.get(d, "default") for d in dests]
-        if resumed and not per_start and all(g != "command line" for g in got):
+        """Where the row's values came from: on a resume, run.json for every value fixed at
+        creation (a command-line value for one of them was ignored with a warning)."""
+        if resumed and not per_start:
             return "run.json"
+        got = [sources.get(d, "default") for d in dests]
         return next((g for g in got if g != "default"), "default")
+
+    warm_src = src("warmup_steps")
+    if not resumed and warm_src == "default" and cfg.warmup_steps != RunConfig.warmup_steps:
+        warm_src = "max steps / 10"  # shortened for a short run (config_from_args)
     rows = [("preset", cfg.preset, src("preset")), ("parameters", f"{cfg.n_params:,}", ""),
             ("layers/heads/width/context", f"{cfg.model.n_layer}/{cfg.model.n_head}/"
                                            f"{cfg.model.n_embd}/{cfg.model.block_size}", src("preset")),
@@ -154,8 +160,9 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
              src("micro_batch_size", "nproc_per_node", per_start=True)),
             ("tokens per update", f"{cfg.batch_size * cfg.model.block_size:,}", src("batch_size")),
             ("max steps", a.max_steps or cfg.max_steps, src("max_steps", per_start=True)),
-            ("lr peak/warm-up/decay end", f"{cfg.lr}/{cfg.warmup_steps}/{cfg.lr_decay_steps}",
-             src("lr", "warmup_steps", "max_steps")),
+            ("lr peak", cfg.lr, src("lr")),
+            ("lr warm-up / cosine end (steps)", f"{cfg.warmup_steps}/{cfg.lr_decay_steps}",
+             f"{warm_src} / " + ("run.json" if resumed else src("max_steps"))),
             ("weight decay / grad clip", f"{cfg.weight_decay}/{cfg.grad_clip}", "default"),
             ("checkpoint/sample/probe every", f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}",
              src("checkpoint_every", "sample_every", "probe_every")),
@@ -163,7 +170,9 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
             ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
              src("keep_last", "keep_every", per_start=True)),
             ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),
-            ("arms", ", ".join(x.name for x in cfg.arms), src("arm")),
+            ("arms", ", ".join(x.name for x in cfg.arms),
+             "run.json" if resumed and src("arm", per_start=True) == "default"
+             else src("arm", per_start=True)),
             ("reward", cfg.reward, src("reward")), ("seed", cfg.seed, src("seed"))]
     if getattr(a, "config", None):
         rows.insert(0, ("config file", a.config, "command line"))

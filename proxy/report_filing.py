@@ -93,7 +93,7 @@ class ReportFiler:
                 self.stats.exit_code = r.get("exit_code")
                 self.stats.stop_why = r.get("why")
             log.info("worker event %s: %s", r.get("event", "?"), " ".join(
-                f"{k}={v}" for k, v in r.items() if k not in ("type", "event")))
+                f"{k}={v}" for k, v in r.items() if k not in ("type", "event", "time")))
 
     def _step(self, r: dict) -> None:
         rec = {k: v for k, v in r.items() if k != "type"}

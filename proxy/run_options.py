@@ -25,9 +25,12 @@ from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
 
-# Options that define the run and are fixed at creation (run.json); on resume they must match.
+# Options that define the run and are fixed at creation (run.json); on resume a different value
+# is refused (preset) or ignored with a warning (the rest). RunConfig fields of the same names.
 CREATION_ONLY = ("preset", "tokenizer", "seed", "batch_size", "lr", "checkpoint_every",
-                 "sample_every", "warmup_steps")
+                 "sample_every", "warmup_steps", "probe_every", "reward", "bandit_warmup",
+                 "bpe_sample_bytes", "arm_max_tokens")
+_SET_AS_GIVEN = tuple(n for n in CREATION_ONLY if n not in ("preset", "sample_every"))
 
 
 @dataclass
@@ -209,8 +212,7 @@ def config_from_args(a) -> RunConfig:
     if a.preset:
         cfg.preset = a.preset
         cfg.model = PRESETS[a.preset]
-    for name in ("seed", "batch_size", "lr", "checkpoint_every", "probe_every", "warmup_steps",
-                 "tokenizer", "reward", "bandit_warmup", "bpe_sample_bytes", "arm_max_tokens"):
+    for name in _SET_AS_GIVEN:
         v = getattr(a, name, None)
         if v is not None:
             setattr(cfg, name, v)
@@ -239,7 +241,8 @@ def config_from_args(a) -> RunConfig:
 def check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
     """Creation-only options given on a resume must match run.json (docs/architecture.md#the-run-directory):
     a different preset is refused (ConfigError naming both parameter counts), other creation
-    options are ignored with a warning, caps/floors are refused (that is a pivot)."""
+    options (CREATION_ONLY) are ignored with a warning naming run.json's value, caps/floors are
+    refused (that is a pivot)."""
     if a.preset and a.preset != cfg.preset:
         n_new = count_parameters(PRESETS[a.preset], cfg.vocab_size)
         raise ConfigError(f"{layout.run_json}: this run is {cfg.preset} ({cfg.n_params:,} "

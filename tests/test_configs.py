@@ -123,3 +123,31 @@ def test_every_config_creates_and_trains_a_run_on_cpu(path, tmp_path):
     records = json.loads((run / ".loss.json").read_text())
     assert [x["step"] for x in records] == [1, 2, 3]
     assert "micro-batches per update" in r.stderr and "[file]" in r.stderr
+
+
+def _table_row(stderr: str, key: str) -> str:
+    return next(l for l in stderr.splitlines() if l.split("  ", 1)[-1].lstrip().startswith(key))
+
+
+@pytest.mark.slow
+def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path):
+    """A new-user walk-through found the table saying [command line] for a creation value the
+    resume ignored, and [file]/[command line] for a warm-up that was derived from --max-steps;
+    and --probe-every/--reward on a resume were dropped without a warning."""
+    from proc_helpers import run_proxy
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "20", timeout=120)   # warm-up 50 >= 20: shortened to 2
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = _table_row(r.stderr, "lr warm-up / cosine end")
+    assert " 2/20 " in row and "[max steps / 10 / command line]" in row, row
+    r = run_proxy(run, "--max-steps", "22", "--lr", "0.5", "--probe-every", "3",
+                  "--reward", "train_loss", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for opt in ("--lr 0.5", "--probe-every 3", "--reward train_loss"):
+        assert f"{opt} ignored: this run was created with" in r.stderr, opt
+    assert "[run.json]" in _table_row(r.stderr, "lr peak") and \
+        " 0.5 " not in _table_row(r.stderr, "lr peak")
+    assert "[run.json]" in _table_row(r.stderr, "checkpoint/sample/probe every")
+    assert "[run.json]" in _table_row(r.stderr, "reward")
+    assert "[command line]" in _table_row(r.stderr, "max steps")
+    assert "[run.json]" in _table_row(r.stderr, "arms")
