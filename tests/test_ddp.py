@@ -4,6 +4,10 @@ the gloo backend, real proxy / torchrun agent / rank processes, real signals, re
 Each run uses two small text arms (standard-library sources) so creation takes about a second.
 """
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import shutil
 import signal
 import sysconfig
@@ -13,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 
-from proc_helpers import (checkpoint_steps, last_step, loss_records, pid_alive, run_proxy,
+from proc_helpers import (ROOT, checkpoint_steps, last_step, loss_records, pid_alive, run_proxy,
                           start_proxy, wait_for)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
 
@@ -214,3 +218,29 @@ def test_two_ranks_with_accumulation_match_one_rank_in_one_pass(tmp_path):
     assert [r["step"] for r in l2] == list(range(1, 21)), "one record per update, not per micro-batch"
     assert [r["arms"] for r in l1] == [r["arms"] for r in l2]
     np.testing.assert_allclose([r["loss"] for r in l2], [r["loss"] for r in l1], rtol=1e-5)
+
+
+def test_leaving_the_process_group_right_after_a_collective_never_deadlocks(tmp_path):
+    """worker/distributed.py leave_process_group: destroying a gloo group the instant DDP's
+    all-reduce completes deadlocked (its destructor joins gloo's threads while holding the GIL
+    they need); a CI run hung there. 20 rounds of DDP backward then teardown, in a child with a
+    deadline (before the fix this hung within the first few rounds)."""
+    child = textwrap.dedent("""
+        import sys, torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from shared.config import PRESETS
+        from worker import distributed as wdist
+        from worker.model import GPT
+        for i in range(20):
+            dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}/store{i}",
+                                    rank=0, world_size=1)
+            ddp = DDP(GPT(PRESETS["andrea-test"], 64, seed=1), gradient_as_bucket_view=True)
+            ddp(torch.zeros(2, 4, dtype=torch.long)).sum().backward()
+            wdist.leave_process_group()
+            del ddp   # its Reducer held the last reference: the group's destructor runs here
+        print("done", flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", child, str(tmp_path)], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr[-2000:]

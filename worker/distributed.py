@@ -16,8 +16,10 @@ What it is not: the decisions themselves (worker/trainer.py) or the launcher (pr
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -125,13 +127,29 @@ def sum_floats(info: DistInfo, values: list[float]) -> list[float]:
     return [float(x) for x in t.tolist()]
 
 
+GLOO_DRAIN_S = 0.05  # seconds without the GIL before the process group is destroyed
+
+
+def leave_process_group() -> None:
+    """destroy_process_group, after GLOO_DRAIN_S seconds without the GIL. A gloo worker thread
+    frees each finished collective's thread-local state, which takes the GIL; the process
+    group's destructor joins those threads while the caller holds it. Destroyed the instant a
+    collective completes, the two wait for each other for ever (seen: a CI run hung here,
+    gdb showing ~ProcessGroupGloo in join and pt_gloo_runloop in take_gil). The sleep lets the
+    threads finish first. Raises what destroy_process_group raises."""
+    import torch.distributed as dist
+    gc.collect()  # a DDP wrapper the caller dropped, if a reference cycle still holds it
+    time.sleep(GLOO_DRAIN_S)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def shutdown(info: DistInfo) -> None:
-    """Leave the process group (best effort: a peer may already be gone)."""
+    """Leave the process group (best effort: a peer may already be gone). The caller drops its
+    DDP wrapper first (its Reducer holds the group; see leave_process_group)."""
     if not info.enabled:
         return
-    import torch.distributed as dist
     try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group()
     except Exception as e:  # noqa: BLE001 - exiting anyway; say why, do not mask the exit code
         log.warning("destroy_process_group: %s", e)

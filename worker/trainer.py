@@ -479,5 +479,6 @@ class Trainer:
                 log.info("stopping at step %d (%s)", self.step, why)
                 self.reports.write({"type": "event", "event": "stopped", "step": self.step,
                                     "why": why, "exit_code": code, "time": time.time()})
+                self._ddp, self.train_module = None, self.model  # DDP's Reducer holds the group
                 wdist.shutdown(self.dist)
                 return code
