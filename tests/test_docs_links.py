@@ -145,15 +145,19 @@ _OUTSIDE_REF = re.compile(r"\bSPEC\b|\bBANDIT\.md\b|\.\./shared/|\b[Ii]ssue \d+\
 
 def outside_references(root: Path = ROOT) -> list[str]:
     """`file:line: text` of every reference in the code to a design document outside the
-    repository (SPEC, BANDIT.md, ../shared/) or to a ticket number: the code cites docs/."""
+    repository (SPEC, BANDIT.md, ../shared/) or to a ticket number: the code cites docs/, and
+    README.md and docs/ stand on their own."""
     out = []
-    for d in ("proxy", "worker", "shared", "scripts", "tests", "configs"):
-        for p in sorted((root / d).rglob("*")):
-            if p.suffix not in (".py", ".toml", ".sh", ".service") or p.name == Path(__file__).name:
-                continue
-            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-                if _OUTSIDE_REF.search(line):
-                    out.append(f"{p.relative_to(root)}:{i}: {line.strip()}")
+    files = [root / "README.md"] if (root / "README.md").is_file() else []
+    for d in ("proxy", "worker", "shared", "scripts", "tests", "configs", "docs"):
+        files += sorted((root / d).rglob("*"))
+    for p in files:
+        if p.suffix not in (".py", ".toml", ".sh", ".service", ".md") \
+                or p.name == Path(__file__).name:
+            continue
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if _OUTSIDE_REF.search(line):
+                out.append(f"{p.relative_to(root)}:{i}: {line.strip()}")
     return out
 
 
