@@ -122,8 +122,9 @@ def cmd_run(a) -> int:
         log.error("%s", e)
         return e.code
     except StopRequested as e:
-        log.info("%s; nothing is lost: complete arms are kept (checked by their fingerprints) and "
-                 "the same command goes on from there", e)
+        log.info("%s; nothing is lost: the same command goes on from there, keeping the "
+                 "tokenizer and every complete arm whose source files (list, sizes, modification "
+                 "times) are unchanged", e)
         return EXIT_OK
     finally:
         lock.release()
@@ -149,7 +150,7 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
 
     warm_src = src("warmup_steps")
     if not resumed and warm_src == "default" and cfg.warmup_steps != RunConfig.warmup_steps:
-        warm_src = "max steps / 10"  # shortened for a short run (config_from_args)
+        warm_src = "shortened to a tenth of max steps"  # a short run (config_from_args)
     rows = [("preset", cfg.preset, src("preset")), ("parameters", f"{cfg.n_params:,}", ""),
             ("layers/heads/width/context", f"{cfg.model.n_layer}/{cfg.model.n_head}/"
                                            f"{cfg.model.n_embd}/{cfg.model.block_size}", src("preset")),
@@ -162,11 +163,13 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
             ("max steps", a.max_steps or cfg.max_steps, src("max_steps", per_start=True)),
             ("lr peak", cfg.lr, src("lr")),
             ("lr warm-up / cosine end (steps)", f"{cfg.warmup_steps}/{cfg.lr_decay_steps}",
-             f"{warm_src} / " + ("run.json" if resumed else src("max_steps"))),
-            ("weight decay / grad clip", f"{cfg.weight_decay}/{cfg.grad_clip}", "default"),
+             warm_src if warm_src == src("max_steps") else
+             f"warm-up {warm_src}, end {src('max_steps')}"),
+            ("weight decay / grad clip", f"{cfg.weight_decay}/{cfg.grad_clip}",
+             src("weight_decay", "grad_clip")),
             ("checkpoint/sample/probe every", f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}",
              src("checkpoint_every", "sample_every", "probe_every")),
-            ("held-out probe", _probe_row(cfg), "default"),
+            ("held-out probe", _probe_row(cfg), src("probe_sequences", "probe_budget")),
             ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
              src("keep_last", "keep_every", per_start=True)),
             ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),

@@ -28,7 +28,7 @@ from pathlib import Path
 from shared.atomic_io import atomic_write_json
 from shared.config import ConfigError, RunConfig, load_run_config
 from shared.handshake import update_handshake
-from shared.run_layout import RunLayout
+from shared.run_layout import RunLayout, missing_run_json
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 
 log = logging.getLogger("proxy.pivot")
@@ -229,8 +229,7 @@ def cmd_pivot(a) -> int:
     from proxy.bandit import BanditConfigError
     layout = RunLayout(a.run_dir)
     if not layout.run_json.exists():
-        return _refuse(f"{layout.root} is not a run directory (no run.json); pass the --run-dir "
-                       "given to `python -m proxy run`")
+        return _refuse(missing_run_json(layout.root))
     try:
         cfg = load_run_config(layout.run_json)
         caps, floors = validated_bounds(cfg, a.caps, a.floors)

@@ -251,9 +251,10 @@ def check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
     for name in CREATION_ONLY[1:]:
         v = getattr(a, name, None)
         if v is not None and v != getattr(cfg, name):
+            was = getattr(cfg, name)
             log.warning("--%s %s ignored: this run was created with %s (run.json); the value "
                         "is fixed for the life of the run", name.replace("_", "-"), v,
-                        getattr(cfg, name))
+                        "no cap (0)" if name == "arm_max_tokens" and not was else was)
     if a.caps or a.floors:
         raise ConfigError("--caps/--floors on an existing run would change the policy mid-phase; "
                           "use `python -m proxy pivot --run-dir DIR --caps ... --floors ...`")

@@ -24,6 +24,7 @@ from shared.arm_sources import open_arm, sample_text
 from shared.arms import source_fingerprint
 from shared.atomic_io import atomic_write_json, read_json
 from shared.config import ConfigError, RunConfig
+from shared import stop_request
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
 
@@ -72,6 +73,7 @@ def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
         share = cfg.bpe_sample_bytes // len(text_arms)
         texts = []
         for a in sorted(text_arms, key=lambda a: a.name):
+            stop_request.check(f"the BPE sample of arm {a.name}")
             texts += sample_text(a, share)
         n = sum(len(t) for t in texts)
         log.info("BPE sample: %s characters from %d arms (at most %s per arm, drawn from across "
@@ -84,6 +86,9 @@ def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
                  time.perf_counter() - t0)
         tok.save(layout.tokenizer)
     atomic_write_json(recipe_file, recipe)
+    # BPE training is one call into the tokenizers library: a stop that came during it acts
+    # here, with the tokenizer saved and its recipe recorded, so the next attempt keeps it
+    stop_request.check("the tokenizer's creation (kept for the next attempt)")
     return tok
 
 

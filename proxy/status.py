@@ -27,7 +27,7 @@ import sys
 import time
 
 from shared.procfs import process_state
-from shared.run_layout import RunLayout
+from shared.run_layout import RunLayout, missing_run_json
 from shared.exit_codes import EXIT_USAGE
 
 TAIL_BYTES = 1 << 17       # the last 128 KiB of .loss.json: a few hundred records
@@ -292,8 +292,7 @@ def cmd_status(a) -> int:
     """`python -m proxy status --run-dir DIR [--json]`."""
     layout = RunLayout(a.run_dir)
     if not layout.run_json.exists():
-        print(f"{layout.root}: not a run directory (no run.json); pass the --run-dir given to "
-              "`python -m proxy run`", file=sys.stderr)
+        print(missing_run_json(layout.root), file=sys.stderr)
         return EXIT_USAGE
     d = collect_status(layout.root)
     if getattr(a, "json", False):

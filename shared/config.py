@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.checkpoint_format import INT32_MAX, expected_size
+from shared.run_layout import missing_run_json
 
 DEFAULT_BPE_VOCAB = 2305  # the published ANDREA-12M vocabulary (docs/architecture.md#the-worker)
 
@@ -298,7 +299,7 @@ def load_run_config(path: Path) -> RunConfig:
     try:
         return RunConfig.from_json(json.loads(Path(path).read_text()))
     except FileNotFoundError:
-        raise ConfigError(f"{path}: missing; is this a run directory?") from None
+        raise ConfigError(missing_run_json(Path(path).parent)) from None
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"{path}: unreadable run config ({e}); restore it from a backup "
                           "or start a new run directory") from e

@@ -13,6 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def missing_run_json(root) -> str:
+    """The error for a `--run-dir` without run.json: a creation that was stopped or killed
+    before it wrote run.json (data/ or tokenizer.json are there; docs/data.md#crash-safe-creation)
+    or not a run directory at all. Names the path and the fix."""
+    root = Path(root)
+    if (root / "data").is_dir() or (root / "tokenizer.json").exists():
+        return (f"{root}: the creation of this run is unfinished (no run.json yet: it was "
+                f"stopped or killed while creating); run the same `python -m proxy run "
+                f"--run-dir {root} ...` command to finish it")
+    return (f"{root}: not a run directory (no run.json); pass the --run-dir given to "
+            "`python -m proxy run`")
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """Paths of one run directory. Pure names: creating nothing except in `ensure()`."""

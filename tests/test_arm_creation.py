@@ -3,11 +3,12 @@ random moments during creation never leaves a partial token file under its final
 same `run` command completes what is missing without redoing complete arms; sixteen arms of
 mixed kinds train; an arm of a new kind joins on a restart through the same pipeline."""
 import gzip
-import os
-import signal
 import json
+import os
 import random
+import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -188,3 +189,38 @@ def test_sigterm_during_tokenization_stops_within_a_piece_and_the_same_command_g
     assert (now.st_ino, now.st_mtime_ns) == (small.st_ino, small.st_mtime_ns)
     assert (data / "big.u16").exists() and len(loss_records(run)) == 1
     assert took < 10, took   # within a piece: well under a second when the machine is quiet
+
+
+@pytest.mark.slow
+def test_sigterm_during_bpe_training_stops_when_it_returns_and_keeps_the_tokenizer(tmp_path):
+    """docs/signals.md#during-creation: BPE training is one library call; a stop during it acts
+    when it returns, names it, and the next attempt keeps the saved tokenizer."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text(prose(3_000_000, seed=3))
+    args = ["--tokenizer", "bpe", "--bpe-sample-bytes", "3000000", "--max-steps", "1",
+            f"--arm=a=text:{src / 'a.txt'}"]
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen(proxy_cmd(run, *args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in p.stderr:        # the sample is drawn: training starts now
+        lines.append(line)
+        if "BPE sample:" in line:
+            break
+    else:
+        raise AssertionError("".join(lines[-30:]))
+    p.send_signal(signal.SIGTERM)
+    rest = p.stderr.read()
+    p.wait(timeout=120)
+    assert p.returncode == 0, rest[-2000:]
+    assert "stopped by SIGTERM during the tokenizer's creation" in rest, rest[-2000:]
+    assert (run / "tokenizer.json").exists() and not list((run / "data").glob("*.u16*"))
+    # status names the unfinished creation and its fix, not "not a run directory"
+    st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert st.returncode == 2 and "creation of this run is unfinished" in st.stderr, st.stderr
+    r = run_proxy(run, *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "tokenizer: kept" in r.stderr and len(loss_records(run)) == 1

@@ -139,7 +139,8 @@ def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path)
     r = run_proxy(run, "--max-steps", "20", timeout=120)   # warm-up 50 >= 20: shortened to 2
     assert r.returncode == 0, r.stderr[-2000:]
     row = _table_row(r.stderr, "lr warm-up / cosine end")
-    assert " 2/20 " in row and "[max steps / 10 / command line]" in row, row
+    assert " 2/20 " in row and "[warm-up shortened to a tenth of max steps, end command line]" \
+        in row, row
     r = run_proxy(run, "--max-steps", "22", "--lr", "0.5", "--probe-every", "3",
                   "--reward", "train_loss", timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -149,5 +150,7 @@ def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path)
         " 0.5 " not in _table_row(r.stderr, "lr peak")
     assert "[run.json]" in _table_row(r.stderr, "checkpoint/sample/probe every")
     assert "[run.json]" in _table_row(r.stderr, "reward")
+    assert "[run.json]" in _table_row(r.stderr, "weight decay / grad clip")
+    assert "[run.json]" in _table_row(r.stderr, "held-out probe")
     assert "[command line]" in _table_row(r.stderr, "max steps")
     assert "[run.json]" in _table_row(r.stderr, "arms")
