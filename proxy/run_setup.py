@@ -21,6 +21,7 @@ from proxy.bandit import resolve_bounds
 from proxy.mixture import Phase
 from shared.arm_data import prepare_arm, write_arm_index
 from shared.arm_sources import open_arm, sample_text
+from shared.arm_tokenize import pin_mmap_threshold, release_free_memory
 from shared.arms import source_fingerprint
 from shared.atomic_io import atomic_write_json, read_json
 from shared.config import ConfigError, RunConfig
@@ -82,6 +83,7 @@ def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
         t0 = time.perf_counter()
         tok = RunTokenizer.train_bpe(texts, cfg.vocab_size)
         del texts
+        release_free_memory()  # the trainer's working set, before the arms are tokenized
         log.info("trained BPE tokenizer: %d tokens in %.1f s", tok.vocab_size,
                  time.perf_counter() - t0)
         tok.save(layout.tokenizer)
@@ -99,6 +101,7 @@ def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
     Raises ConfigError (bad numbers, infeasible caps/floors, missing, corrupt or tiny arm
     sources) before the run directory holds a run.json; arms already complete are kept."""
     cfg.validate()
+    pin_mmap_threshold()  # before BPE training too: peak memory that does not grow with the corpus
     names = [a.name for a in cfg.arms]
     resolve_bounds(names, cfg.caps, cfg.floors)  # infeasible boxes refused before any work
     for a in cfg.arms:

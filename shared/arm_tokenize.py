@@ -97,6 +97,16 @@ def pin_mmap_threshold() -> bool:
         return False
 
 
+def release_free_memory() -> bool:
+    """Return the C heap's free pages to the system (glibc `malloc_trim(0)`, every arena), after
+    a large transient working set such as BPE training, so what follows does not grow a heap
+    left fragmented by it. Returns False where there is no glibc."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int = 0,
                     label: str | None = None) -> tuple[str, ArmStats]:
     """Tokenize the whole text of `arm` into `tmp` (flat `tok.dtype`, no header), fsynced.
