@@ -49,6 +49,11 @@ class LiveStats:
     exit_code: int | None = None                 # from the worker's "stopped" event
     stop_why: str | None = None                  # its reason, named in a fatal exit's message
 
+    def new_worker(self) -> None:
+        """Forget the previous worker's hello and "stopped" event before the next one starts
+        (a restart, a pivot's new worker): they describe that worker only."""
+        self.worker, self.exit_code, self.stop_why = None, None, None
+
 
 class ReportFiler:
     """Files the reports of one incarnation into the history, the controller and the sidecars.

@@ -203,6 +203,7 @@ class Supervisor:
             return "done", 0
         log.info("starting worker: %s",
                  f"resume from {point.path.name}" if point.path else "fresh run")
+        self.stats.new_worker()  # hello and "stopped" are per worker, not per proxy
         self.proc = self._spawn(point.path, point.verified)
         return self._watch(mix, history)
 
@@ -278,6 +279,9 @@ class Supervisor:
                                           and self.stats.worker is None)):
             if self.stats.worker is None:
                 log.info("worker stopped by SIGTERM before it was ready; nothing was lost")
+            elif self.stats.exit_code is not None:  # it had stopped, checkpoint written
+                log.info("worker had already stopped (%s) when the SIGTERM reached it as it "
+                         "exited; nothing was lost", self.stats.stop_why)
             else:
                 log.warning("worker ended by SIGTERM (code %d) without its handler; steps "
                             "after the newest checkpoint are trained again on resume", rc)

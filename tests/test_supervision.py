@@ -230,3 +230,33 @@ def test_a_new_proxy_waits_for_the_worker_a_killed_proxy_left_before_resuming(tm
     m = re.search(r"resume from step_(\d+)\.bin", r.stderr)
     assert m and int(m.group(1)) >= 13, r.stderr[-3000:]   # the old worker's last checkpoint
     assert [x["step"] for x in loss_records(run_dir)] == list(range(1, 41))
+
+
+def test_a_sigterm_that_reaches_a_worker_after_it_stopped_is_not_called_a_loss(tmp_path, caplog):
+    """Found by a breaker: SIGTERM landing while the worker exited after its final checkpoint
+    (Python restores default handlers at interpreter exit: code -15) was logged as "ended by
+    SIGTERM without its handler; steps ... trained again". The worker's "stopped" event says
+    the checkpoint was written; and that event belongs to one worker, not to the next."""
+    import logging
+    import signal as sig
+    from proc_helpers import create_template
+    from proxy.run_options import ProxyOptions
+    from proxy.supervisor import Supervisor
+    from shared.config import load_run_config
+    from shared.loss_history import LossHistory
+    from shared.run_layout import RunLayout
+    layout = RunLayout(create_template(tmp_path / "run"))
+    sup = Supervisor(layout, load_run_config(layout.run_json), ProxyOptions())
+    history = LossHistory(layout.loss)
+    sup.stop_requested = "SIGTERM"
+    sup.stats.worker = {"pid": 1}
+    sup.stats.exit_code, sup.stats.stop_why = 0, "max steps"
+    with caplog.at_level(logging.INFO, logger="proxy"):
+        assert sup._outcome(-sig.SIGTERM, False, True, history) == ("done", 0)
+    assert "already stopped (max steps)" in caplog.text and "without its handler" not in caplog.text
+    sup.stats.new_worker()                 # the next worker has said nothing yet
+    sup.stats.worker = {"pid": 2}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="proxy"):
+        assert sup._outcome(-sig.SIGTERM, False, True, history) == ("done", 0)
+    assert "without its handler" in caplog.text
