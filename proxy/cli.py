@@ -148,6 +148,9 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
         got = [sources.get(d, "default") for d in dests]
         return next((g for g in got if g != "default"), "default")
 
+    arms_src = src("arm", per_start=True)  # --arm on a resume is the run's new arm list
+    if resumed and arms_src == "default":
+        arms_src = "run.json"
     warm_src = src("warmup_steps")
     if not resumed and warm_src == "default" and cfg.warmup_steps != RunConfig.warmup_steps:
         warm_src = "shortened to a tenth of max steps"  # a short run (config_from_args)
@@ -173,9 +176,7 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
             ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
              src("keep_last", "keep_every", per_start=True)),
             ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),
-            ("arms", ", ".join(x.name for x in cfg.arms),
-             "run.json" if resumed and src("arm", per_start=True) == "default"
-             else src("arm", per_start=True)),
+            ("arms", ", ".join(x.name for x in cfg.arms), arms_src),
             ("reward", cfg.reward, src("reward")), ("seed", cfg.seed, src("seed"))]
     if getattr(a, "config", None):
         rows.insert(0, ("config file", a.config, "command line"))

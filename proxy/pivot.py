@@ -291,7 +291,9 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
                       flush=True)
                 told.add("at-boundary")
             else:
-                print(f"pivot: waiting for boundary step {b} ({b - last} step{'s' if b - last != 1 else ''} to go)", flush=True)
+                togo = b - last
+                print(f"pivot: waiting for boundary step {b} ({togo} step"
+                      f"{'' if togo == 1 else 's'} to go)", flush=True)
             last_print = time.monotonic()
         if reached >= 1 and "archived" not in told:
             print(f"pivot: archived to archive/pivot-{b}", flush=True)

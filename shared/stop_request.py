@@ -5,8 +5,8 @@ What it is: one process-wide flag. The proxy's early signal handlers (proxy/proc
 EarlySignals) set it on SIGTERM/SIGINT/SIGHUP; the data pipeline (shared/arm_tokenize.py) looks
 at it between pieces of a source and raises StopRequested, so a stop during a long creation acts
 within a piece (at most about 1 MB of source) instead of after the whole corpus. Nothing is lost:
-complete arms are kept (checked by their fingerprints) and the partial token file is a `.tmp`
-that the next attempt rewrites. What it is not: the supervisor's handling of stops once a worker
+complete arms are kept (while their source files' list, sizes and modification times are
+unchanged) and the partial token file is a `.tmp` that the next attempt rewrites. What it is not: the supervisor's handling of stops once a worker
 runs (proxy/supervisor.py), nor a signal handler itself (no signal module here).
 """
 from __future__ import annotations
@@ -29,18 +29,7 @@ def request(name: str) -> None:
     _requested = _requested or name
 
 
-def requested() -> str | None:
-    """The pending request's name (e.g. "SIGTERM"), or None."""
-    return _requested
-
-
 def check(during: str) -> None:
     """Raise StopRequested if a stop was asked for; `during` says what was interrupted."""
     if _requested is not None:
         raise StopRequested(_requested, during)
-
-
-def clear() -> None:
-    """Forget a request (tests, and a caller that has acted on it)."""
-    global _requested
-    _requested = None
