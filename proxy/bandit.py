@@ -33,7 +33,7 @@ __all__ = ["BOUND_SLACK", "REWARDS", "SCALER_CAPACITY", "Bandit", "BanditConfig"
            "BanditConfigError", "QuantileScaler", "parse_arm_values", "project_to_box",
            "resolve_bounds"]
 
-REWARDS = ("heldout_progress", "train_loss")
+REWARDS = ("heldout_progress", "train_loss", "grad_alignment")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,6 +57,9 @@ class BanditConfig:
     easy_arm_ratio: float = 0.0        # heldout_progress: an arm whose probe loss is below this times the
                                        # mean of the others' is trivially predictable: it never out-scores
                                        # the worst arm (the collapse trap, docs/bandit.md#the-easy-arm-guard); 0 = off (default)
+    repetitive_ratio: float = 20.0     # repetition guard: an arm whose tokens compress at least this well
+                                       # (shared/arm_redundancy.py) is held at or below the p it has when
+                                       # the warm-up ends (docs/bandit.md#the-repetition-guard); 0 = off
 
     def __post_init__(self):
         def bad(field: str, value: Any, rule: str) -> BanditConfigError:
@@ -83,6 +86,9 @@ class BanditConfig:
         if not _real(self.easy_arm_ratio) or not 0.0 <= self.easy_arm_ratio < 1.0:
             raise bad("easy_arm_ratio", self.easy_arm_ratio, "must be in [0, 1) (default 0 = off)")
         self.easy_arm_ratio = float(self.easy_arm_ratio)
+        if not _real(self.repetitive_ratio) or not (self.repetitive_ratio == 0 or self.repetitive_ratio >= 1):
+            raise bad("repetitive_ratio", self.repetitive_ratio, "must be 0 (off) or a ratio >= 1 (default 20)")
+        self.repetitive_ratio = float(self.repetitive_ratio)
         self.eta, self.discount, self.share = float(self.eta), float(self.discount), float(self.share)
         self.ema_beta = float(self.ema_beta)
 
@@ -129,7 +135,8 @@ class Bandit:
     def __init__(self, arm_names: list[str], floors: Mapping[str, float] | None,
                  caps: Mapping[str, float] | None, config: BanditConfig,
                  prior: Mapping[str, float] | None = None, phase_label: str = "initial",
-                 phase_index: int = 0, phase_start_step: int = 0):
+                 phase_index: int = 0, phase_start_step: int = 0,
+                 compression: Mapping[str, float] | None = None):
         if not isinstance(config, BanditConfig):
             raise BanditConfigError(f"config must be a BanditConfig, got {type(config).__name__}")
         self.arms: list[str] = _check_arm_names(arm_names)
@@ -152,6 +159,12 @@ class Bandit:
         self.last_probe: dict[str, float | None] = {a: None for a in self.arms}
         self.p_acc = {a: 0.0 for a in self.arms}     # sum of recorded p since the last probe
         self.p_n = 0                                 # records in that sum
+        # the repetition guard (docs/bandit.md#the-repetition-guard): arms whose compression ratio
+        # reaches config.repetitive_ratio; `held` their p when the warm-up ended (an upper bound)
+        self.compression = {a: float(v) for a, v in sorted((compression or {}).items())
+                            if _real(v) and v > 0}  # 0: not measured
+        self.held: dict[str, float] = {}
+        self.hold_decided = False
         if prior is None:
             raw = {a: 1.0 for a in self.arms}
         else:
@@ -172,11 +185,29 @@ class Bandit:
 
     # -- policy -----------------------------------------------------------------------------
     def probabilities(self) -> dict[str, float]:
-        """project(softmax(logw)) as {arm: probability}, sorted by name; always inside the box."""
+        """project(softmax(logw)) as {arm: probability}, sorted by name; always inside the box
+        (the phase's caps, lowered for held repetitive arms to their `held` value)."""
         top = max(self.logw.values())
         w = {a: math.exp(self.logw[a] - top) for a in self.arms}
         tot = math.fsum(w.values())
-        return project_to_box({a: w[a] / tot for a in self.arms}, self.floors, self.caps)
+        return project_to_box({a: w[a] / tot for a in self.arms}, self.floors, self.effective_caps())
+
+    def repetitive_arms(self) -> list[str]:
+        """Active arms whose compression ratio reaches `config.repetitive_ratio` (sorted; none
+        when the guard is off): the arms the repetition guard holds after the warm-up."""
+        r = self.config.repetitive_ratio
+        return [a for a in self.arms if r > 0 and self.compression.get(a, 0.0) >= r]
+
+    def effective_caps(self) -> dict[str, float]:
+        """The phase's caps, with each held arm's cap lowered to its held p."""
+        return {a: min(c, self.held[a]) if a in self.held else c for a, c in self.caps.items()}
+
+    def _decide_hold(self) -> None:
+        """At the first record after the warm-up: hold every repetitive arm at the p it has now
+        (the prior's, the warm-up makes no update), so its share can only fall from here on."""
+        self.hold_decided = True
+        p = self.probabilities()
+        self.held = {a: p[a] for a in self.repetitive_arms()}
 
     @property
     def ema_reward(self) -> dict[str, float]:
@@ -235,8 +266,12 @@ class Bandit:
             for a in self.arms:
                 self.p_acc[a] += float(p_rec[a])
             self.p_n += 1
+        if not self.hold_decided and step > self.phase_start_step + self.config.warmup_steps:
+            self._decide_hold()
         if self.config.reward == "heldout_progress":
             g = self._heldout_rewards(record)
+        elif self.config.reward == "grad_alignment":
+            g = self._alignment_rewards(record)
         else:
             g = self._train_loss_rewards(record, n)
         if not g or step <= self.phase_start_step + self.config.warmup_steps:
@@ -287,6 +322,18 @@ class Bandit:
             worst = min(g.values())
             g = {a: (min(v, worst) if a in easy else v) for a, v in g.items()}
         return g
+
+    def _alignment_rewards(self, record: Mapping[str, Any]) -> dict[str, float]:
+        raw = {}
+        for a, v in (record.get("alignment") or {}).items():
+            if a in self.pulls and _real(v):
+                raw[a] = float(v)
+        if not raw:
+            return {}
+        if len(raw) > 1:
+            mean = math.fsum(raw.values()) / len(raw)
+            raw = {a: v - mean for a, v in raw.items()}
+        return self._fold_scaled(raw)
 
     def easy_arms(self) -> list[str]:
         """Arms whose last probe loss is below `easy_arm_ratio` times the mean of the other arms'
@@ -364,6 +411,9 @@ class Bandit:
         for d in (self.floors, self.caps, self.pulls, self.pulls_lifetime, self.ema_acc,
                   self.ema_n, self.last_probe, self.prior, self.logw, self.p_acc):
             del d[name]
+        self.held.pop(name, None)
+        if self.held and math.fsum(self.effective_caps().values()) < 1.0 - BOUND_SLACK:
+            self.held = {}  # the holds no longer leave room for a batch: the phase's caps rule
         top = max(self.logw.values())
         self.logw = {a: v - top for a, v in self.logw.items()}
         self.version += 1
@@ -413,6 +463,9 @@ class Bandit:
             items = sorted(d.items())
             d.clear()
             d.update(items)
+        if self.hold_decided and name in self.repetitive_arms():
+            self.held[name] = self.probabilities()[name]  # held from its first p on
+            self.held = dict(sorted(self.held.items()))
         self.added[name] = {"step": self.step, "reason": str(reason),
                             "rejoined": old is not None}
         self.version += 1
@@ -440,7 +493,9 @@ class Bandit:
                 "caps": dict(self.caps), "floors": dict(self.floors), "version": self.version,
                 "config": self.config.to_dict(), "arms": arms, "scaler": self.scaler.to_dict(),
                 "retired": copy.deepcopy(self.retired), "added": copy.deepcopy(self.added),
-                "p_since_probe": {"sum": dict(self.p_acc), "n": self.p_n}}
+                "p_since_probe": {"sum": dict(self.p_acc), "n": self.p_n},
+                "repetition": {"compression": dict(self.compression), "held": dict(self.held),
+                               "decided": self.hold_decided}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Bandit":
@@ -463,6 +518,10 @@ class Bandit:
             since = d.get("p_since_probe") or {}
             b.p_n = int(since.get("n", 0))
             b.p_acc = {a: float((since.get("sum") or {}).get(a, 0.0)) for a in b.arms}
+            rep = d.get("repetition") or {}
+            b.compression = {a: float(v) for a, v in (rep.get("compression") or {}).items()}
+            b.held = {a: float(v) for a, v in (rep.get("held") or {}).items()}
+            b.hold_decided = bool(rep.get("decided", False))
             for a in b.arms:
                 s = arms[a]
                 b.pulls[a] = int(s["pulls"])

@@ -31,7 +31,7 @@ def bandit_record(rec: dict) -> dict:
     """The fields of a `.loss.json` record that the bandit folds (docs/bandit.md#drawing-a-batch)."""
     return {"step": rec["step"], "phase_index": rec["phase"]["index"], "arms": rec.get("arms", {}),
             "p": rec.get("p", {}), "arm_loss": rec.get("arm_loss", {}), "probe": rec.get("probe"),
-            "batch_size": sum(rec.get("arms", {}).values()) or 1}
+            "alignment": rec.get("alignment"), "batch_size": sum(rec.get("arms", {}).values()) or 1}
 
 
 KEEP_POLICIES = 4  # posted policies kept behind the newest (the worker needs the current one)
@@ -41,12 +41,14 @@ class MixtureController:
     """Bandit + posted policies for one phase. `policies`: period -> {arm: probability}."""
 
     def __init__(self, arm_names: list[str], phase: Phase, reward: str, warmup: int,
-                 period: int, changes: list[ArmChange] | None = None) -> None:
+                 period: int, changes: list[ArmChange] | None = None,
+                 compression: dict[str, float] | None = None) -> None:
         """`arm_names`: every arm the run has had (data/arms.json, retired ones included).
         `changes`: the arm-change log (proxy/arm_changes.py): arm joins and retirements (zombies,
         arms left out on a restart), each applied once every record up to its step is folded,
         in the live run and in a replay alike, so replay still reproduces `.state.json`
-        exactly. The bandit starts with the arms present at the phase start (`arms_present_at`)
+        exactly. `compression`: each arm's compression ratio (shared/arm_data.py
+        `arm_compression`), for the repetition guard (docs/bandit.md#the-repetition-guard). The bandit starts with the arms present at the phase start (`arms_present_at`)
         and the changes up to the phase start applied. Raises BanditConfigError (bounds)."""
         self.phase = phase
         self.period = period
@@ -60,7 +62,8 @@ class MixtureController:
                              prior=({a: v for a, v in phase.prior.items() if a in present}
                                     if phase.prior is not None else None),
                              phase_label=phase.label,
-                             phase_index=phase.index, phase_start_step=phase.start_step)
+                             phase_index=phase.index, phase_start_step=phase.start_step,
+                             compression=compression)
         for a, n in phase.lifetime_pulls.items():
             if a in self.bandit.pulls_lifetime:
                 self.bandit.pulls_lifetime[a] = int(n)

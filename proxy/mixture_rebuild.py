@@ -19,7 +19,7 @@ from proxy.arm_changes import ArmChange, read_changes
 from proxy.mixture import MixtureController, Phase
 from proxy.run_setup import read_phases
 from proxy.state_snapshots import find_snapshot
-from shared.arm_data import read_arm_index
+from shared.arm_data import arm_compression, read_arm_index
 from shared.config import RunConfig
 from shared.loss_history import read_records, read_records_after
 from shared.run_layout import RunLayout
@@ -49,9 +49,9 @@ def new_controller(layout: RunLayout, cfg: RunConfig, phase: Phase,
                    changes: list[ArmChange]) -> MixtureController:
     """A controller at the start of `phase`, over every arm the run has had (retired ones
     included, data/arms.json). Raises BanditConfigError (bounds)."""
-    names = sorted(read_arm_index(layout, include_retired=True))
-    return MixtureController(names, phase, cfg.reward, cfg.bandit_warmup, cfg.probe_every,
-                             changes)
+    arms = read_arm_index(layout, include_retired=True)
+    return MixtureController(sorted(arms), phase, cfg.reward, cfg.bandit_warmup, cfg.probe_every,
+                             changes, {n: arm_compression(layout, a) for n, a in arms.items()})
 
 
 def rebuild_mixture(layout: RunLayout, cfg: RunConfig, step: int,

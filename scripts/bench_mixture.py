@@ -78,11 +78,11 @@ from worker.optim import FlatAdamW, learning_rate  # noqa: E402
 
 FLOOR, CAP = 0.1, 0.6         # the box of every arm
 TRAP = "list-trap"
-POLICIES = ("static", "stratified", "odm", "default")
+POLICIES = ("static", "stratified", "odm", "default", "align")
 VARIANT_KEYS = {"warmup": "bandit_warmup", "probe_every": "probe_every",
                 "probe_sequences": "probe_sequences"}
 BANDIT_KEYS = {f.name: f.type for f in dataclasses.fields(BanditConfig)} | {}
-PROBING = ("odm", "default")
+PROBING = ("odm", "default", "align")
 ROOT = Path(__file__).resolve().parent.parent
 # the bandit rows' cache key includes the policy's code, so a cached row is what this code gives
 POLICY_SOURCE = hashlib.sha256(b"".join(
@@ -150,29 +150,14 @@ def heldout(model, windows, chunk: int = 256):
     return out
 
 
-def probe_starts(sampler: ArmSampler, name: str, n: int) -> list[int]:
-    """Token offsets of the windows `ArmSampler.heldout_windows(name, n)` returns (same
-    arithmetic; `eval_windows` checks it against the real windows)."""
-    start, end = sampler.train_end[name], len(sampler.tokens[name])
-    span = (end - start - sampler.block - 1) // max(1, n)
-    return [start + i * span for i in range(n)]
-
-
 def eval_windows(sampler: ArmSampler, name: str, n: int, probe_counts) -> tuple[torch.Tensor, int]:
-    """The fixed evaluation set of arm `name`: int64 (n, block+1) windows of its held-out split,
-    pairwise non-overlapping and disjoint from the probe windows of every count in `probe_counts`;
-    n = 0 takes every such tile. Returns (windows, number of candidate tiles); raises ValueError
-    when the held-out split has fewer than n such tiles."""
+    """The fixed evaluation set of arm `name`: int64 (n, block+1) windows of its held-out ranges,
+    pairwise non-overlapping and disjoint from the probe windows (`ArmSampler.heldout_starts`) of
+    every count in `probe_counts`; n = 0 takes every such tile. Returns (windows, number of
+    candidate tiles); raises ValueError when the held-out ranges have fewer than n such tiles."""
     toks, w = sampler.tokens[name], sampler.block + 1
-    start, end = sampler.train_end[name], len(toks)
-    probes = []
-    for k in sorted(set(probe_counts)):
-        starts = probe_starts(sampler, name, k)
-        mine = torch.from_numpy(np.stack([np.asarray(toks[s:s + w], dtype=np.int64) for s in starts]))
-        assert torch.equal(sampler.heldout_windows(name, k), mine), \
-            f"{name}: probe window arithmetic out of step with ArmSampler.heldout_windows"
-        probes += starts
-    tiles = [s for s in range(start, end - w + 1, w)
+    probes = sorted({s for k in set(probe_counts) for s in sampler.heldout_starts(name, k)})
+    tiles = [s for a, b in sampler.heldout[name] for s in range(a, b - w + 1, w)
              if all(s + w <= p or s >= p + w for p in probes)]
     n = n or len(tiles)
     if len(tiles) < n:
@@ -180,8 +165,9 @@ def eval_windows(sampler: ArmSampler, name: str, n: int, probe_counts) -> tuple[
                          f"probes; ask for --eval-windows <= {len(tiles)}")
     pick = [tiles[i] for i in np.linspace(0, len(tiles) - 1, n).round().astype(int)]
     assert len(set(pick)) == n
-    for s in pick:  # inside the held-out split and disjoint from every probe window
-        assert start <= s and s + w <= end and all(s + w <= p or s >= p + w for p in probes)
+    for s in pick:  # inside one held-out range and disjoint from every probe window
+        assert any(a <= s and s + w <= b for a, b in sampler.heldout[name])
+        assert all(s + w <= p or s >= p + w for p in probes)
     return torch.from_numpy(np.stack([np.asarray(toks[s:s + w], dtype=np.int64) for s in pick])), len(tiles)
 
 
@@ -208,8 +194,9 @@ def train(kind: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
     mix = None
     if kind in PROBING:
         mix = MixtureController(names, Phase(0, "bench", 0, caps, floors),
-                                "train_loss" if kind == "odm" else "heldout_progress",
-                                cfg.bandit_warmup, cfg.probe_every)
+                                {"odm": "train_loss", "align": "grad_alignment"}.get(kind, "heldout_progress"),
+                                cfg.bandit_warmup, cfg.probe_every,
+                                compression={n: a.compression for n, a in index.items()})
         if bandit_fields:
             mix.bandit.config = dataclasses.replace(mix.bandit.config, **bandit_fields)
     in_box = True
@@ -226,10 +213,14 @@ def train(kind: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
         if k == cfg.bandit_warmup + 1:
             pstart = dict(p)
         b = sampler.draw(seed, k, p, cfg.batch_size)
-        seq = seq_losses(model, b.x, b.y)
-        loss = seq.mean()
-        opt.zero_grad()
-        loss.backward()
+        align = None
+        if kind == "align" and k % plan.every == 0 and k > 1:
+            align, seq = alignment_step(model, opt, cfg, probes, b, names, k)
+        else:
+            seq = seq_losses(model, b.x, b.y)
+            loss = seq.mean()
+            opt.zero_grad()
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step(learning_rate(k, cfg))
         if mix:
@@ -237,11 +228,45 @@ def train(kind: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
             rec = {"step": k, "arms": b.counts, "p": dict(p), "phase": {"index": 0, "label": "bench"},
                    "arm_loss": {n: float(s[b.arm_index == i].mean()) for i, n in enumerate(names)
                                 if (b.arm_index == i).any()}}
-            if k % plan.every == 0:
+            if k % plan.every == 0 and kind != "align":
                 rec["probe"] = heldout(model, probes)
+            if align:
+                rec["alignment"] = align
             mix.observe(rec)
     return {"h": heldout(model, evals), "ok": in_box, "pmean": {n: v / steps for n, v in p_sum.items()},
             "pfinal": dict(p), "pmax": pmax, "pstart": pstart or dict(p)}
+
+
+def _flat_grad(model) -> torch.Tensor:
+    return torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1)
+                      for q in model.parameters()])
+
+
+def alignment_step(model, opt, cfg, probes, b, names, k):
+    """Prototype: target gradient on the probe windows (mean over arms), per-arm training
+    gradients from the batch's rows by arm; score = <T, g_i / (sqrt(v_hat) + eps)>."""
+    opt.zero_grad()
+    tl = sum(seq_losses(model, w[:, :-1], w[:, 1:]).mean() for w in probes.values()) / len(probes)
+    tl.backward()
+    target = _flat_grad(model)
+    opt.zero_grad()
+    v_hat = opt.v / (1 - cfg.beta2 ** (k - 1))
+    pt = target / (v_hat.sqrt() + cfg.eps)
+    B = b.x.size(0)
+    seq = torch.empty(B)
+    prev = torch.zeros_like(target)
+    out = {}
+    for i, n in enumerate(names):
+        rows = torch.from_numpy(b.arm_index == i)
+        if not rows.any():
+            continue
+        s_i = seq_losses(model, b.x[rows], b.y[rows])
+        (s_i.sum() / B).backward()
+        seq[rows] = s_i.detach()
+        g = _flat_grad(model)
+        out[n] = float(torch.dot(pt, g - prev)) * B / int(rows.sum())
+        prev = g
+    return out, seq
 
 
 def parse_variant(text: str) -> tuple[str, dict, dict]:

@@ -13,7 +13,8 @@ heldout_start (start of the first held-out range), heldout (the held-out token r
 (cheap, "stat:...": file list, sizes, mtimes; checked at every start), retired (null, or {"step",
 "reason"} while the proxy has the arm retired, as a zombie or because a restart left it out: the
 worker then never loads it), field (jsonl/parquet arms) and what creation used of the source
-(documents, source_bytes, bad_records, first_bad). The top-level "changes" list is the proxy's
+(documents, source_bytes, bad_records, first_bad), and compression (the token stream's zstd
+ratio, shared/arm_redundancy.py; the bandit's repetition guard reads it). The top-level "changes" list is the proxy's
 arm-change log (proxy/arm_changes.py); arms added on a restart are appended to "arms".
 
 Completion: each tokenized arm gets `data/<arm>.done.json` (its entry plus the key it was made
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.arm_redundancy import compression_ratio
 from shared.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, RunConfig, check_arm_name
@@ -58,6 +60,7 @@ class ArmData:
     source_bytes: int = 0             # source bytes used of the source's total
     bad_records: int = 0              # records skipped (invalid JSON, missing field, ...)
     first_bad: str = ""               # "file:line: reason" of the first
+    compression: float = 0.0          # zstd ratio of its tokens (shared/arm_redundancy.py); 0: not measured (older runs)
 
     def tokens(self, run_dir: Path) -> np.ndarray:
         """All tokens as a read-only memmap (`dtype`) of length n_tokens."""
@@ -207,6 +210,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
     a = ArmData(arm.name, arm.kind, arm.source, fp, path, n, ranges[0][0], sfp, field=arm.field,
                 dtype=dt.name, heldout=[list(r) for r in ranges], documents=docs,
                 source_bytes=used, bad_records=bad, first_bad=first_bad)
+    a.compression = compression_ratio(a.tokens(layout.root))
     atomic_write_json(done_marker(layout, arm.name), {"key": key, "arm": asdict(a)})
     if arm.kind in ("python-docstrings", "python-code", "python-docs"):
         of = (f"used {used:,} characters (default arms stop at {MAX_ARM_BYTES:,}) from "
@@ -221,6 +225,19 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
               arm.kind, of, f"{n:,}", dt.name, f"{sum(b - a for a, b in ranges):,}", len(ranges),
               f"{bad:,} bad records (first {first_bad})" if bad else "no bad records")
     return a
+
+
+def arm_compression(layout: RunLayout, arm: ArmData) -> float:
+    """The arm's compression ratio (shared/arm_redundancy.py): the one recorded at creation, or
+    for a run made before it was recorded, measured now from its token file (deterministic, so
+    a resume and a replay see the same number). 0.0 (not measured: the guard does not hold it)
+    when the token file cannot be read, as for a retired arm whose external file is gone."""
+    if arm.compression > 0:
+        return arm.compression
+    try:
+        return compression_ratio(arm.tokens(layout.root))
+    except (OSError, ValueError):
+        return 0.0
 
 
 def write_arm_index(layout: RunLayout, arms: list[ArmData]) -> None:

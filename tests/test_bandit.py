@@ -696,3 +696,104 @@ def test_collapse_trap_whose_probe_falls_fastest_is_held_by_the_easy_arm_guard()
         tops[ratio] = (start, top)
     assert tops[0.8][1] <= tops[0.8][0] + 1e-12, tops
     assert tops[0.0][1] > tops[0.0][0] + 0.1, tops      # the trap is real without the guard
+
+
+# ----------------------------------------------------------------------------- the repetition guard
+
+def trap_favouring_records(n_steps, batch=16, probe_every=10, seed=5):
+    """Records where the held-out probe of `list-trap` falls fastest of all arms, every period:
+    the real trap's case (docs/bandit.md#the-collapse-trap), which held-out progress favours."""
+    rng = random.Random(seed)
+    probe = {a: 4.0 for a in TRAP_ARMS}
+    drops = {"python-docs": 0.004, "repo-code": 0.004, "repo-docstrings": 0.004, "list-trap": 0.03}
+    out = []
+    for step in range(1, n_steps + 1):
+        counts = {a: 0 for a in TRAP_ARMS}
+        for _ in range(batch):
+            counts[rng.choice(TRAP_ARMS)] += 1
+        rec = {"step": step, "phase_index": 0, "arms": counts, "p": {a: 0.25 for a in TRAP_ARMS},
+               "arm_loss": {a: 3.0 for a in TRAP_ARMS if counts[a]}, "probe": None,
+               "batch_size": batch}
+        if step % probe_every == 0:
+            for a in TRAP_ARMS:
+                probe[a] -= drops[a] * (1 + 0.3 * rng.gauss(0, 1))
+            rec["probe"] = dict(probe)
+        out.append(rec)
+    return out
+
+
+def test_repetition_guard_holds_a_compressible_arm_at_its_post_warmup_share():
+    """docs/bandit.md#the-repetition-guard: an arm whose compression ratio reaches
+    repetitive_ratio never gets more probability than it had when the warm-up ended, even
+    when its reward is the best every period; with the guard off the same records lift it to
+    its cap (the negative control: the records do favour it). The hold survives JSON."""
+    floors, caps = {a: 0.1 for a in TRAP_ARMS}, {a: 0.6 for a in TRAP_ARMS}
+    ratios = {"python-docs": 2.6, "repo-code": 3.5, "repo-docstrings": 2.9, "list-trap": 183.0}
+    for ratio, held in ((20.0, True), (0.0, False)):
+        b = Bandit(TRAP_ARMS, floors, caps, BanditConfig(warmup_steps=50, eta=0.3,
+                                                         repetitive_ratio=ratio), compression=ratios)
+        start, top = None, 0.0
+        for r in trap_favouring_records(600):
+            b.observe(r)
+            p = b.probabilities()
+            assert all(floors[a] - 1e-12 <= p[a] <= caps[a] + 1e-12 for a in TRAP_ARMS)
+            if r["step"] == 50:
+                start = p["list-trap"]
+            elif r["step"] > 50:
+                top = max(top, p["list-trap"])
+            if r["step"] == 300:
+                again = Bandit.from_dict(json.loads(json.dumps(b.to_dict())))
+                assert again.to_dict() == b.to_dict() and again.probabilities() == p
+        assert b.updates > 40
+        if held:
+            assert b.held == {"list-trap": start} and b.repetitive_arms() == ["list-trap"]
+            assert top <= start + 1e-12, (start, top)
+        else:
+            assert b.held == {} and top == pytest.approx(0.6), top
+
+
+def test_repetition_guard_is_redecided_per_phase_and_released_when_a_retirement_needs_room():
+    arms = ["a", "b", "c"]
+    b = Bandit(arms, {"a": 0.0, "b": 0.0, "c": 0.0}, {"a": 1.0, "b": 0.45, "c": 1.0},
+               BanditConfig(warmup_steps=0), compression={"a": 50.0, "b": 2.0, "c": 3.0})
+    b.observe({"step": 1, "phase_index": 0, "arms": {"a": 1}, "p": {}, "probe": None})
+    assert b.hold_decided and b.held == {"a": pytest.approx(1 / 3)}
+    assert b.effective_caps() == {"a": pytest.approx(1 / 3), "b": 0.45, "c": 1.0}
+    b.retire("c", "gone")  # a <= 1/3 and b <= 0.45 cannot hold a batch: the hold goes
+    assert b.held == {} and b.probabilities()["a"] == pytest.approx(0.55)
+    with pytest.raises(BanditConfigError, match="repetitive_ratio"):
+        BanditConfig(repetitive_ratio=0.5)
+
+
+def test_compression_ratio_separates_list_like_text_from_prose_and_code(tmp_path):
+    """shared/arm_redundancy.py on real text: the benchmark's trap arm compresses an order of
+    magnitude better than this repository's prose and code, bytes- and BPE-tokenized alike."""
+    import numpy as np
+    from pathlib import Path
+    from shared.arm_redundancy import compression_ratio
+    root = Path(__file__).resolve().parent.parent
+    words = ["region", "value", "entry", "table", "field", "option"]
+    trap = "".join(f"- item {i % 50}: " + " ".join([words[i % 6]] * 3) + "\n" for i in range(12000))
+    prose = "\n".join(p.read_text() for p in sorted((root / "docs").glob("*.md")))
+    code = "\n".join(p.read_text() for p in sorted((root / "proxy").glob("*.py")))
+    as_bytes = {k: np.frombuffer(v.encode(), dtype=np.uint8).astype(np.uint16)
+                for k, v in (("trap", trap), ("prose", prose), ("code", code))}
+    r = {k: compression_ratio(v) for k, v in as_bytes.items()}
+    assert r["trap"] > 50 and r["prose"] < 6 and r["code"] < 6, r
+    assert compression_ratio(as_bytes["code"]) == r["code"]  # deterministic
+    assert compression_ratio(np.memmap(_write(tmp_path / "t.u16", as_bytes["trap"]),
+                                       dtype=np.uint16, mode="r")) == r["trap"]
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    tok.train_from_iterator([prose, code, trap], trainers.BpeTrainer(vocab_size=2000))
+    bpe = {k: compression_ratio(np.array(tok.encode(v).ids, dtype=np.uint16))
+           for k, v in (("trap", trap), ("prose", prose), ("code", code))}
+    assert bpe["trap"] > 50 and bpe["prose"] < 6 and bpe["code"] < 6, bpe
+    with pytest.raises(ValueError):
+        compression_ratio(np.zeros(0, dtype=np.uint16))
+
+
+def _write(path, arr):
+    arr.tofile(path)
+    return path

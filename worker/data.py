@@ -71,18 +71,23 @@ class ArmSampler:
         t = torch.from_numpy(buf)
         return Batch(t[:, :-1], t[:, 1:], arm_idx[rank * per:(rank + 1) * per], counts)
 
-    def heldout_windows(self, name: str, n: int) -> torch.Tensor:
-        """The fixed probe set of arm `name`: int64 (n, block+1), evenly spaced, non-overlapping."""
-        toks = self.tokens[name]
+    def heldout_starts(self, name: str, n: int) -> list[int]:
+        """Token offsets of the `n` probe windows of arm `name`: evenly spaced over the window
+        starts of its held-out ranges (each window, block+1 tokens, lies inside one range)."""
         seg, cum = _starts(self.heldout[name], self.block)
         span = int(cum[-1]) // max(1, n)
-        rows = []
+        out = []
         for i in range(n):
             u = i * span
             j = int(np.searchsorted(cum, u, side="right"))
-            s = int(seg[j][0]) + u - (int(cum[j - 1]) if j else 0)
-            rows.append(np.asarray(toks[s:s + self.block + 1], dtype=np.int64))
-        return torch.from_numpy(np.stack(rows))
+            out.append(int(seg[j][0]) + u - (int(cum[j - 1]) if j else 0))
+        return out
+
+    def heldout_windows(self, name: str, n: int) -> torch.Tensor:
+        """The fixed probe set of arm `name`: int64 (n, block+1) at `heldout_starts(name, n)`."""
+        toks = self.tokens[name]
+        return torch.from_numpy(np.stack([np.asarray(toks[s:s + self.block + 1], dtype=np.int64)
+                                          for s in self.heldout_starts(name, n)]))
 
     def prompt(self, name: str, n_tokens: int = 16) -> np.ndarray:
         """Fixed audit prompt of arm `name`: the first tokens of its held-out split."""

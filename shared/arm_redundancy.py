@@ -1,0 +1,53 @@
+"""How repetitive an arm's token stream is: its zstd compression ratio (docs/bandit.md#the-repetition-guard).
+
+What it is: `compression_ratio(tokens)`, a number measured once per arm when the run is made (and
+on demand for runs made before it), which the bandit's repetition guard compares with
+`BanditConfig.repetitive_ratio`. Trivially predictable sources (generated lists, one line
+repeated with small changes) compress far better than prose, code or markup, and they are the
+sources whose loss falls for no real gain (the collapse this guard exists for).
+What it is not: a quality filter (nothing is dropped) or the guard itself (proxy/bandit.py).
+
+Measured on this machine (64 Ki-token chunks; bytes tokenizer | a BPE of 8,000): English prose
+2.6 | 1.6, Python code 3.5 | 2.2, C headers 4.0 | 2.6, CSV 3.2 | 2.5, HTML 9.5 | 4.4, JSON 9.5 | 12,
+the benchmark's list-like trap arm (`- item 3: region region region`) 183 | 238.
+"""
+from __future__ import annotations
+
+import numpy as np
+import zstandard
+
+SAMPLE_CHUNKS = 16          # chunks evenly spaced over the arm
+CHUNK_TOKENS = 65536        # tokens per chunk (each compressed on its own)
+ZSTD_LEVEL = 3
+
+
+def _width(sample_max: int) -> np.dtype:
+    """The narrowest unsigned dtype that holds every id of the sample: the bytes tokenizer's
+    ids are compressed as bytes, a BPE's as uint16, so the ratio does not count zero bytes."""
+    for dt in (np.uint8, np.uint16, np.uint32):
+        if sample_max <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    raise ValueError(f"token id {sample_max} does not fit in uint32")
+
+
+def compression_ratio(tokens: np.ndarray) -> float:
+    """Mean zstd (level 3) compression ratio of up to SAMPLE_CHUNKS chunks of CHUNK_TOKENS
+    tokens evenly spaced over `tokens` (1-D integer array or memmap, any length >= 1; an arm
+    shorter than one chunk is one chunk). Each chunk is serialised in the narrowest dtype that
+    holds the sample's largest id and compressed alone. Unitless, >= about 1 (incompressible);
+    reads at most 1 Mi tokens, a few milliseconds. Deterministic: the same tokens give the same
+    number (rounded to 4 decimals, as arms.json keeps it). Raises ValueError for an empty array."""
+    n = len(tokens)
+    if n == 0:
+        raise ValueError("compression_ratio: no tokens")
+    w = min(CHUNK_TOKENS, n)
+    k = SAMPLE_CHUNKS if n >= 2 * w else 1
+    starts = np.linspace(0, n - w, k).round().astype(np.int64)
+    chunks = [np.asarray(tokens[s:s + w]) for s in starts]
+    dt = _width(max(int(c.max()) for c in chunks))
+    z = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    ratios = []
+    for c in chunks:
+        raw = c.astype(dt).tobytes()
+        ratios.append(len(raw) / len(z.compress(raw)))
+    return round(float(np.mean(ratios)), 4)
