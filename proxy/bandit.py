@@ -28,12 +28,13 @@ from proxy.arm_bounds import (BOUND_SLACK, BanditConfigError, check_arm_names as
                               resolve_bounds)
 from proxy.box_projection import project_to_box
 from proxy.reward_scaler import SCALER_CAPACITY, QuantileScaler
+from shared.arm_redundancy import REPETITIVE_RATIO
 
 __all__ = ["BOUND_SLACK", "REWARDS", "SCALER_CAPACITY", "Bandit", "BanditConfig",
            "BanditConfigError", "QuantileScaler", "parse_arm_values", "project_to_box",
            "resolve_bounds"]
 
-REWARDS = ("heldout_progress", "train_loss", "grad_alignment")
+REWARDS = ("heldout_progress", "train_loss")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,7 +58,7 @@ class BanditConfig:
     easy_arm_ratio: float = 0.0        # heldout_progress: an arm whose probe loss is below this times the
                                        # mean of the others' is trivially predictable: it never out-scores
                                        # the worst arm (the collapse trap, docs/bandit.md#the-easy-arm-guard); 0 = off (default)
-    repetitive_ratio: float = 20.0     # repetition guard: an arm whose tokens compress at least this well
+    repetitive_ratio: float = REPETITIVE_RATIO  # repetition guard: an arm whose tokens compress at least this well
                                        # (shared/arm_redundancy.py) is held at or below the p it has when
                                        # the warm-up ends (docs/bandit.md#the-repetition-guard); 0 = off
 
@@ -270,8 +271,6 @@ class Bandit:
             self._decide_hold()
         if self.config.reward == "heldout_progress":
             g = self._heldout_rewards(record)
-        elif self.config.reward == "grad_alignment":
-            g = self._alignment_rewards(record)
         else:
             g = self._train_loss_rewards(record, n)
         if not g or step <= self.phase_start_step + self.config.warmup_steps:
@@ -322,18 +321,6 @@ class Bandit:
             worst = min(g.values())
             g = {a: (min(v, worst) if a in easy else v) for a, v in g.items()}
         return g
-
-    def _alignment_rewards(self, record: Mapping[str, Any]) -> dict[str, float]:
-        raw = {}
-        for a, v in (record.get("alignment") or {}).items():
-            if a in self.pulls and _real(v):
-                raw[a] = float(v)
-        if not raw:
-            return {}
-        if len(raw) > 1:
-            mean = math.fsum(raw.values()) / len(raw)
-            raw = {a: v - mean for a, v in raw.items()}
-        return self._fold_scaled(raw)
 
     def easy_arms(self) -> list[str]:
         """Arms whose last probe loss is below `easy_arm_ratio` times the mean of the other arms'

@@ -31,7 +31,7 @@ def bandit_record(rec: dict) -> dict:
     """The fields of a `.loss.json` record that the bandit folds (docs/bandit.md#drawing-a-batch)."""
     return {"step": rec["step"], "phase_index": rec["phase"]["index"], "arms": rec.get("arms", {}),
             "p": rec.get("p", {}), "arm_loss": rec.get("arm_loss", {}), "probe": rec.get("probe"),
-            "alignment": rec.get("alignment"), "batch_size": sum(rec.get("arms", {}).values()) or 1}
+            "batch_size": sum(rec.get("arms", {}).values()) or 1}
 
 
 KEEP_POLICIES = 4  # posted policies kept behind the newest (the worker needs the current one)

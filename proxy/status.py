@@ -149,7 +149,8 @@ def collect_status(run_dir) -> dict:
 
     state = _read_json(layout.state, {}) or {}
     if state.get("arms"):
-        d["arms"] = {n: {"p": a.get("p"), "pulls": a.get("pulls")}
+        held = (state.get("repetition") or {}).get("held") or {}
+        d["arms"] = {n: {"p": a.get("p"), "pulls": a.get("pulls"), "held": held.get(n)}
                      for n, a in sorted(state["arms"].items())}
     elif last and last.get("p"):
         d["arms"] = {n: {"p": p, "pulls": None} for n, p in sorted(last["p"].items())}
@@ -278,6 +279,7 @@ def format_status(d: dict) -> str:
     if d["arms"]:
         lines.append("arms        " + "  ".join(
             f"{n}: p={a['p']:.3f}" + (f" pulls={a['pulls']}" if a.get("pulls") is not None else "")
+            + (f" held<={a['held']:.3f} (repetitive)" if a.get("held") is not None else "")
             for n, a in d["arms"].items() if a.get("p") is not None))
     return "\n".join(lines)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.arm_redundancy import compression_ratio
+from shared.arm_redundancy import REPETITIVE_RATIO, compression_ratio
 from shared.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, RunConfig, check_arm_name
@@ -221,9 +221,11 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
         of = f"{docs:,} documents, used {used:,} of {total:,} source bytes"
     if capped:
         of += f" (capped by --arm-max-tokens {cap:,})"
-    _log.info("arm %s (%s): %s, %s tokens (%s), %s held out in %d ranges; %s", arm.name,
-              arm.kind, of, f"{n:,}", dt.name, f"{sum(b - a for a, b in ranges):,}", len(ranges),
-              f"{bad:,} bad records (first {first_bad})" if bad else "no bad records")
+    _log.info("arm %s (%s): %s, %s tokens (%s), %s held out in %d ranges; %s; compresses %.1fx%s",
+              arm.name, arm.kind, of, f"{n:,}", dt.name, f"{sum(b - a for a, b in ranges):,}",
+              len(ranges), f"{bad:,} bad records (first {first_bad})" if bad else "no bad records",
+              a.compression, f" (>= {REPETITIVE_RATIO:g}x: repetitive, the bandit will not raise its "
+                             f"share after the warm-up)" if a.compression >= REPETITIVE_RATIO else "")
     return a
 
 

@@ -19,6 +19,7 @@ import zstandard
 SAMPLE_CHUNKS = 16          # chunks evenly spaced over the arm
 CHUNK_TOKENS = 65536        # tokens per chunk (each compressed on its own)
 ZSTD_LEVEL = 3
+REPETITIVE_RATIO = 20.0     # the guard's default threshold (BanditConfig.repetitive_ratio)
 
 
 def _width(sample_max: int) -> np.dtype:

@@ -336,3 +336,44 @@ def test_a_pending_change_is_not_applied_before_it_is_stamped():
         mix.observe(_record(k, rng, {"a", "b", "c"}))
     mix.apply_changes(10)
     assert mix.bandit.arms == ["a", "b", "c"] and not mix.bandit.retired and not mix.bandit.added
+
+
+@pytest.mark.slow
+def test_a_repetitive_arm_is_held_at_its_post_warmup_share_in_a_real_run(tmp_path):
+    """docs/bandit.md#the-repetition-guard end to end: creation measures each arm's compression
+    ratio into data/arms.json and names the repetitive one; from the first record after the
+    warm-up the bandit holds that arm at or below its share then, every record's p obeys it,
+    `.state.json` carries the hold, `status` shows it, and a replay of `.loss.json` gives the
+    same state (also across a resume)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    words = ["region", "value", "entry", "table", "field", "option"]
+    (src / "trap.txt").write_text("".join(f"- item {i % 50}: " + " ".join([words[i % 6]] * 3) + "\n"
+                                          for i in range(2000)))
+    prose = src / "prose.txt"
+    prose.write_text("\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))[:60000])
+    code = src / "code.txt"
+    code.write_text("\n".join(p.read_text() for p in sorted((ROOT / "proxy").glob("*.py")))[:60000])
+    arms = ["--arm", f"trap=text:{src / 'trap.txt'}", "--arm", f"prose=text:{prose}",
+            "--arm", f"code=text:{code}"]
+    run = tmp_path / "run"
+    layout = RunLayout(run)
+    r = run_proxy(run, "--max-steps", "20", *COMMON, "--bandit-warmup", "10", *arms)
+    assert r.returncode == 0, r.stderr[-3000:]
+    index = read_arm_index(layout)
+    assert index["trap"].compression >= 20 > max(index["prose"].compression, index["code"].compression)
+    assert "arm trap" in r.stderr and "repetitive, the bandit will not raise its share" in r.stderr
+    r = run_proxy(run, "--max-steps", "40", *COMMON, "--bandit-warmup", "10", *arms)  # a resume
+    assert r.returncode == 0, r.stderr[-3000:]
+    st = _state(run)
+    rep = st["repetition"]
+    assert rep["decided"] and set(rep["held"]) == {"trap"}
+    recs = loss_records(run)
+    start = next(x["p"]["trap"] for x in recs if x["step"] == 11)
+    assert rep["held"]["trap"] == pytest.approx(start)
+    assert all(x["p"]["trap"] <= rep["held"]["trap"] + 1e-12 for x in recs if x["step"] > 10)
+    assert st["version"] > 0  # the bandit did update
+    assert replay_run(layout, load_run_config(layout.run_json), 40).bandit.to_dict() == st
+    out = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and "trap: p=" in out.stdout and "(repetitive)" in out.stdout, out.stdout
