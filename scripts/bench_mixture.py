@@ -33,7 +33,8 @@ posted p ever left its box.
 
 `--trap` adds the collapse trap: set A plus an arm of repetitive, list-like text ("- item 3:
 region region region"); the default must never raise that arm's probability above the prior it
-holds after the warm-up, and the odm row shows whether the trap is real.
+holds after the warm-up (the repetition guard, docs/bandit.md#the-repetition-guard), and the odm
+row and a `default[no guard]` row (the default with the guard off) show whether the trap is real.
 
 The run configuration's bandit knobs (bandit_warmup, probe_every, probe_sequences) are options;
 `--variant` adds rows of the default policy under other values of them or of BanditConfig
@@ -301,6 +302,8 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
             setattr(vcfg, k, v)
         vcfg.validate()
         brows.append((f"default[{name}]", "default", vcfg, bandit_fields))
+    if set_name == "trap" and "default" in a.policies:  # the trap is real: without the guard
+        brows.append(("default[no guard]", "default", cfg, {"repetitive_ratio": 0.0}))
     plan = probe_plan(cfg, K)
     n_probes = a.steps // plan.every
     extra = round(n_probes * K * plan.sequences / (3 * B))   # training steps of equal FLOPs

@@ -116,10 +116,10 @@ def test_benchmark_runs_the_trap_set_and_the_guard_holds_the_trap():
     import subprocess
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_mixture.py"), "--sets", "trap",
                           "--steps", "120", "--seeds", "1", "--policies", "stratified", "default",
-                          "--bandit-warmup", "20", "--variant", "noguard:repetitive_ratio=0"], capture_output=True, text=True, timeout=600)
+                          "--bandit-warmup", "20"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     res = [json.loads(l[len("RESULT "):]) for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     assert len(res) == 1 and res[0]["set"] == "trap" and res[0]["box_ok"] is True
     assert res[0]["trap_raised"] is False and res[0]["trap_p_max_after_warmup"] <= res[0]["trap_p_start"]
-    noguard = [l for l in out.stdout.splitlines() if l.startswith("default[noguard] vs stratified")]
+    noguard = [l for l in out.stdout.splitlines() if l.startswith("default[no guard] vs stratified")]
     assert len(noguard) == 1 and noguard[0].endswith("(raised: True)"), noguard
