@@ -15,7 +15,8 @@ import sys
 
 from proxy.run_options import add_run_args, check_resume_args, check_run_options, \
     config_from_args, proxy_options
-from shared.config import ConfigError, DEFAULT_ARMS, RunConfig, load_run_config, probe_plan
+from shared.config import (AUDIT_BUDGET, AUDIT_TOKENS, ConfigError, DEFAULT_ARMS, RunConfig,
+                           audit_cost, default_sample_every, load_run_config, probe_plan)
 from shared.exit_codes import EXIT_OK, EXIT_USAGE
 from shared.run_layout import RunLayout
 
@@ -173,6 +174,7 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
             ("checkpoint/sample/probe every", f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}",
              src("checkpoint_every", "sample_every", "probe_every")),
             ("held-out probe", _probe_row(cfg), src("probe_sequences", "probe_budget")),
+            ("sample audit", _audit_row(cfg), src("sample_every", "checkpoint_every")),
             ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
              src("keep_last", "keep_every", per_start=True)),
             ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),
@@ -191,6 +193,16 @@ def _probe_row(cfg: RunConfig) -> str:
     pp = probe_plan(cfg)
     return (f"{pp.sequences} x {cfg.model.block_size} tokens per arm every {pp.every} steps = "
             f"{pp.cost:.1%} of training FLOPs (budget {cfg.probe_budget:.0%})")
+
+
+def _audit_row(cfg: RunConfig) -> str:
+    """The sample audits' size and cost (shared/config.py audit_cost)."""
+    cost = audit_cost(cfg)
+    row = (f"{len(cfg.arms)} arms x {AUDIT_TOKENS} tokens every {cfg.sample_every} steps <= "
+           f"{cost:.1%} of training FLOPs")
+    if cost > AUDIT_BUDGET + 1e-9:
+        row += f" (over {AUDIT_BUDGET:.0%}: --sample-every {default_sample_every(cfg)} keeps it within)"
+    return row
 
 
 COMMANDS = (  # name, one line of help; each command's options are defined by its own module

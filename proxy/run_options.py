@@ -20,7 +20,7 @@ from proxy.launch import LaunchOptions
 from proxy.tensorboard_log import check_available as check_tensorboard
 from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
 from shared.config import DEFAULT_ARMS, PRESETS, ConfigError, RunConfig, accumulation_steps, \
-    count_parameters
+    count_parameters, default_sample_every
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
@@ -228,10 +228,10 @@ def config_from_args(a) -> RunConfig:
         cfg.warmup_steps = cfg.lr_decay_steps // 10
         log.warning("a %d-step run: learning-rate warm-up shortened to %d steps",
                     cfg.max_steps, cfg.warmup_steps)
-    cfg.sample_every = a.sample_every if a.sample_every is not None else cfg.checkpoint_every
     if a.arm:
         arms = [parse_arm_option(t) for t in a.arm]
         cfg.arms = (list(DEFAULT_ARMS) if a.default_arms else []) + arms
+    cfg.sample_every = a.sample_every if a.sample_every is not None else default_sample_every(cfg)
     names = [x.name for x in cfg.arms]
     cfg.caps = parse_arm_values(a.caps, names, "--caps")
     cfg.floors = parse_arm_values(a.floors, names, "--floors")

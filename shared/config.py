@@ -294,6 +294,32 @@ def probe_plan(cfg: RunConfig, n_arms: int | None = None) -> ProbePlan:
     return ProbePlan(s, m * cfg.probe_every, k * s / (3.0 * m * cfg.probe_every * cfg.batch_size))
 
 
+AUDIT_TOKENS = 48          # tokens generated per arm by a sample audit
+AUDIT_BUDGET = 0.01        # default sample_every keeps the audits within this share of training
+AUDIT_PROMPT_TOKENS = 16   # the audit prompt per arm: the first tokens of its held-out split
+
+
+def audit_cost(cfg: RunConfig, n_arms: int | None = None) -> float:
+    """The sample audits' compute as a fraction of the training FLOPs of the steps between two
+    audits (docs/bandit.md#probe-cost), an upper bound: K arms generate AUDIT_TOKENS each as one
+    batch, each new token a forward over its context (the prompt and the tokens so far, at most
+    block_size), 1/3 of a training token's FLOPs per context token, every sample_every steps:
+    K * sum(context) / (3 * B * block * sample_every). `n_arms` defaults to len(cfg.arms)."""
+    k = max(1, len(cfg.arms) if n_arms is None else int(n_arms))
+    t = cfg.model.block_size
+    ctx = sum(min(AUDIT_PROMPT_TOKENS + j, t) for j in range(AUDIT_TOKENS))
+    return k * ctx / (3.0 * cfg.batch_size * t * cfg.sample_every)
+
+
+def default_sample_every(cfg: RunConfig) -> int:
+    """The sample audit cadence when none is given: the checkpoint cadence, or the smallest
+    multiple of it that keeps `audit_cost` within AUDIT_BUDGET (1 %; docs/bandit.md#probe-cost).
+    On a small model at a small batch an audit costs many training steps (andrea-test at batch 8:
+    about 5), so auditing at every checkpoint would be a large share of the run."""
+    one = audit_cost(dataclasses.replace(cfg, sample_every=1))
+    return cfg.checkpoint_every * max(1, math.ceil(one / (AUDIT_BUDGET * cfg.checkpoint_every) - 1e-9))
+
+
 def load_run_config(path: Path) -> RunConfig:
     """Read `run.json`. Raises ConfigError naming the file when it is missing or unreadable."""
     try:

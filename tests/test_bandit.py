@@ -556,7 +556,7 @@ def test_collapse_trap_default_never_raises_the_repetitive_arm_after_warmup():
     """point 4, the synthetic case: when the repetitive arm's held-out progress says
     nothing beyond the trend, the default bandit (heldout_progress) never lifts its probability
     above where it stands when the warm-up ends, although its train loss falls fastest (the
-    bench's real trap, whose held-out loss falls fastest too, is not held: docs/bandit.md#the-collapse-trap); the ODM baseline (train_loss) reacts to the train loss instead (here it lowers
+    bench's real trap, whose held-out loss falls fastest too, is held by the repetition guard instead: docs/bandit.md#the-repetition-guard); the ODM baseline (train_loss) reacts to the train loss instead (here it lowers
     it: a raw-loss reward prefers hard arms, the trap's danger is to a loss-DECREASE reward)."""
     floors, caps = {a: 0.1 for a in TRAP_ARMS}, {a: 0.6 for a in TRAP_ARMS}
     cfg = BanditConfig(warmup_steps=50)
@@ -797,3 +797,48 @@ def test_compression_ratio_separates_list_like_text_from_prose_and_code(tmp_path
 def _write(path, arr):
     arr.tofile(path)
     return path
+
+
+def test_default_audit_cadence_keeps_audits_within_their_budget_at_every_preset_and_batch():
+    """shared/config.py default_sample_every / audit_cost (docs/bandit.md#probe-cost): with no
+    --sample-every the audits cost at most AUDIT_BUDGET (1 %) of training FLOPs at every preset,
+    batch and arm count, on a multiple of the checkpoint cadence, and the checkpoint cadence
+    itself wherever that is already cheap enough; the cost formula counts every context token."""
+    import dataclasses
+    from shared.config import (AUDIT_BUDGET, AUDIT_PROMPT_TOKENS, AUDIT_TOKENS, PRESETS, RunConfig,
+                               audit_cost, default_sample_every)
+    for preset, shape in PRESETS.items():
+        for batch in (1, 2, 4, 16, 64):
+            for k in (1, 3, 8):
+                cfg = RunConfig(preset=preset, model=shape, batch_size=batch)
+                cfg.arms = cfg.arms[:1] * k
+                every = default_sample_every(cfg)
+                assert every % cfg.checkpoint_every == 0
+                assert audit_cost(dataclasses.replace(cfg, sample_every=every)) <= AUDIT_BUDGET + 1e-12
+                if every > cfg.checkpoint_every:  # the smallest multiple that fits
+                    less = dataclasses.replace(cfg, sample_every=every - cfg.checkpoint_every)
+                    assert audit_cost(less) > AUDIT_BUDGET
+    cfg = RunConfig(preset="andrea-12m", model=PRESETS["andrea-12m"], batch_size=2)
+    assert default_sample_every(cfg) == 100  # 3 arms x 48 tokens: 0.93 % at the checkpoint cadence
+    ctx = sum(AUDIT_PROMPT_TOKENS + j for j in range(AUDIT_TOKENS))
+    assert audit_cost(cfg) == pytest.approx(3 * ctx / (3 * 2 * 1024 * 100))
+
+
+def test_batched_generation_with_one_generator_per_row_matches_each_row_alone():
+    """worker/sampling.py generate_batched: the sample audit generates its arms as one batch,
+    each row with its own generator, and each row's text is what that row alone would give."""
+    import torch
+    from shared.config import PRESETS
+    from worker.model import GPT
+    from worker.sampling import generate_batched
+    m = GPT(PRESETS["andrea-test"], 64, seed=3).eval()
+    idx = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(0))
+    gens = lambda: [torch.Generator().manual_seed(100 + i) for i in range(3)]  # noqa: E731
+    together = generate_batched(m, idx, 20, 0.8, 40, gens())
+    alone = [generate_batched(m, idx[i:i + 1], 20, 0.8, 40, [g])[0] for i, g in enumerate(gens())]
+    assert together.shape == (3, 36)
+    for i in range(3):
+        assert torch.equal(together[i], alone[i])
+    assert not torch.equal(together[0, 16:], together[1, 16:])
+    with pytest.raises(ValueError, match="2 generators for 3 rows"):
+        generate_batched(m, idx, 4, 0.8, 40, gens()[:2])

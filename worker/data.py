@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from shared.arm_data import ArmData
+from shared.config import AUDIT_PROMPT_TOKENS
 
 
 def step_generator(seed: int, step: int, stream: int = 0) -> np.random.Generator:
@@ -89,7 +90,7 @@ class ArmSampler:
         return torch.from_numpy(np.stack([np.asarray(toks[s:s + self.block + 1], dtype=np.int64)
                                           for s in self.heldout_starts(name, n)]))
 
-    def prompt(self, name: str, n_tokens: int = 16) -> np.ndarray:
+    def prompt(self, name: str, n_tokens: int = AUDIT_PROMPT_TOKENS) -> np.ndarray:
         """Fixed audit prompt of arm `name`: the first tokens of its held-out split."""
         s = self.train_end[name]
         return np.asarray(self.tokens[name][s:s + n_tokens], dtype=np.int64)

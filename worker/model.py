@@ -181,18 +181,3 @@ class GPT(nn.Module):
         s = self.shape
         lookups = (self.vocab_size + s.block_size) * s.n_embd
         return 6 * (self.n_params - lookups) + 12 * s.n_layer * s.n_embd * s.block_size
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
-                 top_k: int | None = 40, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Sample continuations. idx int64 (B, T0) -> (B, T0 + max_new_tokens)."""
-        for _ in range(max_new_tokens):
-            ctx = idx[:, -self.shape.block_size:]
-            logits = self(ctx)[:, -1, :] / max(temperature, 1e-6)
-            if top_k:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            probs = F.softmax(logits, dim=-1)
-            nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(idx.device)
-            idx = torch.cat((idx, nxt), dim=1)
-        return idx

@@ -6,7 +6,8 @@ sample of a prompt in one batch; each new token runs the trunk over the context 
 output head over the LAST position only, which on a small model is most of the work saved:
 the head is the widest matmul, (T, n_embd) x (n_embd, vocab)).
 
-What it is not: the training loop's audit (worker/trainer.py, `GPT.generate`), or a KV cache:
+The training loop's sample audit (worker/trainer.py) generates with it too, its arms as one batch.
+What it is not: a KV cache:
 the whole window is recomputed per token, which keeps the code the model's own forward.
 """
 from __future__ import annotations
@@ -62,13 +63,18 @@ def set_inference_threads(n_params: int, requested: int | None = None) -> int:
 @torch.inference_mode()
 def generate_batched(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
                      top_k: int | None = 40,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+                     generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
     """Sample continuations of every row of `idx` at once.
 
     idx: int64 (B, T0) token ids (one row per sample). Returns int64 (B, T0 + max_new_tokens).
     temperature > 0 divides the logits; top_k keeps the k most likely tokens (None or 0: all).
     The context is the last `block_size` tokens; sampling uses `generator` (CPU) so a seed
-    gives the same text on any device."""
+    gives the same text on any device: one generator for the batch, or a list of B, one per
+    row (the sample audit: each arm's text depends only on its prompt and its own seed).
+    Raises ValueError when the list's length is not B."""
+    rows = generator if isinstance(generator, list) else None
+    if rows is not None and len(rows) != idx.size(0):
+        raise ValueError(f"generate_batched: {len(rows)} generators for {idx.size(0)} rows")
     t = model.transformer
     block = model.shape.block_size
     B, T0 = idx.shape
@@ -84,6 +90,10 @@ def generate_batched(model, idx: torch.Tensor, max_new_tokens: int, temperature:
         if top_k:
             v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
             logits[logits < v[:, [-1]]] = -float("inf")
-        probs = F.softmax(logits, dim=-1)
-        out[:, i] = torch.multinomial(probs.cpu(), 1, generator=generator).view(-1).to(idx.device)
+        probs = F.softmax(logits, dim=-1).cpu()
+        if rows is None:
+            nxt = torch.multinomial(probs, 1, generator=generator)
+        else:
+            nxt = torch.cat([torch.multinomial(probs[r:r + 1], 1, generator=g) for r, g in enumerate(rows)])
+        out[:, i] = nxt.view(-1).to(idx.device)
     return out

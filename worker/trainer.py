@@ -25,7 +25,7 @@ from shared.arm_data import read_arm_index
 from shared.checkpoint_format import load_checkpoint
 from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, read_manifest
 from shared.exit_codes import EXIT_FATAL, EXIT_OK
-from shared.config import ConfigError, RunConfig, accumulation_steps, load_run_config, \
+from shared.config import AUDIT_TOKENS, ConfigError, RunConfig, accumulation_steps, load_run_config, \
     probe_plan
 from shared.handshake import ReportWriter, policy_period, read_handshake, update_handshake, \
     HandshakeError
@@ -36,6 +36,7 @@ from worker.checkpointer import Checkpointer, WriteResult
 from worker.data import ArmSampler
 from worker.model import GPT
 from worker.optim import FlatAdamW, learning_rate
+from worker.sampling import generate_batched
 from worker.perf import PeakFlops, mfu
 from worker import precision as wprec
 from worker import fault_injection
@@ -60,7 +61,7 @@ class WorkerOptions:
     keep_every: int = DEFAULT_KEEP_EVERY
     policy_timeout: float = 120.0    # seconds to wait for the proxy's policy
     max_nonfinite: int = 5           # consecutive non-finite steps before the run stops
-    audit_tokens: int = 48           # tokens generated per arm per sample audit
+    audit_tokens: int = AUDIT_TOKENS  # tokens generated per arm per sample audit
     compile: bool = False            # torch.compile the training module
     precision: str = "auto"          # auto, fp32, bf16: worker/precision.py
     micro_batch_size: int | None = None  # None: run.json's (None there: the rank's whole slice)
@@ -343,19 +344,27 @@ class Trainer:
 
     @torch.no_grad()
     def sample_audit(self, k: int, probe: dict[str, float] | None) -> dict:
-        """Text from a fixed prompt per arm (seeded), and held-out loss per arm (docs/architecture.md#the-worker)."""
+        """Text from a fixed prompt per arm (each arm its own seed; the arms generated as one
+        batch), and held-out loss per arm (docs/architecture.md#the-worker)."""
         self.model.eval()
         probe = probe or self.probe()
         self.model.eval()
         temperature, top_k = 0.8, 40
+        names = self.sampler.names
+        prompts = [self.sampler.prompt(n) for n in names]
+        gens = [torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + k * 101 + i)
+                for i in range(len(names))]
         arms = {}
-        for i, n in enumerate(self.sampler.names):
-            prompt = self.sampler.prompt(n)
-            g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + k * 101 + i)
-            idx = torch.from_numpy(prompt).view(1, -1).to(self.device)
-            out = self.model.generate(idx, self.opts.audit_tokens, temperature, top_k, g)
+        if len({len(p) for p in prompts}) == 1:  # one batched generation for every arm
+            idx = torch.from_numpy(np.stack(prompts)).to(self.device)
+            outs = generate_batched(self.model, idx, self.opts.audit_tokens, temperature, top_k, gens)
+        else:  # an arm whose held-out split is shorter than the prompt: one row at a time
+            outs = [generate_batched(self.model, torch.from_numpy(p).view(1, -1).to(self.device),
+                                     self.opts.audit_tokens, temperature, top_k, [g])[0]
+                    for p, g in zip(prompts, gens)]
+        for n, prompt, out in zip(names, prompts, outs):
             arms[n] = {"prompt": self.tokenizer.decode(prompt),
-                       "text": self.tokenizer.decode(out[0, len(prompt):].tolist()),
+                       "text": self.tokenizer.decode(out[len(prompt):].tolist()),
                        "loss": probe[n], "temperature": temperature, "top_k": top_k}
         self.model.train()
         return {"type": "audit", "step": k, "arms": arms, "time": time.time()}
