@@ -34,6 +34,10 @@ def bandit_record(rec: dict) -> dict:
             "batch_size": sum(rec.get("arms", {}).values()) or 1}
 
 
+# the snapshot layout: 2 since the bandit state carries the repetition guard (docs/bandit.md#state);
+# proxy/state_snapshots.py uses only snapshots of this format, older ones are replayed instead
+SNAPSHOT_FORMAT = 2
+
 KEEP_POLICIES = 4  # posted policies kept behind the newest (the worker needs the current one)
 
 
@@ -109,7 +113,7 @@ class MixtureController:
     def to_snapshot(self) -> dict:
         """Everything a resume at `folded_through` needs, JSON-safe: the bandit, the posted
         policies still in use and the counters (proxy/state_snapshots.py stores it)."""
-        return {"step": self.folded_through, "phase_index": self.phase.index,
+        return {"format": SNAPSHOT_FORMAT, "step": self.folded_through, "phase_index": self.phase.index,
                 "phase_start": self.phase.start_step, "next": self._next,
                 "policies": {str(v): p for v, p in self.policies.items()},
                 "applied_changes": sorted(self.applied), "bandit": self.bandit.to_dict()}

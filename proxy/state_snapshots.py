@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 
+from proxy.mixture import SNAPSHOT_FORMAT
 from shared.run_layout import RunLayout
 
 SNAPSHOTS = ".state.snapshots.jsonl"
@@ -85,7 +86,9 @@ def mark_rewound(layout: RunLayout, step: int) -> None:
 def find_snapshot(layout: RunLayout, phase_index: int, phase_start: int,
                   upto_step: int) -> dict | None:
     """The newest valid snapshot of this phase with phase_start <= step <= upto_step, or None.
-    Torn or garbage lines (a kill mid-append) are skipped."""
+    Torn or garbage lines (a kill mid-append) are skipped, and so are snapshots of another
+    format than proxy/mixture.py SNAPSHOT_FORMAT (written by an older version, whose bandit
+    state lacks fields this one keeps): the history is replayed over them instead."""
     try:
         lines = _path(layout).read_bytes().split(b"\n")
     except FileNotFoundError:
@@ -102,8 +105,8 @@ def find_snapshot(layout: RunLayout, phase_index: int, phase_start: int,
             limit = min(limit, int(obj["rewound_to"]))
             continue
         try:
-            if (obj["phase_index"] == phase_index and obj["phase_start"] == phase_start
-                    and phase_start <= obj["step"] <= limit):
+            if (obj.get("format") == SNAPSHOT_FORMAT and obj["phase_index"] == phase_index
+                    and obj["phase_start"] == phase_start and phase_start <= obj["step"] <= limit):
                 return obj
         except (KeyError, TypeError):
             continue

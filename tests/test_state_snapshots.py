@@ -85,6 +85,31 @@ def test_rewind_marker_hides_snapshots_past_the_checkpoint_resumed(tmp_path):
     assert find_snapshot(layout, 0, 0, 10_000)["step"] == 200
 
 
+def test_snapshots_of_an_older_format_are_replayed_over_not_restored(tmp_path):
+    """A snapshot written before the bandit state carried the repetition guard (no "format")
+    would restore a bandit without it, and differ from a replay: rebuild_mixture skips it and
+    replays from the phase start, so the result is the replay's exactly."""
+    rng = random.Random(2)
+    layout = _run_layout(tmp_path)
+    cfg = RunConfig(reward="heldout_progress", bandit_warmup=20, probe_every=5)
+    live = _controller()
+    with LossHistory(layout.loss) as h:
+        for k in range(1, 101):
+            r = _record(k, rng)
+            h.append(r)
+            live.observe(r)
+    old = live.to_snapshot()
+    del old["format"]
+    del old["bandit"]["repetition"]
+    append_snapshot(layout, old)
+    assert find_snapshot(layout, 0, 0, 100) is None
+    fast = rebuild_mixture(layout, cfg, 100, [])
+    assert fast.snapshot_step is None and fast.replayed == 100
+    assert fast.mix.bandit.to_dict() == rebuild_mixture(layout, cfg, 100, [], use_snapshots=False).mix.bandit.to_dict()
+    append_snapshot(layout, live.to_snapshot())  # the current format is used
+    assert rebuild_mixture(layout, cfg, 100, []).snapshot_step == 100
+
+
 def test_read_records_after_matches_read_records(tmp_path):
     rng = random.Random(1)
     path = tmp_path / ".loss.json"
