@@ -120,7 +120,9 @@ class MixtureController:
 
     def restore(self, snap: dict) -> None:
         """Continue from `to_snapshot()` output of the same phase (exact: Bandit.from_dict)."""
-        self.bandit = Bandit.from_dict(snap["bandit"])
+        compression = self.bandit.compression  # a property of the arms' data, not of the history:
+        self.bandit = Bandit.from_dict(snap["bandit"])  # arms added since the snapshot have theirs
+        self.bandit.compression = compression
         self.folded_through = int(snap["step"])
         self._next = int(snap["next"])
         self.policies = {int(v): p for v, p in snap["policies"].items()}
