@@ -66,7 +66,7 @@ def assert_one_consistent_state(run, final):
 
 def test_pivot_refuses_bad_bounds_a_second_request_and_a_finished_run_before_changing_anything(tmp_path):
     run = tmp_path / "run"
-    assert run_proxy(run, "--max-steps", "10", "--checkpoint-every", "5").returncode == 0
+    assert run_proxy(run, "--max-steps", "10", "--checkpoint-every", "5", "--sample-every", "5").returncode == 0
     before = (run / "phases.json").read_bytes()
     for caps, floors, words in [("nope=0.5", "", "unknown arm 'nope'"),
                                 ("repo-code=0.1", "repo-code=0.2", "floor above cap"),
@@ -87,7 +87,7 @@ def test_pivot_refuses_bad_bounds_a_second_request_and_a_finished_run_before_cha
     r = pivot(run, "--caps", "repo-code=0.4", "--label", "v3", "--max-steps", "20")
     assert r.returncode == 2 and "already pending" in r.stderr and "'v2'" in r.stderr
     assert (run / "phases.json").read_bytes() == after
-    assert run_proxy(run, "--max-steps", "20", "--checkpoint-every", "5").returncode == 0
+    assert run_proxy(run, "--max-steps", "20", "--checkpoint-every", "5", "--sample-every", "5").returncode == 0
     assert [p["label"] for p in phases(run)] == ["initial", "v2"]
     assert_one_consistent_state(run, 20)
 
