@@ -167,7 +167,9 @@ def test_proxy_as_pid_1_reaps_orphans_and_stops_cleanly_on_sigterm(template, tmp
     b = clone(template, tmp_path / "run")
     pidfile = tmp_path / "orphan.pid"
     log = open(tmp_path / "pid1.out", "wb")
-    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *cmd(b, *SUP)], cwd=ROOT,
+    # a run long enough that the SIGTERM, not the end of training, stops it
+    long_run = ["--max-steps", "100000", "--checkpoint-every", "10"]
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *cmd(b, *long_run)], cwd=ROOT,
                              env=_env({"ANDREA_TEST_ORPHAN_FILE": str(pidfile)}), stdout=log,
                              stderr=subprocess.STDOUT)
     try:
