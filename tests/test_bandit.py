@@ -527,13 +527,15 @@ def test_centred_progress_ignores_a_trend_common_to_every_arm():
 TRAP_ARMS = ARMS + ["list-trap"]
 
 
-def trap_records(n_steps, batch=16, probe_every=10, seed=3, p=None):
+def trap_records(n_steps, batch=16, probe_every=10, seed=3, p=None, drops=None, noise=0.5):
     """Records where arm `list-trap` (repetitive, list-like text) has a training loss that falls
     fast (3.0 -> 0.2) while its held-out probe says nothing beyond the shared trend: it falls by
-    less than the others' (the trivial gain is made in the first steps, then stops)."""
+    less than the others' (the trivial gain is made in the first steps, then stops). `drops`
+    {arm: probe fall per period} and `noise` (relative) override that."""
     rng = random.Random(seed)
     probe = {a: 4.0 for a in TRAP_ARMS}
-    drops = {"python-docs": 0.012, "repo-code": 0.010, "repo-docstrings": 0.008, "list-trap": 0.004}
+    drops = drops or {"python-docs": 0.012, "repo-code": 0.010, "repo-docstrings": 0.008,
+                      "list-trap": 0.004}
     p = p or {a: 0.25 for a in TRAP_ARMS}
     out = []
     for step in range(1, n_steps + 1):
@@ -546,7 +548,7 @@ def trap_records(n_steps, batch=16, probe_every=10, seed=3, p=None):
                "batch_size": batch}
         if step % probe_every == 0:
             for a in TRAP_ARMS:
-                probe[a] -= drops[a] * (1 + 0.5 * rng.gauss(0, 1))
+                probe[a] -= drops[a] * (1 + noise * rng.gauss(0, 1))
             rec["probe"] = dict(probe)
         out.append(rec)
     return out
@@ -700,26 +702,8 @@ def test_collapse_trap_whose_probe_falls_fastest_is_held_by_the_easy_arm_guard()
 
 # ----------------------------------------------------------------------------- the repetition guard
 
-def trap_favouring_records(n_steps, batch=16, probe_every=10, seed=5):
-    """Records where the held-out probe of `list-trap` falls fastest of all arms, every period:
-    the real trap's case (docs/bandit.md#the-collapse-trap), which held-out progress favours."""
-    rng = random.Random(seed)
-    probe = {a: 4.0 for a in TRAP_ARMS}
-    drops = {"python-docs": 0.004, "repo-code": 0.004, "repo-docstrings": 0.004, "list-trap": 0.03}
-    out = []
-    for step in range(1, n_steps + 1):
-        counts = {a: 0 for a in TRAP_ARMS}
-        for _ in range(batch):
-            counts[rng.choice(TRAP_ARMS)] += 1
-        rec = {"step": step, "phase_index": 0, "arms": counts, "p": {a: 0.25 for a in TRAP_ARMS},
-               "arm_loss": {a: 3.0 for a in TRAP_ARMS if counts[a]}, "probe": None,
-               "batch_size": batch}
-        if step % probe_every == 0:
-            for a in TRAP_ARMS:
-                probe[a] -= drops[a] * (1 + 0.3 * rng.gauss(0, 1))
-            rec["probe"] = dict(probe)
-        out.append(rec)
-    return out
+# the real trap's case (docs/bandit.md#the-collapse-trap): its held-out probe falls fastest of all
+TRAP_FASTEST = {"python-docs": 0.004, "repo-code": 0.004, "repo-docstrings": 0.004, "list-trap": 0.03}
 
 
 def test_repetition_guard_holds_a_compressible_arm_at_its_post_warmup_share():
@@ -733,7 +717,7 @@ def test_repetition_guard_holds_a_compressible_arm_at_its_post_warmup_share():
         b = Bandit(TRAP_ARMS, floors, caps, BanditConfig(warmup_steps=50, eta=0.3,
                                                          repetitive_ratio=ratio), compression=ratios)
         start, top = None, 0.0
-        for r in trap_favouring_records(600):
+        for r in trap_records(600, seed=5, noise=0.3, drops=TRAP_FASTEST):
             b.observe(r)
             p = b.probabilities()
             assert all(floors[a] - 1e-12 <= p[a] <= caps[a] + 1e-12 for a in TRAP_ARMS)

@@ -42,20 +42,27 @@ def _run_layout(tmp_path) -> RunLayout:
     return layout
 
 
-def test_snapshot_plus_tail_equals_replay_from_the_phase_start(tmp_path):
-    """rebuild_mixture (what every resume runs) gives the same controller from the newest
-    snapshot at or before the step plus the tail as from the phase start."""
-    rng = random.Random(0)
+def _live_run(tmp_path, seed: int, steps: int, snapshot_every: int = 0):
+    """A run directory whose history has `steps` records folded by a live controller (a
+    snapshot appended every `snapshot_every` steps): (layout, cfg, live controller)."""
+    rng = random.Random(seed)
     layout = _run_layout(tmp_path)
     cfg = RunConfig(reward="heldout_progress", bandit_warmup=20, probe_every=5)
     live = _controller()
     with LossHistory(layout.loss) as h:
-        for k in range(1, 401):
+        for k in range(1, steps + 1):
             r = _record(k, rng)
             h.append(r)
             live.observe(r)
-            if k % 50 == 0:
+            if snapshot_every and k % snapshot_every == 0:
                 append_snapshot(layout, live.to_snapshot())
+    return layout, cfg, live
+
+
+def test_snapshot_plus_tail_equals_replay_from_the_phase_start(tmp_path):
+    """rebuild_mixture (what every resume runs) gives the same controller from the newest
+    snapshot at or before the step plus the tail as from the phase start."""
+    layout, cfg, live = _live_run(tmp_path, 0, 400, snapshot_every=50)
     for resume in (50, 137, 300, 400):
         fast = rebuild_mixture(layout, cfg, resume, [])
         assert fast.snapshot_step == resume - resume % 50
@@ -89,15 +96,7 @@ def test_snapshots_of_an_older_format_are_replayed_over_not_restored(tmp_path):
     """A snapshot written before the bandit state carried the repetition guard (no "format")
     would restore a bandit without it, and differ from a replay: rebuild_mixture skips it and
     replays from the phase start, so the result is the replay's exactly."""
-    rng = random.Random(2)
-    layout = _run_layout(tmp_path)
-    cfg = RunConfig(reward="heldout_progress", bandit_warmup=20, probe_every=5)
-    live = _controller()
-    with LossHistory(layout.loss) as h:
-        for k in range(1, 101):
-            r = _record(k, rng)
-            h.append(r)
-            live.observe(r)
+    layout, cfg, live = _live_run(tmp_path, 2, 100)
     old = live.to_snapshot()
     del old["format"]
     del old["bandit"]["repetition"]
