@@ -155,6 +155,9 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
     warm_src = src("warmup_steps")
     if not resumed and warm_src == "default" and cfg.warmup_steps != RunConfig.warmup_steps:
         warm_src = "shortened to a tenth of max steps"  # a short run (config_from_args)
+    audit_src = src("sample_every")
+    if not resumed and audit_src == "default" and cfg.sample_every != cfg.checkpoint_every:
+        audit_src = "checkpoint cadence x %d, to stay within 1%%" % (cfg.sample_every // cfg.checkpoint_every)
     rows = [("preset", cfg.preset, src("preset")), ("parameters", f"{cfg.n_params:,}", ""),
             ("layers/heads/width/context", f"{cfg.model.n_layer}/{cfg.model.n_head}/"
                                            f"{cfg.model.n_embd}/{cfg.model.block_size}", src("preset")),
@@ -174,7 +177,7 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
             ("checkpoint/sample/probe every", f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}",
              src("checkpoint_every", "sample_every", "probe_every")),
             ("held-out probe", _probe_row(cfg), src("probe_sequences", "probe_budget")),
-            ("sample audit", _audit_row(cfg), src("sample_every", "checkpoint_every")),
+            ("sample audit", _audit_row(cfg), audit_src),
             ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
              src("keep_last", "keep_every", per_start=True)),
             ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),

@@ -141,6 +141,10 @@ def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path)
     row = _table_row(r.stderr, "lr warm-up / cosine end")
     assert " 2/20 " in row and "[warm-up shortened to a tenth of max steps, end command line]" \
         in row, row
+    # the audit cadence a tiny model gets by default, and why (docs/bandit.md#probe-cost)
+    row = _table_row(r.stderr, "sample audit")
+    assert "3 arms x 48 tokens every 600 steps <= 0.9% of training FLOPs" in row
+    assert "[checkpoint cadence x 6, to stay within 1%]" in row, row
     r = run_proxy(run, "--max-steps", "22", "--lr", "0.5", "--probe-every", "3",
                   "--reward", "train_loss", timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -152,5 +156,6 @@ def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path)
     assert "[run.json]" in _table_row(r.stderr, "reward")
     assert "[run.json]" in _table_row(r.stderr, "weight decay / grad clip")
     assert "[run.json]" in _table_row(r.stderr, "held-out probe")
+    assert "[run.json]" in _table_row(r.stderr, "sample audit")
     assert "[command line]" in _table_row(r.stderr, "max steps")
     assert "[run.json]" in _table_row(r.stderr, "arms")
