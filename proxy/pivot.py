@@ -284,11 +284,14 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
         reached = order.index(state) if state in order else -1
         if reached >= 0 and "boundary" not in told:
             told.add("boundary")
+            if reached > 0 or _last_filed(layout) >= b:  # the proxy was quicker than this poll:
+                print(f"pivot: boundary step {b} reached", flush=True)  # still name the step
+                told.add("at-boundary")
         if reached == 0 and "at-boundary" not in told and time.monotonic() - last_print >= 2.0:
             last = _last_filed(layout)
             if last >= b:
-                print(f"pivot: step {b} reached; the worker writes step_{b:06d}.bin and exits",
-                      flush=True)
+                print(f"pivot: boundary step {b} reached; the worker writes step_{b:06d}.bin and "
+                      f"exits", flush=True)
                 told.add("at-boundary")
             else:
                 togo = b - last
