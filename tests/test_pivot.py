@@ -149,7 +149,9 @@ def test_kill_9_of_the_proxy_at_each_moment_of_a_pivot_leaves_one_consistent_sta
     env = {"ANDREA_FAULT_PIVOT": moment}
     if moment == "during-checkpoint":
         env["ANDREA_TEST_WRITE_DELAY"] = "1"   # the kill lands while the worker writes step_B
-    proc = start(run, "--max-steps", "70", *COMMON, env=env)
+    # a first start long enough that it cannot finish before the pivot reaches its boundary
+    # (CI: a fast machine ran 70 steps first, and the fault hook never fired); the restart ends at 70
+    proc = start(run, "--max-steps", "400", *COMMON, env=env)
     with cleaned_up(proc, run):
         wait_for(lambda: last_step(run) >= 15, 300, what="training to pass step 15")
         r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--label", "polish", "--timeout", "200")
