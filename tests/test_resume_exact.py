@@ -37,9 +37,13 @@ def reference(template, tmp_path_factory):
 
 
 def _stop_with_sigterm_after(run_dir, step, *args, env=None):
+    """SIGTERM while the worker pauses inside update step+1 (test hook), so the stop lands
+    there however fast the machine is (a fast one ran 20 steps past a step it was polled at)."""
+    env = dict(env or {}, ANDREA_TEST_PAUSE_AT_STEP=f"{step + 1}:3")
     proc = start(run_dir, *args, env=env)
     try:
-        wait_for(lambda: last_step(run_dir) >= step, 180, what=f"step {step}")
+        wait_report(run_dir, lambda r: r.get("event") == "test-pause" and r.get("step") == step + 1,
+                    180, f"the pause in step {step + 1}")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
     finally:
