@@ -15,8 +15,9 @@ import sys
 
 from proxy.run_options import add_run_args, check_resume_args, check_run_options, \
     config_from_args, proxy_options
-from shared.config import (AUDIT_BUDGET, AUDIT_TOKENS, ConfigError, DEFAULT_ARMS, RunConfig,
-                           audit_cost, default_sample_every, load_run_config, probe_plan)
+from shared.config import (AUDIT_BUDGET, AUDIT_TOKENS, POLICY_BUDGET, ConfigError, DEFAULT_ARMS,
+                           RunConfig, audit_cost, default_sample_every, load_run_config,
+                           policy_cost, probe_plan)
 from shared.exit_codes import EXIT_OK, EXIT_USAGE
 from shared.run_layout import RunLayout
 
@@ -157,7 +158,8 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
         warm_src = "shortened to a tenth of max steps"  # a short run (config_from_args)
     audit_src = src("sample_every")
     if not resumed and audit_src == "default" and cfg.sample_every != cfg.checkpoint_every:
-        audit_src = "checkpoint cadence x %d, to stay within 1%%" % (cfg.sample_every // cfg.checkpoint_every)
+        audit_src = (f"checkpoint cadence x {cfg.sample_every // cfg.checkpoint_every}, "
+                     f"to stay within {AUDIT_BUDGET:.1%}")
     rows = [("preset", cfg.preset, src("preset")), ("parameters", f"{cfg.n_params:,}", ""),
             ("layers/heads/width/context", f"{cfg.model.n_layer}/{cfg.model.n_head}/"
                                            f"{cfg.model.n_embd}/{cfg.model.block_size}", src("preset")),
@@ -178,6 +180,7 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
              src("checkpoint_every", "sample_every", "probe_every")),
             ("held-out probe", _probe_row(cfg), src("probe_sequences", "probe_budget")),
             ("sample audit", _audit_row(cfg), audit_src),
+            ("policy overhead", _policy_row(cfg), src("probe_budget", "sample_every")),
             ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
              src("keep_last", "keep_every", per_start=True)),
             ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),
@@ -195,16 +198,25 @@ def _probe_row(cfg: RunConfig) -> str:
     """The probe's size and its cost in training compute (shared/config.py probe_plan)."""
     pp = probe_plan(cfg)
     return (f"{pp.sequences} x {cfg.model.block_size} tokens per arm every {pp.every} steps = "
-            f"{pp.cost:.1%} of training FLOPs (budget {cfg.probe_budget:.0%})")
+            f"{pp.cost:.2%} of training FLOPs (budget {cfg.probe_budget:.1%})")
 
 
 def _audit_row(cfg: RunConfig) -> str:
     """The sample audits' size and cost (shared/config.py audit_cost)."""
     cost = audit_cost(cfg)
     row = (f"{len(cfg.arms)} arms x {AUDIT_TOKENS} tokens every {cfg.sample_every} steps <= "
-           f"{cost:.1%} of training FLOPs")
+           f"{cost:.2%} of training FLOPs")
     if cost > AUDIT_BUDGET + 1e-9:
-        row += f" (over {AUDIT_BUDGET:.0%}: --sample-every {default_sample_every(cfg)} keeps it within)"
+        row += f" (over {AUDIT_BUDGET:.1%}: --sample-every {default_sample_every(cfg)} keeps it within)"
+    return row
+
+
+def _policy_row(cfg: RunConfig) -> str:
+    """Probe plus audits, the compute the mixture policy spends (shared/config.py policy_cost)."""
+    pp, audits = probe_plan(cfg).cost, audit_cost(cfg)
+    row = f"probe {pp:.2%} + audits {audits:.2%} = {policy_cost(cfg):.2%} of training FLOPs"
+    if policy_cost(cfg) > POLICY_BUDGET + 1e-9:
+        row += f" (over the default {POLICY_BUDGET:.0%})"
     return row
 
 

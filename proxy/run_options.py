@@ -78,7 +78,7 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                    help="checkpoint cadence in steps (100)")
     g.add_argument("--sample-every", type=int, default=None, metavar="N",
                    help="sample audit cadence in steps (default: the checkpoint cadence, or the "
-                        "smallest multiple of it that keeps audits within 1%% of training FLOPs)")
+                        "smallest multiple of it that keeps audits within 0.5%% of training FLOPs)")
     g.add_argument("--probe-every", type=int, default=None, metavar="N",
                    help="held-out probe cadence = the bandit's policy period, steps (25)")
     g.add_argument("--tokenizer", default=None, metavar="bpe|bytes|PATH",

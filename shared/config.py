@@ -170,7 +170,8 @@ class RunConfig:
     bandit_warmup: int = 200        # steps on the prior before the first bandit update
     config_file: str | None = None  # the --config FILE.toml the run was created with
     sources: dict[str, str] = field(default_factory=dict)  # option -> file/command line/default
-    probe_budget: float = 0.02      # held-out probes' forward FLOPs / training FLOPs, at most (probe_plan)
+    probe_budget: float = 0.015     # held-out probes' forward FLOPs / training FLOPs, at most (probe_plan);
+                                    # with the audits' AUDIT_BUDGET, POLICY_BUDGET in all
 
     @property
     def n_params(self) -> int:
@@ -194,7 +195,7 @@ class RunConfig:
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps={self.warmup_steps} must be >= 0")
         if not (isinstance(self.probe_budget, (int, float)) and 0 < self.probe_budget <= 1):
-            raise ConfigError(f"probe_budget={self.probe_budget!r} must be in (0, 1] (default 0.02)")
+            raise ConfigError(f"probe_budget={self.probe_budget!r} must be in (0, 1] (default 0.015)")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigError(f"tokenizer={self.tokenizer!r}: choose 'bpe', 'bytes' or the path "
                               "of an existing tokenizer.json")
@@ -295,7 +296,8 @@ def probe_plan(cfg: RunConfig, n_arms: int | None = None) -> ProbePlan:
 
 
 AUDIT_TOKENS = 48          # tokens generated per arm by a sample audit
-AUDIT_BUDGET = 0.01        # default sample_every keeps the audits within this share of training
+AUDIT_BUDGET = 0.005       # default sample_every keeps the audits within this share of training
+POLICY_BUDGET = 0.02       # probe (probe_budget 0.015) + audits (AUDIT_BUDGET), by default at most
 AUDIT_PROMPT_TOKENS = 16   # the audit prompt per arm: the first tokens of its held-out split
 
 
@@ -313,11 +315,18 @@ def audit_cost(cfg: RunConfig, n_arms: int | None = None) -> float:
 
 def default_sample_every(cfg: RunConfig) -> int:
     """The sample audit cadence when none is given: the checkpoint cadence, or the smallest
-    multiple of it that keeps `audit_cost` within AUDIT_BUDGET (1 %; docs/bandit.md#probe-cost).
+    multiple of it that keeps `audit_cost` within AUDIT_BUDGET (0.5 %; docs/bandit.md#probe-cost).
     On a small model at a small batch an audit costs many training steps (andrea-test at batch 8:
     about 5), so auditing at every checkpoint would be a large share of the run."""
     one = audit_cost(dataclasses.replace(cfg, sample_every=1))
     return cfg.checkpoint_every * max(1, math.ceil(one / (AUDIT_BUDGET * cfg.checkpoint_every) - 1e-9))
+
+
+def policy_cost(cfg: RunConfig, n_arms: int | None = None) -> float:
+    """The mixture policy's own compute, probe plus sample audits, as a fraction of training
+    FLOPs (docs/bandit.md#probe-cost): probe_plan(cfg).cost + audit_cost(cfg). With the default
+    probe_budget and sample cadence it is at most POLICY_BUDGET (2 %) at every preset and batch."""
+    return probe_plan(cfg, n_arms).cost + audit_cost(cfg, n_arms)
 
 
 def load_run_config(path: Path) -> RunConfig:

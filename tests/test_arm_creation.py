@@ -117,7 +117,7 @@ def test_sixteen_arms_of_mixed_kinds_train_fifty_steps(tmp_path):
     assert len(idx) == 16 and {a.dtype for a in idx.values()} == {"uint16", "uint32"}
     assert all(a.documents == 80 for n, a in idx.items() if n[:2] in ("gz", "zs", "pq"))
     recs = loss_records(run)
-    every = probe_plan(load_run_config(RunLayout(run).run_json)).every  # 20: 16 arms, 2 % budget
+    every = probe_plan(load_run_config(RunLayout(run).run_json)).every  # 30: 16 arms, 1.5 % budget
     assert len(recs) == 50 and set(recs[every - 1]["probe"]) == set(idx)
     assert (run / "step_000050.bin").exists()
 

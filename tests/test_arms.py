@@ -60,7 +60,7 @@ def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_
     chat = bytes(np.asarray(index["chat"].tokens(run)[:40], dtype=np.uint8)).decode()
     assert chat.startswith("message 0: hello there") and "{" not in chat
     recs = loss_records(run)
-    # five arms at batch 8: the probe's 2 % budget spaces it to every 15 steps (probe_plan)
+    # five arms at batch 8: the probe's 1.5 % budget spaces it to every 15 steps (probe_plan)
     every = probe_plan(load_run_config(RunLayout(run).run_json)).every
     assert every == 15 and set(recs[every - 1]["probe"]) == names
     assert not any("probe" in x for x in recs[:every - 1])

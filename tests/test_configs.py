@@ -143,8 +143,11 @@ def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path)
         in row, row
     # the audit cadence a tiny model gets by default, and why (docs/bandit.md#probe-cost)
     row = _table_row(r.stderr, "sample audit")
-    assert "3 arms x 48 tokens every 600 steps <= 0.9% of training FLOPs" in row
-    assert "[checkpoint cadence x 6, to stay within 1%]" in row, row
+    assert "3 arms x 48 tokens every 1100 steps <= 0.50% of training FLOPs" in row
+    assert "[checkpoint cadence x 11, to stay within 0.5%]" in row, row
+    row = _table_row(r.stderr, "policy overhead")          # probe + audits: within 2 % by default
+    assert "probe 1.50% + audits 0.50% = 2.00% of training FLOPs" in row and "[default]" in row, row
+    assert "over the default" not in row
     r = run_proxy(run, "--max-steps", "22", "--lr", "0.5", "--probe-every", "3",
                   "--reward", "train_loss", timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -157,5 +160,6 @@ def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path)
     assert "[run.json]" in _table_row(r.stderr, "weight decay / grad clip")
     assert "[run.json]" in _table_row(r.stderr, "held-out probe")
     assert "[run.json]" in _table_row(r.stderr, "sample audit")
+    assert "[run.json]" in _table_row(r.stderr, "policy overhead")
     assert "[command line]" in _table_row(r.stderr, "max steps")
     assert "[run.json]" in _table_row(r.stderr, "arms")
