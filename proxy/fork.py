@@ -29,7 +29,7 @@ from shared.checkpoint_format import checkpoint_name, validate_checkpoint, Check
 from shared.checkpoint_manifest import ManifestEntry, manifest_checksums, read_manifest, \
     record_checkpoint
 from shared.config import ConfigError, load_run_config
-from shared.loss_history import LossHistory, read_records
+from shared.loss_history import LossHistory, iter_records
 from shared.run_layout import RunLayout
 from shared.exit_codes import EXIT_USAGE
 
@@ -79,10 +79,6 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     except CheckpointError as e:
         have = sorted(entries)
         raise ForkError(f"--from {src_dir}:{step}: {e}; checkpoints in the manifest: {have}") from None
-    history = read_records(src.loss, 1, step)
-    if history and history[-1]["step"] != step:
-        print(f"fork: warning: the source history ends at step {history[-1]['step']}, not "
-              f"{step}", file=sys.stderr)
     dst.ensure()
     for name in ("tokenizer.json",):
         shutil.copy2(src.root / name, dst.root / name)
@@ -101,8 +97,20 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
         record_checkpoint(dst.root, ManifestEntry(step=e.step, file=e.file, nbytes=e.nbytes,
                                                   checksum=e.checksum, reason=e.reason,
                                                   pinned=True, time=e.time))
-    with LossHistory(dst.loss) as h:
-        h.append_many(history)
+    with LossHistory(dst.loss) as h:        # streamed in batches: memory flat in the history
+        batch = []
+        for r in iter_records(src.loss):
+            if r["step"] > step:
+                break
+            batch.append(r)
+            if len(batch) >= 4096:
+                h.append_many(batch)
+                batch = []
+        h.append_many(batch)
+        last = h.last_step
+    if last is not None and last != step:
+        print(f"fork: warning: the source history ends at step {last}, not {step}",
+              file=sys.stderr)
     atomic_write_json(dst.root / "fork.json", {"from": str(src.root.resolve()), "step": step,
                                                "checkpoint": ck.name})
     atomic_write_json(dst.run_json, cfg.to_json())     # last: its presence marks a complete run

@@ -21,7 +21,7 @@ from proxy.run_setup import read_phases
 from proxy.state_snapshots import find_snapshot
 from shared.arm_data import arm_compression, read_arm_index
 from shared.config import RunConfig
-from shared.loss_history import read_records, read_records_after
+from shared.loss_history import iter_records, read_records_after
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
@@ -70,16 +70,20 @@ def rebuild_mixture(layout: RunLayout, cfg: RunConfig, step: int,
     mix = new_controller(layout, cfg, phase, changes)
     snap = (find_snapshot(layout, phase.index, phase.start_step, step) if use_snapshots
             else None)
+    n = 0
     if snap is not None:
         mix.restore(snap)
-        records = read_records_after(layout.loss, snap["step"], step)
+        records = read_records_after(layout.loss, snap["step"], step)   # the tail only
     else:
-        records = read_records(layout.loss, phase.start_step + 1, step)
+        records = iter_records(layout.loss)   # streamed: memory flat in the history's length
     for r in records:
-        mix.observe(r)
+        if r["step"] > step:
+            break                              # records are in step order
+        if r["step"] > phase.start_step:
+            mix.observe(r)
+            n += 1
     changed = mix.apply_changes(step)
-    return Rebuilt(mix, changed, snap["step"] if snap else None, len(records),
-                   time.perf_counter() - t0)
+    return Rebuilt(mix, changed, snap["step"] if snap else None, n, time.perf_counter() - t0)
 
 
 def replay_run(layout: RunLayout, cfg: RunConfig, step: int,

@@ -15,7 +15,9 @@ nothing else is added. Numpy/torch scalars and arrays are converted through `.to
 Opening a history repairs a torn tail left by a kill or a power cut (cut mid-record, NUL padding,
 two records glued on one line, no closing "]"): every complete record is kept, only the tail is
 rewritten, and a warning names the file and the byte offset. A file that is not a history at all
-is moved aside to `<name>.corrupt-<unix time>` and a fresh history starts.
+is moved aside to `<name>.corrupt-<unix time>` and a fresh history starts. Opening and rewinding
+read the file through a read-only memory map, in chunks of _CHUNK bytes where they scan it
+whole, so their memory does not grow with the history (docs/history.md#cost).
 
 What it is not: safe for two writers at once (the proxy's run-directory lock guarantees one),
 nor a general JSON library. Stdlib only; never imports torch, proxy or worker.
@@ -28,6 +30,7 @@ import gc
 import json
 import logging
 import math
+import mmap
 import operator
 import os
 import re
@@ -48,6 +51,8 @@ _STEP_AT_LINE_START = re.compile(rb'\n\{"step":(-?\d+)[,}]')  # literal prefix: 
 _MAX_BACKSCAN_LINES = 64           # lines looked at from the end to find the last clean record
 _MAX_LISTED = 5                    # damage kinds / dropped steps listed in one warning
 _LINE_STEP = re.compile(rb'\{"step":(-?\d+)[,}]')  # a record line's start
+_NONBLANK = re.compile(rb"[^ \t\r\n]")
+_CHUNK = 1 << 20                   # bytes per slice when a scan covers the whole file
 _decoder = json.JSONDecoder()
 
 
@@ -163,20 +168,32 @@ def _walk(data: bytes, pos: int, prev_step, monotonic: bool, notes: list):
             prev_step = step
 
 
-def _prefix_ok(data: bytes, cut: int, monotonic: bool):
+def _count(data, sub: bytes, start: int, end: int) -> int:
+    """data[start:end].count(sub) for a `sub` that cannot overlap itself, _CHUNK bytes at a
+    time (data may be a memory map, which has no count)."""
+    n = 0
+    for i in range(start, end, _CHUNK):
+        n += data[i:min(end, i + _CHUNK + len(sub) - 1)].count(sub)
+    return n
+
+
+def _prefix_ok(data, cut: int, monotonic: bool):
     """Number of records when data[:cut] is a canonical history prefix ("[\\n{..},\\n...{..}"),
-    checked at C speed without parsing every record; None when it is not provably so."""
+    checked at C speed without parsing every record; None when it is not provably so. `data`
+    is bytes or a memory map; memory stays within a few _CHUNKs whatever its size."""
     if data[:3] != b"[\n{" or data.find(b"\x00", 0, cut) >= 0 or data.find(b"}{", 0, cut) >= 0:
         return None
-    n = data.count(b"\n", 0, cut)
-    if data.count(b"\n{", 0, cut) != n or data.count(b"},\n", 0, cut) != n - 1:
+    n = _count(data, b"\n", 0, cut)
+    if _count(data, b"\n{", 0, cut) != n or _count(data, b"},\n", 0, cut) != n - 1:
         return None
     if monotonic:
-        steps = _STEP_AT_LINE_START.findall(data, 0, cut)
-        if len(steps) != n:
-            return None
-        steps = list(map(int, steps))
-        if any(a >= b for a, b in zip(steps, steps[1:])):
+        seen, prev = 0, None
+        for m in _STEP_AT_LINE_START.finditer(data, 0, cut):
+            step = int(m.group(1))
+            if prev is not None and step <= prev:
+                return None
+            seen, prev = seen + 1, step
+        if seen != n:
             return None
     return n
 
@@ -209,12 +226,31 @@ class _Plan:
         self.count, self.last_step, self.messages = count, last_step, list(messages)
 
 
-def _first_byte(data: bytes) -> bytes:
-    return data.lstrip(b" \t\r\n")[:1]
+def _first_byte(data) -> bytes:
+    """The first byte that is not whitespace, b"" for a blank file (bytes or a memory map)."""
+    m = _NONBLANK.search(data)
+    return b"" if m is None else data[m.start():m.start() + 1]
 
 
-def _plan(data: bytes, path, monotonic: bool) -> _Plan:
-    if not data.strip(b" \t\r\n"):
+def _last_byte(data, skip: bytes) -> bytes:
+    """data.rstrip(skip)[-1:], looking back _CHUNK bytes at a time (data may be a memory map)."""
+    end = len(data)
+    while end > 0:
+        piece = data[max(0, end - _CHUNK):end].rstrip(skip)
+        if piece:
+            return piece[-1:]
+        end -= _CHUNK
+    return b""
+
+
+def _ends_with(data, tail: bytes, at: int) -> bool:
+    """data[at:] == tail, without copying a long data[at:] (data may be a memory map)."""
+    return len(data) - at == len(tail) and data[at:] == tail
+
+
+def _plan(data, path, monotonic: bool) -> _Plan:
+    """What opening the history `data` (bytes or a read-only memory map of the file) must do."""
+    if not _first_byte(data):
         return _Plan("empty", messages=[f"{path}: empty file ({len(data)} bytes); "
                                         "starting a fresh history"])
     if _first_byte(data) != b"[":
@@ -222,7 +258,7 @@ def _plan(data: bytes, path, monotonic: bool) -> _Plan:
     trusted = _trusted_prefix(data, monotonic)
     if trusted is not None:
         cut, count, last_step = trusted
-        if data[cut:] == _CLOSE:
+        if _ends_with(data, _CLOSE, cut):
             return _Plan("ok", cut, None, count, last_step)
     else:
         cut, count, last_step = (1, 0, None) if data[:1] == b"[" else (0, 0, None)
@@ -239,7 +275,7 @@ def _plan(data: bytes, path, monotonic: bool) -> _Plan:
             rewrite.append(sep + data[s:e])
         count += 1
         last_step = step
-    if not rewrite and not notes and data[chain_end:] == (_CLOSE if chain_end else b""):
+    if not rewrite and not notes and _ends_with(data, _CLOSE if chain_end else b"", chain_end):
         return _Plan("ok", chain_end, None, count, last_step)
     tail = (b"" if chain_end else b"[") + b"".join(rewrite) + _CLOSE
     dropped = sum(n for _, n, _ in notes)
@@ -251,10 +287,10 @@ def _plan(data: bytes, path, monotonic: bool) -> _Plan:
            for k, offs in kinds.items()]
     if glued:
         why.append("records glued on one line (all kept)")
-    if data.rstrip(b"\x00 \t\r\n,")[-1:] != b"]":
+    if _last_byte(data, b"\x00 \t\r\n,") != b"]":
         why.append("no closing ]")
     if not why:
-        why.append(f"tail {data[chain_end:][:16]!r} is not {_CLOSE!r}")
+        why.append(f"tail {data[chain_end:chain_end + 16]!r} is not {_CLOSE!r}")
     more = f"; +{len(why) - _MAX_LISTED} more" if len(why) > _MAX_LISTED else ""
     messages = [f"{path}: torn tail at byte {chain_end} ({dropped} bytes dropped: "
                 f"{'; '.join(why[:_MAX_LISTED])}{more}); kept {count} records, "
@@ -330,18 +366,17 @@ class LossHistory:
             atomic_write_bytes(self.path, _EMPTY)
         fd = os.open(self.path, os.O_RDWR)
         try:
-            with os.fdopen(os.dup(fd), "rb") as f:
-                data = f.read()
-            plan = _plan(data, self.path, self.monotonic)
+            with _mapped(fd) as data:              # read through a map: memory flat in the size
+                plan = _plan(data, self.path, self.monotonic)
+                size, head = len(data), data[:16]
             if plan.kind == "garbage":
                 os.close(fd)
                 fd = None
                 aside = _move_aside(self.path)
                 atomic_write_bytes(self.path, _EMPTY)
                 fd = os.open(self.path, os.O_RDWR)
-                head = data[:16]
                 plan = _Plan("fresh", messages=[
-                    f"{self.path}: not a loss history ({len(data)} bytes, starts with {head!r}, "
+                    f"{self.path}: not a loss history ({size} bytes, starts with {head!r}, "
                     f"expected '['); moved aside to {aside} and started a fresh history"])
             elif plan.kind == "empty":
                 os.ftruncate(fd, 0)
@@ -444,6 +479,20 @@ class LossHistory:
 
 # ---------------------------------------------------------------------------------------------
 # readers and maintenance
+
+@contextlib.contextmanager
+def _mapped(fd: int):
+    """A read-only memory map of the whole file `fd` (b"" when it is empty), closed on exit:
+    the page cache holds the bytes, not this process's heap."""
+    if os.fstat(fd).st_size == 0:
+        yield b""
+        return
+    m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    try:
+        yield m
+    finally:
+        m.close()
+
 
 def _read_bytes(path) -> bytes | None:
     try:
@@ -600,24 +649,32 @@ def rewind(path, keep_upto_step: int, rewound_path, reason: str, *, repaired: bo
     path = os.fspath(path)
     if not repaired:
         repair(path)                                # canonical layout from here on
-    data = _read_bytes(path)
-    if data is None or data == _EMPTY:
-        return 0
     moved: list[dict] = []
-    end = len(data) - len(_CLOSE)                   # end of the last record
-    cut = 1
-    while end > 1:
-        nl = data.rfind(b"\n", 0, end)
-        hit = _clean_record(data[nl + 1:end])
-        if hit is None or not _is_step(hit[0].get("step")):
-            raise ValueError(f"{path}: unreadable record line at byte {nl + 1} while rewinding "
-                             f"to step {keep_upto_step}; move the file aside and run repair()")
-        record, length = hit
-        if record["step"] <= keep_upto_step:
-            cut = nl + 1 + length
-            break
-        moved.append(record)
-        end = nl
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    try:
+        with _mapped(fd) as data:       # only the rewound tail is read (memory flat in the history)
+            if len(data) <= len(_EMPTY):
+                return 0
+            end = len(data) - len(_CLOSE)            # end of the last record
+            cut = 1
+            while end > 1:
+                nl = data.rfind(b"\n", 0, end)
+                hit = _clean_record(data[nl + 1:end])
+                if hit is None or not _is_step(hit[0].get("step")):
+                    raise ValueError(f"{path}: unreadable record line at byte {nl + 1} while "
+                                     f"rewinding to step {keep_upto_step}; move the file aside "
+                                     "and run repair()")
+                record, length = hit
+                if record["step"] <= keep_upto_step:
+                    cut = nl + 1 + length
+                    break
+                moved.append(record)
+                end = nl
+    finally:
+        os.close(fd)
     if not moved:
         return 0
     moved.reverse()

@@ -311,3 +311,57 @@ def test_numpy_like_scalars_are_converted(hist):
     with LossHistory(hist) as h:
         h.append({"step": 1, "loss": Scalar(float("nan")), "n": Scalar(3)})
     assert json.loads(hist.read_text()) == [{"step": 1, "loss": None, "n": 3}]
+
+
+# --- cost with the history's size ---------------------------------------------------------------
+
+def _big_history(path, n):
+    """A canonical history of n records written as bytes (fast), about 230 bytes per record."""
+    lines = [json.dumps(rec(s), separators=(",", ":")).encode() for s in range(1, n + 1)]
+    path.write_bytes(b"[\n" + b",\n".join(lines) + b"\n]\n")
+
+
+def test_opening_and_rewinding_a_long_history_reads_it_without_holding_it(hist):
+    """Opening (the proxy does it at every start) and rewinding used to read the whole file
+    into memory: 80 MB at 200,000 records. They read through a memory map now, so the heap
+    they use does not grow with the history (docs/history.md#cost)."""
+    import tracemalloc
+    _big_history(hist, 60_000)
+    size = hist.stat().st_size
+    assert size > 10_000_000
+    tracemalloc.start()
+    try:
+        with LossHistory(hist) as h:
+            assert len(h) == 60_000 and h.last_step == 60_000 and h.repairs == []
+            h.append(rec(60_001))
+        assert rewind(hist, 59_990, hist.with_name(".loss.rewound.json"), "test") == 11
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * 2**20 < size / 3, (peak, size)         # a few 1 MiB scan chunks
+    with LossHistory(hist) as h:
+        assert len(h) == 59_990 and h.last_step == 59_990
+
+
+def test_whole_file_scans_in_small_chunks_find_exactly_what_one_pass_finds(hist, monkeypatch):
+    """The chunked scans (shared/loss_history.py _count, _CHUNK) at a chunk of a few bytes, so
+    patterns cross every boundary: healthy, torn, glued and out-of-order histories open
+    exactly as with one chunk."""
+    import shared.loss_history as lh
+    full = build(hist, 12)
+    cases = {"healthy": full, "torn": full[:-40], "no close": full[:-3],
+             "glued": full.replace(b'},\n{"step":7', b'}{"step":7'),
+             "dup": full.replace(b'{"step":9,', b'{"step":8,'),
+             "nul": full[:-3] + b"\x00" * 64}
+    results = {}
+    for chunk in (1 << 22, 1, 2, 3, 5, 64):
+        monkeypatch.setattr(lh, "_CHUNK", chunk)
+        for name, body in cases.items():
+            hist.write_bytes(body)
+            with LossHistory(hist) as h:
+                got = (len(h), h.last_step, [m.split(": ", 1)[1] for m in h.repairs],
+                       hist.read_bytes())
+            results.setdefault(name, got)
+            assert got == results[name], (name, chunk)
+    assert results["healthy"][:3] == (12, 12, [])
+    assert results["dup"][1] == 12 and results["torn"][1] == 11
