@@ -257,8 +257,28 @@ def check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
                         "is fixed for the life of the run", name.replace("_", "-"), v,
                         "no cap (0)" if name == "arm_max_tokens" and not was else was)
     if a.caps or a.floors:
-        raise ConfigError("--caps/--floors on an existing run would change the policy mid-phase; "
-                          "use `python -m proxy pivot --run-dir DIR --caps ... --floors ...`")
+        _check_same_bounds(a, cfg, layout)
+
+
+def _check_same_bounds(a, cfg: RunConfig, layout: RunLayout) -> None:
+    """--caps/--floors on a resume: the same values as the phase in force are what the creating
+    command (or its config file, a Slurm requeue, a systemd restart) gave, and go on; other
+    values would change the policy mid-phase and are refused (that is a pivot, docs/pivots.md).
+    Raises ConfigError naming the phase's values and the pivot command."""
+    from proxy.arm_bounds import parse_arm_values
+    from proxy.run_setup import read_phases
+    phase = read_phases(layout)[-1]
+    names = sorted({x.name for x in cfg.arms} | set(phase.caps) | set(phase.floors))
+    for opt, text, have in (("--caps", a.caps, phase.caps), ("--floors", a.floors, phase.floors)):
+        if not text:
+            continue
+        got = parse_arm_values(text, names, opt)
+        if got != have:
+            shown = ",".join(f"{k}={v:g}" for k, v in sorted(have.items())) or "none"
+            raise ConfigError(
+                f"{opt} {text} on an existing run would change the policy mid-phase (phase "
+                f"{phase.index} '{phase.label}' has {opt} {shown}); give the same values or none "
+                f"to resume, or pivot: python -m proxy pivot --run-dir {layout.root} {opt} {text}")
 
 
 def proxy_options(a, cfg: RunConfig) -> ProxyOptions:

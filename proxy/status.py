@@ -191,7 +191,7 @@ def collect_status(run_dir) -> dict:
     elif d["step"] >= d["max_steps"]:
         health = "finished"
     else:
-        health = "stopped (resume with `python -m proxy run --run-dir DIR`)"
+        health = f"stopped (resume with `python -m proxy run --run-dir {run_dir}`)"
     d["health"] = health
     return d
 

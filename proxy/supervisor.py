@@ -51,7 +51,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class SupervisorError(RuntimeError):
-    """The run cannot go on; the message says why and what to do. Exit code 1 or 2."""
+    """The run cannot go on; the message says why and what to do. Exit code 1, 2 or 3
+    (docs/architecture.md#exit-codes: 3 when the worker said it cannot go on)."""
 
     def __init__(self, msg: str, code: int = EXIT_FAILED) -> None:
         super().__init__(msg)
@@ -153,7 +154,7 @@ class Supervisor:
                 if outcome == "fatal":
                     why = self.stats.stop_why or "see the worker's log above"
                     raise SupervisorError(f"worker exited with code {rc} ({why}): the run cannot "
-                                          f"go on; not restarting")
+                                          f"go on; not restarting", code=EXIT_FATAL)
                 if self.stop_requested:
                     log.error("worker ended badly (%s, code %s) while stopping", outcome, rc)
                     return EXIT_FAILED

@@ -288,6 +288,7 @@ def probe_plan(cfg: RunConfig, n_arms: int | None = None) -> ProbePlan:
     probe_every). S = min(probe_sequences, floor(probe_budget * 3*P*B / K)), at least 1; m = 1,
     or the smallest multiple of P that brings one window per arm within the budget.
     `n_arms` defaults to len(cfg.arms). docs/bandit.md#probe-cost."""
+    _positive(cfg, "batch_size", "probe_every")
     k = max(1, len(cfg.arms) if n_arms is None else int(n_arms))
     per_period = cfg.probe_budget * 3 * cfg.probe_every * cfg.batch_size
     s = max(1, min(cfg.probe_sequences, math.floor(per_period / k + 1e-9)))
@@ -301,12 +302,20 @@ POLICY_BUDGET = 0.02       # probe (probe_budget 0.015) + audits (AUDIT_BUDGET),
 AUDIT_PROMPT_TOKENS = 16   # the audit prompt per arm: the first tokens of its held-out split
 
 
+def _positive(cfg: RunConfig, *names: str) -> None:
+    """ConfigError naming the first of `names` that is not >= 1 (before any division by it)."""
+    for name in names:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 1")
+
+
 def audit_cost(cfg: RunConfig, n_arms: int | None = None) -> float:
     """The sample audits' compute as a fraction of the training FLOPs of the steps between two
     audits (docs/bandit.md#probe-cost), an upper bound: K arms generate AUDIT_TOKENS each as one
     batch, each new token a forward over its context (the prompt and the tokens so far, at most
     block_size), 1/3 of a training token's FLOPs per context token, every sample_every steps:
     K * sum(context) / (3 * B * block * sample_every). `n_arms` defaults to len(cfg.arms)."""
+    _positive(cfg, "batch_size", "sample_every")
     k = max(1, len(cfg.arms) if n_arms is None else int(n_arms))
     t = cfg.model.block_size
     ctx = sum(min(AUDIT_PROMPT_TOKENS + j, t) for j in range(AUDIT_TOKENS))
@@ -318,6 +327,7 @@ def default_sample_every(cfg: RunConfig) -> int:
     multiple of it that keeps `audit_cost` within AUDIT_BUDGET (0.5 %; docs/bandit.md#probe-cost).
     On a small model at a small batch an audit costs many training steps (andrea-test at batch 8:
     about 5), so auditing at every checkpoint would be a large share of the run."""
+    _positive(cfg, "batch_size", "checkpoint_every")
     one = audit_cost(dataclasses.replace(cfg, sample_every=1))
     return cfg.checkpoint_every * max(1, math.ceil(one / (AUDIT_BUDGET * cfg.checkpoint_every) - 1e-9))
 

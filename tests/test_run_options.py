@@ -21,6 +21,19 @@ def test_bad_supervision_number_is_refused_before_the_run_directory_exists(tmp_p
     assert not run.exists(), "nothing may be created for a refused command"
 
 
+@pytest.mark.parametrize("option,name", [
+    ("--batch-size", "batch_size"), ("--checkpoint-every", "checkpoint_every"),
+    ("--probe-every", "probe_every"), ("--sample-every", "sample_every")])
+def test_a_zero_cadence_or_batch_is_a_clear_error_not_a_division_by_zero(tmp_path, option, name):
+    """A breaker session found --batch-size 0 and --checkpoint-every 0 ending in a
+    ZeroDivisionError traceback (exit 1) from the audit and probe cost arithmetic."""
+    run = tmp_path / "run"
+    r = run_proxy(run, option, "0", "--max-steps", "5", timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"{name}=0 must be >= 1" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not (run / "run.json").exists()
+
+
 def test_a_run_shorter_than_the_warmup_gets_a_warmup_that_fits(tmp_path):
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "20", "--checkpoint-every", "10", timeout=120)
@@ -31,3 +44,22 @@ def test_a_run_shorter_than_the_warmup_gets_a_warmup_that_fits(tmp_path):
     lrs = [x["lr"] for x in records]
     assert max(lrs) == pytest.approx(cfg["lr"]) and lrs.index(max(lrs)) == 1  # peak at step 2
     assert lrs[-1] == pytest.approx(cfg["lr"] * cfg["min_lr_ratio"])
+
+
+def test_the_creating_command_with_caps_and_floors_resumes_and_other_bounds_are_refused(tmp_path):
+    """A new-user walk-through found that running the same command again (README: "run the same
+    command again to resume"; Slurm requeues and systemd restarts do exactly that) was refused
+    whenever the run was created with --caps or --floors. The phase's own values go on; other
+    values are a pivot and are refused, naming the phase's values and the real run directory."""
+    run = tmp_path / "run"
+    bounds = ["--caps", "repo-code=0.5", "--floors", "python-docs=0.1"]
+    r = run_proxy(run, *bounds, "--max-steps", "4", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_proxy(run, *bounds, "--max-steps", "6", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((run / ".loss.json").read_text())[-1]["step"] == 6
+    r = run_proxy(run, "--caps", "repo-code=0.4", "--max-steps", "8", timeout=120)
+    assert r.returncode == 2
+    assert "has --caps repo-code=0.5" in r.stderr and f"pivot --run-dir {run} --caps repo-code=0.4" \
+        in r.stderr, r.stderr[-2000:]
+    assert json.loads((run / ".loss.json").read_text())[-1]["step"] == 6
