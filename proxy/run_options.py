@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from dataclasses import dataclass, field
 
 from proxy.launch import LaunchOptions
@@ -182,6 +183,9 @@ def check_run_options(a) -> None:
                       "must be >= 1 (sequences per forward/backward on one rank)"))
     if a.max_steps is not None:
         rules.append(("--max-steps", a.max_steps, a.max_steps >= 1, "must be >= 1"))
+    device = getattr(a, "device", "auto")
+    rules.append(("--device", device, re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(device)) is not None,
+                  "choose auto, cpu, cuda or cuda:N"))
     for name, value, ok, rule in rules:
         if not ok:
             raise ConfigError(f"{name} {value}: {rule}")

@@ -63,12 +63,19 @@ def _env_int(name: str, default: int) -> int:
 
 def resolve_device(requested: str, local_rank: int) -> torch.device:
     """The device of this rank: `requested` ("auto", "cpu", "cuda", "cuda:N"); under several
-    ranks on CUDA, "auto"/"cuda" mean cuda:LOCAL_RANK."""
+    ranks on CUDA, "auto"/"cuda" mean cuda:LOCAL_RANK. Raises DistributedError (the worker exits
+    3: restarting cannot help) when CUDA is asked for and absent, or cuda:N does not exist."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(requested)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DistributedError(f"--device {requested}: this torch ({torch.__version__}) sees no CUDA "
+                               "device; use --device cpu (or auto), or install a CUDA build of torch")
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", local_rank if torch.cuda.device_count() > local_rank else 0)
+    if dev.type == "cuda" and dev.index >= torch.cuda.device_count():
+        raise DistributedError(f"--device {requested}: only {torch.cuda.device_count()} CUDA "
+                               "device(s) here (cuda:0 ...); choose one of them")
     return dev
 
 
