@@ -357,10 +357,12 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
         finally:
             history.close()
         ph = read_phases(layout)[-1]
+        more = f" --max-steps {a.max_steps}" if a.max_steps else ""   # not stored: pass it on
         print(f"pivot: archived to archive/pivot-{plan.step}", flush=True)
         print(f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
               f"caps {ph.caps}, floors {ph.floors}); the run is stopped: `python -m proxy run "
-              f"--run-dir {layout.root}` trains in it from step_{plan.step:06d}.bin", flush=True)
+              f"--run-dir {layout.root}{more}` trains in it from step_{plan.step:06d}.bin",
+              flush=True)
         return 0
     finally:
         lock.release()
@@ -378,5 +380,5 @@ def add_pivot_args(p) -> None:
     p.add_argument("--no-wait", action="store_true",
                    help="return once the live proxy has the request")
     p.add_argument("--max-steps", type=int, default=None,
-                   help="stopped run only: the --max-steps the next `run` will use, when the "
-                        "run reached run.json's")
+                   help="stopped run only, when it reached run.json's: the --max-steps to "
+                        "pass to the next `run` (checked here, and in the command printed)")

@@ -83,6 +83,9 @@ def test_pivot_refuses_bad_bounds_a_second_request_and_a_finished_run_before_cha
     # A stopped-run pivot records the phase in the foreground; a second one is refused.
     r = pivot(run, "--caps", "repo-code=0.5", "--label", "v2", "--max-steps", "20")
     assert r.returncode == 0 and "phase 1 'v2' recorded" in r.stdout, r.stderr
+    # the command it prints carries the --max-steps (a new user ran the printed command without
+    # it, and the run said "nothing to do")
+    assert f"`python -m proxy run --run-dir {run} --max-steps 20` trains in it" in r.stdout, r.stdout
     after = (run / "phases.json").read_bytes()
     r = pivot(run, "--caps", "repo-code=0.4", "--label", "v3", "--max-steps", "20")
     assert r.returncode == 2 and "already pending" in r.stderr and "'v2'" in r.stderr
