@@ -117,6 +117,40 @@ def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int,
     return b
 
 
+def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:
+    """The worker started its pivot checkpoint at `step`. B was chosen from the last step the
+    proxy had filed, and the worker may already have been past it when the control request
+    reached it; it then stops at its next checkpoint boundary instead (shared/handshake.py
+    `control_stops_at`). The request's B becomes that step, so the pivot happens where the
+    worker really stopped (docs/pivots.md#the-boundary). Returns the new B when it moved, else
+    None."""
+    req = read_request(layout)
+    if not req or req.get("state") != "boundary" or req.get("step") == step:
+        return None
+    old = req.get("step")
+    req.update(step=step, planned_step=old)
+    write_request(layout, req)
+    log.info("pivot %r: the worker was past step %s when the request reached it; it stops at the "
+             "next checkpoint boundary, step %d, and the pivot happens there", req.get("label"),
+             old, step)
+    return step
+
+
+def fail_unserved(layout: RunLayout, last_step: int, max_steps: int) -> bool:
+    """The run ended at its last step (`last_step` >= `max_steps`) with a pivot's boundary still
+    ahead: nothing would train in the new phase, so the request gets state "failed" with the
+    reason (the `pivot` command prints it). Returns True when it did."""
+    req = pending_request(layout)
+    if not req or req.get("state") != "boundary" or last_step < max_steps:
+        return False
+    req.update(state="failed", error=f"the run reached its last step {max_steps} before the "
+               f"pivot's boundary (step {req.get('step')}): nothing would train in the new phase; "
+               "run longer (run --max-steps N) and pivot again")
+    write_request(layout, req)
+    log.warning("pivot %r not served: %s", req.get("label"), req["error"])
+    return True
+
+
 def pivot_due(layout: RunLayout, step: int) -> dict | None:
     """The request when the pivot must happen at `step` now (state boundary or archived, at
     that step); a boundary/archived request for another step (the worker stopped before B: a
@@ -279,6 +313,10 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
             request_path(layout).unlink(missing_ok=True)
             return EXIT_FAILED
         if req and req.get("step") is not None:
+            if b is not None and req["step"] != b:
+                print(f"pivot: the worker was past step {b} when the request reached it; the "
+                      f"boundary is its next checkpoint, step {req['step']}", flush=True)
+                told.discard("at-boundary")
             b = req["step"]
         order = ["boundary", "archived", "recorded", "running"]
         reached = order.index(state) if state in order else -1

@@ -28,7 +28,8 @@ from proxy import proc_tree
 from proxy.launch import agent_descendants, kill_ranks, rank_pids, reap_leftover_ranks, \
     signal_pids, torchrun_argv, wait_for_earlier_workers
 from proxy.mixture import MixtureController
-from proxy.pivot import fault_point, mark_running, pending_request, poll_pivot_request
+from proxy.pivot import fail_unserved, fault_point, follow_worker_boundary, mark_running, \
+    pending_request, poll_pivot_request
 from proxy.report_filing import LiveStats, ReportFiler, write_status
 from proxy.report_salvage import salvage_step_reports
 from proxy.resume_planning import ResumeError, plan_resume
@@ -272,6 +273,7 @@ class Supervisor:
             b = self._pivot_boundary()
             if b is not None and history.last_step == b and not self.stop_requested:
                 return "pivot", b
+            fail_unserved(self.layout, history.last_step or 0, self.max_steps)
             return "done", 0
         if rc == EXIT_FATAL or self.stats.exit_code == EXIT_FATAL:
             return "fatal", rc  # (torchrun reports a rank's code 3 as its own 1)
@@ -307,6 +309,8 @@ class Supervisor:
                 last_report = time.monotonic()
             for r in reports:
                 self.filer.file(r)
+                if r.get("type") == "checkpoint_started" and r.get("reason") == "pivot":
+                    follow_worker_boundary(self.layout, r["step"])  # it may be past the B posted
                 if r.get("type") == "checkpoint_started" and self._pivot_boundary() == r["step"]:
                     fault_point("during-checkpoint")  # crash test hook (docs/pivots.md)
             if self.pivot_step is not None and (history.last_step or 0) > self.pivot_step:

@@ -179,3 +179,72 @@ def test_pivot_names_the_boundary_even_when_the_proxy_passed_it_before_the_first
     out = capsys.readouterr().out
     assert "pivot: boundary step 40 reached" in out and "archived to archive/pivot-40" in out, out
     assert out.index("boundary step 40") < out.index("archived to")
+
+
+def test_a_worker_already_past_the_posted_boundary_pivots_at_its_next_checkpoint_in_the_same_proxy(tmp_path):
+    """B is chosen from the last step the proxy filed; on a loaded machine the worker can be past
+    it when the control request reaches it. CI saw the worker stop at once (not a boundary), the
+    proxy take that for the end of the run and exit 0 in the middle of the pivot. The state that
+    race leaves is written here directly: a request in state "boundary" at a step the worker has
+    passed. The worker must stop at its next checkpoint boundary and the pivot happen there."""
+    from proxy.pivot import write_request
+    from shared.handshake import update_handshake
+    run = tmp_path / "run"
+    proc = start(run, "--max-steps", "300", *COMMON)
+    with cleaned_up(proc, run):
+        wait_for(lambda: last_step(run) >= 25, 300, what="training to pass step 25")
+        layout = RunLayout(run)
+        write_request(layout, {"label": "late", "caps": {"repo-code": 0.2, "python-docs": 0.5},
+                               "floors": {"repo-docstrings": 0.3}, "requested_by": os.getpid(),
+                               "requested_at": 0.0, "state": "boundary", "step": 20,
+                               "proxy_pid": proc.pid})
+        update_handshake(layout, lambda d: d["control"].update(stop_at_step=20, reason="pivot"))
+        wait_for(lambda: len(phases(run)) == 2 or proc.poll() is not None, 300,
+                 what="the pivot to be recorded")
+        assert proc.poll() is None, "the proxy exited in the middle of the pivot"
+        ph = phases(run)[1]
+        b = ph["start_step"]
+        assert b % 10 == 0 and b > 25 and ph["label"] == "late", ph
+        wait_for(lambda: last_step(run) >= b + 5, 300, what="training after the pivot")
+        moved = json.loads((run / "archive" / f"pivot-{b}" / "pivot.request.json").read_text())
+        assert moved["planned_step"] == 20 and moved["step"] == b
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    assert_one_consistent_state(run, last_step(run))
+
+
+def test_the_stop_rule_of_a_pivot_waits_for_a_checkpoint_boundary_and_an_alarm_does_not():
+    from shared.handshake import control_stops_at
+    pivot_ctl = {"stop_at_step": 20, "reason": "pivot"}
+    assert [k for k in range(15, 45) if control_stops_at(pivot_ctl, k, 10)] == [20, 30, 40]
+    alarm = {"stop_at_step": 23, "reason": "alarm"}
+    assert [k for k in range(20, 26) if control_stops_at(alarm, k, 10)] == [23, 24, 25]
+    assert not control_stops_at({"stop_at_step": None, "reason": None}, 50, 10)
+
+
+def test_a_pivot_whose_next_boundary_lies_past_the_last_step_fails_with_the_reason(tmp_path):
+    """The worker past the posted B, and its next checkpoint boundary beyond max steps: the run
+    ends at its last step as planned, and the request says why it was not served (it used to be
+    left pending, so the `pivot` command reported a proxy that died in the middle of a pivot)."""
+    from proxy.pivot import read_request, write_request
+    from shared.handshake import read_handshake, update_handshake
+    run = tmp_path / "run"
+    proc = start(run, "--max-steps", "150", "--checkpoint-every", "100", "--probe-every", "5",
+                 "--bandit-warmup", "10", "--sample-every", "100")
+    with cleaned_up(proc, run):
+        layout = RunLayout(run)
+        wait_for(lambda: last_step(run) >= 105, 300, what="training to pass step 105")
+        worker = read_handshake(layout)["worker"]["pid"]
+        os.kill(worker, signal.SIGSTOP)   # hold it between 105 and 150 while the race is set up
+        try:
+            write_request(layout, {"label": "late", "caps": {"repo-code": 0.2}, "floors": {},
+                                   "requested_by": os.getpid(), "requested_at": 0.0,
+                                   "state": "boundary", "step": 100, "proxy_pid": proc.pid})
+            update_handshake(layout, lambda d: d["control"].update(stop_at_step=100, reason="pivot"))
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        assert proc.wait(300) == 0
+    req = read_request(layout)
+    assert req["state"] == "failed" and "reached its last step 150" in req["error"], req
+    assert [p["label"] for p in phases(run)] == ["initial"]
+    assert last_step(run) == 150 and 150 in checkpoint_steps(run)

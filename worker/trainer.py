@@ -27,8 +27,8 @@ from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, re
 from shared.exit_codes import EXIT_FATAL, EXIT_OK
 from shared.config import AUDIT_TOKENS, ConfigError, RunConfig, accumulation_steps, load_run_config, \
     probe_plan
-from shared.handshake import ReportWriter, policy_period, read_handshake, update_handshake, \
-    HandshakeError
+from shared.handshake import ReportWriter, control_stops_at, policy_period, read_handshake, \
+    update_handshake, HandshakeError
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
 from worker import distributed as wdist
@@ -377,7 +377,7 @@ class Trainer:
         busy = getattr(self.ckpt, "busy", lambda: False)()  # several SIGUSR1 coalesce into one
         usr1_new = self.usr1.arrived(writing_usr1=busy and self._last_reason == "sigusr1")
         ctl_ckpt = control.get("checkpoint_at_step") is not None and k == control["checkpoint_at_step"]
-        ctl_stop = control.get("stop_at_step") is not None and k >= control["stop_at_step"]
+        ctl_stop = control_stops_at(control, k, self.cfg.checkpoint_every)
         events = [int(usr1_new), int(ctl_ckpt), int(ctl_stop), int(bool(self.flags.stop_reason)),
                   int(self.nonfinite_run >= self.opts.max_nonfinite)]
         if self.dist.enabled:
