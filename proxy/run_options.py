@@ -127,7 +127,8 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--keep-every", type=int, default=DEFAULT_KEEP_EVERY, metavar="M",
                    help=f"retention: also keep every M-th step ({DEFAULT_KEEP_EVERY}; 0 = off)")
     g.add_argument("--max-restarts", type=int, default=3, metavar="N",
-                   help="worker crashes or hangs restarted from the newest checkpoint (3)")
+                   help="worker crashes or hangs in a row restarted from the newest checkpoint; "
+                   "one that wrote a new checkpoint first starts the count again (3)")
     g.add_argument("--hang-timeout", type=float, default=300.0, metavar="S",
                    help="seconds without a report before the worker counts as hung (300)")
     g.add_argument("--stop-timeout", type=float, default=120.0, metavar="S",

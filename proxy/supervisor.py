@@ -5,7 +5,8 @@ One incarnation = plan the resume (proxy/resume_planning.py: the checkpoint, the
 mixture controller made to describe exactly that step), post the policies, spawn `python -m
 worker` (argv list, no shell, its own session), then watch: hand every report to the filer
 (proxy/report_filing.py), forward signals, detect crash and hang. A worker that exits non-zero or
-hangs is restarted from the newest valid checkpoint with back-off, up to `max_restarts`;
+hangs is restarted from the newest valid checkpoint with back-off, up to `max_restarts` in a row
+(an incarnation that wrote a new checkpoint before it failed starts the count again);
 SIGTERM/SIGINT/SIGHUP to the proxy stop the worker cleanly and exit 0. A polish pivot happens in
 place (docs/pivots.md): the worker stops at the boundary B, the next incarnation's planning
 archives the phase and records the new one, and a new worker starts from step_B.bin; the
@@ -68,6 +69,7 @@ class Supervisor:
         self.stop_requested: str | None = None
         self.usr1_pending = 0
         self.stats = LiveStats()
+        self.stats_start = 0
         self.proc: subprocess.Popen | None = None
         self.filer: ReportFiler | None = None  # the current incarnation's
         self.subreaper = False                 # orphans of the worker's tree are re-parented here
@@ -159,6 +161,12 @@ class Supervisor:
                 if self.stop_requested:
                     log.error("worker ended badly (%s, code %s) while stopping", outcome, rc)
                     return EXIT_FAILED
+                ckpt = (self.stats.last_checkpoint or {}).get("step")
+                if restarts and ckpt is not None and ckpt > self.stats_start:
+                    log.info("the worker wrote step_%06d.bin before it %s: it made progress, so "
+                             "the restart count starts again (--max-restarts counts restarts in "
+                             "a row that reach no new checkpoint)", ckpt, outcome)
+                    restarts = 0
                 restarts += 1
                 if restarts > self.opts.max_restarts:
                     raise SupervisorError(
@@ -195,6 +203,7 @@ class Supervisor:
         self._post_policies(mix, policy_period(step + 1, self.cfg.probe_every))
         # the EMA over the history's tail, as `status` computes it, so the two agree
         self.stats = LiveStats(step=step, ema=loss_ema(tail_records(self.layout.loss)))
+        self.stats_start = step  # the step this incarnation resumed from
         self.filer = ReportFiler(self.layout, self.cfg, history, mix, samples, self.stats,
                                  self.max_steps, self.opts.print_every,
                                  self.opts.stop_on_collapse, self.pending_events, self.watch)

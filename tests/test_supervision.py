@@ -264,3 +264,31 @@ def test_a_sigterm_that_reaches_a_worker_after_it_stopped_is_not_called_a_loss(t
     with caplog.at_level(logging.INFO, logger="proxy"):
         assert sup._outcome(-sig.SIGTERM, False, True, history) == ("done", 0)
     assert "without its handler" in caplog.text
+
+
+def test_a_worker_that_wrote_a_new_checkpoint_before_it_crashed_starts_the_restart_count_again(template, tmp_path):
+    """--max-restarts counts failures in a row without progress. Before, the count never reset:
+    a run of weeks was given up after N crashes however far apart (here: two crashes, each after
+    a new checkpoint, used up --max-restarts 1)."""
+    b = clone(template, tmp_path / "run")
+    proc = start(b, *SUP, "--max-restarts", "1")
+    with cleaned_up(proc, b):
+        first = hello_pid(b, 180)
+        wait_for(lambda: last_step(b) >= 12, 120, what="step 12")
+        os.kill(first, signal.SIGKILL)
+        second = wait_for(lambda: (p := hello_pid(b, 120)) != first and p, 120, what="a restarted worker")
+        start_ckpt = max(checkpoint_steps(b))
+        # the proxy has filed a checkpoint newer than the one the second worker resumed from
+        wait_for(lambda: f"(step {start_ckpt + 10}," in proxy_log(b), 120, what="a new checkpoint filed")
+        os.kill(second, signal.SIGKILL)
+        third = wait_for(lambda: (p := hello_pid(b, 120)) not in (first, second) and p, 120,
+                         what="a second restart (the count started again)")
+        wait_for(lambda: [r for r in reports(b) if r.get("type") == "step"], 120, what="it to train")
+        os.kill(third, signal.SIGKILL)   # no new checkpoint since its start: the count is used up
+        rc = proc.wait(timeout=120)
+    assert rc != 0
+    log = proxy_log(b)
+    assert log.count("restart 1 of 1") == 2 and "restart count starts again" in log, log[-3000:]
+    assert "restarts are used up" in log
+    recs = loss_records(b)
+    assert [x["step"] for x in recs] == list(range(1, len(recs) + 1))
