@@ -62,10 +62,31 @@ class ArmData:
     first_bad: str = ""               # "file:line: reason" of the first
     compression: float = 0.0          # zstd ratio of its tokens (shared/arm_redundancy.py); 0: not measured (older runs)
 
-    def tokens(self, run_dir: Path) -> np.ndarray:
-        """All tokens as a read-only memmap (`dtype`) of length n_tokens."""
+    def token_path(self, run_dir: Path) -> Path:
+        """The token file: `path`, relative to the run directory unless absolute."""
         p = Path(self.path)
-        p = p if p.is_absolute() else Path(run_dir) / p
+        return p if p.is_absolute() else Path(run_dir) / p
+
+    def tokens(self, run_dir: Path) -> np.ndarray:
+        """All tokens as a read-only memmap (`dtype`) of length n_tokens.
+
+        Raises ArmSourceError naming the file when it is missing or its size is not n_tokens x
+        the width of `dtype` (changed after creation: truncated, appended to, replaced); a file
+        that was cut short would otherwise fail deep inside numpy with no name."""
+        p = self.token_path(run_dir)
+        want = self.n_tokens * np.dtype(self.dtype).itemsize
+        try:
+            have = p.stat().st_size
+        except OSError as e:
+            raise ArmSourceError(f"arm {self.name!r}: token file {p} cannot be read ({e}); restore "
+                                 "it from a backup, or retire the arm: restart with --arm options that leave it "
+                                 "out (docs/operations.md#changing-the-arms)") from None
+        if have != want:
+            raise ArmSourceError(
+                f"arm {self.name!r}: token file {p} has {have:,} bytes, but data/arms.json "
+                f"records {self.n_tokens:,} {self.dtype} tokens ({want:,} bytes): it was changed "
+                "after the run was created; restore it from a backup, or retire the arm: restart "
+                "with --arm options that leave it out (docs/operations.md#changing-the-arms)")
         return np.memmap(p, dtype=np.dtype(self.dtype), mode="r", shape=(self.n_tokens,))
 
     def heldout_ranges(self) -> list[tuple[int, int]]:

@@ -138,3 +138,31 @@ def test_arm_statistics_are_keyed_by_name_whatever_the_order_or_set_of_arms():
     more = {"step": 61, "phase_index": 0, "arms": {"a": 5, "c": 3, "b": 0}, "p": {"a": 0.6, "c": 0.4}}
     x.observe(more)
     assert x.pulls["a"] == before["a"]["pulls"] + 5 and "b" not in x.pulls
+
+
+@pytest.mark.slow
+def test_a_token_file_changed_after_creation_stops_the_run_naming_the_file_and_restoring_it_resumes(tmp_path):
+    """A token file cut short, or overwritten with ids outside the vocabulary, used to fail deep
+    in numpy or the embedding with an error that named no file, three restarts in a row. Now the
+    worker stops at once (exit 3, no restart) naming the arm, the file and what is wrong, and
+    nothing is trained on it; the restored file resumes the run."""
+    run = tmp_path / "run"
+    opts = ["--checkpoint-every", "5", "--sample-every", "5"]
+    assert run_proxy(run, "--max-steps", "10", *opts).returncode == 0
+    arm = read_arm_index(RunLayout(run))["python-docs"]
+    path = arm.token_path(run)
+    original = path.read_bytes()
+    wrong = np.frombuffer(original, dtype=arm.dtype).copy()
+    wrong[:] = np.iinfo(wrong.dtype).max        # same size, ids far outside the byte vocabulary
+    for content, words in [(original[:len(original) // 3], "bytes, but data/arms.json records"),
+                           (original + b"\0\0", "bytes, but data/arms.json records"),
+                           (wrong.tobytes(), "outside the run's vocabulary of")]:
+        path.write_bytes(content)
+        r = run_proxy(run, "--max-steps", "20", *opts)
+        assert r.returncode == 3, r.stderr[-3000:]
+        assert str(path) in r.stderr and words in r.stderr and "'python-docs'" in r.stderr, r.stderr[-3000:]
+        assert "restart 1" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert [x["step"] for x in loss_records(run)] == list(range(1, 11))
+    path.write_bytes(original)
+    assert run_proxy(run, "--max-steps", "20", *opts).returncode == 0
+    assert [x["step"] for x in loss_records(run)] == list(range(1, 21))

@@ -58,7 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback
         logging.getLogger("worker").error("%s", e)
         return EXIT_FATAL
-    return trainer.run()
+    from shared.arms import ArmSourceError
+    try:
+        return trainer.run()
+    except ArmSourceError as e:  # a token file changed under the run: restarting cannot help
+        logging.getLogger("worker").error("%s", e)
+        return EXIT_FATAL
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from shared.arm_data import ArmData
+from shared.arms import ArmSourceError
 from shared.config import AUDIT_PROMPT_TOKENS
 
 
@@ -39,9 +40,12 @@ class Batch:
 class ArmSampler:
     """Token windows from each arm. `arms` maps name -> ArmData; names are used in sorted order."""
 
-    def __init__(self, run_dir: Path, arms: dict[str, ArmData], block_size: int) -> None:
+    def __init__(self, run_dir: Path, arms: dict[str, ArmData], block_size: int,
+                 vocab_size: int | None = None) -> None:
         self.names = sorted(arms)
         self.block = block_size
+        self.vocab_size = vocab_size  # token ids must be below it (checked per drawn window)
+        self.paths = {n: arms[n].token_path(run_dir) for n in self.names}
         self.tokens = {n: arms[n].tokens(run_dir) for n in self.names}
         self.train_end = {n: arms[n].heldout_start for n in self.names}
         self.heldout = {n: arms[n].heldout_ranges() for n in self.names}
@@ -69,8 +73,26 @@ class ArmSampler:
         rows = range(rank * per, (rank + 1) * per)
         buf = np.stack([np.asarray(self.tokens[self.names[arm_idx[i]]][starts[i]:starts[i] + self.block + 1],
                                    dtype=np.int64) for i in rows])
+        self._check_ids(buf, [self.names[arm_idx[i]] for i in rows], [int(starts[i]) for i in rows])
         t = torch.from_numpy(buf)
         return Batch(t[:, :-1], t[:, 1:], arm_idx[rank * per:(rank + 1) * per], counts)
+
+    def _check_ids(self, buf: np.ndarray, names: list[str], starts: list[int]) -> None:
+        """Raise ArmSourceError naming the arm, its file and the offset when a window of `buf`
+        (int64 (rows, block+1)) holds a token id >= vocab_size: the file was overwritten after
+        creation (its size still matches). Costs one max over the batch; the embedding would
+        otherwise fail with an IndexError that names nothing."""
+        if self.vocab_size is None or not buf.size or int(buf.max()) < self.vocab_size:
+            return
+        row = int(np.argmax(buf.max(axis=1) >= self.vocab_size))
+        col = int(np.argmax(buf[row] >= self.vocab_size))
+        n = names[row]
+        raise ArmSourceError(
+            f"arm {n!r}: token file {self.paths[n]} holds token id {int(buf[row, col]):,} at "
+            f"token offset {starts[row] + col:,}, outside the run's vocabulary of "
+            f"{self.vocab_size:,}: the file was changed after the run was created; restore it "
+            "from a backup, or retire the arm: restart with --arm options that leave it out "
+            "(docs/operations.md#changing-the-arms)")
 
     def heldout_starts(self, name: str, n: int) -> list[int]:
         """Token offsets of the `n` probe windows of arm `name`: evenly spaced over the window
@@ -86,14 +108,17 @@ class ArmSampler:
 
     def heldout_windows(self, name: str, n: int) -> torch.Tensor:
         """The fixed probe set of arm `name`: int64 (n, block+1) at `heldout_starts(name, n)`."""
-        toks = self.tokens[name]
-        return torch.from_numpy(np.stack([np.asarray(toks[s:s + self.block + 1], dtype=np.int64)
-                                          for s in self.heldout_starts(name, n)]))
+        toks, starts = self.tokens[name], self.heldout_starts(name, n)
+        buf = np.stack([np.asarray(toks[s:s + self.block + 1], dtype=np.int64) for s in starts])
+        self._check_ids(buf, [name] * len(starts), starts)
+        return torch.from_numpy(buf)
 
     def prompt(self, name: str, n_tokens: int = AUDIT_PROMPT_TOKENS) -> np.ndarray:
         """Fixed audit prompt of arm `name`: the first tokens of its held-out split."""
         s = self.train_end[name]
-        return np.asarray(self.tokens[name][s:s + n_tokens], dtype=np.int64)
+        out = np.asarray(self.tokens[name][s:s + n_tokens], dtype=np.int64)
+        self._check_ids(out.reshape(1, -1), [name], [s])
+        return out
 
 
 def _gaps(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:

@@ -113,7 +113,8 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.allow_tf32 = tf32
         self.tokenizer = RunTokenizer.load(self.layout.tokenizer)
-        self.sampler = ArmSampler(self.layout.root, read_arm_index(self.layout), self.cfg.model.block_size)
+        self.sampler = ArmSampler(self.layout.root, read_arm_index(self.layout),
+                                  self.cfg.model.block_size, self.cfg.vocab_size)
         self.model = GPT(self.cfg.model, self.cfg.vocab_size, self.cfg.dropout, seed=self.cfg.seed)
         self.model.to_device(self.device)
         self.opt = FlatAdamW(self.model, self.cfg, fused=wprec.use_fused_adamw(self.device))
