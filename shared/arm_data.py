@@ -57,6 +57,7 @@ class ArmData:
     dtype: str = "uint16"             # of the token file: "uint16" or "uint32"
     heldout: list | None = None       # held-out ranges [[a, b), ...]; None: [heldout_start, n)
     documents: int = 0                # documents read (0 for tokens arms and older runs)
+    empty_documents: int = 0          # documents with no text, skipped (empty file, record, row)
     source_bytes: int = 0             # source bytes used of the source's total
     bad_records: int = 0              # records skipped (invalid JSON, missing field, ...)
     first_bad: str = ""               # "file:line: reason" of the first
@@ -183,7 +184,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
         return done
     layout.data.mkdir(parents=True, exist_ok=True)
     cap = cfg.arm_max_tokens
-    docs = used = bad = 0
+    docs = used = bad = empty = 0
     first_bad, total, capped = "", 0, False
     if arm.kind == "tokens":
         files, dt, n_all = check_token_files(arm, tok)
@@ -211,6 +212,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
         else:
             fp, st = tokenize_stream(arm, tok, tmp, cap)
             n, docs, used, total, capped = st.tokens, st.documents, st.bytes_used, st.bytes_total, st.capped
+            empty = st.empty
             bad, first_bad = st.bad.count, st.bad.first
             if arm.kind in ("python-docstrings", "python-code", "python-docs"):
                 used = st.chars
@@ -230,7 +232,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
     ranges = heldout_ranges(n, cfg)
     a = ArmData(arm.name, arm.kind, arm.source, fp, path, n, ranges[0][0], sfp, field=arm.field,
                 dtype=dt.name, heldout=[list(r) for r in ranges], documents=docs,
-                source_bytes=used, bad_records=bad, first_bad=first_bad)
+                source_bytes=used, bad_records=bad, first_bad=first_bad, empty_documents=empty)
     a.compression = compression_ratio(a.tokens(layout.root))
     atomic_write_json(done_marker(layout, arm.name), {"key": key, "arm": asdict(a)})
     if arm.kind in ("python-docstrings", "python-code", "python-docs"):
@@ -240,6 +242,8 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
         of = f"used {used:,} of {total:,} bytes of {len(files)} token file(s)"
     else:
         of = f"{docs:,} documents, used {used:,} of {total:,} source bytes"
+        if empty:
+            of += f" ({empty:,} empty document{'s' if empty != 1 else ''} skipped)"
     if capped:
         of += f" (capped by --arm-max-tokens {cap:,})"
     _log.info("arm %s (%s): %s, %s tokens (%s), %s held out in %d ranges; %s; compresses %.1fx%s",

@@ -101,12 +101,15 @@ def _corrupt(arm: ArmSpec, path: Path, e: Exception) -> ArmSourceError:
 
 
 class ArmReader:
-    """Base: `files`, `total` (bytes on disk), `bad`, `documents`, iterate with `pieces()`."""
+    """Base: `files`, `total` (bytes on disk), `bad`, `documents`, `empty` (documents with no
+    text: an empty file, record or row; skipped, they add no separator, and counted so the
+    creation log says so), iterate with `pieces()`."""
 
     def __init__(self, arm: ArmSpec) -> None:
         self.arm = arm
         self.bad = BadRecords()
         self.documents = 0
+        self.empty = 0
         self.files = self._files()
         self.total = sum(f.stat().st_size for f in self.files)
 
@@ -133,6 +136,7 @@ class TextReader(ArmReader):
                     buf = fh.read(READ_CHUNK)
                     data = carry + buf
                     if not data:
+                        self.empty += first  # a file with no bytes at all
                         break
                     if buf:
                         cut = data.rfind(b"\n") + 1
@@ -191,9 +195,11 @@ class JsonlReader(ArmReader):
                         if not isinstance(text, str):
                             self.bad.add(where, f"field {key!r} is not text")
                             continue
-                        if text:
-                            self.documents += 1
-                            yield Piece(text, True, base + raw.tell())
+                        if not text:
+                            self.empty += 1
+                            continue
+                        self.documents += 1
+                        yield Piece(text, True, base + raw.tell())
             except (OSError, EOFError, zlib.error) as e:
                 raise _corrupt(self.arm, f, e) from e
             except Exception as e:  # zstandard.ZstdError
@@ -235,9 +241,11 @@ class ParquetReader(ArmReader):
                     if not isinstance(v, str):
                         self.bad.add(f"{f}:row {row}", f"column {self.arm.field!r} is not text")
                         continue
-                    if v:
-                        self.documents += 1
-                        yield Piece(v, True, base + size * row // n_rows)
+                    if not v:
+                        self.empty += 1
+                        continue
+                    self.documents += 1
+                    yield Piece(v, True, base + size * row // n_rows)
             base += size
 
 

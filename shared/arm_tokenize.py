@@ -63,6 +63,7 @@ class ArmStats:
     """What creation used of an arm: documents, source bytes used/total, tokens, bad records."""
 
     documents: int = 0
+    empty: int = 0                 # documents with no text, skipped (ArmReader.empty)
     bytes_used: int = 0
     bytes_total: int = 0
     tokens: int = 0
@@ -168,6 +169,7 @@ def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int 
         pool.shutdown(wait=True, cancel_futures=True)
         stats.seconds = prog.close()
     stats.documents = reader.documents
+    stats.empty = reader.empty
     stats.tokens = written
     stats.bytes_used = done_at_cap if done_at_cap is not None else reader.total
     return "sha256:" + h.hexdigest(), stats

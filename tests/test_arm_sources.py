@@ -278,3 +278,38 @@ def test_progress_is_a_bar_on_a_terminal_and_plain_lines_in_a_log(caplog):
         p.update(4_000_000)
         p.close()
     assert "arm y: 4.0 MB of 10.0 MB (40 %)" in caplog.text and "MB/s, ETA" in caplog.text
+
+
+def test_empty_documents_are_skipped_counted_and_named_in_the_creation_log(tmp_path, caplog):
+    """An empty file, record or row adds no text and no separator; it used to vanish without a
+    word (and an empty text file was not counted anywhere)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    d = tmp_path / "txt"
+    d.mkdir()
+    (d / "a.txt").write_text(prose(5_000, seed=1))
+    (d / "b.txt").write_text("")
+    (d / "c.txt").write_text(prose(5_000, seed=2))
+    texts = [prose(300, seed=i) for i in range(200)]
+    with open(tmp_path / "r.jsonl", "w") as f:
+        for i, t in enumerate(texts):
+            f.write(json.dumps({"text": t}) + "\n")
+            if i % 50 == 0:
+                f.write(json.dumps({"text": ""}) + "\n")
+    col = [t if i % 40 else "" for i, t in enumerate(texts)]
+    pq.write_table(pa.table({"text": col}), tmp_path / "p.parquet", row_group_size=64)
+    with caplog.at_level(logging.INFO):
+        run = create_template(tmp_path / "run", "--arm", f"t=text:{d}",
+                              "--arm", f"j=jsonl:{tmp_path / 'r.jsonl'}",
+                              "--arm", f"p=parquet:{tmp_path / 'p.parquet'}")
+    idx = arm_names(run)
+    parts = [(d / "a.txt").read_text(), (d / "c.txt").read_text()]
+    assert (idx["t"].documents, idx["t"].empty_documents) == (2, 1)
+    assert idx["t"].n_tokens == len(SEPARATOR.join(parts).encode())
+    assert (idx["j"].documents, idx["j"].empty_documents) == (200, 4)
+    assert idx["j"].n_tokens == len(SEPARATOR.join(texts).encode())
+    assert (idx["p"].documents, idx["p"].empty_documents) == (195, 5)
+    assert idx["p"].n_tokens == len(SEPARATOR.join(c for c in col if c).encode())
+    log = caplog.text
+    assert "(1 empty document skipped)" in log and "(4 empty documents skipped)" in log
+    assert "(5 empty documents skipped)" in log
