@@ -110,7 +110,7 @@ def cmd_run(a) -> int:
             cfg = create_run(layout, cfg)
             log.info("created: %s parameters, vocabulary %d, checkpoint %s bytes",
                      f"{cfg.n_params:,}", cfg.vocab_size, f"{cfg.checkpoint_bytes:,}")
-        _print_settings(cfg, a, resumed=resumed)
+        _print_settings(cfg, a, resumed=resumed, layout=layout)
         opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
         sup = Supervisor(layout, cfg, opts)
         sup.install_signal_handlers()
@@ -132,7 +132,7 @@ def cmd_run(a) -> int:
         lock.release()
 
 
-def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
+def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout | None = None) -> None:
     """llm.c habit: one table of every setting the run uses, at start, with where each value
     came from: the command line, the --config file, the default, or run.json (a resumed run's
     creation settings; docs/configuration.md#where-a-value-came-from)."""
@@ -185,6 +185,8 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
              src("keep_last", "keep_every", per_start=True)),
             ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),
             ("arms", ", ".join(x.name for x in cfg.arms), arms_src),
+            ("phase / caps / floors", _bounds_row(layout), "phases.json" if resumed
+             else src("caps", "floors")),
             ("reward", cfg.reward, src("reward")), ("seed", cfg.seed, src("seed"))]
     if getattr(a, "config", None):
         rows.insert(0, ("config file", a.config, "command line"))
@@ -192,6 +194,20 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False) -> None:
     vw = max(len(str(v)) for _, v, _ in rows)
     for k, v, where in rows:
         log.info("  %s  %s  %s", k.ljust(w), str(v).ljust(vw), f"[{where}]" if where else "")
+
+
+def _bounds_row(layout: RunLayout | None) -> str:
+    """The phase in force (the last one in phases.json: a pivot recorded on a stopped run is in
+    force from this start) with its caps and floors; "-" when there is no run directory yet."""
+    from proxy.run_setup import read_phases
+    if layout is None or not layout.phases.exists():
+        return "-"
+    ph = read_phases(layout)[-1]
+
+    def fmt(d: dict, op: str) -> str:
+        return ", ".join(f"{k}{op}{v:g}" for k, v in sorted(d.items())) or "none"
+    return (f"{ph.index} {ph.label!r} (from step {ph.start_step}): caps {fmt(ph.caps, '<=')}; "
+            f"floors {fmt(ph.floors, '>=')}")
 
 
 def _probe_row(cfg: RunConfig) -> str:

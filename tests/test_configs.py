@@ -163,3 +163,29 @@ def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path)
     assert "[run.json]" in _table_row(r.stderr, "policy overhead")
     assert "[command line]" in _table_row(r.stderr, "max steps")
     assert "[run.json]" in _table_row(r.stderr, "arms")
+
+
+@pytest.mark.slow
+def test_start_up_table_shows_the_phase_in_force_with_its_caps_and_floors(tmp_path):
+    """The caps and floors were not in the table: an operator could not see at start which box
+    the bandit draws in, nor that a pivot recorded on a stopped run is now in force."""
+    import subprocess
+    import sys
+    from proc_helpers import ROOT, run_proxy
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "10", "--checkpoint-every", "5", "--sample-every", "5",
+                  "--caps", "repo-code=0.5", "--floors", "python-docs=0.2", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = _table_row(r.stderr, "phase / caps / floors")
+    assert "0 'initial' (from step 0): caps repo-code<=0.5; floors python-docs>=0.2" in row, row
+    assert "[command line]" in row, row
+    p = subprocess.run([sys.executable, "-m", "proxy", "pivot", "--run-dir", str(run), "--caps",
+                        "repo-docstrings=0.4", "--label", "v2", "--max-steps", "20"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = run_proxy(run, "--max-steps", "20", "--checkpoint-every", "5", "--sample-every", "5",
+                  timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = _table_row(r.stderr, "phase / caps / floors")
+    assert "1 'v2' (from step 10): caps repo-docstrings<=0.4; floors none" in row, row
+    assert "[phases.json]" in row, row
