@@ -131,9 +131,7 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until the run finishes or is stopped; returns the exit code."""
         wait_for_earlier_workers(self.layout, self.opts.stop_timeout)  # a kill -9'd proxy's
-        history = LossHistory(self.layout.loss)
-        for msg in history.repairs:
-            log.warning("%s", msg)
+        history = LossHistory(self.layout.loss)  # logs each repair of a torn tail itself, once
         salvage_step_reports(self.layout, history, read_phases(self.layout))  # a dead proxy's
         if self.max_steps != self.cfg.max_steps:
             log.warning("!!! --max-steps %d differs from the %d planned at creation (run.json): the "

@@ -59,3 +59,16 @@ def test_samples_json_keeps_only_the_last_n_audits_of_the_phase(tmp_path):
     assert [a["step"] for a in d["audits"]] == [25, 30]
     assert set(d["audits"][0]["arms"]) == {"repo-docstrings", "repo-code", "python-docs"}
     assert all({"prompt", "text", "loss"} <= set(a) for a in d["audits"][0]["arms"].values())
+
+
+def test_a_torn_history_tail_is_repaired_on_resume_and_said_once(tmp_path):
+    """The repair warning was printed twice (the history logged it, and the supervisor logged
+    its list again)."""
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "40", *COMMON).returncode == 0
+    loss = run / ".loss.json"
+    loss.write_bytes(loss.read_bytes()[:-37])              # a kill mid-append of the last record
+    r = run_proxy(run, "--max-steps", "60", *COMMON)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.count("torn tail at byte") == 1, r.stderr[-3000:]
+    assert [x["step"] for x in loss_records(run)] == list(range(1, 61))
