@@ -13,6 +13,7 @@ What it is not: spawning or watching the worker (proxy/supervisor.py), filing it
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from proxy.mixture_rebuild import new_controller, rebuild_mixture
 from proxy.run_setup import read_phases, write_phases
 from proxy.sidecars import read_json_tolerant, write_state
 from proxy.state_snapshots import mark_rewound
-from shared.atomic_io import atomic_write_json
+from shared.atomic_io import atomic_write_json, clean_stale_writes
 from shared.checkpoint_format import CheckpointError, clean_stale_temporaries, \
     quarantine_checkpoint, scan_for_resume
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
@@ -61,6 +62,9 @@ def find_resume_point(layout: RunLayout, cfg: RunConfig, history: LossHistory,
     root = layout.root
     for p in clean_stale_temporaries(root):
         log.info("removed stale temporary %s", p.name)
+    for d in (root, layout.data, layout.archive):  # a sidecar write cut by a kill -9
+        for name in clean_stale_writes(d):
+            log.info("removed stale temporary %s", os.path.join(os.path.relpath(d, root), name))
     checks = manifest_checksums(read_manifest(root))
     info, rejected = scan_for_resume(root, cfg.n_params, checks)
     for err in rejected:  # one line per rejected file, with the rule it broke

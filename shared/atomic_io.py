@@ -10,10 +10,12 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import tempfile
+import time
 from typing import Any
 
-__all__ = ["fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json"]
+__all__ = ["fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json", "clean_stale_writes"]
 
 
 # errno of a file system that cannot fsync a directory at all (procfs, some FUSE and network
@@ -88,3 +90,31 @@ def read_json(path, default: Any = None) -> Any:
         offset = len(text[:e.pos].encode("utf-8"))
         raise ValueError(f"{path}: invalid JSON at byte {offset} of {len(raw)} ({e.msg}); "
                          f"restore it from a backup or move it aside") from None
+
+
+_TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")   # tempfile.mkstemp in atomic_write_bytes
+STALE_WRITE_S = 60.0
+
+
+def clean_stale_writes(directory, older_than_s: float = STALE_WRITE_S) -> list[str]:
+    """Delete temporaries of `atomic_write_bytes` (`.NAME.XXXXXXXX.tmp`) in `directory` that
+    were last touched more than `older_than_s` seconds ago: a writer killed with SIGKILL between
+    the write and the rename leaves one (the target file is intact). Younger ones may belong to
+    a writer at work (a `status` or `pivot` command) and are left. Call it with the run lock
+    held. Returns the names removed, sorted; a missing directory gives []."""
+    now, out = time.time(), []
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return []
+    for e in entries:
+        if not _TEMP_NAME.match(e.name) or not e.is_file(follow_symlinks=False):
+            continue
+        try:
+            if now - e.stat(follow_symlinks=False).st_mtime > older_than_s:
+                os.unlink(e.path)
+                out.append(e.name)
+        except FileNotFoundError:
+            continue
+    return sorted(out)
+

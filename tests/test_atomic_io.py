@@ -32,3 +32,25 @@ def test_checkpoints_and_sidecars_use_the_same_helper(tmp_path):
     assert checkpoint_format.fsync_dir is fsync_dir
     atomic_write_json(tmp_path / "x.json", {"a": 1})
     assert read_json(tmp_path / "x.json") == {"a": 1}
+
+
+def test_stale_temporaries_of_a_killed_writer_are_removed_and_young_ones_and_others_kept(tmp_path):
+    """A writer SIGKILLed between its write and its rename leaves `.NAME.XXXXXXXX.tmp`; they
+    used to pile up in the run directory (`.status.json` is rewritten every second)."""
+    import os
+    import tempfile
+    import time
+    from shared.atomic_io import clean_stale_writes
+    old = [tempfile.mkstemp(prefix=f".{n}.", suffix=".tmp", dir=tmp_path)[1]
+           for n in (".status.json", "arms.json")]
+    young = tempfile.mkstemp(prefix="..state.json.", suffix=".tmp", dir=tmp_path)[1]
+    keep = [tmp_path / ".status.json", tmp_path / "notes.tmp", tmp_path / ".step_000010.bin.tmp-1"]
+    for p in keep:
+        p.write_text("x")
+    hour_ago = time.time() - 3600
+    for p in old + [str(x) for x in keep]:
+        os.utime(p, (hour_ago, hour_ago))
+    removed = clean_stale_writes(tmp_path)
+    assert removed == sorted(os.path.basename(p) for p in old)
+    assert os.path.exists(young) and all(p.exists() for p in keep)
+    assert clean_stale_writes(tmp_path / "missing") == []

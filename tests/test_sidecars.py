@@ -61,14 +61,20 @@ def test_samples_json_keeps_only_the_last_n_audits_of_the_phase(tmp_path):
     assert all({"prompt", "text", "loss"} <= set(a) for a in d["audits"][0]["arms"].values())
 
 
-def test_a_torn_history_tail_is_repaired_on_resume_and_said_once(tmp_path):
+def test_a_torn_history_tail_and_a_stale_temporary_are_repaired_on_resume_and_said_once(tmp_path):
     """The repair warning was printed twice (the history logged it, and the supervisor logged
     its list again)."""
     run = tmp_path / "run"
     assert run_proxy(run, "--max-steps", "40", *COMMON).returncode == 0
     loss = run / ".loss.json"
     loss.write_bytes(loss.read_bytes()[:-37])              # a kill mid-append of the last record
+    # and a kill between write and rename of the status file: the temporary it leaves
+    import os
+    import tempfile
+    stale = tempfile.mkstemp(prefix="..status.json.", suffix=".tmp", dir=run)[1]
+    os.utime(stale, (1e9, 1e9))
     r = run_proxy(run, "--max-steps", "60", *COMMON)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("torn tail at byte") == 1, r.stderr[-3000:]
+    assert not os.path.exists(stale) and "removed stale temporary ./" in r.stderr
     assert [x["step"] for x in loss_records(run)] == list(range(1, 61))
