@@ -90,7 +90,7 @@ def cmd_sample(a) -> int:
           f"seed {a.seed}")
     for i in range(a.samples):
         print(format_sample(f"sample {i + 1}/{a.samples}", a.prompt,
-                            tok.decode(out[i, len(ids):].tolist())))
+                            tok.decode(out[i, len(ids):].tolist()), max_lines=None))
     print(f"# {a.samples} x {a.tokens} tokens in {t_end - t_gen:.2f} s "
           f"({a.samples * a.tokens / max(t_end - t_gen, 1e-9):,.0f} tokens/s, {threads} "
           f"thread{'s' if threads > 1 else ''}); {t_end - t_start:.2f} s in all with loading")

@@ -16,7 +16,7 @@ What it is not: the audit itself (worker/trainer.py `sample_audit`) or `.samples
 """
 from __future__ import annotations
 
-MAX_LINES = 24          # per part; the rest is summarised as "(N more lines)"
+MAX_LINES = 24          # per part in the log; the rest is summarised as "(N more lines)"
 _LABEL = 10             # width of the "prompt" / "text" column
 
 
@@ -24,9 +24,10 @@ def _printable(line: str) -> str:
     return "".join(c if c == "\t" or c.isprintable() else repr(c)[1:-1] for c in line)
 
 
-def _block(label: str, text: str, indent: str) -> list[str]:
+def _block(label: str, text: str, indent: str, max_lines: int | None) -> list[str]:
     lines = text.split("\n")
-    shown, more = lines[:MAX_LINES], len(lines) - MAX_LINES
+    keep = len(lines) if max_lines is None else max_lines
+    shown, more = lines[:keep], len(lines) - keep
     out = []
     for i, line in enumerate(shown):
         head = label if i == 0 else ""
@@ -36,12 +37,16 @@ def _block(label: str, text: str, indent: str) -> list[str]:
     return out
 
 
-def format_sample(heading: str, prompt: str, text: str, indent: str = "") -> str:
+def format_sample(heading: str, prompt: str, text: str, indent: str = "",
+                  max_lines: int | None = MAX_LINES) -> str:
     """`heading` on the first line, then the prompt and the continuation, each line behind a
-    margin ("    prompt | ...", "      text | ..."). Returns one string with real newlines and
+    margin ("    prompt | ...", "      text | ..."). Each part shows at most `max_lines` lines
+    and says how many more there were (the log's audits); None shows everything (the `sample`
+    command, whose user asked for that many tokens). Returns one string with real newlines and
     no trailing newline; an empty continuation is shown as "(nothing)"."""
-    lines = [heading] + _block("prompt", prompt, indent)
-    lines += _block("text", text, indent) if text else [f"{indent}{'text':>{_LABEL}} | (nothing)"]
+    lines = [heading] + _block("prompt", prompt, indent, max_lines)
+    lines += (_block("text", text, indent, max_lines) if text
+              else [f"{indent}{'text':>{_LABEL}} | (nothing)"])
     return "\n".join(lines)
 
 

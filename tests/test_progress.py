@@ -72,3 +72,11 @@ def test_printed_commands_name_the_interpreter_that_runs_this(tmp_path, monkeypa
     assert python_command() == sys.executable          # not under the working directory
     monkeypatch.chdir(Path(sys.executable).parent)
     assert python_command() == Path(sys.executable).name
+
+
+def test_the_log_cuts_a_long_sample_and_says_so_and_the_sample_command_shows_it_whole():
+    text = "".join(f"l{i}\n" for i in range(30))
+    cut = format_sample("h", "p", text).split("\n")
+    assert cut[-1].endswith("... (7 more lines)") and "| l23" in cut[-2]
+    whole = format_sample("h", "p", text, max_lines=None).split("\n")
+    assert len(whole) == 1 + 1 + 31 and "more lines" not in "\n".join(whole)

@@ -56,6 +56,13 @@ def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
     assert s.returncode == 0, s.stderr
     assert s.stdout.count("    prompt | def f(x):\n           |\n      text |") == 2
     assert re.search(r"# 2 x 12 tokens in [\d.]+ s .*; [\d.]+ s in all with loading", s.stdout)
+    # everything asked for is shown: the command used to cut each part at 24 lines
+    long_prompt = "".join(f"line {i}\n" for i in range(40))
+    s = subprocess.run([sys.executable, "-m", "proxy", "sample", "--run-dir", str(run),
+                        "--prompt", long_prompt, "--samples", "1", "--tokens", "4"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert s.returncode == 0, s.stderr
+    assert "| line 39" in s.stdout and "more lines" not in s.stdout, s.stdout
 
 
 def test_tensorboard_without_the_package_exits_2_before_creating_anything(tmp_path):
