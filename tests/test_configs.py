@@ -189,3 +189,16 @@ def test_start_up_table_shows_the_phase_in_force_with_its_caps_and_floors(tmp_pa
     row = _table_row(r.stderr, "phase / caps / floors")
     assert "1 'v2' (from step 10): caps repo-docstrings<=0.4; floors none" in row, row
     assert "[phases.json]" in row, row
+
+
+@pytest.mark.slow
+def test_a_batch_that_cannot_fit_in_memory_stops_at_once_naming_a_micro_batch_that_does(tmp_path):
+    """--batch-size 100,000,000 used to hang the worker building a batch no memory holds (the
+    proxy then killed it after its stop timeout and restarted it). Now it stops at start, exit
+    3, no restarts, and the message names the micro-batch that trains the same batch."""
+    from proc_helpers import run_proxy
+    run = tmp_path / "run"
+    r = run_proxy(run, "--batch-size", "100000000", "--max-steps", "2", timeout=180)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "needs at least" in r.stderr and "GiB of activations" in r.stderr
+    assert "pass --micro-batch-size" in r.stderr and "restart 1" not in r.stderr

@@ -60,3 +60,18 @@ def use_fused_adamw(device: torch.device) -> bool:
     if env in ("0", "1"):
         return env == "1"
     return device.type in ("cuda", "cpu")
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """Total memory of `device` in bytes: the GPU's on CUDA, the host's (psutil) on a CPU;
+    None when it cannot be told."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.get_device_properties(device).total_memory)
+        if device.type == "cpu":
+            import psutil
+            return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - unknown is not an error; nothing is checked then
+        return None
+    return None
+

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from shared.activation_memory import check_micro_batch_fits
 from shared.arm_data import read_arm_index
 from shared.checkpoint_format import load_checkpoint
 from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, read_manifest
@@ -108,6 +109,8 @@ class Trainer:
         self.micro = micro
         self.micro_scale = micro / per_rank  # each micro-batch's share of the rank's mean loss
         self.precision = wprec.resolve_precision(opts.precision, self.device)  # "bf16" / "fp32"
+        check_micro_batch_fits(self.cfg.model, self.cfg.vocab_size, micro, per_rank, self.precision,
+                               wprec.device_memory_bytes(self.device), str(self.device))
         if self.device.type == "cuda":  # TF32 for fp32 matmuls left outside bf16 autocast only:
             tf32 = self.precision == "bf16"  # --precision fp32 means true fp32 matmuls
             torch.backends.cuda.matmul.allow_tf32 = tf32
