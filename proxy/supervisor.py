@@ -149,6 +149,7 @@ class Supervisor:
                 if outcome == "done":
                     return 0
                 if outcome == "pivot":  # the worker stopped at the boundary: same proxy goes on
+                    restarts = 0  # it wrote step_B.bin: progress
                     log.info("pivot: the worker stopped at boundary step %s; archiving the phase "
                              "and starting the new one in this proxy (pid %d)", rc, os.getpid())
                     continue
@@ -314,12 +315,7 @@ class Supervisor:
             reports = reader.read()
             if reports:
                 last_report = time.monotonic()
-            for r in reports:
-                self.filer.file(r)
-                if r.get("type") == "checkpoint_started" and r.get("reason") == "pivot":
-                    follow_worker_boundary(self.layout, r["step"])  # it may be past the B posted
-                if r.get("type") == "checkpoint_started" and self._pivot_boundary() == r["step"]:
-                    fault_point("during-checkpoint")  # crash test hook (docs/pivots.md)
+            self._file_reports(reports)
             if self.pivot_step is not None and (history.last_step or 0) > self.pivot_step:
                 mark_running(self.layout, self.pivot_step, self.proc.pid, self.pivot_step + 1)
                 self.pivot_step = None
@@ -330,8 +326,7 @@ class Supervisor:
                 self._post_policies(mix, policy_period(mix.folded_through + 1, self.cfg.probe_every) - 1)
             rc = self.proc.poll()
             if rc is not None:
-                for r in reader.read():
-                    self.filer.file(r)
+                self._file_reports(reader.read())  # what it wrote after the last read
                 history.flush()
                 if self.opts.launch.uses_torchrun:  # nothing may outlive the agent
                     reap_leftover_ranks(rank_pids(self.layout), str(self.layout.root))
@@ -359,6 +354,16 @@ class Supervisor:
             # poll fast only while something is happening.
             time.sleep(0.02 if (reports or self.stop_requested or self.usr1_pending
                                 or stop_sent_at is not None) else POLL_IDLE_S)
+
+    def _file_reports(self, reports: list[dict]) -> None:
+        """File each report; a pivot checkpoint at another step than the B posted moves the
+        request there (the worker was past B, docs/pivots.md#the-boundary)."""
+        for r in reports:
+            self.filer.file(r)
+            if r.get("type") == "checkpoint_started" and r.get("reason") == "pivot":
+                follow_worker_boundary(self.layout, r["step"])
+            if r.get("type") == "checkpoint_started" and self._pivot_boundary() == r["step"]:
+                fault_point("during-checkpoint")  # crash test hook (docs/pivots.md)
 
     def _pivot_boundary(self) -> int | None:
         """B of a pivot request whose boundary is posted, else None."""

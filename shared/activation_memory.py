@@ -17,17 +17,21 @@ from shared.config import ConfigError, ModelShape
 GIB = 1024 ** 3
 
 
-def activation_bytes(shape: ModelShape, vocab_size: int, micro_batch: int, precision: str) -> int:
+def activation_bytes(shape: ModelShape, vocab_size: int, micro_batch: int, precision: str,
+                     compiled: bool = False) -> int:
     """Lower bound, in bytes, of the activations of one forward/backward of `micro_batch`
-    sequences of `shape.block_size` tokens; `precision` "bf16" (16-bit activations) or "fp32"."""
+    sequences of `shape.block_size` tokens; `precision` "bf16" (16-bit activations) or "fp32".
+    `compiled` (torch.compile): 24 instead of 34 x d per token and layer, since inductor
+    recomputes element-wise outputs (GELU, LayerNorm) in the backward instead of keeping them."""
     tokens = micro_batch * shape.block_size
     width = 1 if precision == "bf16" else 2
-    per_layer = 34 * shape.n_embd * width
+    per_layer = (24 if compiled else 34) * shape.n_embd * width
     return tokens * (shape.n_layer * per_layer + 2 * vocab_size * 4)
 
 
 def check_micro_batch_fits(shape: ModelShape, vocab_size: int, micro_batch: int, rank_slice: int,
-                           precision: str, device_bytes: int | None, device: str) -> None:
+                           precision: str, device_bytes: int | None, device: str,
+                           compiled: bool = False) -> None:
     """Raise ConfigError when even the lower bound of `activation_bytes` for `micro_batch`
     exceeds `device_bytes` (the device's total memory; None: unknown, nothing checked). The
     message names the sizes and the largest micro-batch dividing `rank_slice` (the rank's
@@ -35,10 +39,10 @@ def check_micro_batch_fits(shape: ModelShape, vocab_size: int, micro_batch: int,
     by gradient accumulation."""
     if not device_bytes:
         return
-    need = activation_bytes(shape, vocab_size, micro_batch, precision)
+    need = activation_bytes(shape, vocab_size, micro_batch, precision, compiled)
     if need <= device_bytes:
         return
-    per_sequence = activation_bytes(shape, vocab_size, 1, precision)  # the bound is linear
+    per_sequence = activation_bytes(shape, vocab_size, 1, precision, compiled)  # linear in it
     top = min(rank_slice, (device_bytes // 2) // per_sequence)
     best = next((m for m in range(top, 0, -1) if rank_slice % m == 0), None)
     fix = (f"pass --micro-batch-size {best} (the same batch of {rank_slice:,} sequences per "

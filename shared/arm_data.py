@@ -73,7 +73,9 @@ class ArmData:
 
         Raises ArmSourceError naming the file when it is missing or its size is not n_tokens x
         the width of `dtype` (changed after creation: truncated, appended to, replaced); a file
-        that was cut short would otherwise fail deep inside numpy with no name."""
+        that was cut short would otherwise fail deep inside numpy with no name. A token file
+        used in place (a `tokens` arm of one file, absolute `path`) may be longer: with
+        --arm-max-tokens only its first n_tokens are the arm's."""
         p = self.token_path(run_dir)
         want = self.n_tokens * np.dtype(self.dtype).itemsize
         try:
@@ -82,7 +84,8 @@ class ArmData:
             raise ArmSourceError(f"arm {self.name!r}: token file {p} cannot be read ({e}); restore "
                                  "it from a backup, or retire the arm: restart with --arm options that leave it "
                                  "out (docs/operations.md#changing-the-arms)") from None
-        if have != want:
+        in_place = Path(self.path).is_absolute()  # a single tokens file used where it lies,
+        if have < want or (have != want and not in_place):  # maybe capped: only its head is ours
             raise ArmSourceError(
                 f"arm {self.name!r}: token file {p} has {have:,} bytes, but data/arms.json "
                 f"records {self.n_tokens:,} {self.dtype} tokens ({want:,} bytes): it was changed "

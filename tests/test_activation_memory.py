@@ -26,3 +26,8 @@ def test_a_micro_batch_that_cannot_fit_is_refused_naming_one_that_does():
     assert activation_bytes(shape, 2305, 2 * m, "fp32") > GIB // 2
     check_micro_batch_fits(shape, 2305, m, 4096, "fp32", 1 * GIB, "cpu")   # that one passes
     check_micro_batch_fits(shape, 2305, 10 ** 9, 10 ** 9, "fp32", None, "cpu")  # unknown: no check
+
+
+def test_the_compiled_floor_is_lower_so_torch_compile_is_never_refused_what_fits_it():
+    shape = PRESETS["andrea-12m"]
+    assert activation_bytes(shape, 2305, 4, "bf16", compiled=True) < activation_bytes(shape, 2305, 4, "bf16")

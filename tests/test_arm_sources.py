@@ -313,3 +313,18 @@ def test_empty_documents_are_skipped_counted_and_named_in_the_creation_log(tmp_p
     log = caplog.text
     assert "(1 empty document skipped)" in log and "(4 empty documents skipped)" in log
     assert "(5 empty documents skipped)" in log
+
+
+def test_a_token_file_used_in_place_and_capped_opens_its_head_and_a_shorter_one_is_refused(tmp_path):
+    """A tokens arm of one file is used where it lies; with --arm-max-tokens only its head is the
+    arm's, so the file is longer than n_tokens. The integrity check (exact size for files in
+    data/) refused every such run at creation (found by review)."""
+    toks = np.random.default_rng(0).integers(0, 256, 50_000).astype(np.uint16)
+    toks.tofile(tmp_path / "t.u16")
+    run = create_template(tmp_path / "run", "--arm", f"t=tokens:{tmp_path / 't.u16'}",
+                          "--arm-max-tokens", "30000")
+    a = arm_names(run)["t"]
+    assert a.n_tokens == 30_000 and np.array_equal(a.tokens(run), toks[:30_000])
+    (tmp_path / "t.u16").write_bytes(toks[:20_000].tobytes())   # cut below the arm's head
+    with pytest.raises(ArmSourceError, match=r"t\.u16 has 40,000 bytes"):
+        a.tokens(run)

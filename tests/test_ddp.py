@@ -244,3 +244,22 @@ def test_leaving_the_process_group_right_after_a_collective_never_deadlocks(tmp_
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
                        text=True, timeout=240)
     assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr[-2000:]
+
+
+def test_a_rank_that_cannot_go_on_stops_the_run_under_torchrun_without_restarts(tmp_path):
+    """torchrun reports a rank's exit 3 as its own 1, so a fatal data error (a token file changed
+    after creation) read as a crash and was restarted --max-restarts times. The rank now says so
+    in a "stopped" event, and the proxy exits 3 at once."""
+    from shared.arm_data import read_arm_index
+    from shared.run_layout import RunLayout
+    run = tmp_path / "run"
+    r = run_proxy(run, *ARMS, "--max-steps", "4", "--checkpoint-every", "2", "--sample-every", "2",
+                  timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    arm = read_arm_index(RunLayout(run))["typing"]
+    path = arm.token_path(run)
+    path.write_bytes(path.read_bytes()[:1000])
+    r = run_proxy(run, *ARMS, "--max-steps", "8", "--nproc-per-node", "2", timeout=300)
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert str(path) in r.stderr and "restart 1" not in r.stderr, r.stderr[-3000:]
+    assert leftovers(run) == []

@@ -56,14 +56,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(opts, flags)
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback
-        logging.getLogger("worker").error("%s", e)
-        return EXIT_FATAL
+        return _fatal(opts.run_dir, e)
     from shared.arms import ArmSourceError
     try:
         return trainer.run()
     except ArmSourceError as e:  # a token file changed under the run: restarting cannot help
-        logging.getLogger("worker").error("%s", e)
-        return EXIT_FATAL
+        return _fatal(opts.run_dir, e)
+
+
+def _fatal(run_dir, e: Exception) -> int:
+    """Log `e` and tell the proxy, in a "stopped" event with exit code 3, that restarting
+    cannot help: under torchrun the agent reports a rank's 3 as its own 1, so the code alone
+    would read as a crash and be restarted --max-restarts times (docs/signals.md#hangs-and-crashes)."""
+    import time
+    from shared.handshake import ReportWriter
+    from shared.run_layout import RunLayout
+    logging.getLogger("worker").error("%s", e)
+    try:
+        w = ReportWriter(RunLayout(run_dir))
+        w.write({"type": "event", "event": "stopped", "step": None, "why": str(e),
+                 "exit_code": EXIT_FATAL, "time": time.time()})
+        w.close()
+    except OSError:
+        pass  # the exit code still says it where no agent stands between
+    return EXIT_FATAL
 
 
 if __name__ == "__main__":

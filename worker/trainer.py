@@ -110,7 +110,8 @@ class Trainer:
         self.micro_scale = micro / per_rank  # each micro-batch's share of the rank's mean loss
         self.precision = wprec.resolve_precision(opts.precision, self.device)  # "bf16" / "fp32"
         check_micro_batch_fits(self.cfg.model, self.cfg.vocab_size, micro, per_rank, self.precision,
-                               wprec.device_memory_bytes(self.device), str(self.device))
+                               wprec.device_memory_bytes(self.device), str(self.device),
+                               compiled=bool(opts.compile))
         if self.device.type == "cuda":  # TF32 for fp32 matmuls left outside bf16 autocast only:
             tf32 = self.precision == "bf16"  # --precision fp32 means true fp32 matmuls
             torch.backends.cuda.matmul.allow_tf32 = tf32
