@@ -102,11 +102,8 @@ def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int,
     every = cfg.checkpoint_every
     b = ((filed_step + 1) // every + 1) * every
     if b >= max_steps:
-        req.update(state="failed", error=f"the next checkpoint boundary, step {b}, is not before "
-                   f"the last step {max_steps}: nothing would train in the new phase; run longer "
-                   "(run --max-steps N) and pivot again")
-        write_request(layout, req)
-        log.warning("pivot %r refused: %s", req.get("label"), req["error"])
+        _fail(layout, req, f"the next checkpoint boundary, step {b}, is not before the last "
+                           f"step {max_steps}")
         return None
     update_handshake(layout, lambda d: d["control"].update(stop_at_step=b, reason="pivot"))
     req.update(state="boundary", step=b, proxy_pid=os.getpid(), posted_at=time.time())
@@ -143,12 +140,17 @@ def fail_unserved(layout: RunLayout, last_step: int, max_steps: int) -> bool:
     req = pending_request(layout)
     if not req or req.get("state") != "boundary" or last_step < max_steps:
         return False
-    req.update(state="failed", error=f"the run reached its last step {max_steps} before the "
-               f"pivot's boundary (step {req.get('step')}): nothing would train in the new phase; "
-               "run longer (run --max-steps N) and pivot again")
+    _fail(layout, req, f"the run reached its last step {max_steps} before the pivot's "
+                       f"boundary (step {req.get('step')})")
+    return True
+
+
+def _fail(layout: RunLayout, req: dict, why: str) -> None:
+    """Give the request state "failed" with `why` and the remedy; nothing else changes."""
+    req.update(state="failed", error=f"{why}: nothing would train in the new phase; run longer "
+               "(run --max-steps N) and pivot again")
     write_request(layout, req)
     log.warning("pivot %r not served: %s", req.get("label"), req["error"])
-    return True
 
 
 def pivot_due(layout: RunLayout, step: int) -> dict | None:

@@ -85,14 +85,20 @@ def test_proxy_sigkill_worker_checkpoints_and_exits_nothing_remains_and_the_next
     assert [x["step"] for x in loss_records(b)] == list(range(1, s + 6))
 
 
+def kill_the_first_worker_past_step_12(b) -> tuple[int, int]:
+    """SIGKILL the run's first worker once it passed step 12; (its pid, the restarted one's)."""
+    first = hello_pid(b, 180)
+    wait_for(lambda: last_step(b) >= 12, 120, what="step 12")
+    os.kill(first, signal.SIGKILL)
+    second = wait_for(lambda: (p := hello_pid(b, 120)) != first and p, 120, what="a restarted worker")
+    return first, second
+
+
 def test_worker_crash_restarts_from_the_newest_checkpoint_then_gives_up_after_max_restarts(template, tmp_path):
     b = clone(template, tmp_path / "run")
     proc = start(b, *SUP, "--max-restarts", "1")
     with cleaned_up(proc, b):
-        first = hello_pid(b, 180)
-        wait_for(lambda: last_step(b) >= 12, 120, what="step 12")
-        os.kill(first, signal.SIGKILL)
-        second = wait_for(lambda: (p := hello_pid(b, 120)) != first and p, 120, what="a restarted worker")
+        first, second = kill_the_first_worker_past_step_12(b)
         wait_for(lambda: [r for r in reports(b) if r.get("type") == "step"], 120, what="it to train")
         os.kill(second, signal.SIGKILL)
         rc = proc.wait(timeout=120)
@@ -273,10 +279,7 @@ def test_a_worker_that_wrote_a_new_checkpoint_before_it_crashed_starts_the_resta
     b = clone(template, tmp_path / "run")
     proc = start(b, *SUP, "--max-restarts", "1")
     with cleaned_up(proc, b):
-        first = hello_pid(b, 180)
-        wait_for(lambda: last_step(b) >= 12, 120, what="step 12")
-        os.kill(first, signal.SIGKILL)
-        second = wait_for(lambda: (p := hello_pid(b, 120)) != first and p, 120, what="a restarted worker")
+        first, second = kill_the_first_worker_past_step_12(b)
         start_ckpt = max(checkpoint_steps(b))
         # the proxy has filed a checkpoint newer than the one the second worker resumed from
         wait_for(lambda: f"(step {start_ckpt + 10}," in proxy_log(b), 120, what="a new checkpoint filed")
