@@ -205,8 +205,10 @@ def test_a_worker_already_past_the_posted_boundary_pivots_at_its_next_checkpoint
         ph = phases(run)[1]
         b = ph["start_step"]
         assert b % 10 == 0 and b > 25 and ph["label"] == "late", ph
-        wait_for(lambda: last_step(run) >= b + 5, 300, what="training after the pivot")
-        moved = json.loads((run / "archive" / f"pivot-{b}" / "pivot.request.json").read_text())
+        done = run / "archive" / f"pivot-{b}" / "pivot.request.json"  # moved there once running
+        wait_for(lambda: done.exists() and last_step(run) >= b + 5, 300,
+                 what="the pivot in force and training after it")
+        moved = json.loads(done.read_text())
         assert moved["planned_step"] == 20 and moved["step"] == b
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
