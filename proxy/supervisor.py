@@ -69,7 +69,7 @@ class Supervisor:
         self.stop_requested: str | None = None
         self.usr1_pending = 0
         self.stats = LiveStats()
-        self.stats_start = 0
+        self.resumed_step = 0
         self.proc: subprocess.Popen | None = None
         self.filer: ReportFiler | None = None  # the current incarnation's
         self.subreaper = False                 # orphans of the worker's tree are re-parented here
@@ -161,7 +161,7 @@ class Supervisor:
                     log.error("worker ended badly (%s, code %s) while stopping", outcome, rc)
                     return EXIT_FAILED
                 ckpt = (self.stats.last_checkpoint or {}).get("step")
-                if restarts and ckpt is not None and ckpt > self.stats_start:
+                if restarts and ckpt is not None and ckpt > self.resumed_step:
                     log.info("the worker wrote step_%06d.bin before it %s: it made progress, so "
                              "the restart count starts again (--max-restarts counts restarts in "
                              "a row that reach no new checkpoint)", ckpt, outcome)
@@ -202,7 +202,7 @@ class Supervisor:
         self._post_policies(mix, policy_period(step + 1, self.cfg.probe_every))
         # the EMA over the history's tail, as `status` computes it, so the two agree
         self.stats = LiveStats(step=step, ema=loss_ema(tail_records(self.layout.loss)))
-        self.stats_start = step  # the step this incarnation resumed from
+        self.resumed_step = step  # the step this incarnation resumed from
         self.filer = ReportFiler(self.layout, self.cfg, history, mix, samples, self.stats,
                                  self.max_steps, self.opts.print_every,
                                  self.opts.stop_on_collapse, self.pending_events, self.watch)
@@ -360,9 +360,11 @@ class Supervisor:
         request there (the worker was past B, docs/pivots.md#the-boundary)."""
         for r in reports:
             self.filer.file(r)
-            if r.get("type") == "checkpoint_started" and r.get("reason") == "pivot":
+            if r.get("type") != "checkpoint_started":
+                continue
+            if r.get("reason") == "pivot":
                 follow_worker_boundary(self.layout, r["step"])
-            if r.get("type") == "checkpoint_started" and self._pivot_boundary() == r["step"]:
+            if self._pivot_boundary() == r["step"]:
                 fault_point("during-checkpoint")  # crash test hook (docs/pivots.md)
 
     def _pivot_boundary(self) -> int | None:

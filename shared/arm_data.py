@@ -40,6 +40,11 @@ from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
 
 
+# what to do about a token file that changed under a run (ArmData.tokens, worker/data.py)
+TOKEN_FILE_REMEDY = ("restore it from a backup, or retire the arm: restart with --arm options "
+                     "that leave it out (docs/operations.md#changing-the-arms)")
+
+
 @dataclass
 class ArmData:
     """Where one arm's tokens are. Tokens [0, heldout_start) train; [heldout_start, n) held out."""
@@ -81,16 +86,14 @@ class ArmData:
         try:
             have = p.stat().st_size
         except OSError as e:
-            raise ArmSourceError(f"arm {self.name!r}: token file {p} cannot be read ({e}); restore "
-                                 "it from a backup, or retire the arm: restart with --arm options that leave it "
-                                 "out (docs/operations.md#changing-the-arms)") from None
+            raise ArmSourceError(f"arm {self.name!r}: token file {p} cannot be read ({e}); "
+                                 f"{TOKEN_FILE_REMEDY}") from None
         in_place = Path(self.path).is_absolute()  # a single tokens file used where it lies,
         if have < want or (have != want and not in_place):  # maybe capped: only its head is ours
             raise ArmSourceError(
                 f"arm {self.name!r}: token file {p} has {have:,} bytes, but data/arms.json "
                 f"records {self.n_tokens:,} {self.dtype} tokens ({want:,} bytes): it was changed "
-                "after the run was created; restore it from a backup, or retire the arm: restart "
-                "with --arm options that leave it out (docs/operations.md#changing-the-arms)")
+                f"after the run was created; {TOKEN_FILE_REMEDY}")
         return np.memmap(p, dtype=np.dtype(self.dtype), mode="r", shape=(self.n_tokens,))
 
     def heldout_ranges(self) -> list[tuple[int, int]]:

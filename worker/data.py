@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared.arm_data import ArmData
+from shared.arm_data import TOKEN_FILE_REMEDY, ArmData
 from shared.arms import ArmSourceError
 from shared.config import AUDIT_PROMPT_TOKENS
 
@@ -90,9 +90,8 @@ class ArmSampler:
         raise ArmSourceError(
             f"arm {n!r}: token file {self.paths[n]} holds token id {int(buf[row, col]):,} at "
             f"token offset {starts[row] + col:,}, outside the run's vocabulary of "
-            f"{self.vocab_size:,}: the file was changed after the run was created; restore it "
-            "from a backup, or retire the arm: restart with --arm options that leave it out "
-            "(docs/operations.md#changing-the-arms)")
+            f"{self.vocab_size:,}: the file was changed after the run was created; "
+            f"{TOKEN_FILE_REMEDY}")
 
     def heldout_starts(self, name: str, n: int) -> list[int]:
         """Token offsets of the `n` probe windows of arm `name`: evenly spaced over the window
