@@ -105,13 +105,32 @@ def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int,
         _fail(layout, req, f"the next checkpoint boundary, step {b}, is not before the last "
                            f"step {max_steps}")
         return None
-    update_handshake(layout, lambda d: d["control"].update(stop_at_step=b, reason="pivot"))
+    posted = update_handshake(layout, lambda d: _post_pivot_stop(d["control"], b))["control"]
+    if posted.get("reason") != "pivot":  # a collapse alarm's stop is pending: it goes first
+        if req.get("waiting_for") != "alarm":
+            req.update(waiting_for="alarm")
+            write_request(layout, req)
+            log.warning("pivot %r waits: a collapse alarm is stopping the run at step %s; the "
+                        "request stays pending and is served at the next start (`python -m "
+                        "proxy run --run-dir %s`)", req.get("label"), posted.get("stop_at_step"),
+                        layout.root)
+        return None
+    req.pop("waiting_for", None)
     req.update(state="boundary", step=b, proxy_pid=os.getpid(), posted_at=time.time())
     write_request(layout, req)
     log.info("pivot requested (by pid %s, label %r): the worker checkpoints and stops at step %d",
              req.get("requested_by"), req.get("label"), b)
     fault_point("before-boundary")
     return b
+
+
+def _post_pivot_stop(control: dict, b: int) -> None:
+    """Post the pivot's stop at B into the handshake's `control`, unless a collapse alarm's stop
+    is pending there: the alarm stops the run now, and replacing it would turn that stop into a
+    pivot at a later boundary after which training goes on (docs/pivots.md#the-boundary)."""
+    if control.get("reason") == "alarm" and control.get("stop_at_step") is not None:
+        return
+    control.update(stop_at_step=b, reason="pivot")
 
 
 def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:

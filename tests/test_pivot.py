@@ -250,3 +250,31 @@ def test_a_pivot_whose_next_boundary_lies_past_the_last_step_fails_with_the_reas
     assert req["state"] == "failed" and "reached its last step 150" in req["error"], req
     assert [p["label"] for p in phases(run)] == ["initial"]
     assert last_step(run) == 150 and 150 in checkpoint_steps(run)
+
+
+def test_a_pivot_request_never_replaces_a_pending_collapse_alarm_stop(tmp_path):
+    """The collapse watch has posted its stop (reason alarm) when a pivot request arrives. The
+    proxy used to overwrite it with the pivot's later boundary, so the alarm's stop became a
+    pivot after which training went on. Now the alarm stays, the request stays pending (served
+    at the next start), and it says what it waits for; once no alarm is pending it is posted."""
+    import dataclasses
+    from proxy.pivot import poll_pivot_request, read_request, write_request
+    from shared.config import RunConfig
+    from shared.handshake import read_handshake, update_handshake
+    layout = RunLayout(tmp_path)
+    cfg = dataclasses.replace(RunConfig(), checkpoint_every=10)
+    update_handshake(layout, lambda d: d["control"].update(stop_at_step=24, reason="alarm"))
+    write_request(layout, {"label": "late", "caps": {}, "floors": {}, "requested_by": 1,
+                           "requested_at": 0.0, "state": "requested", "step": None})
+    for _ in range(2):  # the watch loop polls again and again: nothing changes, no new warning
+        assert poll_pivot_request(layout, cfg, filed_step=23, max_steps=1000) is None
+        assert read_handshake(layout)["control"] == {"stop_at_step": 24, "reason": "alarm",
+                                                     "checkpoint_at_step": None}
+        req = read_request(layout)
+        assert req["state"] == "requested" and req["waiting_for"] == "alarm"
+    # the next start: a fresh handshake, no alarm pending; the request is served
+    update_handshake(layout, lambda d: d["control"].update(stop_at_step=None, reason=None))
+    assert poll_pivot_request(layout, cfg, filed_step=23, max_steps=1000) == 30
+    assert read_handshake(layout)["control"]["reason"] == "pivot"
+    req = read_request(layout)
+    assert req["state"] == "boundary" and req["step"] == 30 and "waiting_for" not in req
