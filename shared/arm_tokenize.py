@@ -181,10 +181,37 @@ def publish(tmp: Path, final: Path) -> None:
     fsync_dir(final.parent)
 
 
-def token_dtype(arm: ArmSpec, tok: RunTokenizer) -> np.dtype:
-    """The dtype of a `tokens` arm's file(s): given (`u16`/`u32`) or inferred from the
-    vocabulary (uint16 up to 65,536 tokens, else uint32)."""
-    return np.dtype(arm.dtype) if arm.dtype else np.dtype(tok.dtype)
+# A token file's name says its width when it ends in one of these (the run's own data/<arm>.u16
+# and .u32, nanoGPT's habit of .bin carries no width and falls back to the vocabulary's).
+SUFFIX_DTYPES = {".u16": "uint16", ".uint16": "uint16", ".u32": "uint32", ".uint32": "uint32"}
+
+
+def token_dtype(arm: ArmSpec, tok: RunTokenizer, files: list[Path] | None = None) -> np.dtype:
+    """The dtype of a `tokens` arm's file(s) `files` (default: `token_files(arm)`): given
+    (`:u16`/`:u32`), else said by the files' suffix (`.u16`/`.u32`, see SUFFIX_DTYPES), else
+    inferred from the vocabulary (uint16 up to 65,536 tokens, else uint32; docs/data.md).
+
+    Raises ArmSourceError when the files' suffixes disagree with each other or with a dtype
+    given: a .u32 file read as uint16 would train on every id followed by a zero, with every id
+    inside the vocabulary, so no later check could see it."""
+    files = token_files(arm) if files is None else files
+    said = {f: SUFFIX_DTYPES[f.suffix.lower()] for f in files if f.suffix.lower() in SUFFIX_DTYPES}
+    kinds = sorted(set(said.values()))
+    if len(kinds) > 1:
+        one = {k: next(f for f, v in said.items() if v == k) for k in kinds}
+        raise ArmSourceError(
+            f"arm {arm.name}: its token files have different widths by their names "
+            f"({', '.join(f'{one[k]} is {k}' for k in kinds)}); give each width its own arm")
+    if arm.dtype:
+        given = np.dtype(arm.dtype)
+        if kinds and kinds[0] != given.name:
+            f = next(iter(said))
+            raise ArmSourceError(
+                f"arm {arm.name}: dtype {given.name} was given but {f} is named {f.suffix} "
+                f"({kinds[0]}); give the dtype its name says (tokens:{arm.source}:"
+                f"{'u32' if kinds[0] == 'uint32' else 'u16'}) or rename the file")
+        return given
+    return np.dtype(kinds[0]) if kinds else np.dtype(tok.dtype)
 
 
 def check_token_files(arm: ArmSpec, tok: RunTokenizer) -> tuple[list[Path], np.dtype, int]:
@@ -192,7 +219,7 @@ def check_token_files(arm: ArmSpec, tok: RunTokenizer) -> tuple[list[Path], np.d
     id below the vocabulary (scanned in chunks of SCAN_TOKENS). Returns (files, dtype, total
     tokens). Raises ArmSourceError naming the arm, the file, the value and the fix."""
     files = [f.resolve() for f in token_files(arm)]
-    dt = token_dtype(arm, tok)
+    dt = token_dtype(arm, tok, files)
     total = 0
     for f in files:
         size = f.stat().st_size

@@ -209,7 +209,7 @@ def parse_arm_option(text: str) -> ArmSpec:
             source, dtype = src, TOKEN_DTYPES[tail.lower()]
         elif tail is not None and not Path(source).expanduser().exists():
             raise ConfigError(f"--arm {text!r}: token dtype {tail!r} unknown; use u16 or u32 "
-                              "(or leave it out: it is inferred from the vocabulary)")
+                              "(or leave it out: it is read from a .u16/.u32 name, else the vocabulary)")
     return ArmSpec(name=name, kind=kind, source=source, field=field, dtype=dtype)
 
 

@@ -128,6 +128,32 @@ def test_token_arms_accept_uint16_and_uint32_and_refuse_ids_outside_the_vocabula
     assert not (tmp_path / "run2" / "run.json").exists()
 
 
+def test_a_token_files_width_is_read_from_its_name_and_a_contradiction_is_refused(tmp_path):
+    """A `.u32` file without `:u32` was read as uint16 (the vocabulary's width): every id then
+    came with a zero after it, all inside the vocabulary, so no check saw it. The name now says
+    the width; a name that contradicts the dtype given, or files of two widths in one arm, are
+    refused before anything is written; a name without a width keeps the vocabulary's."""
+    ids = np.tile(np.arange(256, dtype=np.uint32), 200)
+    ids.tofile(tmp_path / "wide.u32")
+    ids.astype(np.uint16).tofile(tmp_path / "narrow.bin")
+    run = create_template(tmp_path / "run", "--arm", f"w=tokens:{tmp_path / 'wide.u32'}",
+                          "--arm", f"n=tokens:{tmp_path / 'narrow.bin'}")
+    idx = arm_names(run)
+    assert (idx["w"].dtype, idx["n"].dtype) == ("uint32", "uint16")
+    assert np.array_equal(idx["w"].tokens(run), ids)
+    with pytest.raises(ArmSourceError, match=r"dtype uint16 was given but .*wide\.u32 is named "
+                                              r"\.u32 \(uint32\); give the dtype its name says"):
+        create_template(tmp_path / "run2", "--arm", f"w=tokens:{tmp_path / 'wide.u32'}:u16")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    ids.tofile(mixed / "a.u32")
+    ids.astype(np.uint16).tofile(mixed / "b.u16")
+    with pytest.raises(ArmSourceError, match=r"different widths by their names"):
+        create_template(tmp_path / "run3", "--arm", f"m=tokens:{mixed}")
+    assert not (tmp_path / "run2" / "run.json").exists()
+    assert not (tmp_path / "run3" / "run.json").exists()
+
+
 @pytest.mark.parametrize("case,words", [
     ("missing", "matches no file"), ("empty", "directory"), ("nocol", "has no column 'text'"),
     ("corrupt", "is corrupt or truncated"), ("tiny", "too small")])
