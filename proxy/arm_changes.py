@@ -349,11 +349,56 @@ def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) ->
     log); returns the whole arm-change log for the MixtureController."""
     changes = stamp_changes(layout, resume_step)
     zombies = find_zombies(layout, specs)
+    index = read_arm_index(layout, include_retired=True)
+    left = sorted(n for n, a in index.items() if not a.retired and n not in zombies)
+    if zombies and not left:
+        raise ConfigError(
+            f"every arm this run trains on has lost its source ("
+            + "; ".join(f"{n}: {why}" for n, why in zombies.items())
+            + f"); nothing was retired. Is {os.getcwd()} the directory the run was made from "
+            "(older runs keep relative source paths, resolved against the current directory)? "
+            "Restore the sources, or start from that directory")
     for name, why in zombies.items():
         log.warning("arm %s is a zombie: %s; it is retired from step %d on (kept in .state.json "
-                    "under 'retired', never pulled again); restore its source and start a new "
-                    "run or fork to train on it again", name, why, resume_step)
-    if zombies:
+                    "under 'retired', never pulled again); restore its source and list it in "
+                    "--arm again to bring it back with its statistics", name, why, resume_step)
+    back = restored_zombies(layout, specs, index, set(left), resume_step)
+    for name in back:
+        log.info("arm %s re-joins with its statistics: its source is back as it was when it was "
+                 "tokenized (it was retired as a zombie)", name)
+    if zombies or back:
         changes = append_changes(layout, [(resume_step, "retire", n, why)
-                                          for n, why in zombies.items()])
+                                          for n, why in zombies.items()]
+                                 + [(resume_step, "add", n, "source restored") for n in back])
     return changes
+
+
+def restored_zombies(layout: RunLayout, specs: list[ArmSpec], index: dict[str, ArmData],
+                     active: set[str], resume_step: int) -> list[str]:
+    """Zombies whose source is back: arms retired while still configured (`specs`, run.json's
+    list; an arm left out of `--arm` is dropped from it) whose source matches its fingerprint
+    again, and which the phase in force at `resume_step` can hold next to the `active` arms (a
+    pivot made while it was away may leave no room: it then stays retired, with a warning).
+    A source unplugged for a while (an unmounted disk) so costs those steps, not the arm."""
+    from proxy.bandit import BanditConfigError, resolve_bounds
+    from proxy.run_setup import read_phases
+    back = []
+    for s in specs:
+        a = index.get(s.name)
+        if a is None or not a.retired or s.name in active:
+            continue
+        if check_source(s, a.fingerprint, a.source_fingerprint) is None:
+            back.append(s.name)
+    if not back:
+        return back
+    phase = [ph for ph in read_phases(layout) if ph.start_step <= resume_step][-1:] \
+        or read_phases(layout)[:1]
+    names = sorted(active | set(back))
+    try:
+        resolve_bounds(names, {n: v for n, v in phase[0].caps.items() if n in names},
+                       {n: v for n, v in phase[0].floors.items() if n in names})
+    except BanditConfigError as e:
+        log.warning("arm(s) %s: the source is back, but the phase's bounds cannot hold them "
+                    "(%s); they stay retired; pivot to bounds that fit them", ", ".join(back), e)
+        return []
+    return back

@@ -184,7 +184,7 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout 
             ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
              src("keep_last", "keep_every", per_start=True)),
             ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),
-            ("arms", ", ".join(x.name for x in cfg.arms), arms_src),
+            ("arms", _arms_row(cfg, layout), arms_src),
             ("phase / caps / floors", _bounds_row(layout), "phases.json" if resumed
              else src("caps", "floors")),
             ("reward", cfg.reward, src("reward")), ("seed", cfg.seed, src("seed"))]
@@ -194,6 +194,21 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout 
     vw = max(len(str(v)) for _, v, _ in rows)
     for k, v, where in rows:
         log.info("  %s  %s  %s", k.ljust(w), str(v).ljust(vw), f"[{where}]" if where else "")
+
+
+def _arms_row(cfg: RunConfig, layout: RunLayout | None) -> str:
+    """The configured arms, those retired (a zombie whose source went, an arm left out) named
+    apart: run.json keeps a zombie in its list, and showing it as trained would be a lie."""
+    from shared.arm_data import read_arm_index
+    from shared.arms import ArmSourceError
+    names = [x.name for x in cfg.arms]
+    try:
+        index = read_arm_index(layout, include_retired=True) if layout is not None else {}
+    except (ArmSourceError, OSError, ValueError):  # no data/ yet, or unreadable: the resume names it
+        index = {}
+    retired = [n for n in names if n in index and index[n].retired]
+    active = ", ".join(n for n in names if n not in retired) or "none"
+    return active + (f" (retired: {', '.join(retired)})" if retired else "")
 
 
 def _bounds_row(layout: RunLayout | None) -> str:

@@ -186,7 +186,8 @@ def parse_arm_option(text: str) -> ArmSpec:
     `chat=jsonl:data.jsonl.zst:content`, `web=parquet:shards/:text`, `gpt=tokens:train.bin:u16`,
     or `NAME=KIND` for an embedded kind (python-docstrings, python-code, python-docs:
     `repo-code=python-code` is the default arm, so a restart can keep some default arms and
-    leave others out). SOURCE is a file, a directory or a glob. Raises ConfigError."""
+    leave others out). SOURCE is a file, a directory or a glob, relative to the current
+    directory; the spec holds it as an absolute path. Raises ConfigError."""
     name, sep, rest = text.partition("=")
     kind, sep2, source = rest.partition(":")
     if sep and name and kind in EMBEDDED_KINDS and not source:
@@ -210,6 +211,9 @@ def parse_arm_option(text: str) -> ArmSpec:
         elif tail is not None and not Path(source).expanduser().exists():
             raise ConfigError(f"--arm {text!r}: token dtype {tail!r} unknown; use u16 or u32 "
                               "(or leave it out: it is read from a .u16/.u32 name, else the vocabulary)")
+    # stored as an absolute path: a run resumed from another directory (a systemd unit's
+    # WorkingDirectory=, a batch script's cd) must find the same files (docs/data.md#sources)
+    source = os.path.abspath(os.path.expanduser(source))
     return ArmSpec(name=name, kind=kind, source=source, field=field, dtype=dtype)
 
 

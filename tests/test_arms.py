@@ -118,6 +118,64 @@ def test_zombie_arm_is_reported_retired_by_name_and_never_pulled_again(tmp_path)
     assert r.returncode == 0 and "is a zombie" not in r.stderr
 
 
+@pytest.mark.slow
+def test_relative_sources_survive_another_directory_and_a_zombie_re_joins_when_its_source_is_back(tmp_path):
+    """Relative --arm paths were stored as typed and resolved against the current directory, so
+    a resume from another one (systemd's WorkingDirectory=) made every arm a zombie, wrote the
+    retirements, then failed, and the run could never be resumed. Sources are now absolute; a
+    start that would retire every arm is refused with nothing written; and a zombie whose source
+    comes back as it was re-joins with its statistics (it used to stay retired for good, while
+    the start-up table still listed it)."""
+    import os
+    import subprocess
+    import sys
+    from proc_helpers import ROOT, TINY
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "keep.txt").write_text(PROSE * 80)
+    (src / "away.txt").write_text("the quick brown fox jumps over the lazy dog " * 500)
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    common = ["--checkpoint-every", "20", "--probe-every", "5", "--bandit-warmup", "5"]
+
+    def proxy(cwd, steps, *arms):
+        return subprocess.run([sys.executable, "-m", "proxy", "run", "--run-dir", str(run), *TINY,
+                               "--max-steps", str(steps), *common, *arms], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    r = proxy(tmp_path, 20, "--arm", "keep=text:src/keep.txt", "--arm", "away=text:src/away.txt")
+    assert r.returncode == 0, r.stderr[-3000:]
+    layout = RunLayout(run)
+    assert {a.source for a in read_arm_index(layout).values()} == {
+        str(src / "keep.txt"), str(src / "away.txt")}
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    r = proxy(other, 40)  # from another directory: the same files
+    assert r.returncode == 0 and "zombie" not in r.stderr, r.stderr[-3000:]
+    # every source gone: refused, nothing retired, the run resumes once they are back
+    (src / "keep.txt").rename(tmp_path / "keep.off")
+    (src / "away.txt").rename(tmp_path / "away.off")
+    before = layout.arms_index.read_bytes()
+    r = proxy(other, 60)
+    assert r.returncode == 2 and "every arm this run trains on has lost its source" in r.stderr
+    assert "nothing was retired" in r.stderr and layout.arms_index.read_bytes() == before
+    (tmp_path / "keep.off").rename(src / "keep.txt")
+    r = proxy(other, 60)  # `away` is still gone: a zombie from step 40
+    assert r.returncode == 0 and "arm away is a zombie: source gone" in r.stderr, r.stderr[-3000:]
+    r = proxy(other, 70)
+    assert "retired: away" in r.stderr  # the start-up table does not list it as trained
+    (tmp_path / "away.off").rename(src / "away.txt")  # back, same bytes, new mtime
+    r = proxy(other, 100)
+    assert r.returncode == 0 and "arm away re-joins with its statistics" in r.stderr, r.stderr[-3000:]
+    recs = {x["step"]: x for x in loss_records(run)}
+    assert all(recs[k]["arms"].get("away", 0) == 0 for k in range(41, 71))
+    assert sum(recs[k]["arms"].get("away", 0) for k in range(71, 101)) > 0
+    state = json.loads((run / ".state.json").read_text())
+    assert set(state["arms"]) == {"keep", "away"} and not state.get("retired")
+    assert state["arms"]["away"]["pulls_lifetime"] == sum(x["arms"].get("away", 0) for x in recs.values())
+    assert replay_run(layout, load_run_config(layout.run_json), 100).bandit.to_dict() == state
+
+
 def test_arm_statistics_are_keyed_by_name_whatever_the_order_or_set_of_arms():
     cfg = BanditConfig(warmup_steps=0)
     recs = [{"step": k, "phase_index": 0, "arms": {"a": 3, "b": 4, "c": 1},
