@@ -67,7 +67,7 @@ def _find_config(path: Path, run_dir: str | None) -> tuple[RunConfig | None, str
     return None, "no run.json beside the file" + ("" if run_dir else " or one folder up")
 
 
-def _manifest_entry(path: Path):
+def manifest_entry(path: Path):
     """The manifest entry for ``path`` from its folder's checkpoints.json, or None."""
     from shared.checkpoint_format import parse_checkpoint_name
     from shared.checkpoint_manifest import read_manifest
@@ -87,7 +87,7 @@ def read_weights(path: Path, cfg: RunConfig):
     manifest checksum when the manifest has an entry), or None after printing the rule it
     broke (docs/checkpoint-format.md#validity)."""
     from shared.checkpoint_format import CheckpointError, load_checkpoint
-    entry = _manifest_entry(path)
+    entry = manifest_entry(path)
     try:
         step, w, _, _ = load_checkpoint(path, cfg.n_params, entry.checksum if entry else None)
     except CheckpointError as e:
@@ -121,7 +121,7 @@ def cmd_inspect(a) -> int:
     cfg, where = _find_config(path, a.run_dir)
     print(f"config     {where if cfg else 'none: ' + where}"
           + (f" ({cfg.preset}, {cfg.n_params:,} parameters)" if cfg else ""))
-    entry = _manifest_entry(path)
+    entry = manifest_entry(path)
     try:
         step, w, m, v = load_checkpoint(path, cfg.n_params if cfg else None)
     except CheckpointError as e:

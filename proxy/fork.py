@@ -24,8 +24,8 @@ from pathlib import Path
 
 from proxy.arm_changes import arms_as_of, specs_of
 from shared.atomic_io import atomic_write_json
-from shared.checkpoint_format import checkpoint_name, validate_checkpoint, CheckpointError, \
-    find_latest_valid
+from shared.checkpoint_format import CheckpointError, checkpoint_name, find_latest_valid, \
+    parse_checkpoint_name, validate_checkpoint
 from shared.checkpoint_manifest import ManifestEntry, manifest_checksums, read_manifest, \
     record_checkpoint
 from shared.config import ConfigError, load_run_config
@@ -39,11 +39,22 @@ class ForkError(RuntimeError):
 
 
 def parse_from(text: str) -> tuple[Path, int | None]:
-    """"RUN_DIR" or "RUN_DIR:STEP" -> (path, step or None)."""
+    """"RUN_DIR", "RUN_DIR:STEP" or a checkpoint file "RUN_DIR/step_NNNNNN.bin" -> (run
+    directory, step or None). A directory that exists is taken whole (even with a ':' in its
+    name). Raises ForkError for a STEP that is not a number."""
+    p = Path(text)
+    if p.is_dir():
+        return p, None
+    step = parse_checkpoint_name(p.name)
+    if step is not None:
+        return p.parent, step
     head, sep, tail = text.rpartition(":")
-    if sep and tail.isdigit() and head:
-        return Path(head), int(tail)
-    return Path(text), None
+    if sep and head:
+        if tail.isdigit():
+            return Path(head), int(tail)
+        raise ForkError(f"--from {text}: step {tail!r} is not a number; give RUN_DIR:STEP (e.g. "
+                        f"{head}:100) or a checkpoint file (RUN_DIR/{checkpoint_name(100)})")
+    return p, None
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -62,7 +73,7 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     try:
         cfg = load_run_config(src.run_json)
     except ConfigError as e:
-        raise ForkError(f"--from {src_dir}: not a run directory ({e})") from None
+        raise ForkError(f"--from {src_dir}: {e}") from None
     if dst.root.exists() and any(dst.root.iterdir()):
         raise ForkError(f"--run-dir {dst.root}: exists and is not empty; an audit fork needs a "
                         "new directory")
@@ -118,8 +129,8 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
 
 
 def cmd_fork(a) -> int:
-    src, step = parse_from(a.from_run)
     try:
+        src, step = parse_from(a.from_run)
         s = fork_run(src, step, Path(a.run_dir))
     except ForkError as e:
         print(f"fork refused: {e}", file=sys.stderr)

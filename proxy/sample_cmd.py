@@ -41,13 +41,25 @@ def add_sample_args(p) -> None:
                    help="sampling seed: the same seed gives the same text (default: %(default)s)")
 
 
+def _run_dir_of(path: Path) -> Path:
+    """The run directory of checkpoint `path`: its folder, or the one above for a file
+    quarantined in rejected/ (docs/checkpoint-format.md#validity)."""
+    if not (path.parent / "run.json").exists() and (path.parent.parent / "run.json").exists():
+        return path.parent.parent
+    return path.parent
+
+
 def cmd_sample(a) -> int:
     """Print `--samples` continuations of `--prompt`; exit 2 on bad input (named), 0 otherwise."""
     import time
     t_start = time.perf_counter()
+    from proxy.checkpoint_tools import manifest_entry
     from shared.checkpoint_format import CheckpointError, find_latest_valid
+    from shared.checkpoint_manifest import manifest_checksums, read_manifest
     from shared.tokenizer import RunTokenizer
-    run_dir = Path(a.run_dir) if a.run_dir else (Path(a.path).parent if a.path else None)
+    if a.path and not a.run_dir and Path(a.path).is_dir():  # `sample RUN_DIR`: its newest
+        a.run_dir, a.path = a.path, None
+    run_dir = Path(a.run_dir) if a.run_dir else (_run_dir_of(Path(a.path)) if a.path else None)
     if run_dir is None:
         print("sample: give a checkpoint PATH or --run-dir", file=sys.stderr)
         return EXIT_USAGE
@@ -63,12 +75,14 @@ def cmd_sample(a) -> int:
         tok = RunTokenizer.load(layout.tokenizer)
         if a.path:
             path = Path(a.path)
-        else:  # structure only: reading every byte for a checksum is `inspect`'s job
-            info, _ = find_latest_valid(run_dir, cfg.n_params)
+        else:  # newest first, each checked against the manifest's checksum
+            info, _ = find_latest_valid(run_dir, cfg.n_params,
+                                        manifest_checksums(read_manifest(run_dir)))
             if info is None:
                 print(f"sample: {run_dir} has no valid checkpoint", file=sys.stderr)
                 return EXIT_USAGE
             path = info.path
+        entry = manifest_entry(path)  # also for a quarantined rejected/step_*.bin
         ids = tok.encode(a.prompt).astype("int64")
         if len(ids) == 0:
             print("sample: --prompt is empty after tokenization", file=sys.stderr)
@@ -76,7 +90,7 @@ def cmd_sample(a) -> int:
         import torch
         from worker.sampling import generate_batched, load_weights_only, set_inference_threads
         threads = set_inference_threads(cfg.n_params, a.threads)
-        step, model = load_weights_only(path, cfg)
+        step, model = load_weights_only(path, cfg, entry.checksum if entry else None)
     except (ConfigError, CheckpointError) as e:
         print(f"sample: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -27,7 +27,7 @@ import sys
 import time
 
 from shared.procfs import process_state
-from shared.run_layout import RunLayout, missing_run_json
+from shared.run_layout import RunLayout, creating_proxy, missing_run_json
 from shared.exit_codes import EXIT_USAGE
 
 TAIL_BYTES = 1 << 17       # the last 128 KiB of .loss.json: a few hundred records
@@ -124,18 +124,19 @@ def collect_status(run_dir) -> dict:
     d["skipped_recent"] = sum(1 for r in recent if r.get("skipped"))
 
     from shared.checkpoint_format import CheckpointError, list_checkpoints, validate_checkpoint
-    from shared.checkpoint_manifest import read_manifest
+    from shared.checkpoint_manifest import manifest_checksums, read_manifest
     present = dict(list_checkpoints(layout.root))
     entries = read_manifest(layout.root)
+    checks = manifest_checksums(entries)
     d["invalid_checkpoints"] = []
     valid = None
-    for s in sorted(present, reverse=True):  # newest structurally valid (size, header, name)
+    for s in sorted(present, reverse=True):  # newest valid: size, header, name, checksum
         try:
-            validate_checkpoint(present[s], None)
+            validate_checkpoint(present[s], None, checks.get(s))
             valid = s
             break
         except CheckpointError as exc:
-            d["invalid_checkpoints"].append(f"{present[s].name}: {exc}")
+            d["invalid_checkpoints"].append(str(exc))  # it names the file
     if valid is not None:
         s = valid
         e = entries.get(s)
@@ -294,6 +295,9 @@ def cmd_status(a) -> int:
     """`python -m proxy status --run-dir DIR [--json]`."""
     layout = RunLayout(a.run_dir)
     if not layout.run_json.exists():
+        if creating_proxy(layout.root) is not None:  # alive and creating: not an error
+            print(missing_run_json(layout.root))
+            return 0
         print(missing_run_json(layout.root), file=sys.stderr)
         return EXIT_USAGE
     d = collect_status(layout.root)

@@ -13,11 +13,37 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def creating_proxy(root) -> int | None:
+    """The pid of the live proxy on this host that owns `root` (its `.proxy.owner.json`), else
+    None. Read-only: it never takes the run lock, so it cannot get in a starting proxy's way."""
+    import json
+    import socket
+    from shared.procfs import process_state
+    try:
+        owner = json.loads((Path(root) / ".proxy.owner.json").read_text())
+        pid = int(owner["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if owner.get("host") != socket.gethostname() or process_state(pid) in (None, "Z", "X"):
+        return None
+    try:  # the owner file outlives its proxy: a reused pid must be a proxy of this run
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if b"proxy" not in argv or not any(Path(root).name.encode() in x for x in argv):
+        return None
+    return pid
+
+
 def missing_run_json(root) -> str:
     """The error for a `--run-dir` without run.json: a creation that was stopped or killed
     before it wrote run.json (data/ or tokenizer.json are there; docs/data.md#crash-safe-creation)
     or not a run directory at all. Names the path and the fix."""
     root = Path(root)
+    creator = creating_proxy(root)
+    if creator is not None:
+        return (f"{root}: being created by proxy pid {creator} (alive: tokenizing its arms, "
+                f"no run.json yet); wait for it, and follow it in {root / 'logs' / 'proxy.log'}")
     if (root / "data").is_dir() or (root / "tokenizer.json").exists():
         return (f"{root}: the creation of this run is unfinished (no run.json yet: it was "
                 f"stopped or killed while creating); run the same `python -m proxy run "

@@ -51,3 +51,68 @@ def test_sample_prints_text_from_the_newest_checkpoint_and_refuses_a_bad_file(tm
     r = subprocess.run(cmd + [str(run / "step_000020.bin")], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "step_000020.bin" in r.stderr
+
+
+def test_a_checkpoint_whose_bytes_changed_is_not_the_newest_for_status_sample_or_fork(tmp_path):
+    """`status` and `sample` checked a checkpoint's structure only, so a file whose bytes
+    changed after it was written (its manifest checksum no longer matches) was shown as the
+    newest checkpoint and sampled from (weights up to 1e34). Both now check the manifest's
+    checksum, also for a file quarantined in rejected/; `fork --from` takes the file's path."""
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "20", "--checkpoint-every", "10").returncode == 0
+    with open(run / "step_000020.bin", "r+b") as f:
+        f.seek(5000)
+        f.write(b"\x7f\x7f\x7f\x7f")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def proxy(*args):
+        return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+    r = proxy("status", "--run-dir", str(run))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "step_000010.bin" in next(l for l in lines if l.startswith("checkpoint"))
+    bad = [l for l in lines if l.startswith("INVALID")]
+    assert len(bad) == 1 and "checksum" in bad[0] and bad[0].count("step_000020.bin") == 1, bad
+    r = proxy("sample", str(run / "step_000020.bin"), "--tokens", "4")
+    assert r.returncode == 2 and "checksum" in r.stderr and "step_000020.bin" in r.stderr
+    r = proxy("sample", "--run-dir", str(run), "--tokens", "4")
+    assert r.returncode == 0 and "step_000010.bin (step 10" in r.stdout, r.stderr
+    (run / "rejected").mkdir()
+    (run / "step_000020.bin").rename(run / "rejected" / "step_000020.bin")
+    r = proxy("sample", str(run / "rejected" / "step_000020.bin"), "--tokens", "4")
+    assert r.returncode == 2 and "checksum" in r.stderr
+    r = proxy("fork", "--from", str(run / "step_000010.bin"), "--run-dir", str(tmp_path / "f"))
+    assert r.returncode == 0 and "(step 10)" in r.stdout, r.stderr
+    r = proxy("fork", "--from", f"{run}:ten", "--run-dir", str(tmp_path / "g"))
+    assert r.returncode == 2 and "step 'ten' is not a number" in r.stderr, r.stderr
+
+
+def test_status_while_a_proxy_is_creating_the_run_says_so_and_not_that_creation_was_killed(tmp_path):
+    """During a long creation (tokenizing a big arm) `status` said the creation was "stopped
+    or killed" and exited 2, while the proxy was alive and working."""
+    import signal
+    from proc_helpers import proxy_cmd, wait_for
+    src = tmp_path / "big.txt"
+    src.write_text("the quick brown fox jumps over the lazy dog, said the clock. " * 400_000)
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(proxy_cmd(run, "--max-steps", "2", "--arm", f"big=text:{src}"),
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (run / ".proxy.owner.json").exists(), 60, what="the proxy to own the run")
+        os.kill(proc.pid, signal.SIGSTOP)  # hold it mid-creation
+        if (run / "run.json").exists():
+            pytest.skip("creation finished before the proxy could be held")
+        r = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert f"being created by proxy pid {proc.pid}" in r.stdout and "killed" not in r.stdout
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        proc.wait(60)
+    r = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    if not (run / "run.json").exists():  # stopped mid-creation: now it is unfinished
+        assert r.returncode == 2 and "unfinished" in r.stderr

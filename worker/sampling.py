@@ -22,15 +22,15 @@ from torch.nn import functional as F
 from shared.checkpoint_format import HEADER_BYTES, validate_checkpoint
 
 
-def load_weights_only(path: Path, cfg) -> tuple[int, "torch.nn.Module"]:
+def load_weights_only(path: Path, cfg, checksum: str | None = None) -> tuple[int, "torch.nn.Module"]:
     """(step, GPT in eval mode) from checkpoint `path` of the run described by `cfg`.
 
-    The file's structure is validated first (name, header, size, n_params:
-    docs/checkpoint-format.md#validity; CheckpointError otherwise); then only the weights
-    region (4 x n_params bytes after the 8-byte header) is read, so m and v (two thirds of
-    the file) are never touched and the checksum is not computed (`inspect` checks it)."""
+    The file is validated first (name, header, size, n_params, and with `checksum`, the
+    manifest's "crc32:%08x" for it, over the whole file: docs/checkpoint-format.md#validity;
+    CheckpointError otherwise); then only the weights region (4 x n_params bytes after the
+    8-byte header) is loaded into the model."""
     from worker.model import GPT
-    info = validate_checkpoint(path, cfg.n_params)
+    info = validate_checkpoint(path, cfg.n_params, checksum)
     w = np.fromfile(path, dtype="<f4", count=info.n_params, offset=HEADER_BYTES)
     model = GPT(cfg.model, cfg.vocab_size)
     with torch.no_grad():
