@@ -149,7 +149,8 @@ def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: floa
     run = str(layout.root)
     lines = [f"run summary: {run}",
              f"  steps       {end_step - start:,} this start ({start:,} -> {end_step:,}), "
-             f"{end_step:,} of {max_steps:,} in total",
+             f"{end_step:,} of {cfg.max_steps:,} planned in total"
+             + (f" (this start's --max-steps {max_steps:,})" if max_steps != cfg.max_steps else ""),
              f"  tokens      {(end_step - start) * per_step:,} this start, "
              f"{end_step * per_step:,} in total",
              f"  wall time   {fmt_duration(wall_s)}",
@@ -164,10 +165,16 @@ def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: floa
         info = None
     lines.append(f"  checkpoint  {info.path} (step {info.step:,})" if info
                  else "  checkpoint  none yet")
-    more = "" if end_step < max_steps else f" --max-steps {max(max_steps * 2, end_step + 1)}"
+    # before the plan (run.json), a plain `run` goes on to it; past it, only a longer
+    # --max-steps trains more, at the schedule's floor learning rate
+    more, why = "", ""
+    if end_step >= cfg.max_steps:
+        more = f" --max-steps {max(cfg.max_steps * 2, end_step + 1)}"
+        why = (f"   (past the plan: the learning rate stays at its floor after step "
+               f"{cfg.lr_decay_steps:,})")
     py = python_command()
     lines += ["  next:",
-              f"    resume  {py} -m proxy run --run-dir {run}{more}",
+              f"    resume  {py} -m proxy run --run-dir {run}{more}{why}",
               f"    sample  {py} -m proxy sample --run-dir {run} --prompt 'def ' --samples 3",
               f"    plot    {py} -m proxy plot --run-dir {run} --out {run}/loss.png",
               f"    export  {py} -m proxy export --from-run {run} --format hf "

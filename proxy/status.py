@@ -107,8 +107,10 @@ def collect_status(run_dir) -> dict:
     recs = tail_records(layout.loss)
     now = time.time()
 
+    # the run's plan is run.json's; a live proxy may have been given another --max-steps
+    # for this start, which the ETA uses while it runs
     d: dict = {"run_dir": str(layout.root), "preset": cfg.preset, "n_params": cfg.n_params,
-               "max_steps": st.get("max_steps") or cfg.max_steps}
+               "max_steps": cfg.max_steps, "start_max_steps": st.get("max_steps") or cfg.max_steps}
     last = recs[-1] if recs else None
     d["step"] = last["step"] if last else 0
     d["loss"] = last.get("loss") if last else None
@@ -120,7 +122,6 @@ def collect_status(run_dir) -> dict:
     d["tokens_per_s"] = (sum(tps) / len(tps) if tps else  # the worker's own figure (update only)
                          tok_per_step * len(times) / sum(times) if times and sum(times) > 0 else None)
     d["last_step_age_s"] = now - last["time"] if last and last.get("time") else None
-    d.update(_batch_and_eta(cfg, worker, recent, d["step"], d["max_steps"]))
     d["skipped_recent"] = sum(1 for r in recent if r.get("skipped"))
 
     from shared.checkpoint_format import CheckpointError, list_checkpoints, validate_checkpoint
@@ -166,6 +167,8 @@ def collect_status(run_dir) -> dict:
     d["pivot_request"] = ({k: req.get(k) for k in ("label", "caps", "floors", "state", "step",
                                                    "requested_at")} if req else None)
     proxy_alive = _proxy_alive(owner)
+    d["target_steps"] = d["start_max_steps"] if proxy_alive else d["max_steps"]
+    d.update(_batch_and_eta(cfg, worker, recent, d["step"], d["target_steps"]))
     wpid = st.get("worker_pid") or worker.get("pid")
     wstate = _proc_state(wpid)
     worker_alive = wstate not in (None, "Z", "X")
@@ -191,6 +194,10 @@ def collect_status(run_dir) -> dict:
                   "within seconds)")
     elif d["step"] >= d["max_steps"]:
         health = "finished"
+    elif d["start_max_steps"] != d["max_steps"] and d["step"] >= d["start_max_steps"]:
+        health = (f"stopped at the last start's --max-steps {d['start_max_steps']:,}, before the "
+                  f"plan's {d['max_steps']:,} (resume with `python -m proxy run --run-dir "
+                  f"{run_dir}`)")
     else:
         health = f"stopped (resume with `python -m proxy run --run-dir {run_dir}`)"
     d["health"] = health
@@ -241,6 +248,8 @@ def format_status(d: dict) -> str:
                 else "no proxy (none has held the run lock)") + ", worker pid "
              f"{d['worker_pid'] or '-'}" + (f" (state {d['worker_state']})" if d['worker_pid'] else ""),
              f"step        {d['step']:,} / {d['max_steps']:,}"
+             + (f" (this start: --max-steps {d['target_steps']:,})"
+                if d["target_steps"] != d["max_steps"] else "")
              + (f"  (last step {d['last_step_age_s']:.0f} s ago)" if d["last_step_age_s"] is not None else "")]
     ph = d.get("phase") or {}
     if ph.get("index") is not None:
@@ -248,7 +257,7 @@ def format_status(d: dict) -> str:
                      f"caps {_bounds(ph.get('caps'))}  floors {_bounds(ph.get('floors'))}")
     pr = d.get("pivot_request")
     if pr:
-        at = f" at boundary step {pr['step']:,}" if pr.get("step") is not None else ""
+        at = f", at step {pr['step']:,}" if pr.get("step") is not None else ""
         lines.append(f"pivot       pending: {pr['label']!r} ({pr['state']}{at}) caps "
                      f"{_bounds(pr.get('caps'))} floors {_bounds(pr.get('floors'))}")
     if d["loss"] is not None:
@@ -266,7 +275,7 @@ def format_status(d: dict) -> str:
                      + (f", {acc} micro-batch(es) of {d['micro_batch_size']} sequences on each of "
                         f"{d['world_size']} rank(s)" if acc else ""))
     if d.get("eta_s") is not None:
-        lines.append(f"projected   {_duration(d['eta_s'])} to step {d['max_steps']:,} "
+        lines.append(f"projected   {_duration(d['eta_s'])} to step {d['target_steps']:,} "
                      f"({d['seconds_per_update']:.2f} s per update)")
     c = d["last_checkpoint"]
     if c:

@@ -31,7 +31,7 @@ def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
     assert "\n      text |" in log
 
     summary = log[log.index("run summary: "):]
-    assert "steps       20 this start (0 -> 20), 20 of 20 in total" in summary
+    assert "steps       20 this start (0 -> 20), 20 of 20 planned in total" in summary
     assert "tokens      " in summary and "wall time   " in summary
     assert re.search(r"train loss  EMA \d+\.\d{4}", summary)
     assert re.search(r"held-out    \(step 20\) ", summary)

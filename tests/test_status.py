@@ -116,3 +116,32 @@ def test_status_while_a_proxy_is_creating_the_run_says_so_and_not_that_creation_
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     if not (run / "run.json").exists():  # stopped mid-creation: now it is unfinished
         assert r.returncode == 2 and "unfinished" in r.stderr
+
+
+def test_status_and_the_summary_measure_against_the_runs_plan_not_the_last_starts_max_steps(tmp_path):
+    """A run planned for 40 steps and started once with --max-steps 20 was shown as
+    "finished, 20 / 20" and the end summary told the user to pass --max-steps 40; a plain
+    `run` goes on to the plan. Past the plan the summary says the learning rate is flat."""
+    from proc_helpers import create_template, run
+    r_dir = create_template(tmp_path / "run", "--max-steps", "40", "--checkpoint-every", "10")
+    r = run(r_dir, "--max-steps", "20")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "20 of 40 planned in total (this start's --max-steps 20)" in r.stdout + r.stderr
+    resume = next(l for l in (r.stdout + r.stderr).splitlines() if "resume  " in l)
+    assert "--max-steps" not in resume, resume
+    st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(r_dir)],
+                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                        capture_output=True, text=True, timeout=60)
+    assert "step        20 / 40" in st.stdout, st.stdout
+    assert "stopped at the last start's --max-steps 20, before the plan's 40" in st.stdout
+    r = run(r_dir)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "40 of 40 planned in total" in out, out[-3000:]
+    resume = next(l for l in out.splitlines() if "resume  " in l)
+    assert "--max-steps 80" in resume and "the learning rate stays at its floor" in resume
+    st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(r_dir)],
+                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                        capture_output=True, text=True, timeout=60)
+    step_line = next(l for l in st.stdout.splitlines() if l.startswith("step "))
+    assert "health      finished" in st.stdout and "40 / 40" in step_line
+    assert "this start" not in step_line, step_line
