@@ -228,12 +228,23 @@ def config_from_args(a) -> RunConfig:
     cfg.config_file = getattr(a, "config", None)
     cfg.sources = dict(getattr(a, "sources", {}))  # where each resolved value came from
     if cfg.warmup_steps >= cfg.lr_decay_steps:
-        if a.warmup_steps is not None:
+        # an explicit warm-up too long for the run is an error, unless it came from a --config
+        # file whose run length the command line shortened: then it is shortened like the
+        # default's, so a config file behaves as the run it describes (configs/tiny-cpu.toml)
+        src = cfg.sources.get("warmup_steps")
+        from_file = src == "file" and cfg.sources.get("max_steps") == "command line"
+        if a.warmup_steps is not None and not from_file:
             raise ConfigError(f"--warmup-steps {cfg.warmup_steps} must be below --max-steps "
                               f"{cfg.max_steps} (the cosine schedule ends there)")
+        was = cfg.warmup_steps
         cfg.warmup_steps = cfg.lr_decay_steps // 10
-        log.warning("a %d-step run: learning-rate warm-up shortened to %d steps",
-                    cfg.max_steps, cfg.warmup_steps)
+        if from_file:  # the start-up table says where the value came from
+            for d in (cfg.sources, getattr(a, "sources", None)):
+                if d is not None:
+                    d["warmup_steps"] = "file, shortened to a tenth of max steps"
+        log.warning("a %d-step run: learning-rate warm-up shortened to %d steps%s",
+                    cfg.max_steps, cfg.warmup_steps,
+                    f" (from the --config file's {was})" if from_file else "")
     if a.arm:
         arms = [parse_arm_option(t) for t in a.arm]
         cfg.arms = (list(DEFAULT_ARMS) if a.default_arms else []) + arms

@@ -64,6 +64,27 @@ def test_tiny_cpu_is_the_embedded_default(tmp_path):
     assert (a.keep_last, a.keep_every) == (b.keep_last, b.keep_every)
 
 
+def test_a_short_run_from_a_config_file_shortens_the_files_warmup_like_the_default(tmp_path):
+    """`--config configs/tiny-cpu.toml --max-steps 20` was refused ("--warmup-steps 50 must be
+    below --max-steps 20") while the bare default it describes shortens its warm-up; the file's
+    warm-up now behaves the same. A too-long --warmup-steps typed on the command line, or a
+    file whose own max_steps is below its warm-up, stays an error."""
+    a = parse_run_args(_parser(), ["--run-dir", str(tmp_path / "r"), "--config",
+                                   str(ROOT / "configs" / "tiny-cpu.toml"), "--max-steps", "20"])
+    b = parse_run_args(_parser(), ["--run-dir", str(tmp_path / "r"), "--max-steps", "20"])
+    ca, cb = config_from_args(a), config_from_args(b)
+    assert ca.warmup_steps == cb.warmup_steps == 2
+    assert a.sources["warmup_steps"] == "file, shortened to a tenth of max steps"
+    with pytest.raises(ConfigError, match="--warmup-steps 50 must be below --max-steps 20"):
+        config_from_args(parse_run_args(_parser(), [
+            "--run-dir", "r", "--config", str(ROOT / "configs" / "tiny-cpu.toml"),
+            "--max-steps", "20", "--warmup-steps", "50"]))
+    f = tmp_path / "bad.toml"
+    f.write_text("max_steps = 20\nwarmup_steps = 50\n")
+    with pytest.raises(ConfigError, match="--warmup-steps 50 must be below --max-steps 20"):
+        config_from_args(parse_run_args(_parser(), ["--run-dir", "r", "--config", str(f)]))
+
+
 def test_command_line_beats_the_file_and_the_sources_say_so(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('batch-size = 32\nmicro_batch_size = 8\nlr = 1\ncompile = true\n'
