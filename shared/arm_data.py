@@ -226,9 +226,16 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
                 _log.warning("arm %s: %s", arm.name, st.bad.summary())
         hold = heldout_size(n, cfg)
         if n - hold < cfg.model.block_size + 2:
+            if capped:
+                fix = f"raise --arm-max-tokens (now {cap:,}), or leave it out to use the whole arm"
+            elif arm.kind != "tokens" and bad and not docs:
+                fix = (f"every record was skipped ({st.bad.summary()})"
+                       + (f"; {st.bad.hint}" if st.bad.hint else ""))
+            else:
+                fix = "give it more text"
             raise ArmSourceError(
                 f"arm {arm.name}: {n:,} tokens is too small for context {cfg.model.block_size} "
-                f"plus {hold:,} held-out tokens; give it more text")
+                f"plus {hold:,} held-out tokens; {fix}")
         if tmp is not None:
             publish(tmp, final)
     except BaseException:

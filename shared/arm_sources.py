@@ -47,6 +47,7 @@ class BadRecords:
     count: int = 0
     first: str = ""        # "file:line: reason"
     by_reason: dict = field(default_factory=dict)
+    hint: str = ""         # what the first record missing its field had instead (the likely fix)
 
     def add(self, where: str, reason: str) -> None:
         self.count += 1
@@ -190,6 +191,12 @@ class JsonlReader(ArmReader):
                             continue
                         if not isinstance(obj, dict) or key not in obj:
                             self.bad.add(where, f"no field {key!r}")
+                            if isinstance(obj, dict) and not self.bad.hint:
+                                names = sorted(obj)
+                                self.bad.hint = (
+                                    f"the records have fields {', '.join(map(repr, names[:12]))}"
+                                    f"{' ...' if len(names) > 12 else ''}; name the text's "
+                                    f"field: {self.arm.name}=jsonl:{self.arm.source}:FIELD")
                             continue
                         text = obj[key]
                         if not isinstance(text, str):
