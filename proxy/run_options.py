@@ -190,9 +190,27 @@ def check_run_options(a) -> None:
     for name, value, ok, rule in rules:
         if not ok:
             raise ConfigError(f"{name} {value}: {rule}")
+    if str(device).startswith("cuda") and (why := check_cuda_device(str(device))):
+        raise ConfigError(why)  # before anything is created: the worker would exit 3 later
     if a.tensorboard and (why := check_tensorboard()):  # before anything is created
         raise ConfigError(why)
     _check_batch_split(a)
+
+
+def check_cuda_device(device: str) -> str | None:
+    """Why `--device cuda[:N]` cannot run here (a sentence with the fix), or None when it can.
+    Imports torch (a second or two), which the proxy otherwise never does, only for a CUDA
+    device: no other check tells a CPU-only torch build or a missing GPU apart from a working
+    one."""
+    import torch
+    if not torch.cuda.is_available():
+        why = ("this torch build has no CUDA (" + torch.__version__ + ")" if torch.version.cuda is None
+               else "torch sees no CUDA device (no GPU, or no driver)")
+        return f"--device {device}: {why}; use --device cpu, or auto to take a GPU when there is one"
+    n = torch.cuda.device_count()
+    if ":" in device and int(device.split(":")[1]) >= n:
+        return f"--device {device}: only {n} CUDA device(s) here (cuda:0 .. cuda:{n - 1})"
+    return None
 
 
 def _check_batch_split(a) -> None:

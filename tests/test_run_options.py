@@ -34,6 +34,20 @@ def test_a_zero_cadence_or_batch_is_a_clear_error_not_a_division_by_zero(tmp_pat
     assert not (run / "run.json").exists()
 
 
+def test_a_cuda_device_that_is_not_there_is_refused_before_the_run_directory_exists(tmp_path):
+    """`--device cuda` on a machine without one created and tokenized the run, then the worker
+    exited 3 ("cannot go on", which systemd and Slurm do not retry): a configuration error
+    found late. It is now exit 2 before anything is created. cuda:N past the devices there is
+    refused the same way on any machine."""
+    import torch
+    run = tmp_path / "run"
+    device = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
+    r = run_proxy(run, "--device", device, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"--device {device}:" in r.stderr and "Traceback" not in r.stderr
+    assert not run.exists(), "nothing may be created for a refused command"
+
+
 def test_a_run_shorter_than_the_warmup_gets_a_warmup_that_fits(tmp_path):
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "20", "--checkpoint-every", "10", timeout=120)
