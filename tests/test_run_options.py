@@ -79,18 +79,11 @@ def test_the_creating_command_with_caps_and_floors_resumes_and_other_bounds_are_
     assert json.loads((run / ".loss.json").read_text())[-1]["step"] == 6
 
 
-def test_a_device_that_is_not_there_is_refused_not_restarted(tmp_path):
-    """A breaker session found --device bogus and --device cuda (on a CPU-only torch) crashing
-    the worker three times with back-off and ending in exit 1, which systemd restarts forever.
-    A malformed device is refused before anything is created (exit 2); a CUDA device this torch
-    cannot see stops the run at once with exit 3 (docs/architecture.md#exit-codes)."""
-    import torch
+def test_a_malformed_device_is_refused_not_restarted(tmp_path):
+    """A breaker session found --device bogus crashing the worker three times with back-off and
+    ending in exit 1, which systemd restarts forever. It is refused before anything is created
+    (exit 2; a CUDA device that is not there: the test above)."""
     run = tmp_path / "run"
     r = run_proxy(run, "--device", "bogus", "--max-steps", "3", timeout=60)
     assert r.returncode == 2 and "--device bogus: choose auto, cpu, cuda or cuda:N" in r.stderr
     assert not (run / "run.json").exists()
-    if torch.cuda.is_available():
-        pytest.skip("needs a machine without CUDA for the second half")
-    r = run_proxy(run, "--device", "cuda", "--max-steps", "3", timeout=120)
-    assert r.returncode == 3, r.stderr[-2000:]
-    assert "sees no CUDA device" in r.stderr and "restart 1" not in r.stderr, r.stderr[-2000:]
