@@ -19,7 +19,7 @@ from shared.config import (AUDIT_BUDGET, AUDIT_TOKENS, POLICY_BUDGET, ConfigErro
                            RunConfig, audit_cost, default_sample_every, load_run_config,
                            policy_cost, probe_plan)
 from shared.exit_codes import EXIT_OK, EXIT_USAGE
-from shared.run_layout import RunLayout
+from shared.run_layout import RunLayout, foreign_entries
 
 log = logging.getLogger("proxy")
 
@@ -81,6 +81,12 @@ def cmd_run(a) -> int:
         log.error("%s", e)
         return EXIT_USAGE
     layout = RunLayout(a.run_dir)
+    if not layout.run_json.exists() and (alien := foreign_entries(layout.root)):
+        log.error("--run-dir %s: holds files that are not a run's (%s%s); a new run needs a new "
+                  "or empty directory (or one whose creation was interrupted): give another "
+                  "--run-dir", layout.root, ", ".join(alien[:5]),
+                  f" and {len(alien) - 5} more" if len(alien) > 5 else "")
+        return EXIT_USAGE
     try:
         layout.root.mkdir(parents=True, exist_ok=True)
         layout.logs.mkdir(exist_ok=True)

@@ -35,6 +35,22 @@ def creating_proxy(root) -> int | None:
     return pid
 
 
+# What a run directory holds besides its dot-files (docs/architecture.md#the-run-directory)
+RUN_ENTRIES = frozenset({"run.json", "tokenizer.json", "phases.json", "checkpoints.json", "data",
+                         "logs", "archive", "rejected", "tensorboard", "fork.json", "loss.png"})
+
+
+def foreign_entries(root) -> list[str]:
+    """Names in directory `root` that no run writes (sorted; dot-files and step_*.bin count as
+    a run's), so a new run is not created among someone's files. [] when `root` is missing."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(e.name + ("/" if e.is_dir() else "") for e in root.iterdir()
+                  if not e.name.startswith(".") and e.name not in RUN_ENTRIES
+                  and not (e.name.startswith("step_") and e.name.endswith(".bin")))
+
+
 def missing_run_json(root) -> str:
     """The error for a `--run-dir` without run.json: a creation that was stopped or killed
     before it wrote run.json (data/ or tokenizer.json are there; docs/data.md#crash-safe-creation)

@@ -48,6 +48,24 @@ def test_a_cuda_device_that_is_not_there_is_refused_before_the_run_directory_exi
     assert not run.exists(), "nothing may be created for a refused command"
 
 
+def test_a_new_run_is_not_created_among_someone_elses_files(tmp_path):
+    """`run --run-dir` on an existing directory of other files (a home or source folder)
+    silently created a run in it, scattering run files among them; `fork` already refused.
+    It is refused naming the files; an interrupted creation (only a run's names) goes on."""
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "notes.txt").write_text("mine")
+    (d / "src").mkdir()
+    r = run_proxy(d, "--max-steps", "2", timeout=60)
+    assert r.returncode == 2 and "holds files that are not a run's (notes.txt, src/)" in r.stderr
+    assert sorted(p.name for p in d.iterdir()) == ["notes.txt", "src"]
+    half = tmp_path / "half"
+    (half / "logs").mkdir(parents=True)  # what a refused or stopped creation leaves
+    (half / ".proxy.owner.json").write_text("{}")
+    r = run_proxy(half, "--max-steps", "2", timeout=120)
+    assert r.returncode == 0 and (half / "run.json").exists(), r.stderr[-2000:]
+
+
 def test_a_run_shorter_than_the_warmup_gets_a_warmup_that_fits(tmp_path):
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "20", "--checkpoint-every", "10", timeout=120)
