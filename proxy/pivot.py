@@ -271,6 +271,10 @@ def _planned_steps(layout: RunLayout, cfg: RunConfig) -> int:
         return cfg.max_steps
 
 
+def _fmt(bounds: dict) -> str:
+    return ",".join(f"{k}={v:g}" for k, v in sorted(bounds.items())) or "none"
+
+
 def _refuse(msg: str) -> int:
     print(f"pivot refused: {msg}", file=sys.stderr)
     return EXIT_USAGE
@@ -285,9 +289,27 @@ def cmd_pivot(a) -> int:
     layout = RunLayout(a.run_dir)
     if not layout.run_json.exists():
         return _refuse(missing_run_json(layout.root))
+    given = bool(a.caps or a.floors)
+    if given + a.keep_bounds + a.no_bounds != 1:
+        from proxy.run_setup import read_phases
+        try:
+            ph = read_phases(layout)[-1]
+            now = f"caps {_fmt(ph.caps)}, floors {_fmt(ph.floors)}"
+        except (ConfigError, OSError, ValueError):  # named by the run that reads it
+            now = "see `status`"
+        return _refuse(("give the new phase's bounds: --caps and/or --floors, --keep-bounds "
+                        "(a fresh bandit under the bounds in force) or --no-bounds (none at all)"
+                        if not (given or a.keep_bounds or a.no_bounds) else
+                        "--caps/--floors, --keep-bounds and --no-bounds exclude one another")
+                       + f"; the phase in force has {now}")
     try:
         cfg = load_run_config(layout.run_json)
-        caps, floors = validated_bounds(cfg, a.caps, a.floors)
+        if a.keep_bounds:
+            from proxy.run_setup import read_phases
+            ph = read_phases(layout)[-1]
+            caps, floors = dict(ph.caps), dict(ph.floors)
+        else:
+            caps, floors = validated_bounds(cfg, a.caps, a.floors)
     except (ConfigError, BanditConfigError) as e:
         return _refuse(f"{e}")
     label = a.label or "pivot"
@@ -433,6 +455,10 @@ def add_pivot_args(p) -> None:
                    help="the run to pivot: live (its proxy does it in place) or stopped")
     p.add_argument("--caps", default="", help="per-arm caps, arm=value,...")
     p.add_argument("--floors", default="", help="per-arm floors, arm=value,...")
+    p.add_argument("--keep-bounds", action="store_true",
+                   help="the new phase keeps the caps and floors in force (a fresh bandit only)")
+    p.add_argument("--no-bounds", action="store_true",
+                   help="the new phase has no caps or floors at all")
     p.add_argument("--label", default=None, help="the new phase's label (default 'pivot')")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds to wait for the live pivot to be in force (900)")

@@ -93,6 +93,15 @@ def test_pivot_refuses_bad_bounds_a_second_request_and_a_finished_run_before_cha
     assert run_proxy(run, "--max-steps", "20", "--checkpoint-every", "5", "--sample-every", "5").returncode == 0
     assert [p["label"] for p in phases(run)] == ["initial", "v2"]
     assert_one_consistent_state(run, 20)
+    # no bounds given: refused, naming the bounds in force (it used to drop them silently)
+    r = pivot(run, "--label", "v3", "--max-steps", "25")
+    assert r.returncode == 2 and "give the new phase's bounds" in r.stderr, r.stderr
+    assert "the phase in force has caps repo-code=0.5, floors none" in r.stderr
+    r = pivot(run, "--keep-bounds", "--no-bounds", "--max-steps", "25")
+    assert r.returncode == 2 and "exclude one another" in r.stderr
+    r = pivot(run, "--keep-bounds", "--label", "v3", "--max-steps", "25")
+    assert r.returncode == 0, r.stderr
+    assert phases(run)[-1]["label"] == "v3" and phases(run)[-1]["caps"] == {"repo-code": 0.5}
 
 
 def test_live_pivot_happens_in_the_same_proxy_and_returns_once_the_new_worker_filed_a_step(tmp_path):
