@@ -153,6 +153,21 @@ def cmd_inspect(a) -> int:
     return 0 if ok else EXIT_INVALID
 
 
+def _bad_output(to: str, fmt: str) -> str | None:
+    """Why `--to` cannot be the output of format `fmt` (a sentence with the fix), else None:
+    a safetensors export is one file (a name ending in '/' or an existing folder is not), an
+    hf export a folder (a name ending in .safetensors is not: a tool looking for the file would
+    find a directory)."""
+    p = Path(to)
+    if fmt == "safetensors" and (to.endswith("/") or p.is_dir()):
+        return ("a folder; --format safetensors writes one file: give a file name "
+                f"(e.g. {p / 'model.safetensors'}), or --format hf for a folder")
+    if fmt == "hf" and p.suffix in (".safetensors", ".bin", ".pt"):
+        return (f"ends in {p.suffix} but --format hf writes a folder (config.json, "
+                "model.safetensors, tokenizer ...): give a folder name, or --format safetensors")
+    return None
+
+
 def cmd_export(a) -> int:
     """Write the checkpoint's weights to a safetensors file, one tensor per parameter.
 
@@ -170,6 +185,15 @@ def cmd_export(a) -> int:
         print("export: give a checkpoint PATH or --from-run RUN (one of them)")
         return EXIT_USAGE
     out = Path(a.to)
+    if (why := _bad_output(a.to, a.format)) is not None:
+        print(f"export: --to {a.to}: {why}")
+        return EXIT_USAGE
+    if a.path is not None and not Path(a.path).is_file():
+        p = Path(a.path)
+        print(f"export: {p}: " + ("a directory; give a checkpoint file, or --from-run "
+                                  f"{p} for its newest valid checkpoint" if p.is_dir()
+                                  else "no such checkpoint file"))
+        return EXIT_USAGE
     if a.from_run is not None:
         path = _newest_valid(Path(a.from_run))
         if path is None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.atomic_io import fsync_dir
+from shared.atomic_io import current_umask, fsync_dir
 from shared.config import RunConfig, parameter_table
 
 # nn.Linear (out, in) in the project; Conv1D (in, out) in HF GPT-2: transposed on export.
@@ -163,6 +163,7 @@ def write_hf_dir(out: Path, cfg: RunConfig, run_tokenizer: Path, step: int,
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp's 0o700 would keep it private
         meta = {"format": "pt", "step": str(step), "n_params": str(cfg.n_params),
                 "preset": cfg.preset, "source": source}
         _write(tmp / "model.safetensors", save(hf_tensors(cfg, weights), metadata=meta))

@@ -38,8 +38,23 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """This process's umask, read without changing it (os.umask can only set it, which is not
+    thread-safe): /proc/self/status's "Umask:" line on Linux, else 0o022."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def atomic_write_bytes(path, data: bytes) -> None:
     """Replace `path` with `data` atomically: a temporary in the same directory, fsync, rename.
+    The file gets the mode a plain open() would give it (0o666 less the umask; a temporary of
+    tempfile.mkstemp alone would leave it 0o600, unreadable to the group).
 
     On any error the temporary is removed and the previous file (if any) is left intact.
     """
@@ -48,6 +63,7 @@ def atomic_write_bytes(path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
                                dir=directory)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -54,3 +54,21 @@ def test_stale_temporaries_of_a_killed_writer_are_removed_and_young_ones_and_oth
     assert removed == sorted(os.path.basename(p) for p in old)
     assert os.path.exists(young) and all(p.exists() for p in keep)
     assert clean_stale_writes(tmp_path / "missing") == []
+
+
+def test_an_atomic_write_gets_the_mode_a_plain_open_gives_not_mkstemps_0600(tmp_path):
+    """Every atomic write (run.json, the sidecars, a safetensors export) came out 0600 from
+    tempfile.mkstemp whatever the umask, so a group that shares runs could not read them."""
+    import os
+    import stat
+    from shared.atomic_io import atomic_write_bytes, current_umask
+    old = os.umask(0o027)
+    try:
+        assert current_umask() == 0o027
+        atomic_write_bytes(tmp_path / "a.json", b"{}")
+        assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o640
+        os.umask(0o022)
+        atomic_write_bytes(tmp_path / "a.json", b"{}")  # a replacement too
+        assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    finally:
+        os.umask(old)

@@ -105,3 +105,27 @@ def test_export_writes_named_weights_that_a_fresh_model_loads_and_runs_identical
     r = _proxy("export", str(path), "--to", str(out), "--force")
     assert r.returncode == 1 and "(rule: checksum)" in r.stdout
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+
+
+def test_export_refuses_an_output_of_the_wrong_kind_and_a_path_that_is_no_checkpoint(
+        run_with_checkpoint, tmp_path):
+    """Found by a new-user session: `--to dir/` wrote a file named `dir`, `--format hf --to
+    model.safetensors` made a folder of that name, and a missing or directory PATH was reported
+    as "no run.json beside the file". The hf folder was also left 0700 by mkdtemp."""
+    import stat
+    run, _, path = run_with_checkpoint
+    r = _proxy("export", str(path), "--to", f"{tmp_path / 'out'}/")
+    assert r.returncode == 2 and "a folder; --format safetensors writes one file" in r.stdout
+    assert not (tmp_path / "out").exists()
+    r = _proxy("export", str(path), "--format", "hf", "--to", str(tmp_path / "m.safetensors"))
+    assert r.returncode == 2 and "--format hf writes a folder" in r.stdout
+    assert not (tmp_path / "m.safetensors").exists()
+    r = _proxy("export", str(run / "step_999999.bin"), "--to", str(tmp_path / "x.safetensors"))
+    assert r.returncode == 2 and "no such checkpoint file" in r.stdout, r.stdout
+    r = _proxy("export", str(run), "--to", str(tmp_path / "x.safetensors"))
+    assert r.returncode == 2 and f"--from-run {run}" in r.stdout, r.stdout
+    r = _proxy("export", str(path), "--format", "hf", "--to", str(tmp_path / "hf"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "hf").stat().st_mode) == 0o777 & ~umask
