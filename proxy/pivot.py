@@ -414,7 +414,7 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
     from proxy.run_lock import RunLock
     from proxy.run_setup import read_phases
     from shared.loss_history import LossHistory
-    lock = RunLock(layout)
+    lock = RunLock(layout, command="pivot")
     try:
         lock.acquire()
     except Exception as e:  # noqa: BLE001 - a proxy started in between

@@ -22,8 +22,11 @@ class RunLockError(RuntimeError):
 
 
 class RunLock:
-    def __init__(self, layout: RunLayout) -> None:
+    def __init__(self, layout: RunLayout, command: str = "run") -> None:
+        """`command`: what holds the lock ("run": a proxy; "pivot": a stopped run's pivot),
+        written to the owner file so `status` names the holder truly."""
         self.layout = layout
+        self.command = command
         self._lock = FileLock(str(layout.proxy_lock), timeout=0)
 
     def acquire(self) -> None:
@@ -33,14 +36,16 @@ class RunLock:
         except Timeout:
             try:
                 o = json.loads(self.layout.proxy_owner.read_text())
-                who = f"proxy pid {o['pid']} on host {o['host']} (since {time.ctime(o['started_at'])})"
+                who = (f"{'proxy' if o.get('command', 'run') == 'run' else '`' + o['command'] + '`'}"
+                       f" pid {o['pid']} on host {o['host']} (since {time.ctime(o['started_at'])})")
             except (OSError, ValueError, KeyError):
                 who = "another proxy (owner file unreadable)"
             raise RunLockError(
                 f"{self.layout.root}: already owned by {who}; stop it first "
                 f"(kill -TERM <pid>) or use another --run-dir") from None
         atomic_write_json(self.layout.proxy_owner, {"host": socket.gethostname(), "pid": os.getpid(),
-                                                    "started_at": time.time()})
+                                                    "started_at": time.time(),
+                                                    "command": self.command})
 
     def release(self) -> None:
         if self._lock.is_locked:

@@ -173,6 +173,7 @@ def collect_status(run_dir) -> dict:
     wstate = _proc_state(wpid)
     worker_alive = wstate not in (None, "Z", "X")
     d.update(proxy_pid=(owner or {}).get("pid"), proxy_host=(owner or {}).get("host"),
+             lock_holder=(owner or {}).get("command", "run"),
              proxy_alive=proxy_alive, worker_pid=wpid if worker_alive else None,
              worker_pids=worker.get("pids") if worker_alive else [],
              worker_state=wstate)
@@ -240,13 +241,18 @@ def _duration(s: float) -> str:
 
 def format_status(d: dict) -> str:
     """The human-readable table of `collect_status`'s dict."""
+    if not d["proxy_pid"]:
+        holder = "no proxy (none has held the run lock)"
+    elif d.get("lock_holder", "run") == "run":
+        holder = (f"proxy pid {d['proxy_pid']} on {d['proxy_host']} "
+                  f"({'alive' if d['proxy_alive'] else 'not running'})")
+    else:  # a stopped run's pivot took the lock last: that pid was never a proxy
+        holder = (f"no proxy since the `{d['lock_holder']}` command (pid {d['proxy_pid']}, "
+                  f"{'running' if d['proxy_alive'] else 'done'}) last held the run lock")
     lines = [f"run         {d['run_dir']}  ({d['preset']}, {d['n_params']:,} parameters)",
              f"health      {d['health']}",
-             f"processes   "
-             + (f"proxy pid {d['proxy_pid']} on {d['proxy_host']} "
-                f"({'alive' if d['proxy_alive'] else 'not running'})" if d['proxy_pid']
-                else "no proxy (none has held the run lock)") + ", worker pid "
-             f"{d['worker_pid'] or '-'}" + (f" (state {d['worker_state']})" if d['worker_pid'] else ""),
+             f"processes   {holder}, worker pid {d['worker_pid'] or '-'}"
+             + (f" (state {d['worker_state']})" if d['worker_pid'] else ""),
              f"step        {d['step']:,} / {d['max_steps']:,}"
              + (f" (this start: --max-steps {d['target_steps']:,})"
                 if d["target_steps"] != d["max_steps"] else "")

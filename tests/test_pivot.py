@@ -87,6 +87,11 @@ def test_pivot_refuses_bad_bounds_a_second_request_and_a_finished_run_before_cha
     # it, and the run said "nothing to do")
     assert f"`python -m proxy run --run-dir {run} --max-steps 20` trains in it" in r.stdout, r.stdout
     after = (run / "phases.json").read_bytes()
+    st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)], cwd=ROOT,
+                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                        text=True, timeout=60)
+    line = next(l for l in st.stdout.splitlines() if l.startswith("processes"))
+    assert "no proxy since the `pivot` command" in line, line  # it named that pid as the proxy
     r = pivot(run, "--caps", "repo-code=0.4", "--label", "v3", "--max-steps", "20")
     assert r.returncode == 2 and "already pending" in r.stderr and "'v2'" in r.stderr
     assert (run / "phases.json").read_bytes() == after
