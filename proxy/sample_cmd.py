@@ -31,7 +31,8 @@ def add_sample_args(p) -> None:
     p.add_argument("--samples", type=int, default=1,
                    help="continuations to generate, all in one batch (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.8,
-                   help="softmax temperature, > 0; lower is more conservative (default: %(default)s)")
+                   help="softmax temperature, >= 0; lower is more conservative, 0 is greedy (the same as "
+                        "--top-k 1) (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=40,
                    help="sample among the K most likely tokens; 0 = all (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None,
@@ -63,12 +64,18 @@ def cmd_sample(a) -> int:
     if run_dir is None:
         print("sample: give a checkpoint PATH or --run-dir", file=sys.stderr)
         return EXIT_USAGE
-    if (a.tokens < 1 or a.samples < 1 or a.temperature <= 0 or a.top_k < 0
-            or (a.threads is not None and a.threads < 1)):
-        print("sample: --tokens, --samples and --threads must be >= 1, --temperature > 0, "
-              "--top-k >= 0",
-              file=sys.stderr)
+    bad = [f"--{name} {value}: {rule}" for name, value, ok, rule in (
+        ("tokens", a.tokens, a.tokens >= 1, "must be >= 1"),
+        ("samples", a.samples, a.samples >= 1, "must be >= 1"),
+        ("threads", a.threads, a.threads is None or a.threads >= 1, "must be >= 1"),
+        ("temperature", a.temperature, a.temperature >= 0, "must be >= 0 (0: greedy)"),
+        ("top-k", a.top_k, a.top_k >= 0, "must be >= 0 (0: no limit)")) if not ok]
+    if bad:
+        print("sample: " + "; ".join(bad), file=sys.stderr)
         return EXIT_USAGE
+    greedy = a.temperature == 0
+    if greedy:  # the most likely token each time, as --top-k 1 gives
+        a.temperature, a.top_k = 1.0, 1
     layout = RunLayout(run_dir)
     try:
         cfg = load_run_config(layout.run_json)
@@ -100,7 +107,8 @@ def cmd_sample(a) -> int:
     out = generate_batched(model, idx, a.tokens, a.temperature, a.top_k or None, g)
     t_end = time.perf_counter()
     from proxy.sample_format import format_sample
-    print(f"# {path.name} (step {step:,}), temperature {a.temperature}, top-k {a.top_k}, "
+    how = "greedy" if greedy else f"temperature {a.temperature}, top-k {a.top_k}"
+    print(f"# {path.name} (step {step:,}), {how}, "
           f"seed {a.seed}")
     for i in range(a.samples):
         print(format_sample(f"sample {i + 1}/{a.samples}", a.prompt,

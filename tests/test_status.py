@@ -145,3 +145,23 @@ def test_status_and_the_summary_measure_against_the_runs_plan_not_the_last_start
     step_line = next(l for l in st.stdout.splitlines() if l.startswith("step "))
     assert "health      finished" in st.stdout and "40 / 40" in step_line
     assert "this start" not in step_line, step_line
+
+
+def test_sample_names_each_bad_value_and_temperature_zero_is_greedy(tmp_path):
+    """`sample` answered any bad value with one sentence about all five options, and refused
+    --temperature 0, which is what many users type for greedy decoding."""
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "10", "--checkpoint-every", "10").returncode == 0
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def sample(*args):
+        return subprocess.run([sys.executable, "-m", "proxy", "sample", "--run-dir", str(run),
+                               "--prompt", "def ", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+    r = sample("--tokens", "0", "--top-k", "-2")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "sample: --tokens 0: must be >= 1; --top-k -2: must be >= 0 (0: no limit)"
+    greedy, top1 = sample("--temperature", "0", "--tokens", "12"), sample("--top-k", "1", "--tokens", "12", "--seed", "5")
+    assert greedy.returncode == 0 and "greedy" in greedy.stdout.splitlines()[0], greedy.stderr
+    body = lambda out: [l for l in out.splitlines() if not l.startswith("#")]
+    assert body(greedy.stdout) == body(top1.stdout)
