@@ -140,7 +140,9 @@ def cmd_inspect(a) -> int:
     print(f"checksum   {got}: {status}")
     print(f"valid      {'yes' if ok else 'NO (rule: checksum)'}")
     for name, arr in (("weights", w), ("m", m), ("v", v)):
-        print(f"|{name}|".ljust(11) + f"L2 {float(np.linalg.norm(arr)):.6g}  "
+        with np.errstate(over="ignore", invalid="ignore"):  # a corrupt file's norm is inf, said
+            l2 = float(np.linalg.norm(arr))
+        print(f"|{name}|".ljust(11) + f"L2 {l2:.6g}  "
               f"max|x| {float(np.abs(arr).max()):.6g}  "
               f"non-finite {int(arr.size - np.isfinite(arr).sum()):,}")
     if cfg is not None:
@@ -148,8 +150,9 @@ def cmd_inspect(a) -> int:
         print(f"{'name':<40} {'shape':<16} {'offset':>12} {'|w|':>10}")
         for name, shp, off in parameter_table(cfg.model, cfg.vocab_size):
             size_ = int(np.prod(shp))
-            print(f"{name:<40} {str(tuple(shp)):<16} {off:>12,} "
-                  f"{float(np.linalg.norm(w[off:off + size_])):>10.4f}")
+            with np.errstate(over="ignore", invalid="ignore"):
+                l2 = float(np.linalg.norm(w[off:off + size_]))
+            print(f"{name:<40} {str(tuple(shp)):<16} {off:>12,} {l2:>10.4f}")
     return 0 if ok else EXIT_INVALID
 
 

@@ -90,6 +90,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
                          fontsize="small")
     fig.suptitle(f"{layout.root.name}: {len(s['steps']):,} steps, {len(phases)} phase(s)")
     fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)  # --out into a folder not made yet
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out

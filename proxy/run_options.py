@@ -69,12 +69,13 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model shape (default andrea-tiny); the architecture cannot change later")
     g.add_argument("--seed", type=int, default=None,
-                   help="run seed: every random choice of update k derives from (seed, k, rank)")
+                   help="run seed: every random choice of update k derives from (seed, k, rank) (1337)")
     g.add_argument("--batch-size", type=int, default=None, metavar="N",
-                   help="sequences per optimizer update, global over all ranks")
-    g.add_argument("--lr", type=float, default=None, help="peak learning rate (AdamW)")
+                   help="sequences per optimizer update, global over all ranks (16)")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate (AdamW) (3e-3)")
     g.add_argument("--warmup-steps", type=int, default=None, metavar="N",
-                   help="linear learning-rate warm-up, steps (then cosine to --max-steps)")
+                   help="linear learning-rate warm-up, steps (then cosine to --max-steps) (50; a tenth of "
+                        "a run shorter than that)")
     g.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="checkpoint cadence in steps (100)")
     g.add_argument("--sample-every", type=int, default=None, metavar="N",
