@@ -80,7 +80,7 @@ from worker.optim import FlatAdamW, learning_rate  # noqa: E402
 FLOOR, CAP = 0.1, 0.6         # the box of every arm
 TRAP = "list-trap"
 POLICIES = ("static", "stratified", "odm", "default")
-WORST_LIMIT = 0.005   # issue 15's limit on the worst arm's loss against stratified, nats
+WORST_LIMIT = 0.005   # the target's limit on the worst arm's loss against stratified, nats (docs/bandit.md)
 VARIANT_KEYS = {"warmup": "bandit_warmup", "probe_every": "probe_every",
                 "probe_sequences": "probe_sequences"}
 BANDIT_KEYS = {f.name: f.type for f in dataclasses.fields(BanditConfig)} | {}
