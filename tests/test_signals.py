@@ -20,6 +20,9 @@ from shared.checkpoint_manifest import read_manifest
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
 SIG = ["--max-steps", "400", "--checkpoint-every", "10"]
+# for a run the test stops with a signal: long enough that the end of training never comes
+# first, however fast the machine (400 steps of andrea-test take about 3 s unloaded)
+LONG = ["--max-steps", "100000", "--checkpoint-every", "10"]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def _stop(proc, timeout=120):
 
 def test_three_quick_sigusr1_plus_a_copy_to_the_worker_group_give_one_checkpoint_and_one_on_a_cadence_step_writes_once(template, tmp_path):
     b = clone(template, tmp_path / "run")
-    proc = start(b, *SIG, env={"ANDREA_TEST_PAUSE_AT_STEP": "4:3,10:3"})
+    proc = start(b, *LONG, env={"ANDREA_TEST_PAUSE_AT_STEP": "4:3,10:3"})
     with cleaned_up(proc, b):
         wait_report(b, lambda r: r.get("event") == "test-pause" and r["step"] == 4, 180, "pause 4")
         wpid = hello_pid(b)
@@ -68,7 +71,7 @@ def test_three_quick_sigusr1_plus_a_copy_to_the_worker_group_give_one_checkpoint
 
 def test_usr1_at_boundary_checkpoints_once_at_the_next_cadence_step(template, tmp_path):
     b = clone(template, tmp_path / "run")
-    proc = start(b, *SIG, "--usr1-at", "boundary", env={"ANDREA_TEST_PAUSE_AT_STEP": "4:2"})
+    proc = start(b, *LONG, "--usr1-at", "boundary", env={"ANDREA_TEST_PAUSE_AT_STEP": "4:2"})
     with cleaned_up(proc, b):
         wait_report(b, lambda r: r.get("event") == "test-pause", 180, "pause 4")
         proc.send_signal(signal.SIGUSR1)
@@ -82,7 +85,7 @@ def test_usr1_at_boundary_checkpoints_once_at_the_next_cadence_step(template, tm
 def test_sigusr1_then_sigterm_during_writes_neither_tear_nor_double_and_exit_0_once(template, tmp_path):
     b = clone(template, tmp_path / "run")
     delay = 2.0
-    proc = start(b, *SIG, env={"ANDREA_TEST_WRITE_DELAY": str(delay)})
+    proc = start(b, *LONG, env={"ANDREA_TEST_WRITE_DELAY": str(delay)})
     with cleaned_up(proc, b):
         wait_report(b, lambda r: r.get("type") == "checkpoint_started" and r["step"] == 10, 180,
                     "the cadence write of step 10")
@@ -116,7 +119,7 @@ def test_sigusr1_then_sigterm_during_writes_neither_tear_nor_double_and_exit_0_o
 
 def test_sigusr1_during_startup_of_proxy_and_worker_is_honoured_after_the_first_step(tmp_path):
     b = tmp_path / "run"  # created by this proxy: a long start-up (arm tokenization)
-    proc = start(b, *SIG)
+    proc = start(b, *LONG)
     with cleaned_up(proc, b):
         def handler_installed():  # SigCgt bit 10 = SIGUSR1 has a handler (EarlySignals)
             try:
@@ -144,7 +147,7 @@ def test_sigusr1_during_startup_of_proxy_and_worker_is_honoured_after_the_first_
 
 def test_a_library_replacing_the_sigusr1_handler_is_reported_and_it_still_checkpoints(template, tmp_path):
     b = clone(template, tmp_path / "run")
-    proc = start(b, *SIG, env={"ANDREA_TEST_STEAL_SIGNAL": "SIGUSR1"})
+    proc = start(b, *LONG, env={"ANDREA_TEST_STEAL_SIGNAL": "SIGUSR1"})
     with cleaned_up(proc, b):
         ev = wait_report(b, lambda r: r.get("event") == "signal-handlers-replaced", 180,
                          "the handler check's report")

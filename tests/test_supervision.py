@@ -24,6 +24,9 @@ from shared.checkpoint_format import checkpoint_name, load_checkpoint
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
 SUP = ["--max-steps", "400", "--checkpoint-every", "10"]
+# for a run the test itself stops (signal, kill): long enough that the end of training never
+# comes first, however fast the machine (400 steps of andrea-test take about 3 s unloaded)
+LONG = ["--max-steps", "100000", "--checkpoint-every", "10"]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def status_json(run_dir) -> dict:
 
 def test_proxy_sigkill_worker_checkpoints_and_exits_nothing_remains_and_the_next_run_starts_cleanly(template, tmp_path):
     b = clone(template, tmp_path / "run")
-    proc = start(b, *SUP)
+    proc = start(b, *LONG)
     try:
         wpid = hello_pid(b, 180)
         wait_for(lambda: last_step(b) >= 5, 120, what="training")
@@ -96,7 +99,7 @@ def kill_the_first_worker_past_step_12(b) -> tuple[int, int]:
 
 def test_worker_crash_restarts_from_the_newest_checkpoint_then_gives_up_after_max_restarts(template, tmp_path):
     b = clone(template, tmp_path / "run")
-    proc = start(b, *SUP, "--max-restarts", "1")
+    proc = start(b, *LONG, "--max-restarts", "1")
     with cleaned_up(proc, b):
         first, second = kill_the_first_worker_past_step_12(b)
         wait_for(lambda: [r for r in reports(b) if r.get("type") == "step"], 120, what="it to train")
@@ -114,7 +117,7 @@ def test_a_stopped_worker_is_named_stopped_and_restarted(template, tmp_path):
     """SIGSTOP: no report for --hang-timeout; the proxy names the process and its state, sends
     SIGTERM + SIGCONT to the worker's group, the worker checkpoints, and is restarted."""
     b = clone(template, tmp_path / "run")
-    proc = start(b, *SUP, "--hang-timeout", "15", "--stop-timeout", "60")
+    proc = start(b, *LONG, "--hang-timeout", "15", "--stop-timeout", "60")
     with cleaned_up(proc, b):
         wpid = hello_pid(b, 180)
         wait_for(lambda: last_step(b) >= 4, 120, what="training")
@@ -147,7 +150,7 @@ def test_a_hung_worker_that_ignores_sigterm_is_killed_after_stop_timeout_and_res
 def test_orphans_of_the_worker_are_reaped_by_the_proxy_subreaper(template, tmp_path):
     b = clone(template, tmp_path / "run")
     pidfile = tmp_path / "orphan.pid"
-    proc = start(b, *SUP, env={"ANDREA_TEST_ORPHAN_FILE": str(pidfile)})
+    proc = start(b, *LONG, env={"ANDREA_TEST_ORPHAN_FILE": str(pidfile)})
     with cleaned_up(proc, b):
         orphan = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 180,
                               what="the orphan"))
@@ -156,7 +159,10 @@ def test_orphans_of_the_worker_are_reaped_by_the_proxy_subreaper(template, tmp_p
         wait_for(lambda: not psutil.pid_exists(orphan), 60, what="the orphan to be reaped")
         wait_for(lambda: last_step(b) >= 3, 60, what="training")
         assert proc.poll() is None
-        assert not [c for c in psutil.Process(proc.pid).children() if c.status() == psutil.STATUS_ZOMBIE]
+        wpid = hello_pid(b, 60)  # the live worker: its status belongs to the proxy's Popen
+        zombies = [c for c in psutil.Process(proc.pid).children()
+                   if c.pid != wpid and c.status() == psutil.STATUS_ZOMBIE]
+        assert not zombies, zombies
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
 
@@ -173,9 +179,7 @@ def test_proxy_as_pid_1_reaps_orphans_and_stops_cleanly_on_sigterm(template, tmp
     b = clone(template, tmp_path / "run")
     pidfile = tmp_path / "orphan.pid"
     log = open(tmp_path / "pid1.out", "wb")
-    # a run long enough that the SIGTERM, not the end of training, stops it
-    long_run = ["--max-steps", "100000", "--checkpoint-every", "10"]
-    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *cmd(b, *long_run)], cwd=ROOT,
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *cmd(b, *LONG)], cwd=ROOT,
                              env=_env({"ANDREA_TEST_ORPHAN_FILE": str(pidfile)}), stdout=log,
                              stderr=subprocess.STDOUT)
     try:
@@ -277,7 +281,7 @@ def test_a_worker_that_wrote_a_new_checkpoint_before_it_crashed_starts_the_resta
     a run of weeks was given up after N crashes however far apart (here: two crashes, each after
     a new checkpoint, used up --max-restarts 1)."""
     b = clone(template, tmp_path / "run")
-    proc = start(b, *SUP, "--max-restarts", "1")
+    proc = start(b, *LONG, "--max-restarts", "1")
     with cleaned_up(proc, b):
         first, second = kill_the_first_worker_past_step_12(b)
         start_ckpt = max(checkpoint_steps(b))
