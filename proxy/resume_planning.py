@@ -25,8 +25,8 @@ from proxy.run_setup import read_phases, write_phases
 from proxy.sidecars import read_json_tolerant, write_state
 from proxy.state_snapshots import mark_rewound
 from shared.atomic_io import atomic_write_json, clean_stale_writes
-from shared.checkpoint_format import CheckpointError, clean_stale_temporaries, \
-    quarantine_checkpoint, scan_for_resume
+from shared.checkpoint_format import QUARANTINE_DIR, CheckpointError, \
+    clean_stale_temporaries, quarantine_checkpoint, scan_for_resume
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import RunConfig
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
@@ -57,15 +57,18 @@ def find_resume_point(layout: RunLayout, cfg: RunConfig, history: LossHistory,
                       from_scratch: bool) -> ResumePoint:
     """The newest valid checkpoint (docs/checkpoint-format.md#validity). Stale temporaries are
     removed; each rejected file is logged with its rule and, when training will pass its step
-    again, moved to rejected/ (never deleted). Raises ResumeError when the history has records
-    but no checkpoint is valid, unless `from_scratch`."""
+    again, moved to rejected/ (never deleted). A run stopped before its first checkpoint (no
+    file, none rejected, an empty manifest, a history short of the first cadence step) starts
+    again from step 0 with a warning. Raises ResumeError when the history has records but no
+    checkpoint is valid otherwise, unless `from_scratch`."""
     root = layout.root
     for p in clean_stale_temporaries(root):
         log.info("removed stale temporary %s", p.name)
     for d in (root, layout.data, layout.archive):  # a sidecar write cut by a kill -9
         for name in clean_stale_writes(d):
             log.info("removed stale temporary %s", os.path.join(os.path.relpath(d, root), name))
-    checks = manifest_checksums(read_manifest(root))
+    manifest = read_manifest(root)
+    checks = manifest_checksums(manifest)
     info, rejected = scan_for_resume(root, cfg.n_params, checks)
     for err in rejected:  # one line per rejected file, with the rule it broke
         log.warning("rejected %s (rule: %s): %s", err.path.name, err.rule, err)
@@ -79,6 +82,15 @@ def find_resume_point(layout: RunLayout, cfg: RunConfig, history: LossHistory,
             except CheckpointError as e:
                 log.error("%s", e)
     if info is None:
+        if history.last_step and not from_scratch and not rejected and not manifest \
+                and not _any_quarantined(layout) and history.last_step < cfg.checkpoint_every:
+            # stopped by kill -9, a crash or OOM before its first checkpoint: there is nothing
+            # to lose by starting again, and nothing to restore (docs/history.md#rewind)
+            log.warning("%s: no checkpoint was ever written (the history ends at step %d, "
+                        "before the first cadence checkpoint at step %d): starting again from "
+                        "step 0; the %d records go to %s", root, history.last_step,
+                        cfg.checkpoint_every, len(history), layout.loss_rewound.name)
+            return ResumePoint(0, None)
         if history.last_step and not from_scratch:
             raise ResumeError(
                 f"{root}: the history holds {len(history):,} records (to step "
@@ -91,6 +103,16 @@ def find_resume_point(layout: RunLayout, cfg: RunConfig, history: LossHistory,
     if rejected:
         log.warning("resuming from %s instead", info.path.name)
     return ResumePoint(info.step, info.path, checks.get(info.step))
+
+
+def _any_quarantined(layout: RunLayout) -> bool:
+    """True if rejected/ holds a file: a checkpoint existed once, so a history without a valid
+    one is not a run that never checkpointed."""
+    try:
+        with os.scandir(layout.root / QUARANTINE_DIR) as entries:
+            return any(True for _ in entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def align_history(layout: RunLayout, history: LossHistory, step: int) -> None:

@@ -299,3 +299,38 @@ def test_a_worker_that_wrote_a_new_checkpoint_before_it_crashed_starts_the_resta
     assert "restarts are used up" in log
     recs = loss_records(b)
     assert [x["step"] for x in recs] == list(range(1, len(recs) + 1))
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again_from_step_0_in_the_proxy_and_on_the_next_start(template, tmp_path):
+    """A worker SIGKILLed before the first cadence checkpoint left records but no checkpoint.
+    Before, the restart was refused ("no valid checkpoint exists ... --from-scratch"), so the
+    proxy gave up, and under systemd the run could never start again without a hand."""
+    b = create_template(tmp_path / "run", "--max-steps", "400", "--checkpoint-every", "1000")
+    proc = start(b, "--max-steps", "400", env={"ANDREA_TEST_PAUSE_AT_STEP": "6:60,9:60"})
+    with cleaned_up(proc, b):
+        first = hello_pid(b, 180)
+        wait_report(b, lambda r: r.get("event") == "test-pause", 180, "the pause in step 6")
+        wait_for(lambda: last_step(b) >= 5, 60, what="step 5 filed")
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: (p := hello_pid(b, 120)) != first and p, 120, what="a restarted worker")
+        wait_report(b, lambda r: r.get("event") == "test-pause" and r["step"] == 9, 180,
+                    "the restarted worker's pause in step 9")
+        wait_for(lambda: last_step(b) >= 8, 60, what="step 8 filed")
+        assert proc.poll() is None
+        # now the proxy and the worker together, still before any checkpoint
+        wpid = hello_pid(b, 10)
+        proc.send_signal(signal.SIGSTOP)  # so it cannot restart the worker in between
+        os.kill(wpid, signal.SIGKILL)
+        proc.kill()
+        proc.wait(30)
+        wait_for(lambda: not run_processes(b), 60, what="no process of the run to remain")
+    assert not checkpoint_steps(b)
+    log = proxy_log(b)
+    assert "no checkpoint was ever written" in log and "restart 1 of 3" in log, log[-3000:]
+    r = run(b, "--max-steps", "12", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("no checkpoint was ever written") == 1
+    assert [x["step"] for x in loss_records(b)] == list(range(1, 13))
+    rewound = json.loads((b / ".loss.rewound.json").read_text())
+    assert {x["step"] for x in rewound} >= {1, 5, 8}, "the records of both stops were kept aside"
+    assert checkpoint_steps(b) == [12]
