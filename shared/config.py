@@ -187,13 +187,13 @@ class RunConfig:
                     "probe_sequences", "max_steps", "lr_decay_steps")
         for name in positive:
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+                raise _bad(name, getattr(self, name), "must be >= 1")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"lr={self.lr} must be a positive finite number")
+            raise _bad("lr", self.lr, "must be a positive finite number")
         if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed={self.seed} must be in [0, 2**63) (numpy seeds are non-negative)")
+            raise _bad("seed", self.seed, "must be in [0, 2**63) (numpy seeds are non-negative)")
         if self.warmup_steps < 0:
-            raise ConfigError(f"warmup_steps={self.warmup_steps} must be >= 0")
+            raise _bad("warmup_steps", self.warmup_steps, "must be >= 0")
         if not (isinstance(self.probe_budget, (int, float)) and 0 < self.probe_budget <= 1):
             raise ConfigError(f"probe_budget={self.probe_budget!r} must be in (0, 1] (default 0.015)")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
@@ -202,9 +202,9 @@ class RunConfig:
         if self.bpe_sample_bytes < 1 << 16:
             raise ConfigError(f"bpe_sample_bytes={self.bpe_sample_bytes:,} must be >= 65,536")
         if self.arm_max_tokens < 0:
-            raise ConfigError(f"arm_max_tokens={self.arm_max_tokens} must be >= 0 (0 = no cap)")
+            raise _bad("arm_max_tokens", self.arm_max_tokens, "must be >= 0 (0 = no cap)")
         if self.reward not in ("heldout_progress", "train_loss"):
-            raise ConfigError(f"reward={self.reward!r}: choose heldout_progress or train_loss")
+            raise _bad("reward", repr(self.reward), "is unknown: choose heldout_progress or train_loss")
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names) or not names:
             raise ConfigError(f"arm names must be unique and non-empty, got {names}")
@@ -302,11 +302,23 @@ POLICY_BUDGET = 0.02       # probe (probe_budget 0.015) + audits (AUDIT_BUDGET),
 AUDIT_PROMPT_TOKENS = 16   # the audit prompt per arm: the first tokens of its held-out split
 
 
+# settings whose command-line flag is the field's name in kebab case (proxy/run_options.py)
+_FLAGGED = frozenset({"batch_size", "checkpoint_every", "sample_every", "probe_every", "max_steps",
+                      "lr", "seed", "warmup_steps", "tokenizer", "arm_max_tokens", "reward"})
+
+
+def _bad(name: str, value: object, rule: str) -> ConfigError:
+    """'batch_size=0 (--batch-size) must be >= 1': the setting as a config file and the
+    command line spell it, its value, and the rule it breaks."""
+    flag = f" (--{name.replace('_', '-')})" if name in _FLAGGED else ""
+    return ConfigError(f"{name}={value}{flag} {rule}")
+
+
 def _positive(cfg: RunConfig, *names: str) -> None:
     """ConfigError naming the first of `names` that is not >= 1 (before any division by it)."""
     for name in names:
         if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 1")
+            raise _bad(name, getattr(cfg, name), "must be >= 1")
 
 
 def audit_cost(cfg: RunConfig, n_arms: int | None = None) -> float:

@@ -30,7 +30,7 @@ def test_a_zero_cadence_or_batch_is_a_clear_error_not_a_division_by_zero(tmp_pat
     run = tmp_path / "run"
     r = run_proxy(run, option, "0", "--max-steps", "5", timeout=60)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert f"{name}=0 must be >= 1" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"{name}=0 ({option}) must be >= 1" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not (run / "run.json").exists()
 
 
