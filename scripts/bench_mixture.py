@@ -81,6 +81,8 @@ FLOOR, CAP = 0.1, 0.6         # the box of every arm
 TRAP = "list-trap"
 POLICIES = ("static", "stratified", "odm", "default")
 WORST_LIMIT = 0.005   # the target's limit on the worst arm's loss against stratified, nats (docs/bandit.md)
+T_LIMIT = -3.0        # the target's paired t against stratified, at most
+CAPTURE_LIMIT = 0.5   # the target's share of the available gain, at least
 VARIANT_KEYS = {"warmup": "bandit_warmup", "probe_every": "probe_every",
                 "probe_sequences": "probe_sequences"}
 BANDIT_KEYS = {f.name: f.type for f in dataclasses.fields(BanditConfig)} | {}
@@ -97,7 +99,9 @@ POLICY_SOURCE = hashlib.sha256(b"".join(
 
 def arm_set(name: str, tmp: Path) -> list[ArmSpec]:
     """The arms of set `name`: "A" (the embedded defaults), "B" (C headers, test files, English
-    prose of this Python installation) or "trap" (A plus the repetitive list-like arm)."""
+    prose of this Python installation), "C" (the codecs' generated charmap tables, a source that
+    is learnt early and then adds little, beside C headers and the reference prose of pydoc's
+    topics) or "trap" (A plus the repetitive list-like arm)."""
     lib, inc = sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["include"]
     if name == "A":
         return list(DEFAULT_ARMS)
@@ -105,6 +109,10 @@ def arm_set(name: str, tmp: Path) -> list[ArmSpec]:
         return [ArmSpec("c-headers", "text", f"{inc}/**/*.h"),
                 ArmSpec("py-tests", "text", f"{lib}/test/test_[a-c]*.py"),
                 ArmSpec("prose", "text", f"{lib}/idlelib/*.txt")]
+    if name == "C":
+        return [ArmSpec("charmaps", "text", f"{lib}/encodings/cp*.py"),
+                ArmSpec("c-headers", "text", f"{inc}/**/*.h"),
+                ArmSpec("topics", "text", f"{lib}/pydoc_data/topics.py")]
     if name == "trap":
         return list(DEFAULT_ARMS) + [ArmSpec(TRAP, "text", str(write_trap(tmp / "trap.txt")))]
     raise ValueError(f"unknown arm set {name!r}")
@@ -276,6 +284,34 @@ def _tval(dm: float, se: float) -> float:
     return dm / se if se > 0 else float("nan")
 
 
+def target_verdict(s: dict) -> dict:
+    """The target of docs/bandit.md#how-we-show-it-works applied to one RESULT row.
+
+    `s` carries delta_mean and t (paired against stratified), captured (None without an oracle),
+    worst_delta (nats) and box_ok, and optionally t_best_fixed_in_limits. Returns
+    {"target_met": bool, "target_misses": [reason, ...]} and, when the oracle ran,
+    "oracle_in_limits_meets_t": whether the best fixed mixture that keeps the worst arm within
+    WORST_LIMIT itself reaches t <= T_LIMIT (a fixed mixture chosen with hindsight and paying no
+    probe: when it does not, no policy held to the limits can be expected to).
+    """
+    miss = []
+    if not (s.get("t") is not None and s["t"] == s["t"] and s["t"] <= T_LIMIT):
+        miss.append(f"t {s.get('t')} > {T_LIMIT}")
+    if s.get("captured") is None:
+        miss.append("captured unknown (no oracle)")
+    elif s["captured"] < CAPTURE_LIMIT:
+        miss.append(f"captured {s['captured']} < {CAPTURE_LIMIT}")
+    if not s.get("worst_delta", math.inf) <= WORST_LIMIT:
+        miss.append(f"worst arm {s.get('worst_delta')} > +{WORST_LIMIT}")
+    if not s.get("box_ok"):
+        miss.append("a posted p left its box")
+    out = {"target_met": not miss, "target_misses": miss}
+    tf = s.get("t_best_fixed_in_limits")
+    if tf is not None:
+        out["oracle_in_limits_meets_t"] = tf == tf and tf <= T_LIMIT
+    return out
+
+
 def mix_label(p: dict, names, digits: int = 1) -> str:
     """fixed[0.6/0.3/0.1] in arm-name order."""
     return "fixed[" + "/".join(f"{p[n]:.{digits}f}" for n in names) + "]"
@@ -444,6 +480,7 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
                   "captured_smoothed": (round((ref["mean"] - r["mean"]) / sm["gain"], 3)
                                         if sm["gain"] > 0 else None),
                   "noise_best_cell": round(sm["null_max"], 5)}
+        s |= target_verdict(s)
         if TRAP in names:
             s |= {"trap_p_start": round(r["pstart_all"][TRAP], 4),
                   "trap_p_max_after_warmup": round(r["pmax_all"][TRAP], 4),
@@ -454,6 +491,11 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
               + (f"; {TRAP}: p {s['trap_p_start']:.3f} after the warm-up, at most "
                  f"{s['trap_p_max_after_warmup']:.3f} later (raised: {s['trap_raised']})"
                  if TRAP in names else ""))
+        print(f"  target (t <= {T_LIMIT}, captured >= {CAPTURE_LIMIT}, worst arm <= +{WORST_LIMIT}, in box): "
+              + ("met" if s["target_met"] else "missed: " + "; ".join(s["target_misses"]))
+              + ("" if "oracle_in_limits_meets_t" not in s else
+                 f"; the best fixed mixture within the worst-arm limit "
+                 f"{'reaches' if s['oracle_in_limits_meets_t'] else 'does not reach'} t <= {T_LIMIT} itself"))
         out[lab] = s
     return out
 
@@ -527,9 +569,9 @@ def print_table(res: dict, labels: list, ref: dict, names, a) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", nargs="+", choices=("A", "B", "trap"), default=["A", "B"],
-                    help="arm sets (A: the embedded defaults; B: C headers, test files, prose; trap: "
-                         "A plus the repetitive arm)")
+    ap.add_argument("--sets", nargs="+", choices=("A", "B", "C", "trap"), default=["A", "B"],
+                    help="arm sets (A: the embedded defaults; B: C headers, test files, prose; C: charmap "
+                         "tables, C headers, reference prose; trap: A plus the repetitive arm)")
     ap.add_argument("--trap", action="store_true",
                     help="also run the collapse trap: set A plus a repetitive list-like arm")
     ap.add_argument("--steps", type=int, default=300, help="training steps of the bandit rows (e.g. 1000)")

@@ -123,3 +123,20 @@ def test_benchmark_runs_the_trap_set_and_the_guard_holds_the_trap():
     assert res[0]["trap_raised"] is False and res[0]["trap_p_max_after_warmup"] <= res[0]["trap_p_start"]
     noguard = [l for l in out.stdout.splitlines() if l.startswith("default[no guard] vs stratified")]
     assert len(noguard) == 1 and noguard[0].endswith("(raised: True)"), noguard
+
+
+def test_target_verdict_names_every_missed_condition_and_the_oracles_feasibility(bench):
+    """RESULT says whether point 3's target is met and why not (docs/bandit.md#how-we-show-it-works)."""
+    good = {"t": -3.4, "captured": 0.6, "worst_delta": 0.001, "box_ok": True,
+            "t_best_fixed_in_limits": -4.0}
+    v = bench.target_verdict(good)
+    assert v == {"target_met": True, "target_misses": [], "oracle_in_limits_meets_t": True}
+    v = bench.target_verdict({"t": 3.6, "captured": None, "worst_delta": 0.0066, "box_ok": False,
+                              "t_best_fixed_in_limits": -0.8})
+    assert not v["target_met"] and len(v["target_misses"]) == 4
+    assert not v["oracle_in_limits_meets_t"]
+    # a border case on each limit is inside it; a NaN t (one seed) is a miss
+    assert bench.target_verdict({"t": -3.0, "captured": 0.5, "worst_delta": 0.005, "box_ok": True})["target_met"]
+    assert not bench.target_verdict({"t": float("nan"), "captured": 0.9, "worst_delta": 0.0,
+                                     "box_ok": True})["target_met"]
+    assert "oracle_in_limits_meets_t" not in bench.target_verdict(good | {"t_best_fixed_in_limits": None})
