@@ -310,6 +310,9 @@ class Supervisor:
                 log.info("%s received: asking worker pid %d to checkpoint and stop",
                          self.stop_requested, self.proc.pid)
                 self._signal_worker(signal.SIGTERM)
+                # a worker paused by SIGSTOP (an operator, a debugger, a job-control ^Z) can only
+                # act on the SIGTERM once continued; a running one ignores SIGCONT
+                self._signal_worker(signal.SIGCONT)
                 stop_sent_at = time.monotonic()
             self._forward_usr1()
             reports = reader.read()

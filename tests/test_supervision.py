@@ -134,6 +134,27 @@ def test_a_stopped_worker_is_named_stopped_and_restarted(template, tmp_path):
     assert [x["step"] for x in recs] == list(range(1, len(recs) + 1))
 
 
+def test_a_stop_reaches_a_worker_paused_by_sigstop_which_checkpoints_and_the_proxy_exits_0(template, tmp_path):
+    """SIGTERM to the proxy while its worker is paused (SIGSTOP): the proxy continues it with
+    the SIGTERM, so it writes its checkpoint and both exit 0 (it used to wait --stop-timeout,
+    SIGKILL the worker, lose the steps since the last checkpoint and exit 1)."""
+    b = clone(template, tmp_path / "run")
+    proc = start(b, *LONG, "--hang-timeout", "600", "--stop-timeout", "60")
+    with cleaned_up(proc, b):
+        wpid = hello_pid(b, 180)
+        wait_for(lambda: last_step(b) >= 14, 120, what="training")
+        os.kill(wpid, signal.SIGSTOP)
+        time.sleep(0.5)
+        paused_at = last_step(b)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, proxy_log(b)[-3000:]
+    log = proxy_log(b)
+    assert "did not exit" not in log and "SIGKILL" not in log, log[-3000:]
+    final = max(checkpoint_steps(b))
+    assert final >= paused_at and final == last_step(b), (final, paused_at, last_step(b))
+    assert not psutil.pid_exists(wpid) or gone(wpid)
+
+
 def test_a_hung_worker_that_ignores_sigterm_is_killed_after_stop_timeout_and_restarted(template, tmp_path):
     b = clone(template, tmp_path / "run")
     r = run(b, "--max-steps", "16", "--checkpoint-every", "10", "--hang-timeout", "20",
