@@ -222,7 +222,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
             bad, first_bad = st.bad.count, st.bad.first
             if arm.kind in ("python-docstrings", "python-code", "python-docs"):
                 used = st.chars
-            if bad:
+            if bad or st.bad.replaced:
                 _log.warning("arm %s: %s", arm.name, st.bad.summary())
         hold = heldout_size(n, cfg)
         if n - hold < cfg.model.block_size + 2:

@@ -49,17 +49,43 @@ class BadRecords:
     by_reason: dict = field(default_factory=dict)
     hint: str = ""         # what the first record missing its field had instead (the likely fix)
 
+    replaced: int = 0      # undecodable bytes of text files, replaced by U+FFFD (kept, not skipped)
+    replaced_first: str = ""
+
     def add(self, where: str, reason: str) -> None:
         self.count += 1
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         if not self.first:
             self.first = f"{where}: {reason}"
 
+    def add_replaced(self, where: str, nbytes: int) -> None:
+        """`nbytes` undecodable bytes at `where` ("file:line") became U+FFFD in the text."""
+        self.replaced += nbytes
+        if not self.replaced_first:
+            self.replaced_first = where
+
     def summary(self) -> str:
-        if not self.count:
-            return "no bad records"
-        kinds = ", ".join(f"{n} {r}" for r, n in sorted(self.by_reason.items()))
-        return f"{self.count:,} bad records skipped ({kinds}; first at {self.first})"
+        parts = []
+        if self.count:
+            kinds = ", ".join(f"{n} {r}" for r, n in sorted(self.by_reason.items()))
+            parts.append(f"{self.count:,} bad records skipped ({kinds}; first at {self.first})")
+        if self.replaced:
+            parts.append(f"{self.replaced:,} undecodable bytes replaced by U+FFFD (first at "
+                         f"{self.replaced_first}; a binary file in a text arm?)")
+        return "; ".join(parts) or "no bad records"
+
+
+def undecodable_bytes(data: bytes) -> int:
+    """How many bytes of `data` are not valid UTF-8 (the bytes decode(errors="replace") drops)."""
+    bad, pos = 0, 0
+    while pos < len(data):
+        try:
+            data[pos:].decode("utf-8")
+            break
+        except UnicodeDecodeError as e:
+            bad += e.end - e.start
+            pos += e.end
+    return bad
 
 
 def resolve_files(arm: ArmSpec) -> list[Path]:
@@ -71,17 +97,26 @@ def resolve_files(arm: ArmSpec) -> list[Path]:
     if p.is_file():
         return [p]
     if p.is_dir():
-        files = sorted(q for q in p.rglob("*") if q.is_file()
-                       and not any(part.startswith(".") for part in q.relative_to(p).parts))
+        files = _dir_files(p)
         if not files:
             raise ArmSourceError(f"arm {arm.name}: directory {p} holds no file; "
                                  "put the arm's files there or remove the arm")
         return files
-    files = sorted(Path(x) for x in glob.glob(str(p), recursive=True) if Path(x).is_file())
+    matches = [Path(x) for x in glob.glob(str(p), recursive=True)]
+    # a matched directory stands for its files, as a directory named alone does
+    files = sorted({f for m in matches for f in ([m] if m.is_file() else _dir_files(m) if m.is_dir() else [])})
     if not files:
-        raise ArmSourceError(f"arm {arm.name}: source {arm.source!r} matches no file; "
+        what = (f"matches only directories with no file ({', '.join(map(str, sorted(matches)[:3]))})"
+                if matches else "matches no file")
+        raise ArmSourceError(f"arm {arm.name}: source {arm.source!r} {what}; "
                              "fix the path or remove the arm")
     return files
+
+
+def _dir_files(p: Path) -> list[Path]:
+    """The files under directory `p`, recursive and sorted, hidden files and folders skipped."""
+    return sorted(q for q in p.rglob("*") if q.is_file()
+                  and not any(part.startswith(".") for part in q.relative_to(p).parts))
 
 
 def _open_binary(path: Path):
@@ -91,9 +126,45 @@ def _open_binary(path: Path):
     if name.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb"), raw
     if name.endswith((".zst", ".zstd")):
-        import zstandard
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw), 1 << 20), raw
+        return io.BufferedReader(ZstdFrames(raw), 1 << 20), raw
     return raw, raw
+
+
+class ZstdFrames(io.RawIOBase):
+    """A streaming reader of every zstd frame of a binary file that raises EOFError when the
+    file ends inside a frame. zstandard's `stream_reader` returns end-of-file there, so a
+    truncated .zst read as a shorter arm without a word; gzip raises, and so does this."""
+
+    def __init__(self, raw, chunk: int = 1 << 20) -> None:
+        import zstandard
+        self._raw, self._chunk, self._zstd = raw, chunk, zstandard
+        self._dobj, self._fed, self._buf = None, False, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._buf:
+            data = self._raw.read(self._chunk)
+            if not data:
+                if self._dobj is not None and self._fed and not self._dobj.eof:
+                    raise EOFError("the file ends inside a zstd frame (truncated)")
+                return 0
+            self._buf = self._feed(data)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def _feed(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            if self._dobj is None or self._dobj.eof:
+                self._dobj, self._fed = self._zstd.ZstdDecompressor().decompressobj(), False
+            out.append(self._dobj.decompress(data))
+            self._fed = True
+            data = self._dobj.unused_data if self._dobj.eof else b""
+        return b"".join(out)
 
 
 def _corrupt(arm: ArmSpec, path: Path, e: Exception) -> ArmSourceError:
@@ -126,7 +197,7 @@ class ArmReader:
 
 class TextReader(ArmReader):
     """Each file is a document, read in READ_CHUNK bytes cut at a line end (or a UTF-8
-    character boundary); undecodable bytes become U+FFFD and are counted as bad records."""
+    character boundary); undecodable bytes become U+FFFD and are counted (`bad.replaced`)."""
 
     def pieces(self) -> Iterator[Piece]:
         base = 0
@@ -155,7 +226,7 @@ class TextReader(ArmReader):
                         text = data.decode("utf-8")
                     except UnicodeDecodeError as e:
                         bad_line = line + data[:e.start].count(b"\n")
-                        self.bad.add(f"{f}:{bad_line}", "undecodable bytes")
+                        self.bad.add_replaced(f"{f}:{bad_line}", undecodable_bytes(data))
                         text = data.decode("utf-8", errors="replace")
                     line += data.count(b"\n")
                     if first:

@@ -172,6 +172,71 @@ def test_an_arm_left_empty_by_a_wrong_field_or_a_small_cap_names_the_real_fix(tm
     assert arm_names(run)["c"].documents == 40
 
 
+@pytest.mark.parametrize("cut", ["mid-frame", "single-frame", "multi-frame-mid"])
+def test_a_truncated_zst_is_refused_naming_the_file_like_a_truncated_gz(tmp_path, cut):
+    """zstandard's stream reader ends quietly at a cut inside a frame: the arm trained on part of
+    its file (half the documents, one 'invalid JSON') or read as empty ('give it more text')."""
+    import zstandard
+    lines = [json.dumps({"text": prose(200, i)}) + "\n" for i in range(2000)]
+    raw = "".join(lines).encode()
+    if cut == "multi-frame-mid":   # several frames (as `zstd` writes large files); cut in the 3rd
+        frames = [zstandard.ZstdCompressor().compress("".join(lines[i:i + 400]).encode())
+                  for i in range(0, 2000, 400)]
+        blob = b"".join(frames)
+        blob = blob[:sum(map(len, frames[:2])) + len(frames[2]) // 2]
+    else:
+        c = zstandard.ZstdCompressor()
+        if cut == "mid-frame":    # a streamed frame (no content size), cut at a line's worth
+            buf = __import__("io").BytesIO()
+            with c.stream_writer(buf, closefd=False) as w:
+                w.write(raw)
+            blob = buf.getvalue()
+        else:
+            blob = c.compress(raw)
+        blob = blob[:len(blob) // 2]
+    src = tmp_path / "t.jsonl.zst"
+    src.write_bytes(blob)
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"arm x: .*t\.jsonl\.zst is corrupt or truncated"):
+        create_template(run, "--arm", f"x=jsonl:{src}")
+    assert not (run / "run.json").exists()
+
+
+def test_whole_zst_files_of_several_frames_read_every_record(tmp_path):
+    import zstandard
+    lines = [json.dumps({"text": prose(200, i)}) + "\n" for i in range(900)]
+    blob = b"".join(zstandard.ZstdCompressor().compress("".join(lines[i:i + 300]).encode())
+                    for i in range(0, 900, 300))
+    (tmp_path / "m.jsonl.zst").write_bytes(blob)
+    run = create_template(tmp_path / "run", "--arm", f"m=jsonl:{tmp_path / 'm.jsonl.zst'}")
+    assert arm_names(run)["m"].documents == 900 and arm_names(run)["m"].bad_records == 0
+
+
+def test_a_glob_that_matches_directories_reads_their_files(tmp_path):
+    for d in ("notes-a", "notes-b"):
+        (tmp_path / d / "sub").mkdir(parents=True)
+        (tmp_path / d / "sub" / "x.txt").write_text(prose(40_000, seed=len(d), mark=d))
+        (tmp_path / d / ".hidden.txt").write_text("secret")
+    run = create_template(tmp_path / "run", "--arm", f"n=text:{tmp_path}/notes-*")
+    assert arm_names(run)["n"].documents == 2
+    (tmp_path / "none-x").mkdir()
+    with pytest.raises(ConfigError, match=r"matches only directories with no file"):
+        create_template(tmp_path / "run2", "--arm", f"n=text:{tmp_path}/none-*")
+
+
+def test_a_text_arm_counts_the_undecodable_bytes_it_replaced(tmp_path, caplog):
+    """A text arm keeps undecodable bytes as U+FFFD; the log counts the bytes and says they were
+    replaced (it said '4 bad records skipped' for 3 MB of random bytes: one per 1 MiB chunk)."""
+    good = prose(200_000).encode()
+    junk = bytes([0xff, 0xfe, 0x80]) * 1000            # 3,000 bytes that are never UTF-8
+    (tmp_path / "a.txt").write_bytes(good[:100_000] + junk + good[100_000:])
+    with caplog.at_level(logging.INFO):
+        create_template(tmp_path / "run", "--arm", f"a=text:{tmp_path / 'a.txt'}",
+                        "--tokenizer", "bytes")
+    assert "3,000 undecodable bytes replaced by U+FFFD" in caplog.text, caplog.text[-2000:]
+    assert "bad records skipped" not in caplog.text
+
+
 @pytest.mark.parametrize("case,words", [
     ("missing", "matches no file"), ("empty", "directory"), ("nocol", "has no column 'text'"),
     ("corrupt", "is corrupt or truncated"), ("tiny", "too small")])
