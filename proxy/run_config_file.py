@@ -68,9 +68,13 @@ def read_config_file(path: Path, parser: argparse.ArgumentParser) -> dict:
     an unknown key (naming the closest valid one), a value of the wrong type or choice."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"--config {path}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 text (byte {e.object[e.start]:#04x} at "
+                          f"offset {e.start}); a config file is UTF-8 text, see configs/ for "
+                          "examples") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:  # its message ends "(at line L, column C)"

@@ -12,6 +12,9 @@ import dataclasses
 import json
 import math
 import re
+import types
+import typing
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -231,9 +234,38 @@ class RunConfig:
         d.pop("checkpoint_bytes", None)
         known = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
+        _check_json_types(cls, d, "")
+        _check_json_types(ModelShape, d["model"], "model.")
+        for i, a in enumerate(d.get("arms", [])):
+            _check_json_types(ArmSpec, a, f"arms[{i}].")
         d["model"] = ModelShape(**d["model"])
         d["arms"] = [ArmSpec(**a) for a in d.get("arms", [])]
         return cls(**d)
+
+
+def _check_json_types(cls, d: Any, prefix: str) -> None:
+    """Raise TypeError naming the key and value when a JSON value does not have the type of
+    dataclass `cls`'s field (int, float, str, bool, their `| None`; other fields unchecked): a
+    hand-edited run.json with "batch_size": "sixteen" failed deep inside a later computation."""
+    if not isinstance(d, dict):
+        raise TypeError(f"{prefix.rstrip('.') or 'the file'} is {type(d).__name__}, not an object")
+    hints = typing.get_type_hints(cls)
+    simple = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    for k, v in d.items():
+        hint = hints.get(k)
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        args = typing.get_args(hint) if union else ()
+        optional = type(None) in args
+        rest = [a for a in args if a is not type(None)]
+        base = (rest[0] if len(rest) == 1 else None) if union else hint
+        if base not in simple or (optional and v is None):
+            continue
+        ok = (isinstance(v, bool) if base is bool else
+              isinstance(v, (int, float)) and not isinstance(v, bool) if base is float else
+              isinstance(v, base) and not isinstance(v, bool))
+        if not ok:
+            raise TypeError(f"key {prefix}{k} = {v!r} must be {simple[base]}"
+                            + (" or null" if optional else ""))
 
 
 def accumulation_steps(batch_size: int, micro_batch_size: int | None, world_size: int = 1) -> int:
@@ -358,5 +390,5 @@ def load_run_config(path: Path) -> RunConfig:
     except FileNotFoundError:
         raise ConfigError(missing_run_json(Path(path).parent)) from None
     except (ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"{path}: unreadable run config ({e}); restore it from a backup "
+        raise ConfigError(f"{path}: unreadable run config ({e}); fix that, restore it from a backup "
                           "or start a new run directory") from e

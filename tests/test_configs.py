@@ -103,10 +103,11 @@ def test_command_line_beats_the_file_and_the_sources_say_so(tmp_path):
     ("compile = 1\n", "takes true or false"),
     ("precision = 'fp16'\n", "choose one of auto, fp32, bf16"),
     ("lr = 1e-3\nbatch_size = = 8\n", "not valid TOML: Invalid value (at line 2, column 14)"),
+    (b"max_steps = 20\n\xff\xfe\n", "not valid TOML: not UTF-8 text (byte 0xff at offset 15)"),
 ])
 def test_a_bad_config_file_is_refused_with_the_key_or_the_line(tmp_path, text, message):
     f = tmp_path / "c.toml"
-    f.write_text(text)
+    f.write_bytes(text) if isinstance(text, bytes) else f.write_text(text)
     with pytest.raises(ConfigError) as e:
         parse_run_args(_parser(), ["--run-dir", "r", "--config", str(f)])
     assert message in str(e.value) and str(f) in str(e.value)
@@ -223,3 +224,25 @@ def test_a_batch_that_cannot_fit_in_memory_stops_at_once_naming_a_micro_batch_th
     assert r.returncode == 3, r.stderr[-2000:]
     assert "needs at least" in r.stderr and "GiB of activations" in r.stderr
     assert "pass --micro-batch-size" in r.stderr and "restart 1" not in r.stderr
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("batch_size", "sixteen", "key batch_size = 'sixteen' must be an integer"),
+    ("lr", "fast", "key lr = 'fast' must be a number"),
+    ("seed", 1.5, "key seed = 1.5 must be an integer"),
+    ("micro_batch_size", "a", "key micro_batch_size = 'a' must be an integer or null"),
+    ("model", {"n_layer": "2"}, "key model.n_layer = '2' must be an integer"),
+])
+def test_a_run_json_value_of_the_wrong_type_is_refused_naming_the_file_and_key(tmp_path, key, value, message):
+    """A hand-edited run.json with a value of the wrong type was accepted and failed later with a
+    TypeError deep in a computation (exit 1); now it is a ConfigError (exit 2) naming both."""
+    import dataclasses
+    from shared.config import PRESETS, load_run_config
+    d = json.loads(json.dumps(dataclasses.asdict(RunConfig(model=PRESETS["andrea-test"]))))
+    assert RunConfig.from_json(d) == RunConfig(model=PRESETS["andrea-test"])
+    d[key] = dict(d[key], **value) if isinstance(value, dict) else value
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps(d))
+    with pytest.raises(ConfigError) as e:
+        load_run_config(f)
+    assert message in str(e.value) and str(f) in str(e.value)
