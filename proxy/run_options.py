@@ -299,21 +299,33 @@ def _check_same_bounds(a, cfg: RunConfig, layout: RunLayout) -> None:
     """--caps/--floors on a resume: the same values as the phase in force are what the creating
     command (or its config file, a Slurm requeue, a systemd restart) gave, and go on; other
     values would change the policy mid-phase and are refused (that is a pivot, docs/pivots.md).
-    Raises ConfigError naming the phase's values and the pivot command."""
+    After a pivot, the first phase's values (the creating command run again: a systemd unit, a
+    requeued job) are accepted too, and the pivot's bounds stay in force. Raises ConfigError
+    naming the phase's values, the remedy and the pivot command."""
     from proxy.arm_bounds import parse_arm_values
     from proxy.run_setup import read_phases
-    phase = read_phases(layout)[-1]
+    phases = read_phases(layout)
+    phase, first = phases[-1], phases[0]
     names = sorted({x.name for x in cfg.arms} | set(phase.caps) | set(phase.floors))
-    for opt, text, have in (("--caps", a.caps, phase.caps), ("--floors", a.floors, phase.floors)):
+    for opt, text, have, created in (("--caps", a.caps, phase.caps, first.caps),
+                                     ("--floors", a.floors, phase.floors, first.floors)):
         if not text:
             continue
         got = parse_arm_values(text, names, opt)
-        if got != have:
-            shown = ",".join(f"{k}={v:g}" for k, v in sorted(have.items())) or "none"
-            raise ConfigError(
-                f"{opt} {text} on an existing run would change the policy mid-phase (phase "
-                f"{phase.index} '{phase.label}' has {opt} {shown}); give the same values or none "
-                f"to resume, or pivot: python -m proxy pivot --run-dir {layout.root} {opt} {text}")
+        shown = ",".join(f"{k}={v:g}" for k, v in sorted(have.items())) or "none"
+        if got == have:
+            continue
+        if phase.index > 0 and got == created:
+            # the creating command run again (a systemd unit's ExecStart, a requeued job, the
+            # README's "run the same command again") after a pivot: the pivot's bounds rule
+            log.info("%s %s is the creating command's; the phase in force, %d '%s', has %s %s "
+                     "and keeps it (docs/pivots.md)", opt, text, phase.index, phase.label, opt, shown)
+            continue
+        raise ConfigError(
+            f"{opt} {text} on an existing run would change the policy mid-phase (phase "
+            f"{phase.index} '{phase.label}' has {opt} {shown}); to resume, drop {opt} from the "
+            f"command (or give the phase's values); to change the bounds, pivot: python -m proxy "
+            f"pivot --run-dir {layout.root} {opt} {text}")
 
 
 def proxy_options(a, cfg: RunConfig) -> ProxyOptions:

@@ -294,3 +294,24 @@ def test_a_pivot_request_never_replaces_a_pending_collapse_alarm_stop(tmp_path):
     assert read_handshake(layout)["control"]["reason"] == "pivot"
     req = read_request(layout)
     assert req["state"] == "boundary" and req["step"] == 30 and "waiting_for" not in req
+
+
+def test_the_creating_command_run_again_after_a_pivot_resumes_under_the_pivots_bounds(tmp_path):
+    """README: create with --caps, pivot, then run the same command again. It was refused (exit 2,
+    which supervisors never retry: a systemd unit whose ExecStart carries --caps could not start
+    after a live pivot), with a remedy that undid the pivot. The creating command's bounds are now
+    taken as a resume under the phase in force; other values are refused naming `drop --caps`."""
+    run = tmp_path / "run"
+    create = ["--caps", "repo-code=0.5", "--floors", "python-docs=0.1", "--checkpoint-every", "5",
+              "--sample-every", "5"]
+    assert run_proxy(run, "--max-steps", "10", *create).returncode == 0
+    r = pivot(run, "--caps", "repo-code=0.3", "--label", "v2", "--max-steps", "20")
+    assert r.returncode == 0, r.stderr
+    r = run_proxy(run, "--max-steps", "20", *create)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "is the creating command's; the phase in force, 1 'v2', has --caps repo-code=0.3" in r.stderr
+    assert [p["label"] for p in phases(run)] == ["initial", "v2"]
+    assert phases(run)[-1]["caps"] == {"repo-code": 0.3}
+    assert_one_consistent_state(run, 20)
+    r = run_proxy(run, "--max-steps", "25", "--caps", "repo-code=0.4", "--checkpoint-every", "5")
+    assert r.returncode == 2 and "to resume, drop --caps from the command" in r.stderr, r.stderr[-2000:]
