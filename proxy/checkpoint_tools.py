@@ -228,6 +228,11 @@ def cmd_export(a) -> int:
     meta = {"format": "pt", "step": str(step), "n_params": str(cfg.n_params),
             "preset": cfg.preset, "vocab_size": str(cfg.vocab_size), "source": path.name}
     from shared.atomic_io import atomic_write_bytes
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # as --format hf and plot --out do
+    except OSError as e:
+        print(f"export: --to {out}: cannot make its folder {out.parent} ({e.strerror})")
+        return EXIT_USAGE
     atomic_write_bytes(out, save(tensors, metadata=meta))  # tmp + fsync + rename: never torn
     print(f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, "
           f"{len(tensors)} tensors) to {out}")

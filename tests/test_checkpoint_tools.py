@@ -129,3 +129,17 @@ def test_export_refuses_an_output_of_the_wrong_kind_and_a_path_that_is_no_checkp
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE((tmp_path / "hf").stat().st_mode) == 0o777 & ~umask
+
+
+def test_export_makes_the_folder_of_its_output_file(run_with_checkpoint, tmp_path):
+    """`--to new/dir/model.safetensors` failed with a FileNotFoundError traceback (exit 1) while
+    `--format hf` and `plot --out` make their folders."""
+    from safetensors.numpy import load_file
+    _, _, path = run_with_checkpoint
+    out = tmp_path / "new" / "dir" / "model.safetensors"
+    r = _proxy("export", str(path), "--to", str(out))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "transformer.wte.weight" in load_file(str(out))
+    (tmp_path / "afile").write_text("x")
+    r = _proxy("export", str(path), "--to", str(tmp_path / "afile" / "m.safetensors"))
+    assert r.returncode == 2 and "cannot make its folder" in r.stdout, r.stdout + r.stderr
