@@ -62,6 +62,24 @@ def credible_mfu(rec: dict, tok_per_s: float | None) -> float | None:
     return value if 0 <= value <= 1 else None
 
 
+def wall_seconds_per_update(records: list[dict], window: int = RATE_WINDOW) -> float | None:
+    """Wall seconds per update over the last `window` steps of `records` (dicts with `step` and
+    `time`, seconds since the epoch), checkpoints and audits included, as the progress line's
+    ETA measures it. The window stops at a break in the steps or at a pause longer than 60 s and
+    50 times the median step (a stop and resume is not training speed). None before 2 records."""
+    pts = [(r["time"], r["step"]) for r in records[-(window + 1):]
+           if isinstance(r.get("time"), (int, float)) and isinstance(r.get("step"), int)]
+    gaps = sorted(b[0] - a[0] for a, b in zip(pts, pts[1:]) if b[1] == a[1] + 1 and b[0] > a[0])
+    if not gaps:
+        return None
+    pause = max(60.0, 50 * gaps[len(gaps) // 2])
+    i = len(pts) - 1
+    while i > 0 and pts[i][1] == pts[i - 1][1] + 1 and 0 < pts[i][0] - pts[i - 1][0] <= pause:
+        i -= 1
+    (t_a, s_a), (t_b, s_b) = pts[i], pts[-1]
+    return (t_b - t_a) / (s_b - s_a) if s_b > s_a else None
+
+
 class ProgressLine:
     """Formats the progress line; keeps the times it needs. `max_steps`: the run's target."""
 

@@ -119,7 +119,14 @@ def collect_status(run_dir) -> dict:
     times = [r.get("step_time") for r in recent if isinstance(r.get("step_time"), (int, float))]
     tok_per_step = cfg.batch_size * cfg.model.block_size
     tps = [r["tokens_per_s"] for r in recent if isinstance(r.get("tokens_per_s"), (int, float))]
-    d["tokens_per_s"] = (sum(tps) / len(tps) if tps else  # the worker's own figure (update only)
+    from proxy.progress import wall_seconds_per_update
+    wall = wall_seconds_per_update(recs)
+    # wall-clock tokens/s over the ETA's window (checkpoints and audits included, as the progress
+    # line's ETA); the worker's own per-update figures are averaged by time, not by record,
+    # when the records are too few for a window (the mean of rates ran well above the truth)
+    d["tokens_per_s"] = (tok_per_step / wall if wall else
+                         tok_per_step * len(tps) / sum(tok_per_step / t for t in tps)
+                         if tps and all(t > 0 for t in tps) else
                          tok_per_step * len(times) / sum(times) if times and sum(times) > 0 else None)
     d["last_step_age_s"] = now - last["time"] if last and last.get("time") else None
     d["skipped_recent"] = sum(1 for r in recent if r.get("skipped"))
@@ -168,7 +175,7 @@ def collect_status(run_dir) -> dict:
                                                    "requested_at")} if req else None)
     proxy_alive = _proxy_alive(owner)
     d["target_steps"] = d["start_max_steps"] if proxy_alive else d["max_steps"]
-    d.update(_batch_and_eta(cfg, worker, recent, d["step"], d["target_steps"]))
+    d.update(_batch_and_eta(cfg, worker, recs, d["step"], d["target_steps"]))
     wpid = st.get("worker_pid") or worker.get("pid")
     wstate = _proc_state(wpid)
     worker_alive = wstate not in (None, "Z", "X")
@@ -212,7 +219,8 @@ def _bounds(v: dict | None) -> str:
 def _batch_and_eta(cfg, worker: dict, recent: list[dict], step: int, max_steps: int) -> dict:
     """Tokens per update, micro-batches per update (docs/configuration.md#batch-and-accumulation:
     the running worker's figures, else run.json's) and the projected seconds to `max_steps`
-    from the median wall time between the last records (None before 3 steps)."""
+    at the wall time per update of the last 50 steps, checkpoints and audits included
+    (`proxy/progress.py` `wall_seconds_per_update`; None before 3 steps)."""
     from shared.config import ConfigError, accumulation_steps
     world = worker.get("world_size") or 1
     accum = worker.get("accumulation_steps")
@@ -223,10 +231,8 @@ def _batch_and_eta(cfg, worker: dict, recent: list[dict], step: int, max_steps: 
         except ConfigError:
             accum = None
         micro = cfg.micro_batch_size or cfg.batch_size // world
-    gaps = sorted(b["time"] - a["time"] for a, b in zip(recent, recent[1:])
-                  if isinstance(a.get("time"), (int, float)) and isinstance(b.get("time"), (int, float))
-                  and b["step"] == a["step"] + 1 and b["time"] > a["time"])
-    per_step = gaps[len(gaps) // 2] if len(gaps) >= 2 else None
+    from proxy.progress import wall_seconds_per_update
+    per_step = wall_seconds_per_update(recent) if len(recent) >= 3 else None
     return {"tokens_per_update": cfg.batch_size * cfg.model.block_size,
             "micro_batches_per_update": accum, "micro_batch_size": micro, "world_size": world,
             "seconds_per_update": per_step,

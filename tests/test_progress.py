@@ -1,6 +1,8 @@
 """the progress line (elapsed, ETA, a credible MFU) and readable samples — the pure
 formatting, no processes (the run-level checks are in tests/test_run_watch.py)."""
 import time
+
+import pytest
 from pathlib import Path
 
 from proxy.progress import ProgressLine, credible_mfu, fmt_duration
@@ -80,3 +82,20 @@ def test_the_log_cuts_a_long_sample_and_says_so_and_the_sample_command_shows_it_
     assert cut[-1].endswith("... (7 more lines)") and "| l23" in cut[-2]
     whole = format_sample("h", "p", text, max_lines=None).split("\n")
     assert len(whole) == 1 + 1 + 31 and "more lines" not in "\n".join(whole)
+
+
+def test_wall_seconds_per_update_counts_checkpoints_and_audits_but_not_a_stop():
+    """`status` projected from the median gap between steps (checkpoints and audits left out)
+    and showed the mean of per-step tokens/s: 0.73 s per update and 3,471 tok/s where the run
+    took 1.03 s and the progress line said about 2,000. The window is the progress line's."""
+    from proxy.progress import wall_seconds_per_update
+    t, recs = 1000.0, []
+    for step in range(1, 121):
+        t += 1.0 + (5.0 if step % 10 == 0 else 0.0)     # a 5 s checkpoint every 10 steps
+        if step == 61:
+            t += 3600.0                                  # stopped for an hour, then resumed
+        recs.append({"step": step, "time": t})
+    got = wall_seconds_per_update(recs)
+    assert got == pytest.approx(1.5, abs=0.02), got      # 50 steps after the stop: 5 pauses of 5 s
+    assert wall_seconds_per_update(recs[:70]) == pytest.approx((1.0 * 9 + 6.0) / 9, abs=0.2)
+    assert wall_seconds_per_update(recs[:1]) is None and wall_seconds_per_update([]) is None
