@@ -51,6 +51,23 @@ def foreign_entries(root) -> list[str]:
                   and not (e.name.startswith("step_") and e.name.endswith(".bin")))
 
 
+def last_creation_error(root, nbytes: int = 1 << 16) -> str | None:
+    """The first ERROR message the last creation attempt logged in `root`/logs/proxy.log (the
+    lines after its last "creating run"), or None: killed or stopped attempts log none."""
+    log = Path(root) / "logs" / "proxy.log"
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, log.stat().st_size - nbytes))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    start = max((i for i, l in enumerate(lines) if " INFO creating run " in l), default=None)
+    if start is None:
+        return None
+    errors = [l.split(" ERROR ", 1)[1] for l in lines[start:] if " ERROR " in l]
+    return errors[0] if errors else None
+
+
 def missing_run_json(root) -> str:
     """The error for a `--run-dir` without run.json: a creation that was stopped or killed
     before it wrote run.json (data/ or tokenizer.json are there; docs/data.md#crash-safe-creation)
@@ -60,6 +77,11 @@ def missing_run_json(root) -> str:
     if creator is not None:
         return (f"{root}: being created by proxy pid {creator} (alive: tokenizing its arms, "
                 f"no run.json yet); wait for it, and follow it in {root / 'logs' / 'proxy.log'}")
+    failed = last_creation_error(root)
+    if failed:
+        return (f"{root}: the last attempt to create this run failed (no run.json): {failed}; "
+                f"fix that and run the `python -m proxy run --run-dir {root} ...` command again "
+                f"(the log: {root / 'logs' / 'proxy.log'})")
     if (root / "data").is_dir() or (root / "tokenizer.json").exists():
         return (f"{root}: the creation of this run is unfinished (no run.json yet: it was "
                 f"stopped or killed while creating); run the same `python -m proxy run "

@@ -165,3 +165,21 @@ def test_sample_names_each_bad_value_and_temperature_zero_is_greedy(tmp_path):
     assert greedy.returncode == 0 and "greedy" in greedy.stdout.splitlines()[0], greedy.stderr
     body = lambda out: [l for l in out.splitlines() if not l.startswith("#")]
     assert body(greedy.stdout) == body(top1.stdout)
+
+
+def test_status_of_a_failed_creation_names_its_error_not_an_interruption(tmp_path):
+    """A creation refused for bad input (a Parquet file without the text column) was described
+    as "stopped or killed while creating; run the same command to finish it", which only fails
+    again; status now quotes the error the attempt logged."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"body": ["a" * 100] * 50}), tmp_path / "t.parquet")
+    run = tmp_path / "run"
+    r = run_proxy(run, "--arm", f"x=parquet:{tmp_path / 't.parquet'}")
+    assert r.returncode == 2
+    st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)], cwd=ROOT,
+                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                        timeout=60)
+    out = st.stdout + st.stderr
+    assert "the last attempt to create this run failed" in out and "has no column 'text'" in out, out
+    assert "stopped or killed" not in out
