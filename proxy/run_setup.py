@@ -104,8 +104,15 @@ def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
     pin_mmap_threshold()  # before BPE training too: peak memory that does not grow with the corpus
     names = [a.name for a in cfg.arms]
     resolve_bounds(names, cfg.caps, cfg.floors)  # infeasible boxes refused before any work
+    seen: dict[tuple, str] = {}
     for a in cfg.arms:
-        source_fingerprint(a)   # every missing source refused before anything is written
+        fp = source_fingerprint(a)   # every missing source refused before anything is written
+        key = (a.kind, a.field, fp)
+        if key in seen:
+            log.warning("arms %s and %s read the same source (%s %s): its data counts twice in "
+                        "the mixture; remove one, or give them different sources",
+                        seen[key], a.name, a.kind, a.source or "(embedded)")
+        seen.setdefault(key, a.name)
     layout.ensure()
     tok = make_tokenizer(layout, cfg)
     cfg.vocab_size = tok.vocab_size

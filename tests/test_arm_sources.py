@@ -437,3 +437,15 @@ def test_a_token_file_used_in_place_and_capped_opens_its_head_and_a_shorter_one_
     (tmp_path / "t.u16").write_bytes(toks[:20_000].tobytes())   # cut below the arm's head
     with pytest.raises(ArmSourceError, match=r"t\.u16 has 40,000 bytes"):
         a.tokens(run)
+
+
+def test_two_arms_of_the_same_source_are_named_in_a_warning(tmp_path, caplog):
+    """foo=python-code beside the default repo-code was accepted without a word: that data
+    counted twice in the mixture."""
+    src = tmp_path / "a.txt"
+    src.write_text(prose(60_000))
+    with caplog.at_level(logging.INFO):
+        create_template(tmp_path / "run", "--arm", f"a=text:{src}", "--arm", f"b=text:{src}",
+                        "--arm", f"c=text:{tmp_path}/*.txt")
+    assert "arms a and b read the same source" in caplog.text
+    assert "arms a and c" in caplog.text    # the glob matches the same one file
