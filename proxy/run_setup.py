@@ -137,7 +137,10 @@ def read_phases(layout: RunLayout) -> list[Phase]:
         raise ConfigError(f"{layout.phases}: missing; recreate it as "
                           '{"phases": [{"index": 0, "label": "initial", "start_step": 0}]}') from None
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{layout.phases}: unreadable ({e})") from e
+        raise ConfigError(f"{layout.phases}: unreadable ({e}); restore it from a backup, or "
+                          "rewrite it: one entry per phase (index, label, start_step, caps, "
+                          "floors), as each record of .loss.json names its phase "
+                          "(docs/pivots.md)") from e
 
 
 def write_phases(layout: RunLayout, phases: list[Phase]) -> None:

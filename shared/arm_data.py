@@ -296,4 +296,5 @@ def read_arm_index(layout: RunLayout, include_retired: bool = False) -> dict[str
         raise ArmSourceError(f"{layout.arms_index}: missing; the run directory is incomplete "
                              "(was creation interrupted? remove the directory and start again)") from None
     except (ValueError, KeyError, TypeError) as e:
-        raise ArmSourceError(f"{layout.arms_index}: unreadable ({e})") from e
+        raise ArmSourceError(f"{layout.arms_index}: unreadable ({e}); restore it from a backup: "
+                             "it maps the run's arms to their token files in data/ (docs/data.md)") from e

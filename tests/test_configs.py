@@ -246,3 +246,14 @@ def test_a_run_json_value_of_the_wrong_type_is_refused_naming_the_file_and_key(t
     with pytest.raises(ConfigError) as e:
         load_run_config(f)
     assert message in str(e.value) and str(f) in str(e.value)
+
+
+def test_an_unreadable_phases_json_is_named_with_its_remedy(tmp_path):
+    """A damaged phases.json said only 'unreadable (Expecting property name ...)'."""
+    from proxy.run_setup import read_phases
+    from shared.run_layout import RunLayout
+    layout = RunLayout(tmp_path)
+    layout.phases.write_text('{"phases": [{oops')
+    with pytest.raises(ConfigError) as e:
+        read_phases(layout)
+    assert str(layout.phases) in str(e.value) and "restore it from a backup, or rewrite it" in str(e.value)
