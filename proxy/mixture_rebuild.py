@@ -21,7 +21,7 @@ from proxy.run_setup import read_phases
 from proxy.state_snapshots import find_snapshot
 from shared.arm_data import arm_compression, read_arm_index
 from shared.config import RunConfig
-from shared.loss_history import iter_records, read_records_after
+from shared.loss_history import iter_records, iter_records_after
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
@@ -73,7 +73,7 @@ def rebuild_mixture(layout: RunLayout, cfg: RunConfig, step: int,
     n = 0
     if snap is not None:
         mix.restore(snap)
-        records = read_records_after(layout.loss, snap["step"], step)   # the tail only
+        records = iter_records_after(layout.loss, snap["step"], step)  # the tail, streamed
     else:
         records = iter_records(layout.loss)   # streamed: memory flat in the history's length
     for r in records:

@@ -1,13 +1,23 @@
 """Benchmark `.loss.json` (docs/operations.md#benchmarks): append cost at 200,000 records vs at 0, bytes written
 vs file size, read-back and rewind times. Ratios are measured side by side in one run.
 
+`--memory` measures instead what the proxy's resume does with a long history, each step in a
+fresh process (so that nothing the parent allocated counts): open (the torn-tail check),
+replay the bandit from the phase start (no snapshot), replay from an old snapshot (the tail
+after step 1,000), and rewind 1,000 records. Each prints its peak resident memory (VmHWM: heap
+and the file pages mapped in) and its time, `--repeats` times; the target is 150 MB peak
+(docs/history.md#cost).
+
     python scripts/bench_history.py [--records 200000] [--dir /tmp]
+    python scripts/bench_history.py --memory [--records 200000] [--repeats 3]
 """
 
 import argparse
+import json
 import math
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,11 +50,98 @@ def make_record(step: int, rng: random.Random) -> dict:
     return r
 
 
+MEMORY_TARGET_MB = 150.0
+_STEPS = ("open", "replay", "replay_after_snapshot", "rewind")
+_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[3])
+def hwm():   # peak resident set of this process (the parent's is not inherited, unlike ru_maxrss)
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+what, d = sys.argv[1], sys.argv[2]
+import proxy.supervisor  # noqa: F401  (the proxy's imports: its resident floor)
+from proxy.mixture import MixtureController, Phase
+from shared.loss_history import LossHistory, iter_records, iter_records_after
+from shared.run_layout import RunLayout
+path = d + "/.loss.json"
+arms = ["python-docs", "repo-code", "repo-docstrings"]
+base, t, n = hwm(), time.perf_counter(), 0
+if what == "open":
+    with LossHistory(path) as h:
+        n = len(h)
+elif what.startswith("replay"):
+    mix = MixtureController(arms, Phase(0, "initial", 0), "heldout_progress", 200, 25)
+    it = iter_records(path) if what == "replay" else iter_records_after(path, 1000)
+    for r in it:
+        mix.observe(r)
+        n += 1
+else:
+    with LossHistory(path) as h:
+        n = h.rewind(h.last_step - 1000, d + "/.loss.rewound.json", "bench")
+print(json.dumps({"step": what, "records": n, "seconds": time.perf_counter() - t,
+                  "base_mb": base, "peak_mb": hwm()}))
+"""
+
+
+def memory(args) -> None:
+    """Peak RSS of each resume step on a long history, in fresh processes (see the docstring)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_rewind import record   # records the mixture controller reads
+    from bench_stats import result_line
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:
+        path = os.path.join(d, ".loss.json")
+        with open(path, "wb") as f:   # written in one go: the appender is measured elsewhere
+            f.write(b"[\n" + b",\n".join(
+                json.dumps(record(k, rng), separators=(",", ":")).encode()
+                for k in range(1, args.records + 1)) + b"\n]\n")
+        size = os.path.getsize(path)
+        print(f"history: {args.records:,} records, {size / 2**20:.0f} MiB; seed 0; "
+              f"{args.repeats} fresh processes per step; load {os.getloadavg()[0]:.2f}")
+        got: dict[str, list[dict]] = {s: [] for s in _STEPS}
+        for i in range(args.repeats):
+            for what in _STEPS:
+                out = subprocess.run([sys.executable, "-c", _CHILD, what, d, root],
+                                     capture_output=True, text=True, check=True)
+                got[what].append(json.loads(out.stdout.splitlines()[-1]))
+            rw = os.path.join(d, ".loss.rewound.json")
+            if os.path.exists(rw):    # put the rewound records back for the next round
+                with open(path, "r+b") as f:
+                    f.seek(-3, os.SEEK_END)
+                    tail = b"".join(b",\n" + json.dumps({k: v for k, v in r.items()
+                                                          if not k.startswith("rewound_")},
+                                                         separators=(",", ":")).encode()
+                                    for r in _read_all(rw))
+                    f.write(tail + b"\n]\n")
+                os.remove(rw)
+    for what in _STEPS:
+        runs = got[what]
+        peaks = sorted(r["peak_mb"] for r in runs)
+        secs = sorted(r["seconds"] for r in runs)
+        print(f"{what:<22} {runs[0]['records']:>8,} records  peak RSS {peaks[len(peaks) // 2]:6.1f} MB "
+              f"[{peaks[0]:.1f}..{peaks[-1]:.1f}] (floor after imports {runs[0]['base_mb']:.1f})  "
+              f"time {secs[len(secs) // 2]:.2f} s [{secs[0]:.2f}..{secs[-1]:.2f}]")
+    for what in _STEPS:
+        peaks = [r["peak_mb"] / MEMORY_TARGET_MB for r in got[what]]
+        print(result_line(f"history_{what}_peak_rss_vs_150MB", peaks, target=1.0))
+
+
+def _read_all(path):
+    from shared.loss_history import read_records
+    return read_records(path, monotonic=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=200_000)   # history length at the end
     ap.add_argument("--dir", default=None)                    # where the temporary history goes
+    ap.add_argument("--memory", action="store_true", help="peak RSS of the resume steps")
+    ap.add_argument("--repeats", type=int, default=3, help="--memory: processes per step")
     args = ap.parse_args()
+    if args.memory:
+        memory(args)
+        return
     n = args.records
     rng = random.Random(0)
     records = [make_record(s, rng) for s in range(1, n + 1)]

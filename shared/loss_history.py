@@ -40,7 +40,8 @@ from typing import Iterable, Iterator
 from shared.atomic_io import atomic_write_bytes, fsync_dir
 from shared.json_safe import jsonable
 
-__all__ = ["LossHistory", "read_records", "read_records_after", "iter_records", "rewind", "repair", "jsonable"]
+__all__ = ["LossHistory", "read_records", "read_records_after", "iter_records_after",
+           "iter_records", "rewind", "repair", "jsonable"]
 
 log = logging.getLogger("shared.loss_history")
 
@@ -53,6 +54,8 @@ _MAX_LISTED = 5                    # damage kinds / dropped steps listed in one 
 _LINE_STEP = re.compile(rb'\{"step":(-?\d+)[,}]')  # a record line's start
 _NONBLANK = re.compile(rb"[^ \t\r\n]")
 _CHUNK = 1 << 20                   # bytes per slice when a scan covers the whole file
+_SEEK_WINDOW = 1 << 16             # bytes read per probe of the binary search for a step
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)   # Linux, macOS; None elsewhere
 _decoder = json.JSONDecoder()
 
 
@@ -81,13 +84,16 @@ def _encode(record, path) -> tuple[int, bytes]:
 # scanning (pure functions over the file's bytes)
 
 def _lines(data: bytes, pos: int) -> Iterator[tuple[int, bytes]]:
-    n = len(data)
+    n, released = len(data), pos
     while pos < n:
         nl = data.find(b"\n", pos)
         if nl < 0:
             nl = n
         yield pos, data[pos:nl]
         pos = nl + 1
+        if pos - released > _CHUNK:
+            released = pos
+            _release(data, pos)
 
 
 def _clean_record(line: bytes):
@@ -168,31 +174,57 @@ def _walk(data: bytes, pos: int, prev_step, monotonic: bool, notes: list):
             prev_step = step
 
 
+def _release(data, upto: int) -> None:
+    """Let go of the pages of a memory map below byte `upto` (a no-op for bytes). A scan has
+    read them and will not come back; without this, every page a whole-file scan touched
+    stays mapped into this process until the map is closed, so its resident memory would
+    grow with the history (docs/history.md#cost) although the heap does not."""
+    if isinstance(data, mmap.mmap) and _MADV_DONTNEED is not None:
+        upto -= upto % mmap.PAGESIZE
+        if upto > 0:
+            data.madvise(_MADV_DONTNEED, 0, upto)
+
+
 def _count(data, sub: bytes, start: int, end: int) -> int:
     """data[start:end].count(sub) for a `sub` that cannot overlap itself, _CHUNK bytes at a
     time (data may be a memory map, which has no count)."""
     n = 0
     for i in range(start, end, _CHUNK):
         n += data[i:min(end, i + _CHUNK + len(sub) - 1)].count(sub)
+        _release(data, i)
     return n
+
+
+def _find(data, sub: bytes, start: int, end: int) -> int:
+    """data.find(sub, start, end), _CHUNK bytes at a time so that a memory map's pages are let
+    go behind the search (see _release)."""
+    for i in range(start, end, _CHUNK):
+        at = data.find(sub, i, min(end, i + _CHUNK + len(sub) - 1))
+        _release(data, i)
+        if at >= 0:
+            return at
+    return -1
 
 
 def _prefix_ok(data, cut: int, monotonic: bool):
     """Number of records when data[:cut] is a canonical history prefix ("[\\n{..},\\n...{..}"),
     checked at C speed without parsing every record; None when it is not provably so. `data`
     is bytes or a memory map; memory stays within a few _CHUNKs whatever its size."""
-    if data[:3] != b"[\n{" or data.find(b"\x00", 0, cut) >= 0 or data.find(b"}{", 0, cut) >= 0:
+    if data[:3] != b"[\n{" or _find(data, b"\x00", 0, cut) >= 0 or _find(data, b"}{", 0, cut) >= 0:
         return None
     n = _count(data, b"\n", 0, cut)
     if _count(data, b"\n{", 0, cut) != n or _count(data, b"},\n", 0, cut) != n - 1:
         return None
     if monotonic:
-        seen, prev = 0, None
+        seen, prev, released = 0, None, 0
         for m in _STEP_AT_LINE_START.finditer(data, 0, cut):
             step = int(m.group(1))
             if prev is not None and step <= prev:
                 return None
             seen, prev = seen + 1, step
+            if m.start() - released > _CHUNK:
+                released = m.start()
+                _release(data, released)
         if seen != n:
             return None
     return n
@@ -555,48 +587,62 @@ def read_records(path, start_step: int | None = None, end_step: int | None = Non
 
 
 def read_records_after(path, after_step: int, end_step: int | None = None) -> list[dict]:
-    """Records with after_step < step <= end_step, reading only the file's tail.
+    """Records with after_step < step <= end_step, as a list (`iter_records_after` streams
+    them: use it when the range may be long)."""
+    return list(iter_records_after(path, after_step, end_step))
 
-    Scans backwards from the end for the line of a record with step <= after_step (records
-    are one per line, "step" first), then parses forward from there: the cost is the tail, not
-    the 200,000-record history. Falls back to `read_records` when the tail is damaged.
-    """
+
+def _line_step_at(f, pos: int, size: int) -> tuple[int, int] | None:
+    """(offset, step) of the first record line starting after byte `pos` (0 < pos < size),
+    looking at most _SEEK_WINDOW bytes ahead; None when none starts there (damage, the end)."""
+    f.seek(pos - 1)                              # from the byte before: a "\n" right at pos-1
+    window = f.read(min(_SEEK_WINDOW, size - pos + 1))
+    m = _STEP_AT_LINE_START.search(window)
+    return None if m is None else (pos + m.start(), int(m.group(1)))
+
+
+def _start_offset(f, after_step: int) -> int:
+    """A byte offset at a line start such that no record before it has a step > after_step:
+    a binary search over the byte range on the steps at line starts (records are one per line
+    in step order, docs/history.md#on-disk-format), so finding the tail costs O(log n) short reads,
+    not the whole file. When a probe lands on damage the search stops where it is (the reader
+    then parses on from there, which is slower, never wrong)."""
+    size = f.seek(0, os.SEEK_END)
+    lo, hi = 0, size
+    while hi - lo > _SEEK_WINDOW:
+        mid = (lo + hi) // 2
+        hit = _line_step_at(f, mid, size)
+        if hit is None:
+            if size - mid <= _SEEK_WINDOW:      # no record line in the last window: the end
+                hi = mid
+                continue
+            return lo                           # damage: read on from what is known
+        offset, step = hit
+        if step <= after_step:
+            lo = offset
+        else:
+            hi = mid
+    return lo
+
+
+def iter_records_after(path, after_step: int, end_step: int | None = None) -> Iterator[dict]:
+    """Records with after_step < step <= end_step, one at a time, in file order.
+
+    Finds where step after_step ends by a binary search over the file (O(log n) reads of
+    _SEEK_WINDOW bytes), then streams forward line by line like `iter_records`: time is the
+    records returned, memory is one line, whatever the history's length (docs/history.md#cost).
+    Tolerant like `iter_records`; a missing file yields nothing."""
     hi = math.inf if end_step is None else end_step
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            pos, chunk, tail = size, 1 << 20, b""
-            while True:
-                start = max(0, pos - chunk)
-                f.seek(start)
-                tail = f.read(pos - start) + tail
-                pos = start
-                first_nl = tail.find(b"\n") if pos > 0 else -1
-                lines = tail[first_nl + 1:].split(b"\n")
-                found = None
-                for i, line in enumerate(lines):
-                    m = _LINE_STEP.match(line)
-                    if m and int(m.group(1)) <= after_step:
-                        found = i
-                if found is not None or pos == 0:
-                    break
-                chunk *= 2
+        f = open(path, "rb")
     except FileNotFoundError:
-        return []
-    out = []
-    for line in lines[(found + 1) if found is not None else 0:]:
-        line = line.rstrip(b",").strip()
-        if not line or line in (b"[", b"]"):
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            return read_records(path, after_step + 1, end_step)
-        if not isinstance(rec, dict) or not _is_step(rec.get("step")):
-            return read_records(path, after_step + 1, end_step)
-        if after_step < rec["step"] <= hi:
-            out.append(rec)
-    return out
+        return
+    with f:
+        start = _start_offset(f, after_step)
+        for rec in _iter_from(f, start, path, monotonic=True, skip_upto=after_step):
+            if rec["step"] > hi:
+                break
+            yield rec
 
 
 def iter_records(path, *, monotonic: bool = True) -> Iterator[dict]:
@@ -606,28 +652,43 @@ def iter_records(path, *, monotonic: bool = True) -> Iterator[dict]:
     except FileNotFoundError:
         return
     with f:
-        head = f.read(4096)
-        if not head.strip(b" \t\r\n"):
-            return
-        if _first_byte(head) != b"[":
-            log.warning("%s: not a loss history (starts with %r); read no records", path,
-                        head[:16])
-            return
-        f.seek(0)
-        prev_step, offset, damaged = None, 0, 0
-        for line in f:
-            body = line[:-1] if line.endswith(b"\n") else line
-            for kind, _s, _e, x in _tokens(body, offset):
-                if kind == "rec" and _is_step(x.get("step")) and not (
-                        monotonic and prev_step is not None and x["step"] <= prev_step):
-                    prev_step = x["step"]
-                    yield x
-                elif kind == "rec" or body.strip(b"\x00"):
-                    damaged += 1
-            offset += len(line)
-        if damaged:
-            log.warning("%s: skipped %d damaged or out-of-order pieces while reading", path,
-                        damaged)
+        yield from _iter_from(f, 0, path, monotonic=monotonic)
+
+
+def _iter_from(f, start: int, path, *, monotonic: bool, skip_upto: int | None = None
+               ) -> Iterator[dict]:
+    """The records of the open history `f` from byte `start` (a line start), one line in
+    memory at a time. Lines holding one record whose step is <= `skip_upto` are passed over
+    without parsing (a line with records glued to it is parsed)."""
+    f.seek(0)
+    head = f.read(4096)
+    if not head.strip(b" \t\r\n"):
+        return
+    if _first_byte(head) != b"[":
+        log.warning("%s: not a loss history (starts with %r); read no records", path,
+                    head[:16])
+        return
+    f.seek(start)
+    prev_step, offset, damaged = None, start, 0
+    for line in f:
+        if skip_upto is not None:
+            m = _LINE_STEP.match(line)
+            if m is not None and int(m.group(1)) <= skip_upto and b"}{" not in line:
+                offset += len(line)
+                continue
+        body = line[:-1] if line.endswith(b"\n") else line
+        for kind, _s, _e, x in _tokens(body, offset):
+            if kind == "rec" and _is_step(x.get("step")) and not (
+                    monotonic and prev_step is not None and x["step"] <= prev_step) and not (
+                    skip_upto is not None and x["step"] <= skip_upto):
+                prev_step = x["step"]
+                yield x
+            elif kind == "rec" or body.strip(b"\x00"):
+                damaged += 1
+        offset += len(line)
+    if damaged:
+        log.warning("%s: skipped %d damaged or out-of-order pieces while reading", path,
+                    damaged)
 
 
 def repair(path, *, monotonic: bool = True) -> list[str]:

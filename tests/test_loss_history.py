@@ -365,3 +365,75 @@ def test_whole_file_scans_in_small_chunks_find_exactly_what_one_pass_finds(hist,
             assert got == results[name], (name, chunk)
     assert results["healthy"][:3] == (12, 12, [])
     assert results["dup"][1] == 12 and results["torn"][1] == 11
+
+
+# --- memory and the tail reader -----------------------------------------------------------------
+
+def test_tail_reader_finds_every_range_with_a_tiny_search_window(hist, monkeypatch):
+    """iter_records_after's binary search (a probe window of a few bytes, so probes land inside
+    records) returns exactly read_records' range, on a healthy history and on one damaged in
+    the middle (NUL block, glued records)."""
+    import shared.loss_history as lh
+    from shared.loss_history import iter_records_after
+    full = build(hist, 300)
+    bodies = {"healthy": full,
+              "damaged": full.replace(b'},\n{"step":150,', b'},\n' + b"\x00" * 40 + b'{"step":150,')
+              .replace(b'},\n{"step":201', b'}{"step":201')}
+    for window in (1 << 16, 7, 64, 300):
+        monkeypatch.setattr(lh, "_SEEK_WINDOW", window)
+        for name, body in bodies.items():
+            hist.write_bytes(body)
+            for after, end in ((0, None), (-5, 3), (10, 20), (149, 151), (150, None),
+                               (200, 202), (299, None), (300, None), (400, None)):
+                got = [r["step"] for r in iter_records_after(hist, after, end)]
+                want = [r["step"] for r in read_records(hist, after + 1, end)]
+                assert got == want, (name, window, after, end)
+
+
+def _write_long_history(path, n):
+    """A canonical history of `n` realistic records (~480 bytes each), written in one go."""
+    arms = ("python-docs", "repo-code", "repo-docstrings")
+    lines = []
+    for k in range(1, n + 1):
+        r = {"step": k, "loss": 4.0 - k * 1e-5, "lr": 3e-3, "tokens": k * 2048,
+             "arms": {a: (k + i) % 7 for i, a in enumerate(arms)}, "p": {a: 1 / 3 for a in arms},
+             "period": (k - 1) // 25, "grad_norm": 0.123456789,
+             "arm_loss": {a: 3.0 + k % 11 / 10 for a in arms}, "step_time": 0.05,
+             "time": 1.7e9 + k, "phase": {"label": "initial", "index": 0}}
+        lines.append(json.dumps(r, separators=(",", ":")))
+    path.write_bytes(b"[\n" + ",\n".join(lines).encode() + b"\n]\n")
+
+
+_PEAK_SCRIPT = r"""
+import json, sys
+from shared.loss_history import LossHistory, iter_records_after
+path, after = sys.argv[1], int(sys.argv[2])
+def peak():   # this process's peak resident set, mapped file pages included (ru_maxrss
+    with open("/proc/self/status") as f:   # would carry the forking parent's over)
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) * 1024
+base = peak()
+with LossHistory(path) as h:
+    n = len(h)
+opened = peak()
+k = sum(1 for _ in iter_records_after(path, after))
+print(json.dumps({"records": n, "tail": k, "base": base, "open": opened, "tail_peak": peak()}))
+"""
+
+
+@pytest.mark.slow
+def test_opening_and_reading_a_long_tail_keep_peak_rss_flat(tmp_path):
+    """A fresh process opens a 100,000-record history (48 MB) and streams the 99,000 records
+    after an old snapshot: its peak resident memory (VmHWM, page-cache pages mapped in
+    included) grows by less than 10 MiB, far below the file's size (docs/history.md#cost)."""
+    import subprocess
+    import sys
+    hist = tmp_path / ".loss.json"
+    _write_long_history(hist, 100_000)
+    size = hist.stat().st_size
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(hist), "1000"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    m = json.loads(out.stdout)
+    assert (m["records"], m["tail"]) == (100_000, 99_000)
+    mib = 2 ** 20
+    assert m["open"] - m["base"] < 10 * mib < size / 3, (m, size)
+    assert m["tail_peak"] - m["base"] < 10 * mib, (m, size)
