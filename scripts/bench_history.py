@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shared.loss_history import LossHistory, read_records, rewind  # noqa: E402
+from shared.loss_history import LossHistory, read_records, rewind
 
 ARMS = ("repo-docstrings", "repo-code", "python-docs")
 WINDOW = 1_000          # appends timed at the start and at the end
@@ -86,7 +86,7 @@ print(json.dumps({"step": what, "records": n, "seconds": time.perf_counter() - t
 def memory(args) -> None:
     """Peak RSS of each resume step on a long history, in fresh processes (see the docstring)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_rewind import record   # records the mixture controller reads
+    from bench_rewind import record  # records the mixture controller reads
     from bench_stats import result_line
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     rng = random.Random(0)

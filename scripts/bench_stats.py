@@ -93,7 +93,7 @@ def run_json(args: Sequence[str], env: dict | None = None, timeout: float | None
     it fails or prints no JSON."""
     full_env = dict(os.environ if env is None else env)
     full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, *args], cwd=ROOT, env=full_env, capture_output=True,
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, env=full_env, capture_output=True, check=False,
                        text=True, timeout=timeout)
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:
