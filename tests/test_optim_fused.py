@@ -130,3 +130,58 @@ def test_check_views_catches_replaced_state():
     with pytest.raises(RuntimeError, match="exp_avg"):
         opt.check_views()
     opt.opt.state[second]["exp_avg"] = good
+
+
+def test_fused_path_is_bit_identical_to_torch_optim_adamw_fused():
+    """FlatAdamW's own call of the fused kernel gives exactly the bits of
+    torch.optim.AdamW(fused=True) with the same groups (decay on matrices only), over 20
+    updates, including an update where one parameter has no gradient."""
+    model, opt = _train(fused=True)
+    ref = GPT(CFG.model, 256, 0.0, seed=1)
+    decay = [p for p in ref.parameters() if p.dim() >= 2]
+    rest = [p for p in ref.parameters() if p.dim() < 2]
+    torch_opt = torch.optim.AdamW([{"params": decay, "weight_decay": CFG.weight_decay},
+                                   {"params": rest, "weight_decay": 0.0}], lr=LR,
+                                  betas=(CFG.beta1, CFG.beta2), eps=CFG.eps, fused=True)
+    for k in range(1, STEPS + 1):
+        x = _batch(k)
+        loss = F.cross_entropy(ref(x[:, :-1]).reshape(-1, 256), x[:, 1:].reshape(-1))
+        torch_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+        st, rst = opt.opt.state[p], torch_opt.state[q]
+        assert torch.equal(st["exp_avg"], rst["exp_avg"])
+        assert torch.equal(st["exp_avg_sq"], rst["exp_avg_sq"])
+        assert float(st["step"]) == float(rst["step"]) == STEPS
+    # a parameter without a gradient is left alone, its step included
+    first = next(iter(model.parameters()))
+    before = first.detach().clone()
+    x = _batch(99)
+    loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, 256), x[:, 1:].reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    first.grad = None
+    opt.step(LR)
+    assert torch.equal(first, before) and float(opt.opt.state[first]["step"]) == STEPS
+
+
+def test_building_and_stepping_the_fused_optimizer_does_not_import_dynamo():
+    """torch.optim's methods import torch._dynamo on first use (seconds of every worker start);
+    the fused FlatAdamW path never does, in a fresh process."""
+    import subprocess
+    import sys
+    code = ("import sys, torch, torch.nn.functional as F\n"
+            "from shared.config import PRESETS, RunConfig\n"
+            "from worker.model import GPT\nfrom worker.optim import FlatAdamW\n"
+            "cfg = RunConfig(preset='andrea-test', model=PRESETS['andrea-test'], vocab_size=256)\n"
+            "m = GPT(cfg.model, 256, 0.0, seed=1)\nopt = FlatAdamW(m, cfg, fused=True)\n"
+            "x = torch.randint(0, 256, (2, cfg.model.block_size + 1))\n"
+            "F.cross_entropy(m(x[:, :-1]).reshape(-1, 256), x[:, 1:].reshape(-1)).backward()\n"
+            "torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)\n"
+            "opt.step(1e-3)\nopt.zero_grad()\nopt.set_step(5)\nopt.check_views()\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)
+    assert out.stdout.strip() == "False"

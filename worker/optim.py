@@ -1,9 +1,16 @@
 """AdamW over the flat parameter buffer, and the learning-rate schedule (docs/architecture.md#the-worker).
 
-`torch.optim.AdamW`, betas (0.9, 0.999), weight decay on matrices only (nanoGPT's
-configure_optimizers), its exp_avg (m) and exp_avg_sq (v) pre-created as views into two flat
-float32 buffers in checkpoint order, so a checkpoint copies three contiguous arrays. AdamW's
-per-parameter step (bias correction) is the checkpoint's header step: nothing else is stored.
+AdamW, betas (0.9, 0.999), weight decay on matrices only (nanoGPT's configure_optimizers), its
+exp_avg (m) and exp_avg_sq (v) pre-created as views into two flat float32 buffers in checkpoint
+order, so a checkpoint copies three contiguous arrays. AdamW's per-parameter step (bias
+correction) is the checkpoint's header step: nothing else is stored.
+
+The fused path (CUDA and CPU) calls torch's fused AdamW kernel, `torch._fused_adamw_`, itself,
+exactly as `torch.optim.AdamW(fused=True).step()` does (the step tensors incremented with
+`torch._foreach_add_`, then one kernel call per parameter group): the same bits, without
+constructing `torch.optim.AdamW`, whose methods import `torch._dynamo` on first use (2.2 s of a
+3.15 s worker start on 2 CPU cores, docs/operations.md#benchmarks). The foreach path (other
+devices) uses `torch.optim.AdamW` itself.
 """
 from __future__ import annotations
 
@@ -29,13 +36,48 @@ def learning_rate(step: int, cfg: RunConfig) -> float:
     return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - floor)
 
 
+class _FusedAdamW:
+    """The part of `torch.optim.AdamW(fused=True)` FlatAdamW uses, over the same state layout:
+    `state` (parameter -> {"step": float32 scalar, "exp_avg", "exp_avg_sq"}), `param_groups`
+    (dicts with "params", "lr", "betas", "eps", "weight_decay", "fused"), `step()` and
+    `zero_grad()`. Parameters without a gradient are skipped, as torch does."""
+
+    def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float],
+                 eps: float) -> None:
+        self.state: dict[torch.Tensor, dict] = {}
+        self.param_groups = [{"lr": lr, "betas": betas, "eps": eps, "amsgrad": False,
+                              "maximize": False, "foreach": None, "fused": True, **g}
+                             for g in groups]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for g in self.param_groups:
+            params = [p for p in g["params"] if p.grad is not None]
+            if not params:
+                continue
+            st = [self.state[p] for p in params]
+            steps = [s["step"] for s in st]
+            torch._foreach_add_(steps, 1)
+            torch._fused_adamw_(params, [p.grad for p in params], [s["exp_avg"] for s in st],
+                                [s["exp_avg_sq"] for s in st], [], steps, amsgrad=False,
+                                lr=g["lr"], beta1=g["betas"][0], beta2=g["betas"][1],
+                                weight_decay=g["weight_decay"], eps=g["eps"], maximize=False,
+                                grad_scale=None, found_inf=None)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for g in self.param_groups:
+            for p in g["params"]:
+                p.grad = None
+
+
 class FlatAdamW:
     """AdamW whose m and v are the flat buffers `m` and `v` (float32, (n_params,)).
 
     `set_step(S)` sets every parameter's AdamW step to S (the resumed checkpoint's header step).
     `fused=True` (the trainer passes worker.precision.use_fused_adamw: CUDA and CPU) uses torch's
-    fused AdamW, whose step tensors live on the parameters' device; otherwise foreach, step on
-    the host (`step_device`). Both kernels work on CPU (tests/test_optim_fused.py).
+    fused AdamW kernel (called directly, see the module docstring), whose step tensors live on
+    the parameters' device; otherwise torch.optim.AdamW with foreach, step on the host
+    (`step_device`). Both kernels work on CPU (tests/test_optim_fused.py).
     """
 
     def __init__(self, model: GPT, cfg: RunConfig, fused: bool | None = None) -> None:
@@ -48,9 +90,12 @@ class FlatAdamW:
         groups = [{"params": decay, "weight_decay": cfg.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
         # fused: one kernel for all parameters (CUDA and CPU); else foreach
-        kw = {"fused": True} if fused else {"foreach": True}
-        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                     eps=cfg.eps, **kw)
+        self.opt: _FusedAdamW | torch.optim.AdamW
+        if fused:
+            self.opt = _FusedAdamW(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps)
+        else:
+            self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                         eps=cfg.eps, foreach=True)
         self.fused = bool(fused)
         if self.fused and flat.device.type not in ("cuda", "cpu"):
             # torch checks this only when it creates the state itself, which _bind_state pre-empts
