@@ -70,7 +70,13 @@ def main(argv=None) -> int:
     ap.add_argument("--n-params", type=int, default=N_12M)
     ap.add_argument("--cost", action="store_true",
                     help="also measure a checkpoint's cost as lost training time (slow: trains)")
-    ap.add_argument("--window", type=int, default=4, help="training steps per --cost window")
+    ap.add_argument("--window", type=int, default=41, help="training steps per --cost window")
+    ap.add_argument("--every", type=int, default=10, help="--cost: steps between checkpoints")
+    ap.add_argument("--cost-rounds", type=int, default=8, help="--cost: paired rounds")
+    ap.add_argument("--cost-only", action="store_true", help="measure --cost alone")
+    ap.add_argument("--diagnose", default="", help="--cost: extra sides, comma-separated: "
+                    "plain (writer at normal priority, buffer kept), sync_copy (copy in the "
+                    "training thread)")
     a = ap.parse_args(argv)
     n = a.n_params
     rng = np.random.default_rng(0)
@@ -81,10 +87,11 @@ def main(argv=None) -> int:
         d = pathlib.Path(d)
         print(f"checkpoint benchmark: n_params {n:,}, file {cf.expected_size(n):,} bytes, "
               f"{a.repeats} repeats, in {d}")
-        bench_write(d, a, header, buf, w, m, v)
-        bench_load(d, a)
-        bench_stall(d, a, w, m, v)
-        if a.cost:
+        if not a.cost_only:
+            bench_write(d, a, header, buf, w, m, v)
+            bench_load(d, a)
+            bench_stall(d, a, w, m, v)
+        if a.cost or a.cost_only:
             lost_training_time(d, a)
     return 0
 
@@ -190,58 +197,116 @@ def bench_stall(d: pathlib.Path, a, w, m, v) -> None:
           f"{t_def:.4f} s   ratio to synchronous write {t_def / t_sync:.3f}  (target <= 0.10)")
 
 
+COST_CHILD = r"""
+import json, logging, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+from worker.signals import SignalFlags
+from worker.trainer import Trainer, WorkerOptions
+from worker.checkpointer import WRITER_NICE
+run, rounds, steps, every, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+extra = sys.argv[7].split(",") if len(sys.argv) > 7 and sys.argv[7] else []
+logging.getLogger("worker").setLevel(logging.WARNING)
+tr = Trainer(WorkerOptions(run_dir=run, device="cpu", keep_last=2, keep_every=0), SignalFlags())
+probs = {n: 1.0 / len(tr.sampler.names) for n in tr.sampler.names}
+k = [0]
+def ours(step):
+    tr.ckpt.writer_nice, tr.ckpt.release_after_write = WRITER_NICE, True
+    tr.checkpoint(step, ["cadence"])
+def plain(step):      # diagnostic: the writer at normal priority, the buffer kept resident
+    tr.ckpt.writer_nice, tr.ckpt.release_after_write = 0, False
+    tr.checkpoint(step, ["cadence"])
+def sync_copy(step):  # diagnostic: the copy in the training thread, then the niced writer
+    tr.ckpt.writer_nice, tr.ckpt.release_after_write = WRITER_NICE, True
+    tr.ckpt.snapshot(step, tr.model.flat, tr.opt.m, tr.opt.v, "cadence")
+    tr.last_written = step
+params = list(tr.model.parameters())
+index = {id(p): i for i, p in enumerate(params)}
+def optimizer_state_dict():   # what torch.optim.AdamW.state_dict() holds: the same tensors
+    st = tr.opt.opt.state
+    return {"state": {i: dict(st[p]) for i, p in enumerate(params)},
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} | {"params": [
+                index[id(p)] for p in g["params"]]} for g in tr.opt.opt.param_groups]}
+def blocking(step):   # nanoGPT train.py: torch.save(checkpoint, os.path.join(out_dir, "ckpt.pt"))
+    torch.save({"model": tr.model.state_dict(), "optimizer": optimizer_state_dict(),
+                "iter_num": step}, os.path.join(out, "ckpt.pt"))
+def window(save):
+    c0, t0 = os.times(), time.perf_counter()
+    for i in range(steps):
+        k[0] += 1
+        tr.train_step(k[0], probs)
+        if save is not None and (i + 1) % every == 0 and i + 1 < steps:
+            save(k[0])
+    tr.ckpt.wait()   # a write still going at the end counts against the window
+    c1 = os.times()
+    return time.perf_counter() - t0, (c1.user + c1.system) - (c0.user + c0.system)
+window(None)          # warm-up: allocator, thread pool, first checkpoint buffer touched
+window(ours)
+window(blocking)
+table = {"never": None, "ours": ours, "blocking": blocking, "plain": plain, "sync_copy": sync_copy}
+names = ["never", "ours", "blocking"] + extra
+for r in range(rounds):
+    got = {}
+    order = names[r % len(names):] + names[:r % len(names)]   # rotate: each side in each slot
+    if r % 2:
+        order.reverse()
+    for side in order:
+        got[side] = window(table[side])
+    print(json.dumps({"round": r + 1, **{s: {"wall": w, "cpu": c} for s, (w, c) in got.items()}}),
+          flush=True)
+"""
+
+
 def lost_training_time(d: pathlib.Path, a) -> None:
-    """Print what one checkpoint costs a real training loop: (window with it) - (window
-    without), ours vs a nanoGPT-style blocking torch.save, in paired rounds."""
-    import logging
-    import torch
-    from scripts.bench_stats import interleaved
+    """What checkpoints cost a real training loop, as lost time over long windows: a window of
+    --window steps with a checkpoint every --every steps minus the same window without any,
+    ours (Trainer.checkpoint) vs nanoGPT's blocking torch.save, in one fresh process (not the
+    one that created the run: create_run pins glibc's mmap threshold), sides interleaved in
+    rotating order, --cost-rounds rounds."""
+    import json
+    import subprocess
+    from scripts.bench_stats import PairedRatio, ROOT as REPO
     from scripts.bench_train import make_run
-    from worker.signals import SignalFlags
-    from worker.trainer import Trainer, WorkerOptions
-    logging.getLogger("worker").setLevel(logging.WARNING)
-    tr = Trainer(WorkerOptions(run_dir=make_run(d / "cost", 1), device="cpu"), SignalFlags())
-    probs = {n: 1.0 / len(tr.sampler.names) for n in tr.sampler.names}
-    k = [0]
-
-    def window(save=None) -> float:
-        t0 = time.perf_counter()
-        for i in range(a.window):
-            k[0] += 1
-            tr.train_step(k[0], probs)
-            if i == 0 and save is not None:
-                save(k[0])
-        t = time.perf_counter() - t0
-        busy = tr.ckpt.busy()
-        tr.ckpt.wait()  # outside the window: a write still going would have been overlapped
-        if busy:
-            print(f"        (the write outlasted a {a.window}-step window: raise --window)")
-        return t
-
-    def ours(step: int) -> None:
-        tr.checkpoint(step, ["cadence"])
-
-    def blocking(step: int) -> None:
-        torch.save({"model": tr.model.state_dict(), "exp_avg": tr.opt.m, "exp_avg_sq": tr.opt.v,
-                    "step": step}, d / "nanogpt_ckpt.pt")
-
-    window()  # warm-up
-    base: list[float] = []
-
-    def with_base(save):
-        def run() -> float:
-            b = window()
-            base.append(b)
-            return window(save) - b
-        return run
-
-    pr = interleaved(with_base(ours), with_base(blocking), a.repeats, lambda o, b: o / b,
-                     lambda i, o, b, x: print(f"  cost round {i}: ours {o:+.3f} s, blocking "
-                                              f"torch.save {b:+.3f} s", flush=True))
-    c_ours, c_blk = statistics.median(pr.a), statistics.median(pr.b)
-    print(f"cost    lost training time per checkpoint over a {a.window}-step window "
-          f"({statistics.median(base):.2f} s without): ours {c_ours:+.3f} s, nanoGPT-style "
-          f"blocking save {c_blk:+.3f} s, ratio of medians {c_ours / c_blk:.3f}")
+    run = make_run(d / "cost", 1)
+    out = d / "nanogpt"
+    out.mkdir()
+    n_ckpt = (a.window - 1) // a.every
+    print(f"cost    {a.cost_rounds} rounds of three {a.window}-step windows (batch 1 x 1024): "
+          f"never, ours, nanoGPT torch.save, {n_ckpt} checkpoints each, in rotating order, one "
+          f"fresh process; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
+          flush=True)
+    p = subprocess.Popen([sys.executable, "-c", COST_CHILD, REPO, str(run), str(a.cost_rounds),
+                          str(a.window), str(a.every), str(out), a.diagnose],
+                         stdout=subprocess.PIPE,
+                         text=True, env=dict(os.environ, PYTHONPATH=REPO))
+    rows = []
+    for line in p.stdout:
+        r = json.loads(line)
+        rows.append(r)
+        lo = (r["ours"]["wall"] - r["never"]["wall"]) / n_ckpt
+        lb = (r["blocking"]["wall"] - r["never"]["wall"]) / n_ckpt
+        co = (r["ours"]["cpu"] - r["never"]["cpu"]) / n_ckpt
+        cb = (r["blocking"]["cpu"] - r["never"]["cpu"]) / n_ckpt
+        more = "".join(
+            f", {x} {(r[x]['wall'] - r['never']['wall']) / n_ckpt:+.3f} s "
+            f"(+{(r[x]['cpu'] - r['never']['cpu']) / n_ckpt:.3f} s CPU)"
+            for x in r if x not in ("round", "never", "ours", "blocking"))
+        print(f"  round {r['round']}: window {r['never']['wall']:.2f} s without; lost per "
+              f"checkpoint: ours {lo:+.3f} s (+{co:.3f} s CPU), torch.save {lb:+.3f} s "
+              f"(+{cb:.3f} s CPU), ratio {lo / lb:.3f}{more}", flush=True)
+    if p.wait() != 0:
+        raise SystemExit(f"cost child exited {p.returncode}")
+    ours_lost = [(r["ours"]["wall"] - r["never"]["wall"]) / n_ckpt for r in rows]
+    blk_lost = [(r["blocking"]["wall"] - r["never"]["wall"]) / n_ckpt for r in rows]
+    pr = PairedRatio([o / b for o, b in zip(ours_lost, blk_lost)], ours_lost, blk_lost)
+    print(f"cost    lost training time per checkpoint: ours {statistics.median(ours_lost):+.3f} s, "
+          f"nanoGPT torch.save {statistics.median(blk_lost):+.3f} s (medians; load average "
+          f"{os.getloadavg()[0]:.2f} at the end)")
+    print(pr.report("checkpoint_cost_vs_torch_save", 0.5))
+    for x in a.diagnose.split(",") if a.diagnose else []:
+        lost = [(r[x]["wall"] - r["never"]["wall"]) / n_ckpt for r in rows]
+        print(PairedRatio([v / b for v, b in zip(lost, blk_lost)], lost, blk_lost)
+              .report(f"checkpoint_cost_{x}_vs_torch_save", None))
 
 
 if __name__ == "__main__":
