@@ -241,7 +241,8 @@ def cmd_export(a) -> int:
 
 def _newest_valid(run_dir: Path) -> Path | None:
     """The newest valid checkpoint of `run_dir` (manifest checksums checked), or None."""
-    from shared.checkpoint_format import CheckpointError, find_latest_valid
+    from shared.checkpoint_format import CheckpointError
+    from shared.checkpoint_dir import find_latest_valid
     from shared.checkpoint_manifest import manifest_checksums, read_manifest
     cfg, _ = _find_config(run_dir / "run.json", str(run_dir))
     try:

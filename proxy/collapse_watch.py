@@ -19,7 +19,7 @@ import logging
 import re
 import time
 
-from shared.checkpoint_format import list_checkpoints
+from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_manifest import read_manifest, set_pinned
 from shared.run_layout import RunLayout
 

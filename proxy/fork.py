@@ -24,8 +24,9 @@ from pathlib import Path
 
 from proxy.arm_changes import arms_as_of, specs_of
 from shared.atomic_io import atomic_write_json
-from shared.checkpoint_format import CheckpointError, checkpoint_name, find_latest_valid, \
-    parse_checkpoint_name, validate_checkpoint
+from shared.checkpoint_format import (CheckpointError, checkpoint_name, parse_checkpoint_name,
+                                      validate_checkpoint)
+from shared.checkpoint_dir import find_latest_valid
 from shared.checkpoint_manifest import ManifestEntry, manifest_checksums, read_manifest, \
     record_checkpoint
 from shared.config import ConfigError, load_run_config

@@ -161,7 +161,8 @@ def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: floa
 
     start_step: the step this proxy resumed from (None: no worker ran); end_step: the last
     step filed; tokens are sequences x context per step (cfg.batch_size x block_size)."""
-    from shared.checkpoint_format import CheckpointError, find_latest_valid
+    from shared.checkpoint_format import CheckpointError
+    from shared.checkpoint_dir import find_latest_valid
     per_step = cfg.batch_size * cfg.model.block_size
     start = end_step if start_step is None else start_step
     run = str(layout.root)

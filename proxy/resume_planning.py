@@ -25,8 +25,9 @@ from proxy.run_setup import read_phases, write_phases
 from proxy.sidecars import read_json_tolerant, write_state
 from proxy.state_snapshots import mark_rewound
 from shared.atomic_io import atomic_write_json, clean_stale_writes
-from shared.checkpoint_format import QUARANTINE_DIR, CheckpointError, \
-    clean_stale_temporaries, quarantine_checkpoint, scan_for_resume
+from shared.checkpoint_format import CheckpointError
+from shared.checkpoint_dir import (QUARANTINE_DIR, clean_stale_temporaries, quarantine_checkpoint,
+                                   scan_for_resume)
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import RunConfig
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE

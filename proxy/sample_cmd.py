@@ -55,7 +55,8 @@ def cmd_sample(a) -> int:
     import time
     t_start = time.perf_counter()
     from proxy.checkpoint_tools import manifest_entry
-    from shared.checkpoint_format import CheckpointError, find_latest_valid
+    from shared.checkpoint_format import CheckpointError
+    from shared.checkpoint_dir import find_latest_valid
     from shared.checkpoint_manifest import manifest_checksums, read_manifest
     from shared.tokenizer import RunTokenizer
     if a.path and not a.run_dir and Path(a.path).is_dir():  # `sample RUN_DIR`: its newest

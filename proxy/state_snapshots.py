@@ -52,7 +52,7 @@ def compact(layout: RunLayout, at: int = COMPACT_AT) -> int:
     replays from the phase start instead (same state, slower). Returns the lines kept, or 0
     when nothing was rewritten."""
     from shared.atomic_io import atomic_write_bytes
-    from shared.checkpoint_format import list_checkpoints
+    from shared.checkpoint_dir import list_checkpoints
     try:
         lines = _path(layout).read_bytes().split(b"\n")
     except FileNotFoundError:

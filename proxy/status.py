@@ -131,7 +131,8 @@ def collect_status(run_dir) -> dict:
     d["last_step_age_s"] = now - last["time"] if last and last.get("time") else None
     d["skipped_recent"] = sum(1 for r in recent if r.get("skipped"))
 
-    from shared.checkpoint_format import CheckpointError, list_checkpoints, validate_checkpoint
+    from shared.checkpoint_format import CheckpointError, validate_checkpoint
+    from shared.checkpoint_dir import list_checkpoints
     from shared.checkpoint_manifest import manifest_checksums, read_manifest
     present = dict(list_checkpoints(layout.root))
     entries = read_manifest(layout.root)

@@ -5,7 +5,7 @@
 Side by side, in one run, on the same filesystem (DIR, default: a temporary folder under the
 current directory), alternating the two sides of each pair and reporting medians:
 
-  write   the worker's write, shared.checkpoint_format.write_checkpoint_image of the file
+  write   the worker's write, shared.checkpoint_write.write_checkpoint_image of the file
           image (temporary, one O_DIRECT write where possible, crc32 in a helper thread,
           fsync, rename, directory fsync) vs a raw sequential buffered write + fsync of the
           same bytes                                                        target <= 1.15
@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from shared import checkpoint_format as cf  # noqa: E402
+
+from shared import checkpoint_write as cw
 
 N_12M = 12_811_008
 
@@ -104,16 +106,16 @@ def bench_write(d: pathlib.Path, a, header: bytes, buf, w, m, v) -> None:
     # file is deleted outside the timed region (retention's job, after the write).
     # "ours" is the worker's path: write_checkpoint_image of the Checkpointer's host
     # buffer (the file image); "arrays" is write_checkpoint of three separate arrays.
-    image = cf.alloc_checkpoint_image(n)
-    for dst, src in zip(cf.image_arrays(image), (w, m, v)):
+    image = cw.alloc_checkpoint_image(n)
+    for dst, src in zip(cw.image_arrays(image), (w, m, v)):
         dst[:] = src
     ours, raw, arrays = [], [], []
     for i in range(a.repeats):
         raw.append(_timed(lambda: _raw_write(d / "raw.bin", header, (w, m, v))))
         os.unlink(d / "raw.bin")
-        ours.append(_timed(lambda: cf.write_checkpoint_image(d, 100 + i, image)))
+        ours.append(_timed(lambda: cw.write_checkpoint_image(d, 100 + i, image)))
         os.unlink(d / cf.checkpoint_name(100 + i))
-        arrays.append(_timed(lambda: cf.write_checkpoint(d, 100 + i, w, m, v)))
+        arrays.append(_timed(lambda: cw.write_checkpoint(d, 100 + i, w, m, v)))
         if i < a.repeats - 1:
             os.unlink(d / cf.checkpoint_name(100 + i))
     t_ours, t_raw, t_arr = (statistics.median(x) for x in (ours, raw, arrays))
@@ -184,7 +186,7 @@ def bench_stall(d: pathlib.Path, a, w, m, v) -> None:
         step += 1
     live = []   # the classic synchronous checkpoint: write the live arrays, then train on
     for i in range(a.repeats):
-        live.append(_timed(lambda: cf.write_checkpoint(d, 10_000 + i, w, m, v)))
+        live.append(_timed(lambda: cw.write_checkpoint(d, 10_000 + i, w, m, v)))
         os.unlink(d / cf.checkpoint_name(10_000 + i))
     t_held, t_sync, t_live = (statistics.median(x) for x in (held, sync, live))
     print(f"stall   snapshot held {t_held:.4f} s   synchronous write {t_sync:.4f} s   "

@@ -88,7 +88,7 @@ def worker_pid(run_dir) -> int | None:
 
 
 def checkpoint_steps(run_dir) -> list[int]:
-    from shared.checkpoint_format import list_checkpoints
+    from shared.checkpoint_dir import list_checkpoints
     return [s for s, _ in list_checkpoints(run_dir)]
 
 

@@ -8,19 +8,21 @@ import pytest
 
 from shared import checkpoint_format as cf
 
+from shared import checkpoint_write as cw, checkpoint_dir as cdir
+
 
 @pytest.mark.parametrize("n", [1, 341, 1000, 300_000])   # tails of every length, and none
 def test_image_write_is_byte_identical_to_the_array_writer(tmp_path, n):
     rng = np.random.default_rng(n)
-    image = cf.alloc_checkpoint_image(n)
-    assert image.ctypes.data % cf.DIRECT_ALIGN == 0 and image.nbytes == 8 + 12 * n
-    w, m, v = cf.image_arrays(image)
+    image = cw.alloc_checkpoint_image(n)
+    assert image.ctypes.data % cw.DIRECT_ALIGN == 0 and image.nbytes == 8 + 12 * n
+    w, m, v = cw.image_arrays(image)
     for a in (w, m, v):
         a[:] = rng.standard_normal(n, dtype=np.float32)
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     a_dir.mkdir(), b_dir.mkdir()
-    pa, na, ca = cf.write_checkpoint(a_dir, 123, w.copy(), m.copy(), v.copy())
-    pb, nb, cb = cf.write_checkpoint_image(b_dir, 123, image)
+    pa, na, ca = cw.write_checkpoint(a_dir, 123, w.copy(), m.copy(), v.copy())
+    pb, nb, cb = cw.write_checkpoint_image(b_dir, 123, image)
     assert pb.name == "step_000123.bin" and (nb, cb) == (na, ca)
     assert pb.read_bytes() == pa.read_bytes()
     assert cb == cf.file_checksum(pb)
@@ -30,36 +32,36 @@ def test_image_write_is_byte_identical_to_the_array_writer(tmp_path, n):
 def test_unaligned_image_falls_back_to_plain_writes(tmp_path):
     n = 2000
     size = 8 + 12 * n
-    raw = np.zeros(size + 2 * cf.DIRECT_ALIGN, dtype=np.uint8)
-    off = cf.image_offset(raw.ctypes.data) + 4           # deliberately not 4096-aligned
+    raw = np.zeros(size + 2 * cw.DIRECT_ALIGN, dtype=np.uint8)
+    off = cw.image_offset(raw.ctypes.data) + 4           # deliberately not 4096-aligned
     image = raw[off:off + size]
-    cf.image_arrays(image)[0][:] = 7.0
-    path, _, checksum = cf.write_checkpoint_image(tmp_path, 5, image)
+    cw.image_arrays(image)[0][:] = 7.0
+    path, _, checksum = cw.write_checkpoint_image(tmp_path, 5, image)
     step, w, _, _ = cf.load_checkpoint(path, n, checksum)
     assert step == 5 and (w == 7.0).all()
 
 
 def test_image_of_the_wrong_shape_is_refused_before_any_file(tmp_path):
     with pytest.raises(cf.CheckpointError, match="8 \\+ 12 x n_params"):
-        cf.write_checkpoint_image(tmp_path, 1, np.zeros(30, dtype=np.uint8))
+        cw.write_checkpoint_image(tmp_path, 1, np.zeros(30, dtype=np.uint8))
     with pytest.raises(cf.CheckpointError, match="uint8"):
-        cf.write_checkpoint_image(tmp_path, 1, np.zeros(5, dtype=np.float32))
+        cw.write_checkpoint_image(tmp_path, 1, np.zeros(5, dtype=np.float32))
     assert os.listdir(tmp_path) == []
 
 
 def test_scan_for_resume_names_each_rule_and_quarantine_keeps_files(tmp_path):
     n = 10
     for step in (100, 200, 300):
-        cf.write_checkpoint(tmp_path, step, *(np.ones(n, np.float32),) * 3)
+        cw.write_checkpoint(tmp_path, step, *(np.ones(n, np.float32),) * 3)
     (tmp_path / "step_000300.bin").write_bytes(b"x" * 50)
     (tmp_path / "step_000200.bin").rename(tmp_path / "step_000250.bin")
-    info, rejected = cf.scan_for_resume(tmp_path, n)
+    info, rejected = cdir.scan_for_resume(tmp_path, n)
     assert info.step == 100
     assert [(e.path.name, e.rule) for e in rejected] == [("step_000300.bin", "size"),
                                                         ("step_000250.bin", "step")]
     data = (tmp_path / "step_000300.bin").read_bytes()
-    dest = cf.quarantine_checkpoint(tmp_path / "step_000300.bin")
+    dest = cdir.quarantine_checkpoint(tmp_path / "step_000300.bin")
     assert dest == tmp_path / "rejected" / "step_000300.bin" and dest.read_bytes() == data
     (tmp_path / "step_000300.bin").write_bytes(b"again")
-    assert cf.quarantine_checkpoint(tmp_path / "step_000300.bin").name == "step_000300.bin.1"
-    assert [s for s, _ in cf.list_checkpoints(tmp_path)] == [100, 250]
+    assert cdir.quarantine_checkpoint(tmp_path / "step_000300.bin").name == "step_000300.bin.1"
+    assert [s for s, _ in cdir.list_checkpoints(tmp_path)] == [100, 250]

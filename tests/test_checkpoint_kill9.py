@@ -17,6 +17,7 @@ import time
 
 from proc_helpers import ROOT
 from shared import checkpoint_format as cf
+from shared import checkpoint_dir as cdir
 from shared import checkpoint_manifest as cm
 import pytest
 
@@ -32,10 +33,10 @@ CHILD = textwrap.dedent("""
     import numpy as np
     from shared import checkpoint_format as cf, checkpoint_manifest as cm
     run_dir, n, first = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    cf.clean_stale_temporaries(run_dir)
+    cdir.clean_stale_temporaries(run_dir)
     rng = np.random.default_rng(first)
-    image = cf.alloc_checkpoint_image(n)   # the worker's host buffer (O_DIRECT path)
-    w, m, v = cf.image_arrays(image)
+    image = cw.alloc_checkpoint_image(n)   # the worker's host buffer (O_DIRECT path)
+    w, m, v = cw.image_arrays(image)
     for a in (w, m, v):
         a[:] = rng.standard_normal(n, dtype=np.float32)
     print("ready", flush=True)
@@ -43,9 +44,9 @@ CHILD = textwrap.dedent("""
     while True:
         w[step % n] = step  # every file differs
         if step % 2:   # both writers: the worker's image path and the generic array path
-            path, nbytes, checksum = cf.write_checkpoint_image(run_dir, step, image)
+            path, nbytes, checksum = cw.write_checkpoint_image(run_dir, step, image)
         else:
-            path, nbytes, checksum = cf.write_checkpoint(run_dir, step, w, m, v)
+            path, nbytes, checksum = cw.write_checkpoint(run_dir, step, w, m, v)
         cm.record_checkpoint(run_dir, cm.ManifestEntry(
             step=step, file=path.name, nbytes=nbytes, checksum=checksum,
             reason="sigusr1" if step % 7 == 0 else "cadence", pinned=step % 7 == 0,
@@ -67,7 +68,7 @@ def _check_every_visible_checkpoint(run_dir):
     """Validate every step_*.bin; return (steps, temporaries present)."""
     entries = cm.read_manifest(run_dir)
     steps = []
-    for step, path in cf.list_checkpoints(run_dir):
+    for step, path in cdir.list_checkpoints(run_dir):
         want = entries[step].checksum if step in entries else None
         info = cf.validate_checkpoint(path, N_PARAMS, want)   # raises on a torn file
         assert info.step == step
@@ -93,7 +94,7 @@ def test_sigkill_at_random_moments_during_writes_leaves_only_valid_checkpoints(t
             # slow the disk is right now (a loaded CI machine's fsync can take many times what
             # it took a moment ago), and time that write to place the kill.
             started = time.monotonic()
-            while first not in dict(cf.list_checkpoints(run_dir)) and proc.poll() is None:
+            while first not in dict(cdir.list_checkpoints(run_dir)) and proc.poll() is None:
                 assert time.monotonic() - started < 120, "no checkpoint written in 120 s"
                 time.sleep(0.005)
             write_seconds = max(0.02, time.monotonic() - started)
@@ -113,8 +114,8 @@ def test_sigkill_at_random_moments_during_writes_leaves_only_valid_checkpoints(t
     assert len(seen_steps) >= KILLS
     # a start removes the stale temporaries and touches nothing else
     before = sorted(n for n in os.listdir(run_dir) if not cf.is_temporary_name(n))
-    cf.clean_stale_temporaries(run_dir)
+    cdir.clean_stale_temporaries(run_dir)
     assert sorted(os.listdir(run_dir)) == before
-    info, rejected = cf.find_latest_valid(run_dir, N_PARAMS,
+    info, rejected = cdir.find_latest_valid(run_dir, N_PARAMS,
                                           cm.manifest_checksums(cm.read_manifest(run_dir)))
     assert rejected == [] and info is not None

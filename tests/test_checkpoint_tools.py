@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from proc_helpers import ROOT
-from shared import checkpoint_format as cf
+from shared import checkpoint_write as cw
 from shared import checkpoint_manifest as cm
 from shared.config import PRESETS, RunConfig, parameter_table
 
@@ -40,7 +40,7 @@ def run_with_checkpoint(tmp_path):
     flat = model.flat.detach().numpy()
     m = (flat * 0.5).astype("float32")
     v = (flat * flat).astype("float32")
-    path, nbytes, checksum = cf.write_checkpoint(run, 7, flat, m, v)
+    path, nbytes, checksum = cw.write_checkpoint(run, 7, flat, m, v)
     cm.record_checkpoint(run, cm.ManifestEntry(step=7, file=path.name, nbytes=nbytes,
                                                checksum=checksum, reason="sigusr1",
                                                pinned=True, time=0.0))

@@ -17,6 +17,7 @@ import torch
 
 from proc_helpers import ROOT
 from shared import checkpoint_format as cf
+from shared import checkpoint_write as cw, checkpoint_dir as cdir
 from shared import checkpoint_manifest as cm
 from worker import checkpointer as ck
 from worker.checkpointer import Checkpointer
@@ -72,11 +73,11 @@ def test_retention_keeps_last_k_multiples_and_pinned_and_ignores_foreign_files(t
     n = 1000
     c = Checkpointer(tmp_path, n, keep_last=2, keep_every=30)
     w, m, v = _state(n, 2)
-    cf.write_checkpoint(tmp_path, 5, w.numpy(), m.numpy(), v.numpy())  # another writer's
+    cw.write_checkpoint(tmp_path, 5, w.numpy(), m.numpy(), v.numpy())  # another writer's
     for step in range(10, 101, 10):
         c.snapshot(step, w, m, v, "sigusr1" if step == 40 else "cadence")
     c.wait()
-    assert [s for s, _ in cf.list_checkpoints(tmp_path)] == [5, 30, 40, 60, 90, 100]
+    assert [s for s, _ in cdir.list_checkpoints(tmp_path)] == [5, 30, 40, 60, 90, 100]
     assert sorted(cm.read_manifest(tmp_path)) == [30, 40, 60, 90, 100]
 
 
@@ -104,7 +105,7 @@ def test_short_disk_applies_retention_then_fails_without_touching_files(tmp_path
     # the next cadence, with space again, succeeds
     c.snapshot(50, w, m, v, "cadence")
     assert c.wait().error is None
-    assert [s for s, _ in cf.list_checkpoints(tmp_path)] == [20, 30, 50]
+    assert [s for s, _ in cdir.list_checkpoints(tmp_path)] == [20, 30, 50]
 
 
 # A child with a real file-size limit: write(2) fails with EFBIG halfway through the file.

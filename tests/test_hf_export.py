@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from proc_helpers import ROOT
-from shared import checkpoint_format as cf
+from shared import checkpoint_write as cw
 from shared import checkpoint_manifest as cm
 from shared.config import PRESETS, RunConfig
 from shared.tokenizer import RunTokenizer
@@ -49,7 +49,7 @@ def _make_run(tmp_path, kind):
         model.flat.add_(0.05 * torch.randn(model.flat.shape, generator=g))
     flat = model.flat.detach().numpy()
     for step in (4, 7):  # --from-run must pick the newest valid one
-        path, nbytes, checksum = cf.write_checkpoint(run, step, flat * (step == 7), flat, flat)
+        path, nbytes, checksum = cw.write_checkpoint(run, step, flat * (step == 7), flat, flat)
         cm.record_checkpoint(run, cm.ManifestEntry(step=step, file=path.name, nbytes=nbytes,
                                                    checksum=checksum, reason="cadence",
                                                    pinned=False, time=0.0))

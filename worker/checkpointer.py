@@ -2,11 +2,12 @@
 
 At the step boundary `snapshot()` copies weights, m and v (three contiguous flat buffers) into a
 preallocated host buffer (pinned memory on CUDA); a background thread then writes the file with
-`shared.checkpoint_format.write_checkpoint` (atomic), records it in the manifest and applies
+`shared.checkpoint_write.write_checkpoint_image` (atomic), records it in the manifest and applies
 retention, deleting only after the new file is durable. One write is in flight at a time: a new
 snapshot first waits for the previous write. `wait()` is what SIGTERM and the end of a run call.
 
-What it is not: the format (shared/checkpoint_format.py) or the decision of when to write
+What it is not: the format (shared/checkpoint_format.py), the write engine
+(shared/checkpoint_write.py) or the decision of when to write
 (worker/trainer.py).
 """
 from __future__ import annotations
@@ -26,8 +27,9 @@ import numpy as np
 import torch
 
 from worker import fault_injection
-from shared.checkpoint_format import DIRECT_ALIGN, CheckpointError, expected_size, \
-    image_offset, list_checkpoints, write_checkpoint_image
+from shared.checkpoint_format import CheckpointError, expected_size
+from shared.checkpoint_write import DIRECT_ALIGN, image_offset, write_checkpoint_image
+from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, ManifestEntry, \
     plan_retention, read_manifest, record_checkpoint, remove_entries
 

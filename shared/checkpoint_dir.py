@@ -1,0 +1,151 @@
+"""The run directory's checkpoints: listing, stale temporaries, the newest valid file,
+quarantine (docs/checkpoint-format.md#validity, #atomic-write).
+
+What it is: the policy over a directory of ``step_NNNNNN.bin`` files: list them by integer
+step, remove stale temporaries at start, walk newest-first to the first file that validates
+(each rejection with its rule), and move a rejected file into ``rejected/`` where neither
+training nor retention can touch it.
+
+What it is not: the layout or validation of one file (``shared/checkpoint_format.py``), writing
+one (``shared/checkpoint_write.py``), the manifest or retention (``shared/checkpoint_manifest.py``).
+Standard library only (and the format module).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from shared.atomic_io import fsync_dir
+from shared.checkpoint_format import CheckpointError, CheckpointInfo, _check_expected_n, \
+    is_temporary_name, parse_checkpoint_name, validate_checkpoint
+
+__all__ = ["QUARANTINE_DIR", "clean_stale_temporaries", "find_latest_valid", "list_checkpoints",
+           "quarantine_checkpoint", "scan_for_resume"]
+
+
+# ---------------------------------------------------------------------------- directories
+
+def _scan(directory: pathlib.Path):
+    try:
+        return list(os.scandir(directory))
+    except OSError as exc:
+        raise CheckpointError(
+            f"{directory}: cannot list the checkpoint directory ({exc.strerror or exc}): "
+            f"check the --run-dir path", path=directory, rule="io") from exc
+
+
+def clean_stale_temporaries(directory: os.PathLike | str) -> list[pathlib.Path]:
+    """Delete leftover checkpoint temporaries (``.step_*.bin.tmp-*``) in ``directory``.
+
+    Call at start, before this process's writer runs (docs/checkpoint-format.md#atomic-write: "Stale temporaries are cleaned
+    at start"; one owner per run directory, docs/architecture.md#one-proxy-per-run-directory). Only regular files and links whose name
+    matches are removed; ``step_*.bin`` files are never touched.
+    Returns the removed paths, sorted. Raises CheckpointError (rule "io") if the directory
+    cannot be listed; a temporary that vanished meanwhile is ignored.
+    """
+    directory = pathlib.Path(directory)
+    removed = []
+    for entry in _scan(directory):
+        if not is_temporary_name(entry.name) or entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            continue
+        removed.append(directory / entry.name)
+    return sorted(removed)
+
+
+def list_checkpoints(directory: os.PathLike | str) -> list[tuple[int, pathlib.Path]]:
+    """All checkpoint files in ``directory`` as (step, path), ascending by integer step.
+
+    Sorted by the parsed integer, never by text, so ``step_1000000.bin`` follows
+    ``step_999999.bin`` (docs/checkpoint-format.md#name). Names that do not parse (``step_latest.bin``,
+    ``*.bak``, temporaries, ...) and directories are ignored. Contents are not checked.
+    Raises CheckpointError (rule "io") if the directory cannot be listed.
+    """
+    directory = pathlib.Path(directory)
+    found = []
+    for entry in _scan(directory):
+        step = parse_checkpoint_name(entry.name)
+        if step is not None and not entry.is_dir():
+            found.append((step, directory / entry.name))
+    found.sort(key=lambda item: item[0])
+    return found
+
+
+def scan_for_resume(directory: os.PathLike | str, n_params: int | None,
+                    checksums: dict[int, str] | None = None
+                    ) -> tuple[CheckpointInfo | None, list[CheckpointError]]:
+    """Like ``find_latest_valid`` but each rejection is the CheckpointError itself (docs/checkpoint-format.md#validity).
+
+    Returns (info, rejected): rejected lists, newest first, one CheckpointError per newer file
+    that failed, with ``.path`` (the file), ``.rule`` (the rule it broke: "size", "step",
+    "n_params", "checksum", ...) and the operator message as ``str(err)``. Deletes nothing.
+    Raises CheckpointError if n_params is outside 1..INT32_MAX or the directory cannot be
+    listed.
+    """
+    n_params = _check_expected_n(n_params)
+    checksums = checksums or {}
+    rejected: list[CheckpointError] = []
+    for step, path in reversed(list_checkpoints(directory)):
+        try:
+            return validate_checkpoint(path, n_params, checksums.get(step)), rejected
+        except CheckpointError as exc:
+            if exc.path is None:
+                exc.path = path
+            rejected.append(exc)
+    return None, rejected
+
+
+def find_latest_valid(directory: os.PathLike | str, n_params: int | None,
+                      checksums: dict[int, str] | None = None
+                      ) -> tuple[CheckpointInfo | None, list[tuple[pathlib.Path, str]]]:
+    """The newest valid checkpoint in ``directory`` and the newer ones rejected (docs/checkpoint-format.md#validity).
+
+    n_params: the model's parameter count (None: not checked). checksums: step -> the
+    manifest's "crc32:%08x" for the steps it knows; files without an entry are checked
+    without a checksum (another writer's file still loads).
+    Walks newest-first by integer step; returns (info, rejected) where info is the first
+    file passing validate_checkpoint (None if none does) and rejected lists (path, reason)
+    for every newer file that failed, newest first. Deletes nothing.
+    Raises CheckpointError if n_params is outside 1..INT32_MAX or the directory cannot be
+    listed. ``scan_for_resume`` gives the same with each failure's rule.
+    """
+    info, rejected = scan_for_resume(directory, n_params, checksums)
+    return info, [(err.path, str(err)) for err in rejected]
+
+
+QUARANTINE_DIR = "rejected"   # run-directory subfolder for checkpoints resume rejected
+
+
+def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR
+                          ) -> pathlib.Path:
+    """Move a rejected checkpoint into ``<its directory>/<folder>/``, keeping it (docs/checkpoint-format.md#validity).
+
+    Why: a rejected ``step_000300.bin`` left in place would be overwritten when training
+    reaches step 300 again, or deleted by retention; in the quarantine folder it is out of
+    reach of both, and of ``list_checkpoints``. The name is kept; if the folder already holds
+    that name, ``.1``, ``.2``, ... is appended. Same filesystem, so it is a rename (no copy);
+    the directories are fsynced. Returns the new path.
+    Raises CheckpointError (rule "io") if the folder cannot be created or the rename fails
+    (the file then stays where it was).
+    """
+    path = pathlib.Path(path)
+    dest_dir = path.parent / folder
+    try:
+        dest_dir.mkdir(exist_ok=True)
+        dest, k = dest_dir / path.name, 0
+        while dest.exists():
+            k += 1
+            dest = dest_dir / f"{path.name}.{k}"
+        os.rename(path, dest)
+        fsync_dir(dest_dir)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise CheckpointError(
+            f"{path.name}: cannot move it to {dest_dir} ({exc.strerror or exc}): it stays "
+            f"where it is; move it aside by hand before training reaches its step",
+            path=path, rule="io") from exc
+    return dest

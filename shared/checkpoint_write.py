@@ -1,0 +1,253 @@
+"""Writing a checkpoint file atomically: the write engine (docs/checkpoint-format.md#atomic-write).
+
+What it is: ``write_checkpoint`` (three arrays, buffered writes) and ``write_checkpoint_image``
+(one preallocated, 4096-byte-aligned file image, ``alloc_checkpoint_image``, written with
+O_DIRECT where the filesystem allows), both through one protocol: a temporary in the same
+directory, the crc32 computed in a helper thread (``BackgroundCrc``) while the bytes are written
+and fsynced, rename over the final name, directory fsync.
+
+What it is not: the layout, its validation or loading (``shared/checkpoint_format.py``), the
+run directory's policy (``shared/checkpoint_dir.py``), the manifest or retention
+(``shared/checkpoint_manifest.py``), the background writer thread (``worker/checkpointer.py``).
+numpy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import zlib
+
+import numpy as np
+
+from shared.atomic_io import fsync_dir
+from shared.checkpoint_format import _F32, _HEADER, HEADER_BYTES, BackgroundCrc, CheckpointError, \
+    check_int32_limits, checkpoint_name, expected_size, format_crc
+
+__all__ = ["DIRECT_ALIGN", "alloc_checkpoint_image", "image_arrays", "image_offset",
+           "write_checkpoint", "write_checkpoint_image"]
+
+
+# ---------------------------------------------------------------------------- writing
+
+def _as_f32_vector(x, what: str, step: int) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype != np.float32:
+        raise CheckpointError(
+            f"{checkpoint_name(step)}: {what} has dtype {arr.dtype}, the format stores "
+            f"float32: convert with .float() / .astype(np.float32) before saving",
+            rule="dtype")
+    if arr.ndim != 1:
+        raise CheckpointError(
+            f"{checkpoint_name(step)}: {what} has shape {arr.shape}, the format stores flat "
+            f"1-D arrays: flatten the parameters in the model's order first", rule="shape")
+    return np.ascontiguousarray(arr, dtype=_F32)  # no copy for contiguous LE float32
+
+
+def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
+                     fsync: bool = True) -> tuple[pathlib.Path, int, str]:
+    """Write ``step_NNNNNN.bin`` atomically into ``directory`` (docs/checkpoint-format.md#atomic-write).
+
+    weights, m, v: float32 1-D arrays of equal length n (anything np.asarray turns into one,
+    e.g. a CPU tensor's numpy view); each buffer is written directly, without concatenation.
+    step: int in [0, INT32_MAX]; n in [1, INT32_MAX].
+    Writes ``.{final_name}.tmp-{pid}`` in the same directory (header, weights, m, v), computes
+    crc32 over exactly the bytes written (in a helper thread, overlapping the write and the
+    fsync; the arrays must not change during the call), flushes, fsyncs (if ``fsync``),
+    renames over the final name with os.replace and fsyncs the directory. An existing file
+    for the same step is replaced atomically.
+    Returns (final_path, nbytes, "crc32:%08x"), nbytes = 8 + 12*n.
+    Raises CheckpointError for bad inputs (rules "limits", "dtype", "shape", before any file
+    is touched) and for any OSError (rule "io", errno text in the message, the OSError as
+    __cause__). On every exception, KeyboardInterrupt included, the temporary is removed and
+    the exception propagates; other checkpoints are never touched.
+    """
+    directory = pathlib.Path(directory)
+    final_name = checkpoint_name(step)  # raises for a bad step
+    step = int(step)
+    arrays = [_as_f32_vector(a, what, step)
+              for a, what in ((weights, "weights"), (m, "m"), (v, "v"))]
+    n = arrays[0].shape[0]
+    if arrays[1].shape[0] != n or arrays[2].shape[0] != n:
+        raise CheckpointError(
+            f"{final_name}: weights, m, v have lengths {n:,}, {arrays[1].shape[0]:,}, "
+            f"{arrays[2].shape[0]:,}; they must be equal: m and v must come from the same "
+            f"parameters in the same order", rule="shape")
+    check_int32_limits(step, n)
+
+    header = _HEADER.pack(step, n)
+    views = [memoryview(arr).cast("B") for arr in arrays]
+    crc = BackgroundCrc(zlib.crc32(header))
+    for view in views:
+        crc.feed(view)
+
+    def write_body(tmp: pathlib.Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            for view in views:
+                f.write(view)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+
+    final = _atomic_commit(directory, final_name, write_body, crc, fsync)
+    return final, HEADER_BYTES + 12 * n, format_crc(crc.result())
+
+
+def _atomic_commit(directory: pathlib.Path, final_name: str, write_body, crc: BackgroundCrc,
+                   fsync: bool) -> pathlib.Path:
+    """Temporary -> write_body(tmp) -> crc done -> os.replace -> directory fsync (docs/checkpoint-format.md#atomic-write).
+
+    On any exception the temporary is removed, the crc thread stopped, and an OSError becomes
+    a CheckpointError (rule "io") naming errno; other checkpoints are never touched.
+    """
+    final = directory / final_name
+    tmp = directory / f".{final_name}.tmp-{os.getpid()}"
+    renamed = False
+    try:
+        write_body(tmp)
+        crc.result()  # the checksum is complete before the file becomes visible
+        os.replace(tmp, final)
+        renamed = True
+        if fsync:
+            fsync_dir(directory)
+    except BaseException as exc:
+        crc.close()
+        if not renamed:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                pass  # clean_stale_temporaries at the next start removes it
+        if isinstance(exc, OSError):
+            where = final if renamed else tmp
+            raise CheckpointError(
+                f"{final_name}: write failed at {where} ({exc.strerror or exc}; errno "
+                f"{errno.errorcode.get(exc.errno, exc.errno)}): the temporary was removed and "
+                f"earlier checkpoints are intact; free disk space or fix the directory, then "
+                f"retry", path=where, rule="io") from exc
+        raise
+    return final
+
+
+# ---------------------------------------------------------------------------- file images
+
+DIRECT_ALIGN = 4096   # bytes: O_DIRECT needs buffer address, file offset and length aligned
+
+
+def image_offset(address: int, align: int = DIRECT_ALIGN) -> int:
+    """Bytes to skip from ``address`` to the next multiple of ``align`` (0 if aligned)."""
+    return -address % align
+
+
+def alloc_checkpoint_image(n_params: int) -> np.ndarray:
+    """A zeroed, 4096-byte-aligned uint8 array of ``8 + 12 * n_params`` bytes: a file image.
+
+    Layout = the file's (docs/checkpoint-format.md): header at [0:8], weights, m, v as float32 from byte 8 on
+    (``image_arrays`` gives the views). ``write_checkpoint_image`` writes it with O_DIRECT
+    where the filesystem allows. Raises CheckpointError (rule "limits") for a bad n_params.
+    """
+    check_int32_limits(0, n_params)
+    size = expected_size(n_params)
+    raw = np.zeros(size + DIRECT_ALIGN, dtype=np.uint8)
+    off = image_offset(raw.ctypes.data)
+    return raw[off:off + size]
+
+
+def image_arrays(image: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weights, m, v): float32 views of a file image's three regions (no copy)."""
+    n = _image_n(image)
+    flat = image[HEADER_BYTES:].view(_F32)
+    return flat[:n], flat[n:2 * n], flat[2 * n:]
+
+
+def _image_n(image) -> int:
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 1 \
+            or not image.flags.c_contiguous:
+        raise CheckpointError(
+            f"checkpoint image must be a 1-D C-contiguous uint8 array, got "
+            f"{getattr(image, 'dtype', type(image).__name__)} "
+            f"{getattr(image, 'shape', '')}: allocate it with alloc_checkpoint_image",
+            rule="shape")
+    size = image.shape[0]
+    if size < HEADER_BYTES + 12 or (size - HEADER_BYTES) % 12:
+        raise CheckpointError(
+            f"checkpoint image of {size:,} bytes is not 8 + 12 x n_params with n_params >= 1: "
+            f"allocate it with alloc_checkpoint_image", rule="shape")
+    return (size - HEADER_BYTES) // 12
+
+
+def _clear_direct(fd: int) -> None:
+    import fcntl
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+
+
+def _write_image(tmp: pathlib.Path, view: memoryview, aligned: bool, fsync: bool) -> None:
+    """Write ``view`` to a new file ``tmp``: the 4096-aligned bulk with O_DIRECT when possible
+    (no copy into the page cache), the rest (and everything, where O_DIRECT is refused or the
+    buffer is not aligned) with plain write(2); short writes are continued; then fsync."""
+    o_direct = getattr(os, "O_DIRECT", 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    direct = bool(o_direct) and aligned
+    fd = None
+    if direct:
+        try:
+            fd = os.open(tmp, flags | o_direct, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # EINVAL: this filesystem has no O_DIRECT
+                raise
+            direct = False
+    if fd is None:
+        fd = os.open(tmp, flags, 0o644)
+    try:
+        total = len(view)
+        bulk = total - total % DIRECT_ALIGN
+        done = 0
+        while done < total:
+            if direct and (done >= bulk or done % DIRECT_ALIGN):
+                _clear_direct(fd)
+                direct = False
+            try:
+                got = os.write(fd, view[done:bulk if direct else total])
+            except OSError as exc:
+                if direct and exc.errno == errno.EINVAL:  # alignment refused: plain writes
+                    _clear_direct(fd)
+                    direct = False
+                    continue
+                raise
+            if got == 0:
+                raise OSError(errno.EIO, f"write(2) wrote 0 bytes at offset {done:,}")
+            done += got
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint_image(directory: os.PathLike | str, step: int, image: np.ndarray, *,
+                           fsync: bool = True) -> tuple[pathlib.Path, int, str]:
+    """Write a file image (``alloc_checkpoint_image``) as ``step_NNNNNN.bin``, atomically.
+
+    The fast path of the background writer (scripts/bench_checkpoint.py): the image already holds the
+    file's bytes, so the write is ONE sequential write of one buffer; when the image is
+    4096-aligned and the filesystem supports it, with O_DIRECT (the kernel reads the buffer
+    directly, no copy into the page cache), then fsync. Sets the header bytes image[0:8] to
+    (step, n_params); weights, m, v must already be in place and must not change during the
+    call. Same temporary/rename/directory-fsync protocol, return value (final_path, nbytes,
+    "crc32:%08x") and errors as ``write_checkpoint`` (rules "limits", "shape", "io").
+    """
+    directory = pathlib.Path(directory)
+    final_name = checkpoint_name(step)
+    step = int(step)
+    n = _image_n(image)
+    check_int32_limits(step, n)
+    image[:HEADER_BYTES] = np.frombuffer(_HEADER.pack(step, n), dtype=np.uint8)
+    view = memoryview(image).cast("B")
+    crc = BackgroundCrc()
+    crc.feed(view)
+    aligned = image_offset(image.ctypes.data) == 0
+    final = _atomic_commit(directory, final_name,
+                           lambda tmp: _write_image(tmp, view, aligned, fsync), crc, fsync)
+    return final, HEADER_BYTES + 12 * n, format_crc(crc.result())
