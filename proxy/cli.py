@@ -26,10 +26,20 @@ log = logging.getLogger("proxy")
 LOG_BYTES = 16 * 2**20   # logs/proxy.log rotates at this size ...
 LOG_BACKUPS = 4          # ... keeping this many older files (proxy.log.1 .. .4)
 
+def log_level() -> int:
+    """INFO, or the level named by ANDREA_LOG_LEVEL (e.g. DEBUG: the start-up stage times,
+    docs/operations.md#benchmarks), which the worker inherits and reads too."""
+    import os
+    name = os.environ.get("ANDREA_LOG_LEVEL", "INFO").upper()
+    level = logging.getLevelName(name)
+    return level if isinstance(level, int) else logging.INFO
+
+
 def _setup_logging(layout: RunLayout | None) -> None:
     fmt = logging.Formatter("%(asctime)s proxy[%(process)d] %(levelname)s %(message)s")
     root = logging.getLogger()
-    root.setLevel(logging.INFO)
+    root.setLevel(log_level())
+    logging.getLogger("filelock").setLevel(max(logging.INFO, root.level))  # one line per lock
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(fmt)
     root.handlers[:] = [h]
@@ -97,12 +107,16 @@ def cmd_run(a) -> int:
                   "whose parent you may write to)", layout.root, what)
         return EXIT_USAGE
     _setup_logging(layout)
+    from shared.procfs import seconds_since_start
+    log.debug("start-up: proxy interpreter and imports %.3f s since launch",
+              seconds_since_start() or 0.0)
     lock = RunLock(layout)
     try:
         lock.acquire()
     except RunLockError as e:
         log.error("%s", e)
         return EXIT_USAGE
+    log.debug("start-up: run lock held %.3f s since launch", seconds_since_start() or 0.0)
     try:
         resumed = layout.run_json.exists()
         if resumed:

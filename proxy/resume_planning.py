@@ -198,9 +198,12 @@ def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_sc
     checkpoint; a stopped pivot without one) and BanditConfigError (bounds)."""
     from proxy.arm_changes import handle_zombies
     from proxy import pivot as pv
+    t0 = time.perf_counter()
     point = find_resume_point(layout, cfg, history, from_scratch)
+    t_scan = time.perf_counter()
     step = point.step
     align_history(layout, history, step)
+    t_history = time.perf_counter()
     if stopped_pivot is not None:
         if point.path is None:
             raise ResumeError(f"{layout.root} has no valid checkpoint to pivot at; train at "
@@ -208,8 +211,14 @@ def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_sc
         stopped_pivot.update(state="boundary", step=step)
         pv.write_request(layout, stopped_pivot)
     changes = handle_zombies(layout, cfg.arms, step)
+    t_arms = time.perf_counter()
     mix, changed = prepare_mixture(layout, cfg, step, changes)
+    t_mix = time.perf_counter()
     reconcile_state_file(layout, mix, step, changed)
+    log.debug("resume planning: checkpoint scan (sizes, headers, checksum of the newest) %.3f s, "
+              "history aligned %.3f s, arm checks %.3f s, bandit rebuilt %.3f s, .state.json "
+              "%.3f s", t_scan - t0, t_history - t_scan, t_arms - t_history, t_mix - t_arms,
+              time.perf_counter() - t_mix)
     plan = ResumePlan(step, point.path, mix, changes, verified=point.verified)
     req = pv.pending_request(layout)
     if req is None or req.get("state") == "requested":

@@ -215,6 +215,9 @@ class Supervisor:
                  f"resume from {point.path.name}" if point.path else "fresh run")
         self.stats.new_worker()  # hello and "stopped" are per worker, not per proxy
         self.proc = self._spawn(point.path, point.verified)
+        from shared.procfs import seconds_since_start
+        log.debug("start-up: worker %d spawned %.3f s after the proxy's launch", self.proc.pid,
+                  seconds_since_start() or 0.0)
         return self._watch(mix, history)
 
     # ------------------------------------------------------------------ watching

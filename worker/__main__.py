@@ -38,13 +38,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch-size", type=int, default=None,
                     help="sequences per forward/backward on this rank (default: run.json's)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    level = logging.getLevelName(os.environ.get("ANDREA_LOG_LEVEL", "INFO").upper())
+    logging.basicConfig(level=level if isinstance(level, int) else logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s")
+    logging.getLogger("filelock").setLevel(max(logging.INFO, logging.getLogger().level))
     if args.parent_pid:
         flags.watch_parent(args.parent_pid)
 
     from pathlib import Path
+    from shared.procfs import seconds_since_start
+    log = logging.getLogger("worker")
+    log.debug("start-up: worker interpreter %.3f s since launch", seconds_since_start() or 0.0)
     from worker.trainer import Trainer, WorkerOptions
+    log.debug("start-up: torch and the trainer imported %.3f s since launch",
+              seconds_since_start() or 0.0)
     opts = WorkerOptions(run_dir=Path(args.run_dir),
                          resume_from=Path(args.resume_from) if args.resume_from else None,
                          max_steps=args.max_steps, usr1_at=args.usr1_at, device=args.device,

@@ -94,6 +94,7 @@ class _NoCheckpointer:
 
 class Trainer:
     def __init__(self, opts: WorkerOptions, flags: SignalFlags) -> None:
+        t_init = time.perf_counter()
         self.opts, self.flags = opts, flags
         self.layout = RunLayout(opts.run_dir)
         self.cfg: RunConfig = load_run_config(self.layout.run_json)
@@ -119,13 +120,19 @@ class Trainer:
         self.tokenizer = RunTokenizer.load(self.layout.tokenizer)
         self.sampler = ArmSampler(self.layout.root, read_arm_index(self.layout),
                                   self.cfg.model.block_size, self.cfg.vocab_size)
+        t_setup = time.perf_counter()
         self.model = GPT(self.cfg.model, self.cfg.vocab_size, self.cfg.dropout, seed=self.cfg.seed)
         self.model.to_device(self.device)
+        t_model = time.perf_counter()
         self.opt = FlatAdamW(self.model, self.cfg, fused=wprec.use_fused_adamw(self.device))
+        t_opt = time.perf_counter()
         self.step = 0
         self.resumed_from = 0
         if opts.resume_from is not None:
             self._resume(Path(opts.resume_from))
+        log.debug("start-up: config, tokenizer and data %.3f s, model %.3f s, optimizer %.3f s, "
+                  "checkpoint load %.3f s", t_setup - t_init, t_model - t_setup, t_opt - t_model,
+                  time.perf_counter() - t_opt)
         self.train_module = self._wrap_for_training()
         self.flops_per_token = self.model.flops_per_token()
         from shared.arms import cache_dir
@@ -465,6 +472,11 @@ class Trainer:
                     reasons, stop = ["sigterm"], True
                 else:
                     rec = self.train_step(k, probs)
+                    if k == self.resumed_from + 1:
+                        from shared.procfs import seconds_since_start
+                        log.debug("start-up: first step %d of this worker done %.3f s since its "
+                                  "launch (the step %.3f s)", k, seconds_since_start() or 0.0,
+                                  rec["step_time"])
                     fault_injection.pause_in_step(k, self.reports.write, self.layout.root)  # test hooks
                     fault_injection.hang_in_step(k, self.layout.root)
                     self.step = k
