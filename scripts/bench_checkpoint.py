@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from scripts.bench_stats import result_line  # noqa: E402
 from shared import checkpoint_format as cf  # noqa: E402
 
 from shared import checkpoint_write as cw
@@ -110,17 +111,24 @@ def bench_write(d: pathlib.Path, a, header: bytes, buf, w, m, v) -> None:
     for dst, src in zip(cw.image_arrays(image), (w, m, v)):
         dst[:] = src
     ours, raw, arrays = [], [], []
-    for i in range(a.repeats):
-        raw.append(_timed(lambda: _raw_write(d / "raw.bin", header, (w, m, v))))
-        os.unlink(d / "raw.bin")
-        ours.append(_timed(lambda: cw.write_checkpoint_image(d, 100 + i, image)))
-        os.unlink(d / cf.checkpoint_name(100 + i))
+    for i in range(a.repeats):   # alternating which side goes first
+        def do_raw():
+            raw.append(_timed(lambda: _raw_write(d / "raw.bin", header, (w, m, v))))
+            os.unlink(d / "raw.bin")
+
+        def do_ours():
+            ours.append(_timed(lambda: cw.write_checkpoint_image(d, 100 + i, image)))
+            os.unlink(d / cf.checkpoint_name(100 + i))
+        for f in ((do_raw, do_ours) if i % 2 == 0 else (do_ours, do_raw)):
+            f()
         arrays.append(_timed(lambda: cw.write_checkpoint(d, 100 + i, w, m, v)))
         if i < a.repeats - 1:
             os.unlink(d / cf.checkpoint_name(100 + i))
     t_ours, t_raw, t_arr = (statistics.median(x) for x in (ours, raw, arrays))
     print(f"write   ours {t_ours:.4f} s   raw write+fsync {t_raw:.4f} s   "
           f"ratio {t_ours / t_raw:.3f}  (target <= 1.15)")
+    print(result_line("checkpoint_write_vs_raw_write_fsync", [o / r for o, r in zip(ours, raw)],
+                      1.15))
     print(f"        write_checkpoint of three arrays (buffered) {t_arr:.4f} s   "
           f"ratio {t_arr / t_raw:.3f}")
     crc = statistics.median(_timed(lambda: zlib.crc32(buf)) for _ in range(3))
@@ -137,14 +145,31 @@ def bench_load(d: pathlib.Path, a) -> None:
     path = d / cf.checkpoint_name(100 + a.repeats - 1)
     checksum = cf.file_checksum(path)
     ours, raw, checked = [], [], []
-    for i in range(a.repeats):
-        raw.append(_timed(lambda: np.fromfile(path, dtype=np.uint8)))
-        ours.append(_timed(lambda: cf.load_checkpoint(path, n)))
-        checked.append(_timed(lambda: cf.load_checkpoint(path, n, checksum)))
+    import torch
+    pt = d / "ckpt.pt"   # nanoGPT's file of the same three arrays: what a user would load
+    _, w, m, v = cf.load_checkpoint(path, n)
+    torch.save({"model": torch.from_numpy(w), "exp_avg": torch.from_numpy(m),
+                "exp_avg_sq": torch.from_numpy(v)}, pt)
+    del w, m, v
+    tload = []
+    for i in range(a.repeats):   # rotating order: each side in each slot
+        sides = [lambda: raw.append(_timed(lambda: np.fromfile(path, dtype=np.uint8))),
+                 lambda: ours.append(_timed(lambda: cf.load_checkpoint(path, n))),
+                 lambda: checked.append(_timed(lambda: cf.load_checkpoint(path, n, checksum))),
+                 lambda: tload.append(_timed(lambda: torch.load(pt, map_location="cpu")))]
+        for f in sides[i % 4:] + sides[:i % 4]:
+            f()
+    os.unlink(pt)
     t_ours, t_raw, t_chk = (statistics.median(x) for x in (ours, raw, checked))
     print(f"load    ours {t_ours:.4f} s   raw np.fromfile {t_raw:.4f} s   "
           f"ratio {t_ours / t_raw:.3f}  (target <= 1.20)")
     print(f"load+checksum (resume path) {t_chk:.4f} s   ratio to raw {t_chk / t_raw:.3f}")
+    t_tl = statistics.median(tload)
+    print(f"        torch.load of nanoGPT's ckpt.pt {t_tl:.4f} s; load+checksum / torch.load "
+          f"{t_chk / t_tl:.3f}")
+    print(result_line("checkpoint_load_vs_np_fromfile", [o / r for o, r in zip(ours, raw)], 1.2))
+    print(result_line("checkpoint_load_checksummed_vs_torch_load",
+                      [c / t for c, t in zip(checked, tload)], 1.0))
     os.unlink(path)
 
 
@@ -197,6 +222,8 @@ def bench_stall(d: pathlib.Path, a, w, m, v) -> None:
     t_def = statistics.median(deferred)
     print(f"stall, trainer path (copy deferred behind a {t_fb:.3f} s forward/backward): "
           f"{t_def:.4f} s   ratio to synchronous write {t_def / t_sync:.3f}  (target <= 0.10)")
+    print(result_line("checkpoint_stall_vs_synchronous_write",
+                      [h / y for h, y in zip(deferred, sync)], 0.10))
 
 
 COST_CHILD = r"""
@@ -268,8 +295,8 @@ def lost_training_time(d: pathlib.Path, a) -> None:
     import json
     import subprocess
     from scripts.bench_stats import PairedRatio, ROOT as REPO
-    from scripts.bench_train import make_run
-    run = make_run(d / "cost", 1)
+    from scripts.bench_train import make_run_fresh
+    run = make_run_fresh(d / "cost", 1)
     out = d / "nanogpt"
     out.mkdir()
     n_ckpt = (a.window - 1) // a.every

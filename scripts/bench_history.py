@@ -188,6 +188,15 @@ def main() -> None:
     print(f"open (check) at {n:,}       {open_s:.3f} s")
     print(f"read all records in order    {read_s:.3f} s")
     print(f"rewind last {WINDOW:,} records     {rewind_s:.3f} s  (target < 2 s)")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_stats import result_line
+    # ten ratios: the mean of each tenth of the last WINDOW appends over that of the first WINDOW
+    tenth = WINDOW // 10
+    chunks = [per_append[n - WINDOW + i:n - WINDOW + i + tenth] for i in range(0, WINDOW, tenth)]
+    print(result_line("history_append_last_over_first",
+                      [sum(c) / len(c) / first for c in chunks], 1.5))
+    print(result_line("history_bytes_written_over_size", [written / size], 1.2))
+    print(result_line("history_rewind_seconds_over_2s", [rewind_s / 2.0], 1.0))
 
 
 if __name__ == "__main__":

@@ -1,19 +1,23 @@
 """Restart cost: `python -m proxy run` on an existing andrea-12m run, to its first resumed step,
-against a nanoGPT-style resume of the same checkpoint. Prints times and the ratio.
+against nanoGPT's resume of the same state. Prints times and the ratio.
 
-    .venv/bin/python scripts/bench_resume.py [--rounds 3] [--dir DIR]
+    .venv/bin/python scripts/bench_resume.py [--rounds 12] [--dir DIR]
 
 Builds one andrea-12m run (BPE on two standard-library files, batch 1 x 1024, cadence 1) and
-trains its first step. Then, in interleaved rounds (ours, reference, ours, ...):
+trains its first step, then saves the same weights and AdamW state as nanoGPT's `ckpt.pt`
+(torch.save of the model's and the optimizer's state_dicts). Then, in interleaved rounds whose
+order alternates (ours first, then nanoGPT first, ...: scripts/bench_stats.py):
   ours       a new process `python -m proxy run --run-dir R --max-steps S+1`: lock, resume scan
-             (size, header, checksum), worker start, checkpoint load, the first resumed update;
-             timed from the launch to the moment `.loss.json` holds step S+1;
-  reference  a new process doing what nanoGPT's train.py does on `init_from='resume'`, without
-             torch.load: import torch, build the model (plain nn.Module, the same shape),
-             np.fromfile the same checkpoint into the parameters and AdamW's state, and run one
-             update of the same batch shape; timed from the launch to the end of that update.
-Each round's ratio is ours / reference; the median of the paired ratios counts (target <= 1.0:
-no slower). This is a measurement, not a test: it prints numbers and never fails on them.
+             (size, header, checksum), bandit rebuild, worker start, checkpoint load, the first
+             resumed update; timed from the launch to the moment `.loss.json` holds step S+1;
+  nanoGPT    a new process doing what nanoGPT's train.py does with init_from='resume': import
+             torch, torch.load the checkpoint, build the model (plain nn.Module, the same shape),
+             load_state_dict, build torch.optim.AdamW (fused, as nanoGPT on CUDA/CPU with
+             torch 2), load its state_dict, and run one update of the same batch shape; timed
+             from the launch to the end of that update.
+Each round's ratio is ours / nanoGPT; the median of the paired ratios with its 95 % interval
+decides (target <= 1.0: no slower), or says it cannot. Run with ANDREA_LOG_LEVEL=DEBUG to see
+each stage of ours (docs/operations.md#start-and-resume). A measurement, never a test.
 """
 from __future__ import annotations
 
@@ -35,17 +39,40 @@ REFERENCE = r'''
 import sys, time
 t0 = float(sys.argv[3])
 sys.path.insert(0, sys.argv[1] + "/scripts"); sys.path.insert(0, sys.argv[1])
-import numpy as np, torch
+import torch
 from torch.nn import functional as F
 from bench_train import RefGPT
 path, V, d, h, L, T = sys.argv[2], *map(int, sys.argv[4:9])
+ckpt = torch.load(path, map_location="cpu")
+model = RefGPT(V, d, h, L, T)
+model.load_state_dict(ckpt["model"])
+decay = [p for p in model.parameters() if p.dim() >= 2]
+rest = [p for p in model.parameters() if p.dim() < 2]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                         {"params": rest, "weight_decay": 0.0}], lr=1e-3, fused=True)
+opt.load_state_dict(ckpt["optimizer"])
+ckpt = None
+x = torch.randint(0, V, (1, T + 1))
+loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
+opt.zero_grad(set_to_none=True); loss.backward()
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); opt.step()
+print(time.time() - t0)
+'''
+
+SAVE = r'''
+import sys
+sys.path.insert(0, sys.argv[1] + "/scripts"); sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+from bench_train import RefGPT
+path, out, V, d, h, L, T = sys.argv[2], sys.argv[3], *map(int, sys.argv[4:9])
 model = RefGPT(V, d, h, L, T)
 raw = np.fromfile(path, dtype=np.float32, offset=8)
 n = sum(p.numel() for p in model.parameters())
 w, m, v = raw[:n], raw[n:2 * n], raw[2 * n:3 * n]
 decay = [p for p in model.parameters() if p.dim() >= 2]
 rest = [p for p in model.parameters() if p.dim() < 2]
-opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=1e-3)
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                         {"params": rest, "weight_decay": 0.0}], lr=1e-3, fused=True)
 off = 0
 with torch.no_grad():
     for p in model.parameters():
@@ -54,11 +81,7 @@ with torch.no_grad():
         opt.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.from_numpy(m[off:off + k].copy()).view_as(p),
                         "exp_avg_sq": torch.from_numpy(v[off:off + k].copy()).view_as(p)}
         off += k
-x = torch.randint(0, V, (1, T + 1))
-loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
-opt.zero_grad(set_to_none=True); loss.backward()
-torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); opt.step()
-print(time.time() - t0)
+torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": 1}, out)
 '''
 
 
@@ -84,20 +107,24 @@ def ours(run: Path, step: int, env: dict) -> float:
     return dt
 
 
+def _dims(cfg) -> list[str]:
+    return [str(cfg.vocab_size), str(cfg.model.n_embd), str(cfg.model.n_head),
+            str(cfg.model.n_layer), str(cfg.model.block_size)]
+
+
 def reference(ckpt: Path, cfg, env: dict) -> float:
     t0 = time.time()
     out = subprocess.run([sys.executable, "-c", REFERENCE, str(ROOT), str(ckpt), repr(t0),
-                          str(cfg.vocab_size), str(cfg.model.n_embd), str(cfg.model.n_head),
-                          str(cfg.model.n_layer), str(cfg.model.block_size)], env=env,
-                         capture_output=True, text=True, check=True)
+                          *_dims(cfg)], env=env, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--dir", default=None)
     a = ap.parse_args()
+    from scripts.bench_stats import interleaved
     from shared.checkpoint_format import checkpoint_name
     from shared.config import load_run_config
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -111,22 +138,26 @@ def main() -> int:
                         "--arm", f"typing=text:{stdlib / 'typing.py'}"], cwd=ROOT, env=env,
                        check=True, capture_output=True)
         cfg = load_run_config(run / "run.json")
-        print(f"andrea-12m: {cfg.n_params:,} parameters, checkpoint {cfg.checkpoint_bytes:,} bytes, "
-              f"batch 1 x {cfg.model.block_size}")
-        ratios, t_ours, t_ref = [], [], []
-        step = 1
-        for r in range(a.rounds):
-            o = ours(run, step, env)
-            f = reference(run / checkpoint_name(step + 1), cfg, env)
-            step += 1
-            t_ours.append(o)
-            t_ref.append(f)
-            ratios.append(o / f)
-            print(f"  round {r + 1}: ours {o:.2f} s, nanoGPT-style {f:.2f} s, ratio {o / f:.3f}")
-        print(f"\nmedian: ours {statistics.median(t_ours):.2f} s, nanoGPT-style "
-              f"{statistics.median(t_ref):.2f} s to the first resumed step")
-        print(f"median of paired ratios ours / nanoGPT-style = {statistics.median(ratios):.3f}"
-              "   (target <= 1.0)")
+        pt = Path(tmp) / "ckpt.pt"
+        subprocess.run([sys.executable, "-c", SAVE, str(ROOT), str(run / checkpoint_name(1)),
+                        str(pt), *_dims(cfg)], env=env, check=True)
+        print(f"andrea-12m: {cfg.n_params:,} parameters, checkpoint {cfg.checkpoint_bytes:,} "
+              f"bytes, ckpt.pt {pt.stat().st_size:,} bytes, batch 1 x {cfg.model.block_size}; "
+              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+        step = [1]
+
+        def run_ours() -> float:
+            dt = ours(run, step[0], env)
+            step[0] += 1
+            return dt
+
+        pr = interleaved(run_ours, lambda: reference(pt, cfg, env), a.rounds, lambda o, f: o / f,
+                         lambda i, o, f, x: print(f"  round {i}: ours {o:.2f} s, nanoGPT "
+                                                  f"{f:.2f} s, ratio {x:.3f}", flush=True))
+        print(f"\nmedian: ours {statistics.median(pr.a):.2f} s, nanoGPT "
+              f"{statistics.median(pr.b):.2f} s to the first resumed step (load average "
+              f"{os.getloadavg()[0]:.2f} at the end)")
+        print(pr.report("resume_vs_nanogpt", 1.0))
     return 0
 
 
