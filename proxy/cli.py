@@ -131,8 +131,8 @@ def cmd_run(a) -> int:
         return e.code
     except StopRequested as e:
         log.info("%s; nothing is lost: the same command goes on from there, keeping the "
-                 "tokenizer and every complete arm whose source files (list, sizes, modification "
-                 "times) are unchanged", e)
+                 "tokenizer, every complete arm and the tokenized part of the arm in progress "
+                 "while their source files (list, sizes, modification times) are unchanged", e)
         return EXIT_OK
     finally:
         lock.release()
