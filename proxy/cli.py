@@ -12,6 +12,7 @@ import logging
 import logging.handlers
 import signal
 import sys
+from pathlib import Path
 
 from proxy.run_options import add_run_args, check_resume_args, check_run_options, \
     config_from_args, proxy_options
@@ -65,6 +66,36 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
     return commit_arm_set(layout, cfg, plan)
 
 
+def _missing_dirs(root: Path) -> list[Path]:
+    """`root` and its ancestors that do not exist yet, deepest first (what `mkdir(parents=True)`
+    creates)."""
+    out, p = [], Path(root).absolute()
+    while not p.exists() and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def _remove_refused(layout: RunLayout, made: list[Path]) -> None:
+    """A start refused before it wrote any data leaves no directory it created: remove the run
+    directory (its lock, owner file and logs/) and the parents made for it. A directory that
+    already existed, or one that holds a tokenizer or token files (work a rerun keeps), stays."""
+    if not made or layout.tokenizer.exists() or (layout.data.is_dir() and any(layout.data.iterdir())):
+        return
+    import shutil
+    for h in list(logging.getLogger().handlers):   # the log file inside it
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(layout.root):
+            logging.getLogger().removeHandler(h)
+            h.close()
+    shutil.rmtree(made[0], ignore_errors=True)
+    for p in made[1:]:
+        try:
+            p.rmdir()
+        except OSError:
+            break
+    log.info("%s removed: this refused start had created it", made[-1])
+
+
 def cmd_run(a) -> int:
     from proxy.proc_tree import EarlySignals
     EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal
@@ -87,6 +118,7 @@ def cmd_run(a) -> int:
                   "--run-dir", layout.root, ", ".join(alien[:5]),
                   f" and {len(alien) - 5} more" if len(alien) > 5 else "")
         return EXIT_USAGE
+    made = _missing_dirs(layout.root)   # what a refusal below removes again
     try:
         layout.root.mkdir(parents=True, exist_ok=True)
         layout.logs.mkdir(exist_ok=True)
@@ -125,6 +157,8 @@ def cmd_run(a) -> int:
         return code
     except (ConfigError, BanditConfigError) as e:
         log.error("%s", e)
+        lock.release()
+        _remove_refused(layout, made)
         return EXIT_USAGE
     except SupervisorError as e:
         log.error("%s", e)

@@ -157,14 +157,15 @@ def test_a_token_files_width_is_read_from_its_name_and_a_contradiction_is_refuse
 def test_an_arm_left_empty_by_a_wrong_field_or_a_small_cap_names_the_real_fix(tmp_path):
     """A JSONL arm whose text is under another field skipped every record and then said
     "0 tokens is too small ...; give it more text", and a run with --arm-max-tokens too small
-    said the same; each now names its fix: the fields the records have, or the cap."""
+    said the same; each names its fix: the fields the records have (found before any work), or
+    the cap."""
     src = tmp_path / "chats.jsonl"
     with open(src, "w") as f:
         for i in range(40):
             f.write(json.dumps({"id": i, "body": prose(400, seed=i)}) + "\n")
-    with pytest.raises(ArmSourceError, match=r"every record was skipped .*40 no field 'text'.*"
-                                              r"the records have fields 'body', 'id'; name the "
-                                              r"text's field: c=jsonl:.*chats\.jsonl:FIELD"):
+    with pytest.raises(ArmSourceError, match=r"none of the first 40 records has a text field "
+                                              r"'text' \(they have fields 'body', 'id'\); name the "
+                                              r"text's field: --arm c=jsonl:.*chats\.jsonl:FIELD"):
         create_template(tmp_path / "run", "--arm", f"c=jsonl:{src}")
     with pytest.raises(ArmSourceError, match=r"raise --arm-max-tokens \(now 50\)"):
         create_template(tmp_path / "run2", "--arm", f"c=jsonl:{src}:body", "--arm-max-tokens", "50")
