@@ -332,8 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # SIGUSR1's default action kills: ignore it until the supervisor installs its handler.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    ap = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    from proxy.tool_threads import READ_ONLY, limit_threads, threads_from_argv
+    if argv[:1] and argv[0] in READ_ONLY:  # before numpy/torch read their pools' sizes
+        limit_threads(threads_from_argv(argv[1:]))
+    ap = build_parser()
     if argv[:1] == ["run"]:  # --config FILE.toml: command line > file > default
         from proxy.run_config_file import parse_run_args
         _setup_logging(None)
