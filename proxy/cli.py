@@ -12,6 +12,7 @@ import logging
 import logging.handlers
 import signal
 import sys
+import time
 from pathlib import Path
 
 from proxy.run_options import add_run_args, check_resume_args, check_run_options, \
@@ -136,7 +137,7 @@ def cmd_run(a) -> int:
         log.error("%s", e)
         return EXIT_USAGE
     try:
-        resumed = layout.run_json.exists()
+        resumed, creation_s = layout.run_json.exists(), None
         if resumed:
             cfg = load_run_config(layout.run_json)
             check_resume_args(a, cfg, layout)
@@ -145,12 +146,15 @@ def cmd_run(a) -> int:
         else:
             cfg = config_from_args(a)
             log.info("creating run %s (%s)", layout.root, cfg.preset)
+            t_create = time.monotonic()
             cfg = create_run(layout, cfg)
+            creation_s = time.monotonic() - t_create
             log.info("created: %s parameters, vocabulary %d, checkpoint %s bytes",
                      f"{cfg.n_params:,}", cfg.vocab_size, f"{cfg.checkpoint_bytes:,}")
         _print_settings(cfg, a, resumed=resumed, layout=layout)
         opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
         sup = Supervisor(layout, cfg, opts)
+        sup.watch.creation_s = creation_s   # the summary names creation and training apart
         sup.install_signal_handlers()
         code = sup.run()
         log.info("proxy exiting with code %d at step %s", code, sup.stats.step)
@@ -190,6 +194,13 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout 
         got = [sources.get(d, "default") for d in dests]
         return next((g for g in got if g != "default"), "default")
 
+    def kept(dest: str, from_run_json: bool) -> str:
+        """A per-start value: the command line's when given, else on a resume run.json's (when
+        the value shown is run.json's), else the default."""
+        got = src(dest, per_start=True)
+        return "run.json" if resumed and got == "default" and from_run_json else got
+
+    micro_src = kept("micro_batch_size", not a.micro_batch_size and bool(cfg.micro_batch_size))
     arms_src = src("arm", per_start=True)  # --arm on a resume is the run's new arm list
     if resumed and arms_src == "default":
         arms_src = "run.json"
@@ -205,11 +216,11 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout 
                                            f"{cfg.model.n_embd}/{cfg.model.block_size}", src("preset")),
             ("tokenizer", f"{cfg.tokenizer} ({cfg.vocab_size} tokens)", src("tokenizer")),
             ("batch (sequences/update)", cfg.batch_size, src("batch_size")),
-            ("micro-batch (sequences/rank)", micro, src("micro_batch_size", per_start=True)),
+            ("micro-batch (sequences/rank)", micro, micro_src),
             ("micro-batches per update", f"{accum} on each of {world} rank(s)",
-             src("micro_batch_size", "nproc_per_node", per_start=True)),
+             micro_src if micro_src != "default" else src("nproc_per_node", per_start=True)),
             ("tokens per update", f"{cfg.batch_size * cfg.model.block_size:,}", src("batch_size")),
-            ("max steps", a.max_steps or cfg.max_steps, src("max_steps", per_start=True)),
+            ("max steps", a.max_steps or cfg.max_steps, kept("max_steps", not a.max_steps)),
             ("lr peak", cfg.lr, src("lr")),
             ("lr warm-up / cosine end (steps)", f"{cfg.warmup_steps}/{cfg.lr_decay_steps}",
              warm_src if warm_src == src("max_steps") else
