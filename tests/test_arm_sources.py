@@ -11,7 +11,7 @@ import pytest
 
 from proc_helpers import create_template
 from shared.arm_data import ArmData, done_marker, heldout_ranges, read_arm_index
-from shared.arm_sources import SEPARATOR, sample_text
+from shared.arm_sources import SEPARATOR, iter_text, sample_text
 from shared.arms import ArmSourceError, parse_arm_option
 from shared.config import PRESETS, ArmSpec, ConfigError, RunConfig, count_parameters
 from shared.run_layout import RunLayout
@@ -450,3 +450,20 @@ def test_two_arms_of_the_same_source_are_named_in_a_warning(tmp_path, caplog):
                         "--arm", f"c=text:{tmp_path}/*.txt")
     assert "arms a and b read the same source" in caplog.text
     assert "arms a and c" in caplog.text    # the glob matches the same one file
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+def test_the_bpe_sample_budget_counts_characters_of_a_compressed_arm(tmp_path, suffix):
+    """A 1.37 MB .zst arm gave 5.96 MB of text against a budget of 2.67 M characters: its size
+    on disk was compared with the budget. The budget counts characters whatever the encoding."""
+    import zstandard
+    lines = "".join(json.dumps({"text": prose(2_000, seed=i % 7)}) + "\n" for i in range(600))
+    raw = lines.encode()
+    data = gzip.compress(raw) if suffix.endswith("gz") else zstandard.ZstdCompressor().compress(raw)
+    (tmp_path / f"a{suffix}").write_bytes(data)
+    assert len(data) < 300_000 < len(raw)          # small on disk, large as text
+    arm = parse_arm_option(f"a=jsonl:{tmp_path / f'a{suffix}'}")
+    s = sample_text(arm, 300_000, piece=10_000)
+    assert 250_000 <= sum(map(len, s)) <= 300_000
+    small = sample_text(arm, 5_000_000)            # it fits: taken whole
+    assert small == ["".join(iter_text(arm))]
