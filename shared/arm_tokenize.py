@@ -246,6 +246,8 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
                                       or stats.chars != int(resume["chars"])):
                         raise _Diverged("its source no longer gives the text the partial token "
                                         "file was made from")
+                    if n == skip:
+                        prog.restart_rate()   # the rate and ETA of the encoding that is left
                     continue
                 try:
                     stop_request.check(f"tokenization of arm {arm.name}")
