@@ -193,6 +193,11 @@ def plan_arm_set(layout: RunLayout, cfg: RunConfig, new_specs: list[ArmSpec],
                 f"name (e.g. --arm {s.name}-2={s.kind}:{s.source}) and leave {s.name} out to "
                 "retire it")
     added = [s for s in new_specs if s.name not in old and s.name not in index]
+    from shared.arm_sources import check_arms
+    problems = check_arms(added)   # every new arm, all at once, before any work
+    if problems:
+        raise ConfigError(f"{len(problems)} of the {len(added)} new arms cannot be used; nothing "
+                          "was changed:\n" + "\n".join(f"  - {m}" for m in problems))
     rejoining = []
     for s in new_specs:
         if s.name in old or s.name not in index:

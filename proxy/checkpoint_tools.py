@@ -24,6 +24,9 @@ from shared.exit_codes import EXIT_USAGE  # bad arguments: no config for export,
 
 def add_inspect_args(p) -> None:
     """Arguments of ``inspect``: PATH [--run-dir DIR]."""
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
+                        "keeps its cores; docs/operations.md#beside-a-live-run)")
     p.add_argument("path", help="a step_NNNNNN.bin file")
     p.add_argument("--run-dir", default=None,
                    help="run directory whose run.json describes the model (default: the "
@@ -33,6 +36,9 @@ def add_inspect_args(p) -> None:
 def add_export_args(p) -> None:
     """Arguments of ``export``: [PATH | --from-run RUN] --to OUT [--format safetensors|hf]
     [--run-dir DIR] [--force]."""
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
+                        "keeps its cores; docs/operations.md#beside-a-live-run)")
     p.add_argument("path", nargs="?", default=None,
                    help="a step_NNNNNN.bin file (or give --from-run RUN instead)")
     p.add_argument("--from-run", default=None, metavar="RUN",

@@ -12,6 +12,8 @@ import logging
 import logging.handlers
 import signal
 import sys
+import time
+from pathlib import Path
 
 from proxy.run_options import add_run_args, check_resume_args, check_run_options, \
     config_from_args, proxy_options
@@ -75,6 +77,36 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
     return commit_arm_set(layout, cfg, plan)
 
 
+def _missing_dirs(root: Path) -> list[Path]:
+    """`root` and its ancestors that do not exist yet, deepest first (what `mkdir(parents=True)`
+    creates)."""
+    out, p = [], Path(root).absolute()
+    while not p.exists() and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def _remove_refused(layout: RunLayout, made: list[Path]) -> None:
+    """A start refused before it wrote any data leaves no directory it created: remove the run
+    directory (its lock, owner file and logs/) and the parents made for it. A directory that
+    already existed, or one that holds a tokenizer or token files (work a rerun keeps), stays."""
+    if not made or layout.tokenizer.exists() or (layout.data.is_dir() and any(layout.data.iterdir())):
+        return
+    import shutil
+    for h in list(logging.getLogger().handlers):   # the log file inside it
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(layout.root):
+            logging.getLogger().removeHandler(h)
+            h.close()
+    shutil.rmtree(made[0], ignore_errors=True)
+    for p in made[1:]:
+        try:
+            p.rmdir()
+        except OSError:
+            break
+    log.info("%s removed: this refused start had created it", made[-1])
+
+
 def cmd_run(a) -> int:
     from proxy.proc_tree import EarlySignals
     EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal
@@ -97,6 +129,7 @@ def cmd_run(a) -> int:
                   "--run-dir", layout.root, ", ".join(alien[:5]),
                   f" and {len(alien) - 5} more" if len(alien) > 5 else "")
         return EXIT_USAGE
+    made = _missing_dirs(layout.root)   # what a refusal below removes again
     try:
         layout.root.mkdir(parents=True, exist_ok=True)
         layout.logs.mkdir(exist_ok=True)
@@ -118,7 +151,7 @@ def cmd_run(a) -> int:
         return EXIT_USAGE
     log.debug("start-up: run lock held %.3f s since launch", seconds_since_start() or 0.0)
     try:
-        resumed = layout.run_json.exists()
+        resumed, creation_s = layout.run_json.exists(), None
         if resumed:
             cfg = load_run_config(layout.run_json)
             check_resume_args(a, cfg, layout)
@@ -127,26 +160,31 @@ def cmd_run(a) -> int:
         else:
             cfg = config_from_args(a)
             log.info("creating run %s (%s)", layout.root, cfg.preset)
+            t_create = time.monotonic()
             cfg = create_run(layout, cfg)
+            creation_s = time.monotonic() - t_create
             log.info("created: %s parameters, vocabulary %d, checkpoint %s bytes",
                      f"{cfg.n_params:,}", cfg.vocab_size, f"{cfg.checkpoint_bytes:,}")
         _print_settings(cfg, a, resumed=resumed, layout=layout)
         opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
         sup = Supervisor(layout, cfg, opts)
+        sup.watch.creation_s = creation_s   # the summary names creation and training apart
         sup.install_signal_handlers()
         code = sup.run()
         log.info("proxy exiting with code %d at step %s", code, sup.stats.step)
         return code
     except (ConfigError, BanditConfigError) as e:
         log.error("%s", e)
+        lock.release()
+        _remove_refused(layout, made)
         return EXIT_USAGE
     except SupervisorError as e:
         log.error("%s", e)
         return e.code
     except StopRequested as e:
         log.info("%s; nothing is lost: the same command goes on from there, keeping the "
-                 "tokenizer and every complete arm whose source files (list, sizes, modification "
-                 "times) are unchanged", e)
+                 "tokenizer, every complete arm and the tokenized part of the arm in progress "
+                 "while their source files (list, sizes, modification times) are unchanged", e)
         return EXIT_OK
     finally:
         lock.release()
@@ -170,6 +208,13 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout 
         got = [sources.get(d, "default") for d in dests]
         return next((g for g in got if g != "default"), "default")
 
+    def kept(dest: str, from_run_json: bool) -> str:
+        """A per-start value: the command line's when given, else on a resume run.json's (when
+        the value shown is run.json's), else the default."""
+        got = src(dest, per_start=True)
+        return "run.json" if resumed and got == "default" and from_run_json else got
+
+    micro_src = kept("micro_batch_size", not a.micro_batch_size and bool(cfg.micro_batch_size))
     arms_src = src("arm", per_start=True)  # --arm on a resume is the run's new arm list
     if resumed and arms_src == "default":
         arms_src = "run.json"
@@ -185,11 +230,11 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout 
                                            f"{cfg.model.n_embd}/{cfg.model.block_size}", src("preset")),
             ("tokenizer", f"{cfg.tokenizer} ({cfg.vocab_size} tokens)", src("tokenizer")),
             ("batch (sequences/update)", cfg.batch_size, src("batch_size")),
-            ("micro-batch (sequences/rank)", micro, src("micro_batch_size", per_start=True)),
+            ("micro-batch (sequences/rank)", micro, micro_src),
             ("micro-batches per update", f"{accum} on each of {world} rank(s)",
-             src("micro_batch_size", "nproc_per_node", per_start=True)),
+             micro_src if micro_src != "default" else src("nproc_per_node", per_start=True)),
             ("tokens per update", f"{cfg.batch_size * cfg.model.block_size:,}", src("batch_size")),
-            ("max steps", a.max_steps or cfg.max_steps, src("max_steps", per_start=True)),
+            ("max steps", a.max_steps or cfg.max_steps, kept("max_steps", not a.max_steps)),
             ("lr peak", cfg.lr, src("lr")),
             ("lr warm-up / cosine end (steps)", f"{cfg.warmup_steps}/{cfg.lr_decay_steps}",
              warm_src if warm_src == src("max_steps") else
@@ -312,8 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # SIGUSR1's default action kills: ignore it until the supervisor installs its handler.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    ap = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    from proxy.tool_threads import READ_ONLY, limit_threads, threads_from_argv
+    if argv[:1] and argv[0] in READ_ONLY:  # before numpy/torch read their pools' sizes
+        limit_threads(threads_from_argv(argv[1:]))
+    ap = build_parser()
     if argv[:1] == ["run"]:  # --config FILE.toml: command line > file > default
         from proxy.run_config_file import parse_run_args
         _setup_logging(None)

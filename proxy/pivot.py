@@ -99,13 +99,14 @@ def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int,
     req = read_request(layout)
     if not req or req.get("state") != "requested":
         return None
-    every = cfg.checkpoint_every
-    b = ((filed_step + 1) // every + 1) * every
+    now = bool(req.get("now"))
+    b = next_boundary(cfg, filed_step, now)
     if b >= max_steps:
-        _fail(layout, req, f"the next checkpoint boundary, step {b}, is not before the last "
-                           f"step {max_steps}")
+        _fail(layout, req, (f"the next step, {b}," if now else
+                            f"the next checkpoint boundary, step {b},")
+              + f" is not before the last step {max_steps}")
         return None
-    posted = update_handshake(layout, lambda d: _post_pivot_stop(d["control"], b))["control"]
+    posted = update_handshake(layout, lambda d: _post_pivot_stop(d["control"], b, now))["control"]
     if posted.get("reason") != "pivot":  # a collapse alarm's stop is pending: it goes first
         if req.get("waiting_for") != "alarm":
             req.update(waiting_for="alarm")
@@ -118,19 +119,30 @@ def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int,
     req.pop("waiting_for", None)
     req.update(state="boundary", step=b, proxy_pid=os.getpid(), posted_at=time.time())
     write_request(layout, req)
-    log.info("pivot requested (by pid %s, label %r): the worker checkpoints and stops at step %d",
-             req.get("requested_by"), req.get("label"), b)
+    log.info("pivot requested (by pid %s, label %r%s): the worker checkpoints and stops at step %d",
+             req.get("requested_by"), req.get("label"), ", --now" if now else "", b)
     fault_point("before-boundary")
     return b
 
 
-def _post_pivot_stop(control: dict, b: int) -> None:
+def next_boundary(cfg: RunConfig, filed_step: int, now: bool = False) -> int:
+    """The step a pivot requested after `filed_step` (the last step the proxy filed) happens at:
+    the next multiple of the checkpoint cadence after filed_step + 1 (the worker may be a step
+    ahead of what is filed), or with `now` (`pivot --now`) filed_step + 1, the step the worker
+    is at or will reach next (docs/pivots.md#the-boundary)."""
+    if now:
+        return filed_step + 1
+    every = cfg.checkpoint_every
+    return ((filed_step + 1) // every + 1) * every
+
+
+def _post_pivot_stop(control: dict, b: int, now: bool = False) -> None:
     """Post the pivot's stop at B into the handshake's `control`, unless a collapse alarm's stop
     is pending there: the alarm stops the run now, and replacing it would turn that stop into a
     pivot at a later boundary after which training goes on (docs/pivots.md#the-boundary)."""
     if control.get("reason") == "alarm" and control.get("stop_at_step") is not None:
         return
-    control.update(stop_at_step=b, reason="pivot")
+    control.update(stop_at_step=b, reason="pivot", now=now)
 
 
 def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:
@@ -264,6 +276,24 @@ def _last_filed(layout: RunLayout) -> int:
     return recs[-1]["step"] if recs else 0
 
 
+def _seconds_per_update(layout: RunLayout) -> float | None:
+    """Wall seconds per update over the history's last 50 steps (the progress line's ETA
+    window, proxy/progress.py), None before two records."""
+    from proxy.progress import wall_seconds_per_update
+    from proxy.status import tail_records
+    return wall_seconds_per_update(tail_records(layout.loss))
+
+
+def when(layout: RunLayout, togo: int) -> str:
+    """", about H:MM:SS at the recent S s per update" for `togo` steps, or "" when the rate is
+    not known yet."""
+    from proxy.progress import fmt_duration
+    spu = _seconds_per_update(layout)
+    if not spu:
+        return ""
+    return f", about {fmt_duration(togo * spu)} at the recent {spu:.1f} s per update"
+
+
 def _planned_steps(layout: RunLayout, cfg: RunConfig) -> int:
     try:
         return int(json.loads((layout.root / ".status.json").read_text())["max_steps"])
@@ -327,10 +357,25 @@ def cmd_pivot(a) -> int:
     if last >= planned:
         return _refuse(f"{layout.root} already finished at step {last:,} (max steps {planned:,}); "
                        "nothing would train under the new policy")
+    b = next_boundary(cfg, last, a.now)
+    if b >= planned:
+        return _refuse(f"the {'next step' if a.now else 'next checkpoint boundary'}, step {b}, "
+                       f"is not before the run's last step {planned} (last filed {last}, "
+                       f"checkpoints every {cfg.checkpoint_every}): nothing would train in the new "
+                       "phase; " + ("run longer (`run --max-steps N`) and pivot then" if a.now else
+                                    "use --now (checkpoint at the next step and pivot there), or "
+                                    "run longer (`run --max-steps N`)"))
+    if a.now:
+        req["now"] = True
     pid = _owner_pid(layout)
     write_request(layout, req)
+    where = ("at the next step" if a.now else
+             f"at the next checkpoint boundary (checkpoints every {cfg.checkpoint_every} steps)")
     print(f"pivot: request {label!r} caps {caps} floors {floors} written to {REQUEST_NAME}; "
-          f"live proxy pid {pid} picks the next boundary", flush=True)
+          f"live proxy pid {pid} pivots {where}: about step {b}, {b - last} step"
+          f"{'' if b - last == 1 else 's'} after the last filed step {last}{when(layout, b - last)}"
+          + ("" if a.now else "; `pivot --now` would checkpoint at the next step and pivot there"),
+          flush=True)
     if a.no_wait:
         print("pivot: accepted (--no-wait); `python -m proxy status --run-dir DIR` shows its "
               "progress", flush=True)
@@ -341,7 +386,7 @@ def cmd_pivot(a) -> int:
 def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
     """Follow the live proxy through the pivot, printing each state once."""
     from proxy.proc_tree import pid_alive
-    end, told, b, last_print = time.monotonic() + timeout, set(), None, 0.0
+    end, told, b, last_togo = time.monotonic() + timeout, set(), None, None
     while True:
         req = read_request(layout)
         if req is None and b is not None:  # moved into the archive: running
@@ -368,17 +413,17 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
             if reached > 0 or _last_filed(layout) >= b:  # the proxy was quicker than this poll:
                 print(f"pivot: boundary step {b} reached", flush=True)  # still name the step
                 told.add("at-boundary")
-        if reached == 0 and "at-boundary" not in told and time.monotonic() - last_print >= 2.0:
+        if reached == 0 and "at-boundary" not in told:
             last = _last_filed(layout)
             if last >= b:
                 print(f"pivot: boundary step {b} reached; the worker writes step_{b:06d}.bin and "
                       f"exits", flush=True)
                 told.add("at-boundary")
-            else:
-                togo = b - last
-                print(f"pivot: waiting for boundary step {b} ({togo} step"
-                      f"{'' if togo == 1 else 's'} to go)", flush=True)
-            last_print = time.monotonic()
+            elif b - last != last_togo:   # a line when it changes, not every poll
+                last_togo = b - last
+                print(f"pivot: waiting for boundary step {b} ({last_togo} step"
+                      f"{'' if last_togo == 1 else 's'} to go{when(layout, last_togo)})",
+                      flush=True)
         if reached >= 1 and "archived" not in told:
             print(f"pivot: archived to archive/pivot-{b}", flush=True)
             told.add("archived")
@@ -464,6 +509,9 @@ def add_pivot_args(p) -> None:
                    help="seconds to wait for the live pivot to be in force (900)")
     p.add_argument("--no-wait", action="store_true",
                    help="return once the live proxy has the request")
+    p.add_argument("--now", action="store_true",
+                   help="live run: checkpoint at the next step and pivot there, instead of at the "
+                        "next checkpoint boundary (the default); docs/pivots.md#the-boundary")
     p.add_argument("--max-steps", type=int, default=None,
                    help="stopped run only, when it reached run.json's: the --max-steps to "
                         "pass to the next `run` (checked here, and in the command printed)")

@@ -13,6 +13,7 @@ import math
 import sys
 from pathlib import Path
 
+from proxy.loss_ema import BETA, LossEma
 from shared.loss_history import read_records
 from shared.run_layout import RunLayout
 from shared.exit_codes import EXIT_USAGE
@@ -21,7 +22,7 @@ from shared.exit_codes import EXIT_USAGE
 def series(records: list[dict]) -> dict:
     """The plotted series: steps, loss, ema, probe {arm: (steps, losses)}, mix {arm: [p]},
     alarms [step]. Non-finite losses are left out of the loss line."""
-    steps, loss, ema, e = [], [], [], None
+    steps, loss, ema, e = [], [], [], LossEma()
     probe: dict[str, tuple[list, list]] = {}
     arms = sorted({a for r in records for a in (r.get("p") or {})})
     mix = {a: [] for a in arms}
@@ -29,10 +30,9 @@ def series(records: list[dict]) -> dict:
     for r in records:
         x = r.get("loss")
         if isinstance(x, (int, float)) and math.isfinite(x):
-            e = x if e is None else 0.95 * e + 0.05 * x
             steps.append(r["step"])
             loss.append(x)
-            ema.append(e)
+            ema.append(e.update(x))
         for a, v in (r.get("probe") or {}).items():
             if isinstance(v, (int, float)) and math.isfinite(v):
                 probe.setdefault(a, ([], []))
@@ -64,7 +64,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     out = Path(out) if out else layout.root / "loss.png"
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
     ax1.plot(s["steps"], s["loss"], lw=0.6, alpha=0.5, label="loss")
-    ax1.plot(s["steps"], s["ema"], lw=1.5, label="EMA (0.95)")
+    ax1.plot(s["steps"], s["ema"], lw=1.5, label=f"EMA ({BETA:g}, bias-corrected)")
     for st in s["alarms"]:
         ax1.axvline(st, color="red", lw=1.0)
     ax1.set_ylabel("training loss (nats)")
@@ -108,6 +108,9 @@ def cmd_plot(a) -> int:
 
 def add_plot_args(p) -> None:
     """`plot --run-dir DIR [--out F.png]`."""
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
+                        "keeps its cores; docs/operations.md#beside-a-live-run)")
     p.add_argument("--run-dir", required=True, metavar="DIR", help="the run to plot")
     p.add_argument("--out", default=None, metavar="F.png",
                    help="PNG path (default DIR/loss.png)")

@@ -155,12 +155,43 @@ def _heldout(layout) -> tuple[int | None, dict]:
     return best
 
 
+MEAN_STEPS = 50     # the summary's plain mean of the last losses
+PROMPT_TOKENS = 48  # tokens of the first arm read for the suggested sample prompt
+PROMPT_CHARS = 24
+
+
+def suggested_prompt(layout) -> str:
+    """A sample prompt from the run's own data: the start of the first line of the first active
+    arm's token file, decoded (at most PROMPT_CHARS characters, cut at a word's end), so the
+    suggestion fits a C corpus as well as Python; "The " when it cannot be read."""
+    try:
+        import numpy as np
+        from shared.arm_data import read_arm_index
+        from shared.tokenizer import RunTokenizer
+        arm = next(iter(read_arm_index(layout).values()))
+        ids = np.asarray(arm.tokens(layout.root)[:PROMPT_TOKENS])
+        text = RunTokenizer.load(layout.tokenizer).decode(ids.tolist())
+        line = next((x.strip() for x in text.splitlines() if x.strip()), "")
+        if len(line) > PROMPT_CHARS:
+            cut = line.rfind(" ", 0, PROMPT_CHARS + 1)
+            line = line[:cut + 1] if cut > 0 else line[:PROMPT_CHARS]
+        return line or "The "
+    except Exception:  # noqa: BLE001 - a suggestion only: never fail the summary for it
+        return "The "
+
+
 def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: float | None,
-                   wall_s: float, max_steps: int) -> str:
+                   wall_s: float, max_steps: int, creation_s: float | None = None) -> str:
     """The end-of-run summary as one multi-line string (first line "run summary: ...").
 
     start_step: the step this proxy resumed from (None: no worker ran); end_step: the last
-    step filed; tokens are sequences x context per step (cfg.batch_size x block_size)."""
+    step filed; tokens are sequences x context per step (cfg.batch_size x block_size); ema: the
+    bias-corrected loss EMA (proxy/loss_ema.py), printed beside the plain mean of the last
+    MEAN_STEPS losses; wall_s: seconds of training (from the supervisor's start), creation_s:
+    seconds this start spent creating the run (None: it resumed one)."""
+    import shlex
+    from proxy.loss_ema import recent_mean
+    from proxy.status import tail_records
     from shared.checkpoint_format import CheckpointError
     from shared.checkpoint_dir import find_latest_valid
     per_step = cfg.batch_size * cfg.model.block_size
@@ -172,8 +203,14 @@ def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: floa
              + (f" (this start's --max-steps {max_steps:,})" if max_steps != cfg.max_steps else ""),
              f"  tokens      {(end_step - start) * per_step:,} this start, "
              f"{end_step * per_step:,} in total",
-             f"  wall time   {fmt_duration(wall_s)}",
-             f"  train loss  EMA {ema:.4f}" if ema is not None else "  train loss  -"]
+             "  wall time   " + (f"{fmt_duration(creation_s + wall_s)} (creation "
+                                  f"{fmt_duration(creation_s)}, training {fmt_duration(wall_s)})"
+                                  if creation_s is not None else
+                                  f"{fmt_duration(wall_s)} training (a resumed run: no creation)")]
+    mean, n = recent_mean(tail_records(layout.loss), MEAN_STEPS)
+    lines.append(("  train loss  EMA " + (f"{ema:.4f}" if ema is not None else "-")
+                  + (f", mean of the last {n} steps {mean:.4f}" if mean is not None else ""))
+                 if ema is not None or mean is not None else "  train loss  -")
     at, probe = _heldout(layout)
     if probe:
         lines.append(f"  held-out    (step {at:,}) " + ", ".join(
@@ -194,7 +231,8 @@ def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: floa
     py = python_command()
     lines += ["  next:",
               f"    resume  {py} -m proxy run --run-dir {run}{more}{why}",
-              f"    sample  {py} -m proxy sample --run-dir {run} --prompt 'def ' --samples 3",
+              f"    sample  {py} -m proxy sample --run-dir {run} --prompt "
+              f"{shlex.quote(suggested_prompt(layout))} --samples 3",
               f"    plot    {py} -m proxy plot --run-dir {run} --out {run}/loss.png",
               f"    export  {py} -m proxy export --from-run {run} --format hf "
               f"--to {Path(run).name}-hf"]

@@ -14,18 +14,17 @@ What it is not: reading reports or the handshake (shared/handshake.py), the watc
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
 
 from proxy.collapse_watch import CollapseWatch
+from proxy.loss_ema import LossEma
 from proxy.mixture import MixtureController
 from proxy.run_watch import RunWatch
 from proxy.sample_format import format_audit
 from proxy.sidecars import SamplesLog, write_state
 from proxy.state_snapshots import append_snapshot
-from proxy.status import EMA_ALPHA
 from shared.atomic_io import atomic_write_json
 from shared.config import RunConfig
 from shared.handshake import update_handshake
@@ -42,6 +41,7 @@ class LiveStats:
     step: int = 0
     loss: float | None = None
     ema: float | None = None
+    ema_state: LossEma = field(default_factory=LossEma)   # proxy/loss_ema.py; `ema` is its value
     tok_per_s: float | None = None
     last_checkpoint: dict | None = None
     recent: list = field(default_factory=list)   # the last 20 step times, seconds
@@ -53,6 +53,17 @@ class LiveStats:
         """Forget the previous worker's hello and "stopped" event before the next one starts
         (a restart, a pivot's new worker): they describe that worker only."""
         self.worker, self.exit_code, self.stop_why = None, None, None
+
+
+PRINT_SECONDS = 30.0   # at most this long between progress lines (also with a large --print-every)
+
+
+def print_seconds() -> float:
+    """Seconds between progress lines at most: $ANDREA_PRINT_SECONDS, else PRINT_SECONDS."""
+    try:
+        return max(0.0, float(os.environ.get("ANDREA_PRINT_SECONDS", PRINT_SECONDS)))
+    except ValueError:
+        return PRINT_SECONDS
 
 
 class ReportFiler:
@@ -75,6 +86,7 @@ class ReportFiler:
         self.collapse = CollapseWatch(layout, stop_on_collapse)
         self.snapshots: dict[int, dict] = {}   # step -> controller snapshot, until durable
         self._status_t = 0.0
+        self._printed_at: float | None = None   # monotonic time of the last progress line
 
     def file(self, r: dict) -> None:
         """File one report (a dict with "type"); unknown types are ignored."""
@@ -139,15 +151,19 @@ class ReportFiler:
     def _progress(self, rec: dict) -> None:
         s = self.stats
         s.step, s.loss = rec["step"], rec["loss"]
-        if rec["loss"] is not None and math.isfinite(rec["loss"]):
-            s.ema = rec["loss"] if s.ema is None else (1 - EMA_ALPHA) * s.ema + EMA_ALPHA * rec["loss"]
+        s.ema = s.ema_state.update(rec["loss"])
         s.recent = (s.recent + [(rec.get("step_time") or 0.0)])[-20:]
         tokens_per_step = self.cfg.batch_size * self.cfg.model.block_size
         if s.recent and sum(s.recent) > 0:
             s.tok_per_s = tokens_per_step * len(s.recent) / sum(s.recent)
         self.watch.on_step(rec, s.ema)
-        if rec["step"] % self.print_every == 0 or rec["step"] == self.max_steps:
+        now = time.monotonic()
+        # the first step of this start at once, then every --print-every steps or every
+        # PRINT_SECONDS, whichever comes first (docs/operations.md#watching)
+        if (self._printed_at is None or rec["step"] % self.print_every == 0
+                or rec["step"] == self.max_steps or now - self._printed_at >= print_seconds()):
             print(self.watch.progress_line(rec, s), flush=True)  # elapsed, ETA (proxy/progress.py)
+            self._printed_at = now
 
 
 def write_status(layout: RunLayout, stats: LiveStats, max_steps: int, worker_pid: int | None,

@@ -135,7 +135,8 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--stop-timeout", type=float, default=120.0, metavar="S",
                    help="seconds a stopping worker gets for its checkpoint before SIGKILL (120)")
     g.add_argument("--print-every", type=int, default=10, metavar="N",
-                   help="steps between progress lines (10)")
+                   help="steps between progress lines (10); the first step of a start is "
+                        "printed at once, and a line comes at least every 30 s")
     g.add_argument("--samples-keep", type=int, default=50, metavar="N",
                    help="sample audits kept in .samples.json (the last N of the phase; 50)")
     g.add_argument("--stop-on-collapse", action="store_true",

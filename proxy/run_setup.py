@@ -20,9 +20,9 @@ from pathlib import Path
 from proxy.bandit import resolve_bounds
 from proxy.mixture import Phase
 from shared.arm_data import prepare_arm, write_arm_index
-from shared.arm_sources import open_arm, sample_text
+from shared.arm_sources import check_arms, open_arm, sample_text
 from shared.arm_tokenize import pin_mmap_threshold, release_free_memory
-from shared.arms import source_fingerprint
+from shared.arms import ArmSourceError, source_fingerprint
 from shared.atomic_io import atomic_write_json, read_json
 from shared.config import ConfigError, RunConfig
 from shared import stop_request
@@ -99,11 +99,18 @@ def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
     vocab_size.
 
     Raises ConfigError (bad numbers, infeasible caps/floors, missing, corrupt or tiny arm
-    sources) before the run directory holds a run.json; arms already complete are kept."""
+    sources) before the run directory holds a run.json; arms already complete are kept. Every
+    arm is checked before anything is written (shared/arm_sources.check_arms): all problems in
+    one ArmSourceError (docs/data.md#checks-before-any-work)."""
     cfg.validate()
     pin_mmap_threshold()  # before BPE training too: peak memory that does not grow with the corpus
     names = [a.name for a in cfg.arms]
     resolve_bounds(names, cfg.caps, cfg.floors)  # infeasible boxes refused before any work
+    problems = check_arms(cfg.arms)   # every arm, all at once, before anything is written
+    if problems:
+        raise ArmSourceError(
+            f"{len(problems)} of the {len(cfg.arms)} arms cannot be used; nothing was written:\n"
+            + "\n".join(f"  - {m}" for m in problems))
     seen: dict[tuple, str] = {}
     for a in cfg.arms:
         fp = source_fingerprint(a)   # every missing source refused before anything is written

@@ -41,13 +41,14 @@ class RunWatch:
         self.tb = TensorBoardLog(layout.root / "tensorboard") if tensorboard else None
         self._last_step = 0
         self._ema = None
+        self.creation_s: float | None = None   # set by `run` when this start created the run
 
     def on_incarnation(self, step: int) -> None:
         """A worker is about to start from checkpoint step `step` (0: fresh)."""
         self.progress.on_incarnation(step)
         self._last_step = step
-        if self.tb is not None:
-            self.tb.start(step)
+        if self.tb is not None:   # backfills what the history holds up to `step`
+            self.tb.start(step, self.layout.loss, self.layout.samples)
 
     def on_step(self, rec: dict, ema: float | None) -> None:
         """A step record was filed into .loss.json (`rec` as filed, `ema` after it)."""
@@ -65,8 +66,7 @@ class RunWatch:
             self.tb.scalars(r["step"], {"checkpoint/step": r["step"], "checkpoint/bytes": r.get("bytes"),
                                         "checkpoint/seconds": r.get("seconds")}, r.get("time"))
         elif kind == "audit":
-            self.tb.scalars(r["step"], {f"heldout/{a}": v.get("loss")
-                                        for a, v in r.get("arms", {}).items()}, r.get("time"))
+            self.tb.audit(r)   # held-out losses as scalars, the samples as text
 
     def progress_line(self, rec: dict, stats) -> str:
         """The progress line for `rec` (`stats`: the supervisor's LiveStats)."""
@@ -79,6 +79,7 @@ class RunWatch:
         try:
             log.info("%s", format_summary(self.layout, self.cfg, self.progress.start_step,
                                           last_step or self._last_step, self._ema,
-                                          time.monotonic() - self.t0, self.max_steps))
+                                          time.monotonic() - self.t0, self.max_steps,
+                                          self.creation_s))
         except Exception as e:  # the summary must never turn a clean stop into a crash
             log.warning("run summary unavailable: %s", e)

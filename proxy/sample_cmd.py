@@ -36,8 +36,8 @@ def add_sample_args(p) -> None:
     p.add_argument("--top-k", type=int, default=40,
                    help="sample among the K most likely tokens; 0 = all (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: one per 5 M parameters, at most the cores "
-                        "and 8; a small model is fastest on one)")
+                   help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
+                        "keeps its cores; docs/operations.md#beside-a-live-run)")
     p.add_argument("--seed", type=int, default=0,
                    help="sampling seed: the same seed gives the same text (default: %(default)s)")
 
@@ -96,8 +96,10 @@ def cmd_sample(a) -> int:
             print("sample: --prompt is empty after tokenization", file=sys.stderr)
             return EXIT_USAGE
         import torch
-        from worker.sampling import generate_batched, load_weights_only, set_inference_threads
-        threads = set_inference_threads(cfg.n_params, a.threads)
+        from proxy.tool_threads import set_torch_threads, tool_threads
+        from worker.sampling import generate_batched, load_weights_only
+        set_torch_threads(tool_threads(a.threads))
+        threads = torch.get_num_threads()   # what torch really uses
         step, model = load_weights_only(path, cfg, entry.checksum if entry else None)
     except (ConfigError, CheckpointError) as e:
         print(f"sample: {e}", file=sys.stderr)

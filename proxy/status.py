@@ -20,18 +20,17 @@ run directory.
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import sys
 import time
 
+from proxy.loss_ema import loss_ema  # noqa: F401 - status's EMA (also imported from here)
 from shared.procfs import process_state
 from shared.run_layout import RunLayout, creating_proxy, missing_run_json
 from shared.exit_codes import EXIT_USAGE
 
 TAIL_BYTES = 1 << 17       # the last 128 KiB of .loss.json: a few hundred records
-EMA_ALPHA = 0.05           # weight of the newest loss in the EMA (also the progress line's)
 STALE_S = 30.0             # no step for this long (and 10x the usual step time): stalled
 
 
@@ -40,16 +39,6 @@ def _read_json(path, default=None):
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return default
-
-
-def loss_ema(records: list[dict]) -> float | None:
-    """EMA (alpha EMA_ALPHA) of the finite "loss" values of `records` in order; None if none."""
-    ema = None
-    for r in records:
-        x = r.get("loss")
-        if isinstance(x, (int, float)) and math.isfinite(x):
-            ema = x if ema is None else (1 - EMA_ALPHA) * ema + EMA_ALPHA * x
-    return ema
 
 
 def tail_records(path, nbytes: int = TAIL_BYTES) -> list[dict]:

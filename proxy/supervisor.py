@@ -38,7 +38,8 @@ from proxy.run_options import ProxyOptions
 from proxy.run_setup import read_phases
 from proxy.run_watch import RunWatch
 from proxy.sidecars import SamplesLog
-from proxy.status import loss_ema, tail_records
+from proxy.loss_ema import LossEma
+from proxy.status import tail_records
 from shared.config import RunConfig
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
@@ -201,7 +202,8 @@ class Supervisor:
         reset_handshake(self.layout)
         self._post_policies(mix, policy_period(step + 1, self.cfg.probe_every))
         # the EMA over the history's tail, as `status` computes it, so the two agree
-        self.stats = LiveStats(step=step, ema=loss_ema(tail_records(self.layout.loss)))
+        ema = LossEma.over(tail_records(self.layout.loss))
+        self.stats = LiveStats(step=step, ema=ema.value, ema_state=ema)
         self.resumed_step = step  # the step this incarnation resumed from
         self.filer = ReportFiler(self.layout, self.cfg, history, mix, samples, self.stats,
                                  self.max_steps, self.opts.print_every,

@@ -12,11 +12,21 @@ without them (kept events first, old files removed after the new one is closed a
 and the live file starts with a SessionLog START at S + 1, TensorBoard's own "restarted here"
 marker. Every reader (the Python loader and the Rust data server) then shows each step once.
 
+Backfill: switched on for a run that already trained (or after steps were trained without it),
+`start(step, loss_path, samples_path)` writes every step record of `.loss.json` up to the resume
+step that the event files do not hold yet (the same scalars, the loss EMA recomputed with
+proxy/loss_ema.py, the record's own wall time) and every sample audit of `.samples.json` not yet
+logged (held-out losses as scalars, the prompts and continuations as text under `audit/samples`).
+What the files hold is read first as step ranges (memory does not grow with the history; the
+history is streamed), so no step is written twice, however often TensorBoard was switched on and
+off.
+
 What it is not: the history (.loss.json stays the audit trail; the event files can be deleted
-and are never read back by the run) or `plot` (proxy/plot.py).
+and are rebuilt from it by the backfill) or `plot` (proxy/plot.py).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import struct
@@ -76,13 +86,22 @@ class TensorBoardLog:
         return EventFileWriter(str(self.logdir), flush_secs=FLUSH_SECS,
                                filename_suffix=f".{os.getpid()}.{self._n_files:03d}{suffix}")
 
-    def start(self, step: int) -> int:
-        """A worker resumes from `step`: purge logged steps > `step`, open a fresh event file
-        and mark the restart (SessionLog START at step + 1). Returns the events purged."""
+    def start(self, step: int, loss_path: Path | None = None,
+              samples_path: Path | None = None) -> int:
+        """A worker resumes from `step`: purge logged steps > `step`, open a fresh event file,
+        backfill what `loss_path` (.loss.json) and `samples_path` (.samples.json) hold up to
+        `step` that no event file has yet (see the module's docstring), and mark the restart
+        (SessionLog START at step + 1). Returns the events purged."""
         from tensorboard.compat.proto import event_pb2
         if self._writer is not None:
             self._writer.close()
         purged = self._purge_after(step)
+        if loss_path is not None:
+            self._writer = self._new_writer(".backfill")
+            out_of_order = self._backfill(step, Path(loss_path), samples_path)
+            self._writer.close()
+            if out_of_order:   # readers drop what follows a step that goes back: one sorted file
+                self._rewrite(lambda ev: True, sort=True)
         self._writer = self._new_writer("")
         self._writer.add_event(event_pb2.Event(
             step=step + 1, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
@@ -107,8 +126,24 @@ class TensorBoardLog:
                     kept.append(ev)
         if not dropped:
             return 0
+        self._write_only(kept)
+        return dropped
+
+    def _rewrite(self, keep, sort: bool = False) -> None:
+        """Rewrite every event file as one holding the events `keep(ev)` accepts (in step order
+        with `sort`; stable, so a step's events keep their order)."""
+        from tensorboard.compat.proto import event_pb2
+        evs = [ev for f in sorted(self.logdir.glob(EVENT_GLOB)) for raw in read_events(f)
+               if not (ev := event_pb2.Event.FromString(raw)).HasField("file_version") and keep(ev)]
+        if sort:
+            evs.sort(key=lambda ev: ev.step)
+        self._write_only(evs)
+
+    def _write_only(self, events: list) -> None:
+        """Write `events` into a new file, closed and fsynced, then remove every other one."""
+        files = sorted(self.logdir.glob(EVENT_GLOB))
         w = self._new_writer(".kept")
-        for ev in kept:
+        for ev in events:
             w.add_event(ev)
         w.close()  # flushed, closed and fsynced before anything old is removed
         kept_path = Path(w._file_name)
@@ -120,7 +155,90 @@ class TensorBoardLog:
         for f in files:
             if f != kept_path:
                 f.unlink()
-        return dropped
+
+    def logged_ranges(self) -> tuple[list[list[int]], list[list[int]]]:
+        """(steps holding `train/loss`, steps holding an `audit/samples` text) in the event
+        files, each as sorted disjoint [first, last] ranges."""
+        from tensorboard.compat.proto import event_pb2
+        steps, audits = [], []
+        for f in sorted(self.logdir.glob(EVENT_GLOB)):
+            for raw in read_events(f):
+                ev = event_pb2.Event.FromString(raw)
+                if not ev.HasField("summary"):
+                    continue
+                tags = {v.tag for v in ev.summary.value}
+                if "train/loss" in tags:
+                    _add_step(steps, ev.step)
+                if AUDIT_TAG in tags:
+                    _add_step(audits, ev.step)
+        return steps, audits
+
+    def _backfill(self, step: int, loss_path: Path, samples_path: Path | None) -> bool:
+        """Write the records and audits up to `step` that the event files lack; True when one
+        of them lies before a step the files hold (they then need sorting)."""
+        from proxy.loss_ema import LossEma
+        from shared.loss_history import iter_records
+        steps, audits = self.logged_ranges()
+        n_steps = n_audits = 0
+        first_new = None
+        pending = []   # the audits to write, in step order, each after its step's record
+        if samples_path is not None:
+            try:   # read only: a garbage file is the run's to handle (proxy/sidecars.py)
+                got = json.loads(Path(samples_path).read_text()).get("audits") or []
+            except (OSError, ValueError, AttributeError):
+                got = []
+            pending = sorted((a for a in got if isinstance(a, dict) and isinstance(a.get("step"), int)
+                              and a["step"] <= step and not _in_ranges(audits, a["step"])),
+                             key=lambda a: a["step"])
+
+        def audits_upto(s: int) -> None:
+            nonlocal n_audits, first_new
+            while pending and pending[0]["step"] <= s:
+                a = pending.pop(0)
+                self.audit(a)
+                n_audits += 1
+                first_new = a["step"] if first_new is None else min(first_new, a["step"])
+
+        ema = LossEma()
+        if loss_path.exists():
+            for rec in iter_records(loss_path):
+                s = rec.get("step")
+                if not isinstance(s, int) or s > step:
+                    break
+                audits_upto(s - 1)
+                value = ema.update(rec.get("loss"))
+                if not _in_ranges(steps, s):
+                    self.scalars(s, step_scalars(rec, value), rec.get("time"))
+                    n_steps += 1
+                    first_new = s if first_new is None else min(first_new, s)
+                audits_upto(s)
+        audits_upto(step)
+        if n_steps or n_audits:
+            self._writer.flush()
+            log.info("tensorboard: backfilled %d step records and %d sample audits up to step %d "
+                     "from the run's history (steps already in the event files were left as "
+                     "they are)", n_steps, n_audits, step)
+        held = [r[1] for r in steps + audits]
+        return first_new is not None and bool(held) and first_new < max(held)
+
+    def audit(self, a: dict) -> None:
+        """One sample audit (`{"step", "arms": {name: {"prompt", "text", "loss", ...}}}`): the
+        held-out losses as `heldout/<arm>` scalars and the samples as one text summary."""
+        import time
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.plugins.text.summary_v2 import text_pb
+        arms = a.get("arms") or {}
+        self.scalars(a["step"], {f"heldout/{n}": v.get("loss") for n, v in arms.items()
+                                 if isinstance(v, dict)}, a.get("time"))
+        md = "\n\n".join(
+            f"**{n}** (held-out {v.get('loss')})\n\n    prompt: "
+            + str(v.get("prompt", "")).replace("\n", "\n            ")
+            + "\n      text: " + str(v.get("text", "")).replace("\n", "\n            ")
+            for n, v in arms.items() if isinstance(v, dict))
+        if self._writer is not None and md:
+            self._writer.add_event(event_pb2.Event(
+                wall_time=a.get("time") or time.time(), step=a["step"],
+                summary=text_pb(AUDIT_TAG, md)))
 
     def scalars(self, step: int, values: dict, wall_time: float | None = None) -> None:
         """One Summary event at `step` holding every finite number in `values` (tag -> value);
@@ -141,6 +259,33 @@ class TensorBoardLog:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+AUDIT_TAG = "audit/samples"
+
+
+def _add_step(ranges: list[list[int]], s: int) -> None:
+    """Add step `s` to sorted disjoint [first, last] `ranges` (events come mostly in order,
+    so this is nearly always the last range growing)."""
+    import bisect
+    i = bisect.bisect_right(ranges, [s, float("inf")])
+    if i and ranges[i - 1][0] <= s <= ranges[i - 1][1]:
+        return
+    if i and ranges[i - 1][1] == s - 1:
+        ranges[i - 1][1] = s
+        if i < len(ranges) and ranges[i][0] == s + 1:   # joins the next range too
+            ranges[i - 1][1] = ranges[i][1]
+            del ranges[i]
+    elif i < len(ranges) and ranges[i][0] == s + 1:
+        ranges[i][0] = s
+    else:
+        ranges.insert(i, [s, s])
+
+
+def _in_ranges(ranges: list[list[int]], s: int) -> bool:
+    import bisect
+    i = bisect.bisect_right(ranges, [s, float("inf")])
+    return bool(i) and ranges[i - 1][0] <= s <= ranges[i - 1][1]
 
 
 def step_scalars(rec: dict, ema: float | None) -> dict:

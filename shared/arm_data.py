@@ -33,12 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from shared.arm_redundancy import REPETITIVE_RATIO, compression_ratio
-from shared.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
+from shared.arms import (
+    MAX_ARM_BYTES,
+    ArmSourceError,
+    content_fingerprint,
+    source_fingerprint,
+)
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, RunConfig, check_arm_name
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
-
 
 # what to do about a token file that changed under a run (ArmData.tokens, worker/data.py)
 TOKEN_FILE_REMEDY = ("restore it from a backup, or retire the arm: restart with --arm options "
@@ -178,8 +182,15 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
     ArmSourceError (a ConfigError) naming the arm, the file and the fix: a missing or corrupt
     source, an arm too small for the context, a token file with ids outside the vocabulary or a
     size that is not a whole number of tokens; ConfigError for an unsafe name."""
-    from shared.arm_tokenize import check_token_files, concat_token_files, publish, suffix_for, \
-        tokenize_stream
+    from shared.arm_tokenize import (
+        check_token_files,
+        concat_token_files,
+        progress_path,
+        publish,
+        suffix_for,
+        tokenize_stream,
+    )
+    from shared.stop_request import StopRequested
     check_arm_name(arm.name)
     sfp = source_fingerprint(arm)   # a missing source fails here, before any work
     key = _key(arm, sfp, layout, cfg)
@@ -216,7 +227,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
             if tmp is not None:
                 n = concat_token_files(files, dt, tmp, n)
         else:
-            fp, st = tokenize_stream(arm, tok, tmp, cap)
+            fp, st = tokenize_stream(arm, tok, tmp, cap, key=key)
             n, docs, used, total, capped = st.tokens, st.documents, st.bytes_used, st.bytes_total, st.capped
             empty = st.empty
             bad, first_bad = st.bad.count, st.bad.first
@@ -238,9 +249,13 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
                 f"plus {hold:,} held-out tokens; {fix}")
         if tmp is not None:
             publish(tmp, final)
+            progress_path(tmp).unlink(missing_ok=True)
+    except (StopRequested, KeyboardInterrupt):
+        raise  # the partial token file and its progress record are what the next attempt resumes
     except BaseException:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
+            progress_path(tmp).unlink(missing_ok=True)
         raise
     ranges = heldout_ranges(n, cfg)
     a = ArmData(arm.name, arm.kind, arm.source, fp, path, n, ranges[0][0], sfp, field=arm.field,

@@ -373,11 +373,30 @@ def sample_text(arm: ArmSpec, budget: int, piece: int = 1 << 16) -> list[str]:
     training (docs/data.md#the-tokenizer): the whole text when it fits, else `budget // piece`
     runs of `piece` characters taken where the source position crosses evenly spaced marks.
 
-    One streaming pass; memory is bounded by `budget`. Raises ArmSourceError."""
+    The budget counts characters of text whatever the source's encoding: a compressed
+    (.gz/.zst) or Parquet source's size on disk says nothing of its text's length (1.37 MB of
+    .zst held 5.96 MB of text), so such an arm is taken whole only when its text, read up to the
+    budget, ends within it; else it is sampled by marks like any other. A plain file's bytes are
+    at least its characters, so one whose size fits is whole. One streaming pass (two for a
+    large compressed arm: the first stops at the budget); memory is bounded by `budget`. Raises
+    ArmSourceError."""
     r = open_arm(arm)
-    if r.total <= budget or isinstance(r, EmbeddedReader):  # whole (defaults: bounded already)
+    if isinstance(r, EmbeddedReader):  # whole (the defaults are bounded already)
         parts = list(iter_text(arm))
         return ["".join(parts)] if parts else []
+    packed = isinstance(r, ParquetReader) or any(f.name.lower().endswith(_COMPRESSED)
+                                                 for f in r.files)
+    if packed or r.total <= budget:
+        parts, n = [], 0
+        for t in iter_text(arm):
+            parts.append(t)
+            n += len(t)
+            if n > budget:
+                break
+        else:
+            return ["".join(parts)] if parts else []
+        del parts
+        r = open_arm(arm)   # over the budget: sampled by marks from a fresh reader
     piece = max(1, min(piece, budget))
     n = max(1, budget // piece)
     marks = [r.total * j // n for j in range(n)]
@@ -410,3 +429,126 @@ def sample_text(arm: ArmSpec, budget: int, piece: int = 1 << 16) -> list[str]:
     if cur:
         out.append("".join(cur))
     return out
+
+
+HEAD_RECORDS = 100      # JSON Lines records looked at by the up-front check
+HEAD_BYTES = 1 << 20    # at most this much (decompressed) read by it
+BINARY_PROBE = 8000     # bytes of a single-file text arm looked at for NUL (git's rule)
+
+
+def _describe(arm: ArmSpec, files: list[Path]) -> str:
+    return str(files[0]) if len(files) == 1 else f"source {arm.source!r} ({len(files):,} files)"
+
+
+def _check_jsonl_head(arm: ArmSpec, files: list[Path]) -> list[str]:
+    """The first HEAD_RECORDS non-blank lines of a JSON Lines arm (across its files, at most
+    HEAD_BYTES decompressed): they decompress, parse, and at least one has the field as text."""
+    lines = parsed = with_field = 0
+    first_bad, fields, seen = "", None, 0
+    for f in files:
+        try:
+            reader, _raw = _open_binary(f)
+            with reader:
+                for lineno, line in enumerate(reader, 1):
+                    seen += len(line)
+                    if not line.strip():
+                        continue
+                    lines += 1
+                    try:
+                        obj = json.loads(line)
+                    except ValueError:   # UnicodeDecodeError included
+                        first_bad = first_bad or f"{f}:{lineno}"
+                    else:
+                        parsed += 1
+                        if isinstance(obj, dict):
+                            if isinstance(obj.get(arm.field), str):
+                                with_field += 1
+                            elif fields is None:
+                                fields = sorted(obj)
+                    if lines >= HEAD_RECORDS or seen >= HEAD_BYTES:
+                        break
+        except (OSError, EOFError, zlib.error) as e:
+            return [str(_corrupt(arm, f, e))]
+        except Exception as e:  # zstandard.ZstdError
+            if type(e).__module__.startswith("zstandard") or "Zstd" in type(e).__name__:
+                return [str(_corrupt(arm, f, e))]
+            raise
+        if lines >= HEAD_RECORDS or seen >= HEAD_BYTES:
+            break
+    if not lines:
+        return [(f"arm {arm.name}: {_describe(arm, files)} holds no records; give it JSON Lines "
+                 "(one object per line) or remove the arm")]
+    if not parsed:
+        return [(f"arm {arm.name}: none of the first {lines:,} lines is JSON (first at "
+                 f"{first_bad}); is it JSON Lines? use kind text for plain text")]
+    if not with_field:
+        has = (f"they have fields {', '.join(map(repr, fields[:12]))}"
+               f"{' ...' if len(fields) > 12 else ''}" if fields else "they are not objects")
+        return [(f"arm {arm.name}: none of the first {parsed:,} records has a text field "
+                 f"{arm.field!r} ({has}); name the text's field: "
+                 f"--arm {arm.name}=jsonl:{arm.source}:FIELD")]
+    return []
+
+
+def check_arm(arm: ArmSpec) -> list[str]:
+    """Cheap up-front checks of one arm (docs/data.md#checks-before-any-work), reading at most
+    HEAD_BYTES of it: the source exists and matches files; it is not empty; a JSON Lines arm's
+    first records decompress, parse and carry the field; every Parquet file has the column and
+    they hold rows; a single-file text arm is not binary (NUL bytes in its first BINARY_PROBE
+    bytes). Returns the problems as messages naming the arm, the file and the fix ([] when it is
+    usable); raises nothing for a bad arm."""
+    from shared.arms import EMBEDDED_KINDS, source_fingerprint, token_files
+    try:
+        source_fingerprint(arm)   # the source exists and names files
+        if arm.kind in EMBEDDED_KINDS:
+            return []
+        files = token_files(arm) if arm.kind == "tokens" else resolve_files(arm)
+    except ArmSourceError as e:
+        return [str(e)]
+    except OSError as e:
+        return [(f"arm {arm.name}: source {arm.source!r} cannot be read ({e}); fix the path or "
+                 "its permissions, or remove the arm")]
+    try:
+        total = sum(f.stat().st_size for f in files)
+    except OSError as e:
+        return [f"arm {arm.name}: {e}; fix the path or remove the arm"]
+    if total == 0:
+        return [(f"arm {arm.name}: {_describe(arm, files)} is empty (0 bytes); give it data or "
+                 "remove the arm")]
+    if arm.kind == "jsonl":
+        return _check_jsonl_head(arm, files)
+    if arm.kind == "parquet":
+        try:
+            ParquetReader(arm).check()
+            import pyarrow.parquet as pq
+            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        except ArmSourceError as e:
+            return [str(e)]
+        except Exception as e:  # noqa: BLE001 - pyarrow's own errors, named in the message
+            return [(f"arm {arm.name}: {files[0]} is not a readable Parquet file ({e}); fix or "
+                     "remove it")]
+        if not rows:
+            return [(f"arm {arm.name}: {_describe(arm, files)} holds no rows; give it data or "
+                     "remove the arm")]
+    if arm.kind == "text" and len(files) == 1:
+        try:
+            with open(files[0], "rb") as fh:
+                head = fh.read(BINARY_PROBE)
+        except OSError as e:
+            return [(f"arm {arm.name}: {files[0]} cannot be read ({e}); fix its permissions or "
+                     "remove the arm")]
+        if b"\0" in head:
+            return [(f"arm {arm.name}: {files[0]} is binary (NUL bytes in its first "
+                     f"{BINARY_PROBE:,} bytes), not text; for token ids use "
+                     f"--arm {arm.name}=tokens:{arm.source}, else remove the arm")]
+        if not head.strip():
+            with open(files[0], "rb") as fh:
+                if not any(chunk.strip() for chunk in iter(lambda: fh.read(1 << 20), b"")):
+                    return [(f"arm {arm.name}: {files[0]} holds only whitespace; give it text "
+                             "or remove the arm")]
+    return []
+
+
+def check_arms(arms: list[ArmSpec]) -> list[str]:
+    """`check_arm` of every arm, in order: all problems at once (docs/data.md#checks-before-any-work)."""
+    return [msg for a in arms for msg in check_arm(a)]

@@ -6,9 +6,11 @@ A reader (`shared/arm_sources.py`) yields pieces of documents; they are cut into
 ITEM_CHARS characters, gathered into batches of `batch_items()` items, and each batch is encoded by
 the `tokenizers` library on all cores (`encode_batch_fast`, Rust threads) while the next batch is
 read (one helper thread: encoding releases the GIL). Ids are appended to `data/<arm>.u16.tmp`
-as they come; when the source is exhausted the file is fsynced and renamed to its final name, so
-a file under the final name is always whole (a kill leaves at most a `.tmp`, removed or rewritten
-by the next attempt). Memory: one batch being read, one being encoded, never the whole arm.
+as they come, each batch fsynced and recorded in `data/<arm>.u16.progress.json`; when the source
+is exhausted the file is fsynced and renamed to its final name, so a file under the final name is
+always whole (a stop or a kill leaves at most a `.tmp`, which the next attempt resumes from its
+record, docs/data.md#crash-safe-creation). Memory: one batch being read, one being encoded, never
+the whole arm.
 
 What it is not: the arm index and held-out split (`shared/arm_data.py`), the readers.
 """
@@ -16,19 +18,22 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
+import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from shared import stop_request
 from shared.arm_sources import SEPARATOR, BadRecords, open_arm
-from shared.arms import ArmSourceError, content_fingerprint, token_files
-from shared.atomic_io import fsync_dir
+from shared.arms import ArmSourceError, token_files
+from shared.atomic_io import atomic_write_json, fsync_dir
 from shared.config import ArmSpec
 from shared.progress import Progress
-from shared import stop_request
 from shared.tokenizer import RunTokenizer
 
 ITEM_CHARS = 1 << 16        # characters per encode item (the unit of parallel work)
@@ -108,15 +113,68 @@ def release_free_memory() -> bool:
         return False
 
 
+PROGRESS_SUFFIX = ".progress.json"
+DELAY_ENV = "ANDREA_TOKENIZE_DELAY"   # test hook: seconds to sleep after each recorded batch
+
+_log = logging.getLogger("andrea.data")
+
+
+def progress_path(tmp: Path) -> Path:
+    """The progress record of partial token file `tmp` (`data/<arm>.u16.tmp` ->
+    `data/<arm>.u16.progress.json`): what part of it is whole (docs/data.md#crash-safe-creation)."""
+    return tmp.with_suffix(PROGRESS_SUFFIX)
+
+
+class _Diverged(Exception):
+    """The source no longer gives the text a progress record describes: start the arm over."""
+
+
+def _resume_point(tmp: Path, key: dict | None) -> dict | None:
+    """The progress record of `tmp` when it can be resumed from: made with `key` (the arm's
+    spec, source fingerprint, tokenizer, cap), and `tmp` holds at least the bytes it records
+    (the data is fsynced before the record is written, so after a kill -9 the file may only be
+    longer). None otherwise (start the arm from its first byte)."""
+    if key is None:
+        return None
+    try:
+        rec = json.loads(progress_path(tmp).read_text())
+        if rec.get("key") != key or tmp.stat().st_size < int(rec["bytes"]):
+            return None
+        for f in ("pieces", "done", "bytes", "tokens", "chars"):
+            int(rec[f])
+        return rec
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int = 0,
-                    label: str | None = None) -> tuple[str, ArmStats]:
+                    label: str | None = None, key: dict | None = None) -> tuple[str, ArmStats]:
     """Tokenize the whole text of `arm` into `tmp` (flat `tok.dtype`, no header), fsynced.
 
     Returns (content fingerprint "sha256:<hex>" of the text as streamed, stats). With
     `max_tokens` > 0 at most that many tokens are written (the source is still read to the end
     for the fingerprint and the "of total" figures). Raises ArmSourceError for an unreadable
     or corrupt source, and shared.stop_request.StopRequested when a stop was asked for (checked
-    before each piece of the source); the caller removes `tmp` on any error."""
+    before each piece of the source).
+
+    Resumable (docs/data.md#crash-safe-creation): with `key` (what the arm's tokens are a
+    function of), each batch's ids are appended and fsynced, then `progress_path(tmp)` records
+    atomically how many pieces of the source they cover (with the source bytes, file bytes,
+    tokens, characters and the sha256 of the text up to there). A stop request writes the
+    pieces already read before it raises; a kill -9 loses at most the batches in flight. The
+    next call with the same key truncates `tmp` to the recorded bytes, re-reads (and hashes,
+    without encoding) the recorded pieces, checks that they give the recorded text, and goes on
+    from there: the result is byte-identical to an uninterrupted run. On any other error the
+    caller removes `tmp` and its record."""
+    try:
+        return _tokenize(arm, tok, tmp, max_tokens, label, key, _resume_point(tmp, key))
+    except _Diverged as e:
+        _log.warning("arm %s: %s; tokenizing it from the start", arm.name, e)
+        progress_path(tmp).unlink(missing_ok=True)
+        return _tokenize(arm, tok, tmp, max_tokens, label, key, None)
+
+
+def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
     pin_mmap_threshold()  # memory that does not grow with the corpus (see there)
     reader = open_arm(arm)
     stats = ArmStats(bytes_total=reader.total, bad=reader.bad)
@@ -127,25 +185,79 @@ def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int 
     batch_chars = batch_items() * ITEM_CHARS
     batch: list[str] = []
     size, first, written, done_at_cap = 0, True, 0, None
+    skip = 0                    # pieces already in tmp (a resume)
+    delay = float(os.environ.get(DELAY_ENV) or 0)
+    if resume is not None:
+        skip, written = int(resume["pieces"]), int(resume["tokens"])
+        done_at_cap = resume.get("capped_at")
+        stats.capped = done_at_cap is not None
+        _log.info("arm %s: resuming its tokenization after %s of %s (%s tokens kept from the "
+                  "interrupted attempt)", arm.name, f"{int(resume['done']) / 1e6:,.1f} MB",
+                  f"{reader.total / 1e6:,.1f} MB", f"{written:,}")
+
+    def mark(pieces: int, done: int) -> dict:
+        return {"pieces": pieces, "done": done, "chars": stats.chars,
+                "text_sha256": h.copy().hexdigest()}
+
+    def record(fh, at: dict) -> None:
+        """Make the ids written so far durable, then say so (in that order: kill -9 safe)."""
+        if key is None:
+            return
+        fh.flush()
+        os.fsync(fh.fileno())
+        atomic_write_json(progress_path(tmp), {
+            "key": key, **at, "bytes": fh.tell(), "tokens": written, "capped_at": done_at_cap})
+        if delay:
+            time.sleep(delay)
 
     def flush(fh, job) -> None:
         nonlocal written, done_at_cap
-        fut, batch_done = job
+        fut, at = job
         ids = fut.result()
+        if done_at_cap is not None:
+            return  # a batch read before the cap was reached: none of it is the arm's
         if max_tokens and written + len(ids) >= max_tokens:
             ids = ids[:max_tokens - written]
-            done_at_cap, stats.capped = batch_done, True
+            done_at_cap, stats.capped = at["done"], True
         _write_all(fh, ids)
         written += len(ids)
+        record(fh, at)
 
+    at_batch, n = None, 0
+    if resume is None:
+        progress_path(tmp).unlink(missing_ok=True)   # another key's: never to be used
     try:
-        with open(tmp, "wb") as fh:
-            for p in reader.pieces():
-                stop_request.check(f"tokenization of arm {arm.name}")
+        with open(tmp, "r+b" if resume is not None else "wb") as fh:
+            if resume is not None:
+                fh.truncate(int(resume["bytes"]))
+                fh.seek(0, os.SEEK_END)
+            for n, p in enumerate(reader.pieces(), 1):
                 text = p.text
                 if p.new_doc and not first:
                     text = SEPARATOR + text
                 first = False
+                if n <= skip:   # in tmp already: hashed and counted, not encoded
+                    h.update(text.encode("utf-8"))
+                    stats.chars += len(text)
+                    prog.update(p.done)
+                    stop_request.check(f"tokenization of arm {arm.name}")
+                    if n == skip and (p.done != int(resume["done"]) or
+                                      h.hexdigest() != resume.get("text_sha256")
+                                      or stats.chars != int(resume["chars"])):
+                        raise _Diverged("its source no longer gives the text the partial token "
+                                        "file was made from")
+                    if n == skip:
+                        prog.restart_rate()   # the rate and ETA of the encoding that is left
+                    continue
+                try:
+                    stop_request.check(f"tokenization of arm {arm.name}")
+                except stop_request.StopRequested:
+                    if pending is not None:   # keep what was read: written and recorded
+                        flush(fh, pending)
+                        pending = None
+                    if batch and done_at_cap is None:
+                        flush(fh, (pool.submit(tok.encode_pieces, batch), at_batch))
+                    raise
                 h.update(text.encode("utf-8"))
                 prog.update(p.done)
                 if done_at_cap is not None:
@@ -154,15 +266,19 @@ def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int 
                 for i in range(0, len(text), ITEM_CHARS):
                     batch.append(text[i:i + ITEM_CHARS])
                 size += len(text)
+                at_batch = mark(n, p.done)
                 if size >= batch_chars:
                     if pending is not None:
                         flush(fh, pending)
-                    pending = (pool.submit(tok.encode_pieces, batch), p.done)
+                    pending = (pool.submit(tok.encode_pieces, batch), at_batch)
                     batch, size = [], 0
+            if n < skip:
+                raise _Diverged(f"its source now ends before piece {skip:,} of the partial "
+                                "token file")
             if pending is not None:
                 flush(fh, pending)
             if batch and done_at_cap is None:
-                flush(fh, (pool.submit(tok.encode_pieces, batch), reader.total))
+                flush(fh, (pool.submit(tok.encode_pieces, batch), mark(n, reader.total)))
             fh.flush()
             os.fsync(fh.fileno())
     finally:

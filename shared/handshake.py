@@ -47,12 +47,14 @@ def control_stops_at(control: dict, step: int, checkpoint_every: int) -> bool:
     `stop_at_step` = S stops at the first update >= S; with reason "pivot" only at a checkpoint
     boundary (a multiple of `checkpoint_every`), so a worker that was already past S when the
     request reached it stops at the next boundary instead of an arbitrary step, and the proxy
-    takes that step as the pivot's B (docs/pivots.md#the-boundary). Any other reason ("alarm")
-    stops at once. Pure; raises nothing."""
+    takes that step as the pivot's B (docs/pivots.md#the-boundary); a pivot asked for with
+    `pivot --now` (control "now": true) stops at the first update >= S like any other reason
+    ("alarm"), which stops at once. Pure; raises nothing."""
     at = control.get("stop_at_step")
     if at is None or step < at:
         return False
-    return control.get("reason") != "pivot" or step % checkpoint_every == 0
+    return (control.get("reason") != "pivot" or bool(control.get("now"))
+            or step % checkpoint_every == 0)
 
 
 def _empty() -> dict:

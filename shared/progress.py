@@ -37,6 +37,7 @@ class Progress:
         self.every = plain_every() if every is None else every
         self.t0 = self.last = time.monotonic()
         self.done = 0
+        self.rate_from, self.rate_t0 = 0, self.t0   # the rate counts from here (see `restart_rate`)
         self.bar = None
         isatty = getattr(self.stream, "isatty", lambda: False)
         if isatty():
@@ -49,8 +50,8 @@ class Progress:
                 self.bar = None
 
     def line(self) -> str:
-        dt = max(1e-9, time.monotonic() - self.t0)
-        rate = self.done / dt
+        dt = max(1e-9, time.monotonic() - self.rate_t0)
+        rate = (self.done - self.rate_from) / dt
         pct = 100.0 * self.done / self.total if self.total else 100.0
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         eta_s = f"{eta:,.0f} s" if eta != float("inf") else "?"
@@ -68,6 +69,11 @@ class Progress:
         if now - self.last >= self.every:
             self.last = now
             log.info("%s", self.line())
+
+    def restart_rate(self) -> None:
+        """Measure the rate (and so the ETA) from now and the bytes done so far: what came
+        before was not work at this job's speed (a resumed arm's part re-read only for its hash)."""
+        self.rate_from, self.rate_t0 = self.done, time.monotonic()
 
     def close(self) -> float:
         """Finish; returns the elapsed seconds."""

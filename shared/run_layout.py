@@ -64,8 +64,17 @@ def last_creation_error(root, nbytes: int = 1 << 16) -> str | None:
     start = max((i for i, l in enumerate(lines) if " INFO creating run " in l), default=None)
     if start is None:
         return None
-    errors = [l.split(" ERROR ", 1)[1] for l in lines[start:] if " ERROR " in l]
-    return errors[0] if errors else None
+    for i in range(start, len(lines)):
+        if " ERROR " in lines[i]:
+            msg = [lines[i].split(" ERROR ", 1)[1]]
+            # a message of several lines (every bad arm on its own): the lines that follow
+            # without a log record's timestamp belong to it
+            for line in lines[i + 1:i + 21]:
+                if not line[:1].isspace():
+                    break
+                msg.append(line.strip())
+            return " ".join(msg)
+    return None
 
 
 def missing_run_json(root) -> str:

@@ -147,7 +147,8 @@ def test_an_arm_of_a_new_kind_joins_on_a_restart_through_the_same_pipeline(tmp_p
 def test_sigterm_during_tokenization_stops_within_a_piece_and_the_same_command_goes_on(tmp_path):
     """docs/signals.md#during-creation: SIGTERM while a large arm is tokenized stops the proxy
     within a piece of the source (not after the whole corpus), exit 0, nothing written under a
-    final name for the interrupted arm, the complete arm kept; the same command then finishes."""
+    final name for the interrupted arm (its tokenized part is kept as a `.tmp` with a progress
+    record), the complete arm kept; the same command then finishes."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "small.txt").write_text(prose(200_000, seed=1))
@@ -179,7 +180,8 @@ def test_sigterm_during_tokenization_stops_within_a_piece_and_the_same_command_g
     assert "arm big (text)" not in rest            # it did not finish the arm first
     data = run / "data"
     assert not (run / "run.json").exists()
-    assert not (data / "big.u16").exists() and not list(data.glob("*.tmp"))
+    assert not (data / "big.u16").exists() and list(data.glob("*.tmp")) == [data / "big.u16.tmp"]
+    assert (data / "big.u16.progress.json").exists()
     assert (data / "small.done.json").exists() and not (data / "big.done.json").exists()
     small = (data / "small.u16").stat()
     r = run_proxy(run, *args)

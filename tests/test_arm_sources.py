@@ -11,7 +11,7 @@ import pytest
 
 from proc_helpers import create_template
 from shared.arm_data import ArmData, done_marker, heldout_ranges, read_arm_index
-from shared.arm_sources import SEPARATOR, sample_text
+from shared.arm_sources import SEPARATOR, iter_text, sample_text
 from shared.arms import ArmSourceError, parse_arm_option
 from shared.config import PRESETS, ArmSpec, ConfigError, RunConfig, count_parameters
 from shared.run_layout import RunLayout
@@ -157,14 +157,15 @@ def test_a_token_files_width_is_read_from_its_name_and_a_contradiction_is_refuse
 def test_an_arm_left_empty_by_a_wrong_field_or_a_small_cap_names_the_real_fix(tmp_path):
     """A JSONL arm whose text is under another field skipped every record and then said
     "0 tokens is too small ...; give it more text", and a run with --arm-max-tokens too small
-    said the same; each now names its fix: the fields the records have, or the cap."""
+    said the same; each names its fix: the fields the records have (found before any work), or
+    the cap."""
     src = tmp_path / "chats.jsonl"
     with open(src, "w") as f:
         for i in range(40):
             f.write(json.dumps({"id": i, "body": prose(400, seed=i)}) + "\n")
-    with pytest.raises(ArmSourceError, match=r"every record was skipped .*40 no field 'text'.*"
-                                              r"the records have fields 'body', 'id'; name the "
-                                              r"text's field: c=jsonl:.*chats\.jsonl:FIELD"):
+    with pytest.raises(ArmSourceError, match=r"none of the first 40 records has a text field "
+                                              r"'text' \(they have fields 'body', 'id'\); name the "
+                                              r"text's field: --arm c=jsonl:.*chats\.jsonl:FIELD"):
         create_template(tmp_path / "run", "--arm", f"c=jsonl:{src}")
     with pytest.raises(ArmSourceError, match=r"raise --arm-max-tokens \(now 50\)"):
         create_template(tmp_path / "run2", "--arm", f"c=jsonl:{src}:body", "--arm-max-tokens", "50")
@@ -449,3 +450,20 @@ def test_two_arms_of_the_same_source_are_named_in_a_warning(tmp_path, caplog):
                         "--arm", f"c=text:{tmp_path}/*.txt")
     assert "arms a and b read the same source" in caplog.text
     assert "arms a and c" in caplog.text    # the glob matches the same one file
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+def test_the_bpe_sample_budget_counts_characters_of_a_compressed_arm(tmp_path, suffix):
+    """A 1.37 MB .zst arm gave 5.96 MB of text against a budget of 2.67 M characters: its size
+    on disk was compared with the budget. The budget counts characters whatever the encoding."""
+    import zstandard
+    lines = "".join(json.dumps({"text": prose(2_000, seed=i % 7)}) + "\n" for i in range(600))
+    raw = lines.encode()
+    data = gzip.compress(raw) if suffix.endswith("gz") else zstandard.ZstdCompressor().compress(raw)
+    (tmp_path / f"a{suffix}").write_bytes(data)
+    assert len(data) < 300_000 < len(raw)          # small on disk, large as text
+    arm = parse_arm_option(f"a=jsonl:{tmp_path / f'a{suffix}'}")
+    s = sample_text(arm, 300_000, piece=10_000)
+    assert 250_000 <= sum(map(len, s)) <= 300_000
+    small = sample_text(arm, 5_000_000)            # it fits: taken whole
+    assert small == ["".join(iter_text(arm))]

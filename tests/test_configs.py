@@ -257,3 +257,18 @@ def test_an_unreadable_phases_json_is_named_with_its_remedy(tmp_path):
     with pytest.raises(ConfigError) as e:
         read_phases(layout)
     assert str(layout.phases) in str(e.value) and "restore it from a backup, or rewrite it" in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_resume_labels_the_values_it_takes_from_run_json_as_such(tmp_path):
+    """A resume without --max-steps or --micro-batch-size runs with run.json's values; the
+    start-up table labels them [run.json], not [default]."""
+    from proc_helpers import run_proxy
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "2", "--micro-batch-size", "4", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_proxy(run, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for row in ("max steps", "micro-batch (sequences/rank)", "micro-batches per update"):
+        assert "[run.json]" in _table_row(r.stderr, row), _table_row(r.stderr, row)
+    assert " 4 " in _table_row(r.stderr, "micro-batch (sequences/rank)")

@@ -315,3 +315,64 @@ def test_the_creating_command_run_again_after_a_pivot_resumes_under_the_pivots_b
     assert_one_consistent_state(run, 20)
     r = run_proxy(run, "--max-steps", "25", "--caps", "repo-code=0.4", "--checkpoint-every", "5")
     assert r.returncode == 2 and "to resume, drop --caps from the command" in r.stderr, r.stderr[-2000:]
+
+
+def test_pivot_now_stops_at_the_next_step_and_a_stop_rule_with_now_ignores_the_cadence():
+    from shared.config import RunConfig
+    from shared.handshake import control_stops_at
+    from proxy.pivot import next_boundary
+    now = {"stop_at_step": 23, "reason": "pivot", "now": True}
+    assert [k for k in range(20, 26) if control_stops_at(now, k, 10)] == [23, 24, 25]
+    cfg = RunConfig(checkpoint_every=10)
+    assert next_boundary(cfg, 25) == 30 and next_boundary(cfg, 29) == 40
+    assert next_boundary(cfg, 25, now=True) == 26
+
+
+def test_a_live_pivot_says_when_its_boundary_comes_and_pivot_now_pivots_at_the_next_step(tmp_path):
+    """With the cadence at 100 and --max-steps 90 the pivot failed only after it was accepted
+    ("the next checkpoint boundary, step 100, is not before the last step 60") and nothing said
+    when a boundary would come; it is refused at once with the way out, and `--now` pivots at
+    the next step. The waiting line is printed when it changes, not on every poll."""
+    run = tmp_path / "run"
+    proc = start(run, "--max-steps", "400", "--checkpoint-every", "100", "--probe-every", "5",
+                 "--bandit-warmup", "10", "--sample-every", "100", "--keep-last", "1000")
+    with cleaned_up(proc, run):
+        wait_for(lambda: last_step(run) >= 12, 300, what="training to pass step 12")
+        r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--no-wait")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "pivots at the next checkpoint boundary (checkpoints every 100 steps): about step " \
+               "100, " in r.stdout and "s per update" in r.stdout, r.stdout
+        assert "`pivot --now` would checkpoint at the next step" in r.stdout
+        (run / ".pivot.request.json").unlink()   # withdrawn before the proxy served it
+        wait_for(lambda: last_step(run) >= 15, 300, what="training to pass step 15")
+        r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--label", "now", "--now")
+        assert r.returncode == 0, r.stdout + r.stderr
+        b = phases(run)[1]["start_step"]
+        assert 15 < b < 100, b
+        assert f"filed step {b + 1}" in r.stdout and "pivots at the next step" in r.stdout
+        waits = [l for l in r.stdout.splitlines() if l.startswith("pivot: waiting for boundary")]
+        assert len(waits) == len(set(waits)), r.stdout
+        wait_for(lambda: last_step(run) >= b + 3, 300, what="training after the pivot")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    recs = loss_records(run)   # (no audit before B here, so no archived .samples.json)
+    assert [x["step"] for x in recs] == list(range(1, last_step(run) + 1))
+    assert recs[b - 1]["phase"]["index"] == 0 and recs[b]["phase"]["index"] == 1
+    assert json.loads((run / "archive" / f"pivot-{b}" / "pivot.request.json").read_text())[
+        "state"] == "running"
+    assert b in checkpoint_steps(run) and not (run / ".pivot.request.json").exists()
+
+
+def test_a_pivot_whose_boundary_is_past_the_last_step_is_refused_at_once_naming_now(tmp_path):
+    run = tmp_path / "run"
+    proc = start(run, "--max-steps", "400", "--checkpoint-every", "500", "--probe-every", "5",
+                 "--bandit-warmup", "10", "--sample-every", "500")
+    with cleaned_up(proc, run):
+        wait_for(lambda: last_step(run) >= 3, 300, what="training to pass step 3")
+        r = pivot(run, "--caps", CAPS, "--floors", FLOORS)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "the next checkpoint boundary, step 500, is not before the run's last step 400" \
+            in r.stderr and "use --now" in r.stderr, r.stderr
+        assert not (run / ".pivot.request.json").exists()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0

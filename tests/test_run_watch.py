@@ -20,7 +20,8 @@ def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
                   "--print-every", "5", "--tensorboard")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     lines = [l for l in r.stdout.splitlines() if l.startswith("step ")]
-    assert len(lines) == 4
+    steps = [int(l.split()[1].split("/")[0]) for l in lines]
+    assert steps[0] == 1 and {5, 10, 15, 20} <= set(steps)   # the first step at once
     assert all(re.search(r"\| \d+:\d\d:\d\d elapsed, eta (\d+:\d\d:\d\d|--) \|", l) for l in lines)
     assert "eta 0:00:00" in lines[-1]
     assert all(float(m) <= 100 for l in lines for m in re.findall(r"mfu ([\d.]+)%", l))
@@ -77,3 +78,62 @@ def test_tensorboard_without_the_package_exits_2_before_creating_anything(tmp_pa
     assert r.returncode == 2
     assert "pip install -e '.[tensorboard]'" in r.stderr
     assert not run.exists()
+
+
+def _c_corpus(d):
+    """A small C-like corpus of many files (one document each)."""
+    d.mkdir()
+    for i in range(40):
+        body = "".join(f"    x{j} = f{j}(x{j - 1}, {i});\n" for j in range(1, 30))
+        (d / f"f{i:02d}.c").write_text(f"static int fn{i}(int x0)\n{{\n{body}    return x29;\n}}\n")
+    return d
+
+
+def test_progress_from_the_first_step_then_by_steps_or_time_and_a_summary_that_fits(tmp_path):
+    """The first progress line came only at step --print-every (five minutes in on a slow
+    machine); the summary's EMA was not bias-corrected, its wall time left out the creation, and
+    it suggested --prompt 'def ' for a C corpus."""
+    src = _c_corpus(tmp_path / "src")
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "3", "--print-every", "1000", f"--arm=c=text:{src}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [int(l.split()[1].split("/")[0]) for l in r.stdout.splitlines() if l.startswith("step ")]
+    assert steps[0] == 1 and steps[-1] == 3, steps
+    summary = proxy_log(run)[proxy_log(run).index("run summary: "):]
+    assert re.search(r"wall time   \d+:\d\d:\d\d \(creation \d+:\d\d:\d\d, training "
+                     r"\d+:\d\d:\d\d\)", summary), summary
+    assert re.search(r"train loss  EMA \d+\.\d{4}, mean of the last 3 steps \d+\.\d{4}", summary)
+    assert "--prompt 'static int fn0(int x0)' --samples 3" in summary, summary
+    assert "'def '" not in summary
+    env = dict(os.environ, PYTHONPATH=str(ROOT), ANDREA_PRINT_SECONDS="0")
+    r = subprocess.run([sys.executable, "-m", "proxy", "run", "--run-dir", str(run),
+                        "--max-steps", "6", "--print-every", "1000"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=180, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [int(l.split()[1].split("/")[0]) for l in r.stdout.splitlines() if l.startswith("step ")]
+    assert steps == [4, 5, 6], steps            # by time: every step when the period is 0
+    summary = proxy_log(run)[proxy_log(run).rindex("run summary: "):]
+    assert "training (a resumed run: no creation)" in summary
+
+
+def test_tensorboard_switched_on_for_a_trained_run_shows_its_whole_history_once(tmp_path):
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "6", "--checkpoint-every", "3", "--sample-every", "3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_proxy(run, "--max-steps", "8", "--checkpoint-every", "3", "--tensorboard")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "tensorboard: backfilled 6 step records and 2 sample audits up to step 6" in r.stderr
+    r = run_proxy(run, "--max-steps", "9", "--tensorboard")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "backfilled" not in r.stderr
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.compat.proto import event_pb2
+    from proxy.tensorboard_log import EVENT_GLOB, read_events
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 10))
+    assert [e.step for e in acc.Tensors("audit/samples")][:2] == [3, 6]
+    raw = sorted(ev.step for f in (run / "tensorboard").glob(EVENT_GLOB) for b in read_events(f)
+                 for ev in [event_pb2.Event.FromString(b)] if ev.HasField("summary")
+                 and any(v.tag == "train/loss" for v in ev.summary.value))
+    assert raw == list(range(1, 10))             # no step written twice

@@ -175,6 +175,7 @@ def test_status_of_a_failed_creation_names_its_error_not_an_interruption(tmp_pat
     import pyarrow.parquet as pq
     pq.write_table(pa.table({"body": ["a" * 100] * 50}), tmp_path / "t.parquet")
     run = tmp_path / "run"
+    run.mkdir()   # given (a refused start removes a directory only when it created it)
     r = run_proxy(run, "--arm", f"x=parquet:{tmp_path / 't.parquet'}")
     assert r.returncode == 2
     st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)], cwd=ROOT,

@@ -53,3 +53,68 @@ def test_a_plain_resume_rewrites_nothing(tmp_path):
     tb.close()
     assert set(before) <= {p.name for p in (tmp_path / "tb").iterdir()}
     assert [s for s, _ in _scalars(tmp_path / "tb", "train/loss")] == [1, 2, 3, 4, 5, 6]
+
+
+def _history(path, steps):
+    from shared.loss_history import LossHistory
+    with LossHistory(path) as h:
+        for k in steps:
+            h.append({**_rec(k, float(k)), "time": 1_700_000_000.0 + k})
+
+
+def _raw_steps(logdir, tag):
+    """Every event of `tag` in the files, duplicates included (the loader would hide some)."""
+    from tensorboard.compat.proto import event_pb2
+    from proxy.tensorboard_log import EVENT_GLOB, read_events
+    return sorted(ev.step for f in logdir.glob(EVENT_GLOB) for raw in read_events(f)
+                  for ev in [event_pb2.Event.FromString(raw)] if ev.HasField("summary")
+                  for v in ev.summary.value if v.tag == tag)
+
+
+def test_switched_on_for_a_trained_run_it_backfills_the_history_and_its_audits(tmp_path):
+    import json
+    from proxy.loss_ema import loss_ema
+    _history(tmp_path / ".loss.json", range(1, 13))
+    audits = [{"step": s, "time": 1_700_000_000.0 + s,
+               "arms": {"a": {"prompt": "def ", "text": f"x = {s}\nreturn x", "loss": 2.5}}}
+              for s in (4, 8, 12)]
+    (tmp_path / ".samples.json").write_text(json.dumps({"audits": audits}))
+    tb = TensorBoardLog(tmp_path / "tb")
+    tb.start(10, tmp_path / ".loss.json", tmp_path / ".samples.json")   # resumes from 10
+    for k in (11, 12):
+        tb.scalars(k, step_scalars(_rec(k, float(k)), ema=None))
+    tb.close()
+    loss = _scalars(tmp_path / "tb", "train/loss")
+    assert loss == [(k, float(k)) for k in range(1, 13)]
+    ema = dict(_scalars(tmp_path / "tb", "train/loss_ema"))
+    recs = [{"loss": float(k)} for k in range(1, 11)]
+    assert ema[10] == pytest.approx(loss_ema(recs))
+    assert [s for s, _ in _scalars(tmp_path / "tb", "heldout/a")][:2] == [4, 5]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Tensors("audit/samples")] == [4, 8]   # 12 is past the resume
+    assert b"x = 8" in acc.Tensors("audit/samples")[1].tensor_proto.string_val[0]
+    # switched on again at a later resume: nothing written twice
+    tb = TensorBoardLog(tmp_path / "tb")
+    tb.start(12, tmp_path / ".loss.json", tmp_path / ".samples.json")
+    tb.close()
+    assert _raw_steps(tmp_path / "tb", "train/loss") == list(range(1, 13))
+    assert _raw_steps(tmp_path / "tb", "audit/samples") == [4, 8, 12]
+
+
+def test_a_gap_in_the_event_files_is_filled_in_step_order(tmp_path):
+    """Steps 4-6 were trained with TensorBoard off between two starts with it on: the backfill
+    writes them, and the files are put in step order so the loader (which drops what follows a
+    step that goes back) shows every step."""
+    _history(tmp_path / ".loss.json", range(1, 10))
+    tb = TensorBoardLog(tmp_path / "tb")
+    tb.start(0)
+    for k in (1, 2, 3, 7, 8, 9):
+        tb.scalars(k, step_scalars(_rec(k, float(k)), ema=None))
+    tb.close()
+    tb = TensorBoardLog(tmp_path / "tb")
+    tb.start(9, tmp_path / ".loss.json")
+    tb.close()
+    assert _raw_steps(tmp_path / "tb", "train/loss") == list(range(1, 10))
+    assert [s for s, _ in _scalars(tmp_path / "tb", "train/loss")] == list(range(1, 10))

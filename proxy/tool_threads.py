@@ -1,0 +1,68 @@
+"""Threads of the read-only commands (`sample`, `export`, `plot`, `inspect`): one by default, so
+a command run beside a live training run never competes with it for cores
+(docs/operations.md#beside-a-live-run).
+
+Measured on 2 shared cores beside an andrea-12m run: `sample --samples 2` took 129.7 s with two
+threads and 5.3 s with one, and training slowed from 8.4 to 14.4 s per update meanwhile
+(`scripts/bench_sample.py` measures it again). The number is `--threads N`, else
+OMP_NUM_THREADS, else 1; it is put into the environment of every thread pool a library reads
+at import (OpenMP, MKL, OpenBLAS, the tokenizers library's rayon) before numpy or torch is
+imported, and into torch (`torch.set_num_threads`) by the command that imports it.
+
+What it is not: the worker's threads (worker/), nor the proxy's `run`.
+"""
+from __future__ import annotations
+
+import os
+
+READ_ONLY = ("sample", "export", "plot", "inspect")
+POOL_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS",
+             "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+
+def threads_from_argv(argv: list[str]) -> int | None:
+    """`--threads N` (or `--threads=N`) in `argv` as an int >= 1, else None (absent or not a
+    positive number: the command's own parser names a bad value)."""
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--threads" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--threads="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            return int(value) if value.strip().isdigit() and int(value) >= 1 else None
+    return None
+
+
+def tool_threads(requested: int | None = None) -> int:
+    """The threads a read-only command uses: `requested` (>= 1), else OMP_NUM_THREADS (a
+    positive integer), else 1."""
+    if requested is not None and requested >= 1:
+        return requested
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(env) if env.isdigit() and int(env) >= 1 else 1
+
+
+def limit_threads(requested: int | None = None) -> int:
+    """Set every library thread pool's size to `tool_threads(requested)` through the environment
+    (call before numpy or torch is imported), and in torch when it is already imported. Returns
+    the number."""
+    import sys
+    n = tool_threads(requested)
+    for var in POOL_VARS:
+        os.environ[var] = str(n)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        set_torch_threads(n)
+    return n
+
+
+def set_torch_threads(n: int) -> None:
+    """torch's intra-op threads to `n`, and its inter-op threads to 1 when it is still allowed
+    (only before torch's first parallel work)."""
+    import torch
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or parallel work already ran
+        pass
