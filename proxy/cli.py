@@ -117,8 +117,10 @@ def cmd_run(a) -> int:
     try:
         if job is not None:
             from proxy.nodes import NodeRecord, NodeSetupError, wait_for_followers
+            from proxy.nodes import write_job
             node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
             node.write()
+            write_job(layout, {**job, "state": "gathering", "incarnation": 0})  # not the last owner's
             log.info("owner of %s (node rank 0 of %d, global rank 0 here): waiting up to %.0f s "
                      "for the other node(s)", layout.root, nodes, a.rdzv_timeout)
             try:  # before anything of the run is written: a job that cannot form writes nothing

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from proxy import proc_tree
-from proxy.launch import die_with_parent, kill_ranks, local_ranks, reap_leftover_ranks, \
+from proxy.launch import die_with_parent, rank_env, kill_ranks, local_ranks, reap_leftover_ranks, \
     signal_pids, static_argv
 from proxy.nodes import NODE_STALE_S, NodeRecord, read_job, read_json, nodes_dir, record_alive
 from shared.exit_codes import EXIT_FAILED, EXIT_OK
@@ -97,7 +97,7 @@ class Follower:
                            job["addr"], int(job["port"]), job["run_id"], self.rdzv_timeout)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen(argv, env=env, start_new_session=True, close_fds=True,
+        self.proc = subprocess.Popen(argv, env=rank_env(env), start_new_session=True, close_fds=True,
                                      preexec_fn=die_with_parent)
         self.incarnation = job["incarnation"]
         self._ended_at, self._stop_sent, self.ranks = None, False, []
@@ -153,6 +153,8 @@ class Follower:
         while True:
             self.rec.heartbeat()
             job = read_job(self.layout)
+            if job is not None and job.get("token") != self.rec.token:
+                job = None  # an earlier owner's, not yet replaced
             if self.stop and not said_stop:
                 said_stop = True
                 log.info("%s received: asking every node to checkpoint and stop (this node's "
@@ -161,11 +163,6 @@ class Follower:
             if self.proc is None:
                 if self.stop:
                     return EXIT_OK
-                if job is not None and job.get("token") != self.rec.token:
-                    log.error("the run's owner changed (job %s, this node joined %s): this node "
-                              "stops; start it again to join the new owner", job.get("token"),
-                              self.rec.token)
-                    return EXIT_FAILED
                 if job is not None and job.get("state") == "done":
                     log.info("the owner ended the job (%s): exiting", job.get("why") or "done")
                     return EXIT_OK
@@ -250,7 +247,8 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
     owner = err.owner
     why = _owner_job_problem(owner, job)
     end = time.monotonic() + 3.0
-    while why is not None and time.monotonic() < end:  # the owner may be writing its file
+    # a new owner may be writing its file (the old one's, without a job, is still there)
+    while why is not None and not (owner or {}).get("job") and time.monotonic() < end:
         time.sleep(0.1)
         try:
             owner = json.loads(layout.proxy_owner.read_text())

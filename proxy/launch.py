@@ -98,6 +98,17 @@ def static_argv(python: str, worker_args: list[str], nproc_per_node: int, nnodes
             "--rdzv-conf", f"timeout={max(1, int(timeout))}", "-m", "worker", *worker_args]
 
 
+def rank_env(env: dict) -> dict:
+    """The environment of a multi-node agent: OMP_NUM_THREADS=1 unless the user set it, as
+    torchrun itself sets for more than one rank per node. So a rank's intra-op threads, and
+    with them the float rounding of its CPU kernels, do not depend on how the ranks are spread
+    over nodes: two nodes x one rank train bit for bit like one node x two ranks
+    (docs/architecture.md#several-nodes)."""
+    env = dict(env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 PR_SET_PDEATHSIG = 1
 
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from proxy import proc_tree
-from proxy.launch import agent_descendants, die_with_parent, kill_ranks, local_ranks, rank_pids, \
+from proxy.launch import agent_descendants, die_with_parent, rank_env, kill_ranks, local_ranks, rank_pids, \
     reap_leftover_ranks, signal_pids, static_argv, torchrun_argv, wait_for_earlier_workers
 from proxy.nodes import NodeRecord, NodeSetupError, free_port, node_records, record_alive, \
     store_address, wait_for_followers, write_job
@@ -135,6 +135,8 @@ class Supervisor:
             argv = torchrun_argv(sys.executable, argv[3:], o.launch)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        if self.node is not None:
+            env = rank_env(env)
         # the agent dies with the proxy, even by SIGKILL, also while it waits for a rendezvous
         extra = {"preexec_fn": die_with_parent} if o.launch.uses_torchrun else {}
         with proc_tree.signals_blocked(not o.launch.uses_torchrun):  # worker unblocks them

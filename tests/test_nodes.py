@@ -1,0 +1,274 @@
+"""Several nodes, one run (docs/architecture.md#several-nodes): two `python -m proxy run --nnodes 2`
+launches on one machine stand in for two nodes (static rendezvous on 127.0.0.1, gloo, CPU), with
+real signals and real files. The first tests start no worker (refusals before anything is
+written, a few seconds each); the others train andrea-test. All are in the slow tier.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from proc_helpers import (ROOT, _env, assert_same_run, checkpoint_steps, clone, cmd,
+                          create_template, last_step, loss_records, manifest, run_processes,
+                          wait_for)
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+ARMS = ["--arm", f"argparse=text:{STDLIB / 'argparse.py'}",
+        "--arm", f"typing=text:{STDLIB / 'typing.py'}"]
+FINAL = 30
+PLAN = ["--max-steps", str(FINAL), "--checkpoint-every", "10", "--probe-every", "5",
+        "--warmup-steps", "5", "--bandit-warmup", "0"]
+
+
+def node_cmd(run, *args, nnodes="2", rdzv_id="job1"):
+    return [*cmd(run, *args), "--nnodes", nnodes, "--nproc-per-node", "1",
+            "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", rdzv_id]
+
+
+def launch(run, name, *args, env=None, **kw) -> subprocess.Popen:
+    """One node's `proxy run`; its output goes to run/../<name>.out."""
+    out = open(Path(run).parent / f"{name}.out", "ab")
+    return subprocess.Popen(node_cmd(run, *args, **kw), cwd=ROOT, env=_env(env), stdout=out,
+                            stderr=subprocess.STDOUT)
+
+
+def out(run, name) -> str:
+    p = Path(run).parent / f"{name}.out"
+    return p.read_text(errors="replace") if p.exists() else ""
+
+
+def records(run) -> dict[str, dict]:
+    d = Path(run) / ".nodes"
+    return {p.name: json.loads(p.read_text()) for p in d.glob("*.json") if p.name != "job.json"} \
+        if d.is_dir() else {}
+
+
+def node_of(run, proc) -> dict:
+    return next((r for r in records(run).values() if r.get("pid") == proc.pid), {})
+
+
+def hello(run) -> dict:
+    try:
+        return json.loads((Path(run) / ".handshake.json").read_text()).get("worker") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def rank0_pid(run) -> int | None:
+    return hello(run).get("pid")
+
+
+def paused(run, step) -> bool:
+    """A rank is in the test pause of update `step` (worker/fault_injection.py's marker)."""
+    return (Path(run) / f".test-pause-{step}").exists()
+
+
+def tree(proc) -> set[int]:
+    try:
+        return {proc.pid} | {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def training(run, procs, step):
+    """Every node's ranks announced and the history past `step`."""
+    return last_step(run) > step and all(node_of(run, p).get("ranks") for p in procs)
+
+
+def reap(*procs, run=None):
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(30)
+    if run is not None:
+        for pid in run_processes(run):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# ---------------------------------------------------------------- bad set-ups (no worker starts)
+
+@pytest.mark.slow
+def test_a_node_with_another_nnodes_or_job_id_is_refused_before_it_writes_anything(tmp_path):
+    run = tmp_path / "run"
+    owner = launch(run, "owner", *ARMS, "--rdzv-timeout", "60")
+    try:
+        wait_for(lambda: records(run), 30, what="the owner's record")
+        for kw, says in ((dict(nnodes="4"), "mismatched --nnodes: its owner"),
+                         (dict(rdzv_id="other"), "for the job --rdzv-id job1, not this node's")):
+            r = subprocess.run(node_cmd(run, *ARMS, **kw), cwd=ROOT, env=_env(None),
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 2, r.stderr[-2000:]
+            assert says in r.stderr, r.stderr[-2000:]
+            assert len(records(run)) == 1, "a refused node wrote a node record"
+        r = subprocess.run(node_cmd(run, *ARMS, nnodes="1:2"), cwd=ROOT, env=_env(None),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "a run trains on a fixed number of nodes" in r.stderr
+        owner.send_signal(signal.SIGTERM)  # a stop while the nodes gather: nothing started
+        assert owner.wait(30) == 0
+    finally:
+        reap(owner, run=run)
+    assert not (run / "run.json").exists(), "the job never formed: no run may be created"
+
+
+@pytest.mark.slow
+def test_a_rendezvous_that_never_completes_stops_naming_the_missing_node_before_creating(tmp_path):
+    run = tmp_path / "run"
+    r = subprocess.run(node_cmd(run, *ARMS, "--rdzv-timeout", "2"), cwd=ROOT, env=_env(None),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "node rank(s) 1 of --nnodes 2 never joined" in r.stderr, r.stderr[-2000:]
+    assert "filesystem every node shares" in r.stderr
+    assert not (run / "run.json").exists() and not (run / "data").exists()
+
+
+# ---------------------------------------------------------------- training on two nodes
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    return create_template(tmp_path_factory.mktemp("nodes") / "template", *ARMS, *PLAN)
+
+
+@pytest.mark.slow
+def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_ranks(template, tmp_path):
+    """One run, one owner, one history, one mixture: rank 0 and every file on the owner's side;
+    SIGUSR1 to the owner checkpoints and both go on; SIGTERM to the follower alone, then to both
+    nodes at once, stops everything with one agreed checkpoint and exit 0; the node that arrives
+    first owns the run. The final checkpoint is byte-identical to one node with
+    --nproc-per-node 2, and every update drew its rows from the same arms."""
+    ref, two = clone(template, tmp_path / "ref"), clone(template, tmp_path / "two")
+    r = subprocess.run([*cmd(ref, *PLAN), "--nproc-per-node", "2"], cwd=ROOT, env=_env(None),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    # start 1: a (owner) and b (follower); SIGUSR1 to the owner, then SIGTERM to the follower
+    pause = {"ANDREA_TEST_PAUSE_AT_STEP": "6:10,12:3,20:3"}
+    a = launch(two, "a", *PLAN, env=pause)
+    wait_for(lambda: records(two), 30, what="the owner's record")
+    b = launch(two, "b", *PLAN, env=pause)
+    try:
+        wait_for(lambda: paused(two, 6), 240, what="two nodes training")
+        assert node_of(two, a)["role"] == "owner" and node_of(two, b)["role"] == "follower"
+        assert node_of(two, b)["node_rank"] == 1 and hello(two)["world_size"] == 2
+        assert rank0_pid(two) in tree(a), "global rank 0 must run on the owner's node"
+        third = subprocess.run(node_cmd(two, *PLAN), cwd=ROOT, env=_env(None),
+                               capture_output=True, text=True, timeout=60)
+        assert third.returncode == 2 and "one too many" in third.stderr, third.stderr[-2000:]
+        st = json.loads(subprocess.run(
+            [*cmd(two)[:3], "status", "--run-dir", str(two), "--json"], cwd=ROOT, env=_env(None),
+            capture_output=True, text=True, timeout=60).stdout)
+        assert [(n["node_rank"], n["role"], n["alive"]) for n in st["nodes"]] == \
+            [(0, "owner", True), (1, "follower", True)]
+        assert all(n["ranks"] for n in st["nodes"])
+        a.send_signal(signal.SIGUSR1)  # in the pause of update 6
+        wait_for(lambda: paused(two, 12), 120, what="training to go on after SIGUSR1")
+        assert a.poll() is None and b.poll() is None
+        b.send_signal(signal.SIGTERM)  # in the pause of update 12: the follower only
+        assert b.wait(120) == 0 and a.wait(120) == 0, out(two, "a")[-3000:] + out(two, "b")[-3000:]
+        wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
+    finally:
+        reap(a, b, run=two)
+    ckpts = [(s, why) for s, why, _ in manifest(two)]
+    # one SIGUSR1 checkpoint: at 6, or at 7 when rank 0 was already waiting in update 6's
+    # boundary collective for the rank that paused (the flag is then read at the next boundary)
+    assert [s for s, why in ckpts if why == "sigusr1"] in ([6], [7]), ckpts
+    assert ckpts[-1] == (12, "sigterm"), ckpts
+    assert "SIGTERM on node rank 1" in out(two, "a")
+    assert "following the run" not in (two / "logs" / "proxy.log").read_text(), \
+        "the follower must not write the owner's log"
+
+    # start 2: b first (it owns the run now), then a; SIGTERM to both at once
+    b = launch(two, "b", *PLAN, env=pause)
+    wait_for(lambda: node_of(two, b), 30, what="b's record")
+    a = launch(two, "a", *PLAN, env=pause)
+    try:
+        wait_for(lambda: paused(two, 20), 240, what="two nodes training again")
+        a.send_signal(signal.SIGTERM)
+        b.send_signal(signal.SIGTERM)
+        assert node_of(two, b)["role"] == "owner" and rank0_pid(two) in tree(b)
+        assert a.wait(120) == 0 and b.wait(120) == 0
+        wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
+    finally:
+        reap(a, b, run=two)
+    assert [(s, why) for s, why, _ in manifest(two)][-1] == (20, "sigterm")
+
+    # start 3: to the end
+    a = launch(two, "a", *PLAN)
+    wait_for(lambda: node_of(two, a), 30, what="a's record")
+    b = launch(two, "b", *PLAN)
+    try:
+        assert a.wait(240) == 0 and b.wait(240) == 0, out(two, "a")[-3000:]
+    finally:
+        reap(a, b, run=two)
+    assert_same_run(ref, two, FINAL)  # byte-identical weights, m, v; the same arms every row
+    assert [x["arms"] for x in loss_records(two)] == [x["arms"] for x in loss_records(ref)]
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_follower_node_restarts_the_job_from_the_newest_checkpoint(template, tmp_path):
+    """Every process of the follower's node killed at once: the owner's ranks fail, the owner
+    restarts from the newest valid checkpoint once a node joins again (one history, never
+    forked); a SIGTERM to the new follower then stops both nodes with exit 0."""
+    run = clone(template, tmp_path / "run")
+    args = ["--max-steps", "100000", "--checkpoint-every", "5", "--rdzv-timeout", "120"]
+    a = launch(run, "a", *args)
+    wait_for(lambda: records(run), 30, what="the owner's record")
+    b = launch(run, "b", *args)
+    c = None
+    try:
+        wait_for(lambda: training(run, (a, b), 6) and checkpoint_steps(run), 240,
+                 what="two nodes training past a checkpoint")
+        victims = tree(b)
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        b.wait(30)
+        wait_for(lambda: "restart 1 of" in out(run, "a"), 120, what="the owner to restart")
+        newest = max(checkpoint_steps(run))
+        wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                 for p in victims), 30, what="the killed node's processes")
+        c = launch(run, "c", *args)
+        wait_for(lambda: node_of(run, c).get("ranks") and "incarnation 2" in out(run, "a"), 240,
+                 what="a new incarnation with the new node")
+        assert hello(run)["resumed_from"] == newest
+        wait_for(lambda: last_step(run) >= newest + 3, 120, what="training to resume")
+        c.send_signal(signal.SIGTERM)
+        assert c.wait(120) == 0 and a.wait(120) == 0, out(run, "a")[-3000:]
+        wait_for(lambda: not run_processes(run), 30, what="every process to exit")
+    finally:
+        reap(a, b, c, run=run)
+    log = out(run, "a")
+    assert "restart 1 of" in log, log[-3000:]
+    assert [r["step"] for r in loss_records(run)] == list(range(1, last_step(run) + 1))
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_by_sigkill_leaves_nothing_behind_on_any_node(template, tmp_path):
+    """kill -9 of the owner's proxy: its agent (parent-death signal) and ranks stop with it; the
+    follower sees the owner gone and exits 1; no process of the run is left anywhere."""
+    run = clone(template, tmp_path / "run")
+    args = ["--max-steps", "100000", "--checkpoint-every", "100000"]
+    a = launch(run, "a", *args)
+    wait_for(lambda: records(run), 30, what="the owner's record")
+    b = launch(run, "b", *args)
+    try:
+        wait_for(lambda: training(run, (a, b), 3), 240, what="two nodes training")
+        a.kill()
+        a.wait(30)
+        assert b.wait(120) == 1, out(run, "b")[-3000:]
+        wait_for(lambda: not run_processes(run), 60, what="nothing of the run to be left")
+    finally:
+        reap(a, b, run=run)
+    assert "owner (proxy pid" in out(run, "b") and "is gone" in out(run, "b")
