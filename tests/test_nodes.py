@@ -240,8 +240,8 @@ def test_kill_9_of_a_follower_node_restarts_the_job_from_the_newest_checkpoint(t
         wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                                  for p in victims), 30, what="the killed node's processes")
         c = launch(run, "c", *args)
-        wait_for(lambda: node_of(run, c).get("ranks") and "incarnation 2" in out(run, "a"), 240,
-                 what="a new incarnation with the new node")
+        wait_for(lambda: node_of(run, c).get("ranks") and "incarnation 2" in out(run, "a")
+                 and "resumed_from" in hello(run), 240, what="a new incarnation with the new node")
         assert hello(run)["resumed_from"] == newest
         wait_for(lambda: last_step(run) >= newest + 3, 120, what="training to resume")
         c.send_signal(signal.SIGTERM)
@@ -272,3 +272,37 @@ def test_a_launcher_killed_by_sigkill_leaves_nothing_behind_on_any_node(template
     finally:
         reap(a, b, run=run)
     assert "owner (proxy pid" in out(run, "b") and "is gone" in out(run, "b")
+
+
+@pytest.mark.slow
+def test_an_agent_waiting_for_its_rendezvous_dies_with_its_launcher_killed_by_sigkill(tmp_path):
+    """The torchrun agent a proxy starts (proxy/launch.py `die_with_parent`) gets SIGTERM when
+    its launcher dies, even by SIGKILL, also while it still waits for the other nodes (it
+    waited for ever, re-parented to init)."""
+    launcher = (
+        "import subprocess, sys, time\n"
+        "from proxy.launch import die_with_parent, static_argv\n"
+        f"argv = static_argv(sys.executable, ['--run-dir', {str(tmp_path / 'run')!r}], 1, 2, 0,\n"
+        "                    '127.0.0.1', 0, 'orphan-test', 600)\n"
+        "p = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(600)\n")
+    proc = subprocess.Popen([cmd(tmp_path)[0], "-c", launcher], cwd=ROOT, env=_env(None),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        agent = int(proc.stdout.readline())
+        wait_for(lambda: any(c.status == psutil.CONN_LISTEN
+                             for c in psutil.Process(agent).net_connections("tcp")), 120,
+                 what="the agent's store to wait for node rank 1")
+        proc.kill()
+        proc.wait(30)
+        wait_for(lambda: not psutil.pid_exists(agent)
+                 or psutil.Process(agent).status() == psutil.STATUS_ZOMBIE, 60,
+                 what="the agent to die with its launcher")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            psutil.Process(agent).kill()
+        except (psutil.NoSuchProcess, UnboundLocalError):
+            pass
