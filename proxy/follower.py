@@ -172,8 +172,9 @@ class Follower:
                               "again)", self.owner.get("pid"), self.owner.get("host"))
                     return EXIT_FAILED
                 if (job is not None and job.get("state") == "launch"
-                        and job.get("incarnation") != self.incarnation):
-                    self._launch(job)
+                        and job.get("incarnation") != self.incarnation
+                        and [self.rec.host, self.rec.pid] in job.get("members", [])):
+                    self._launch(job)  # (one this node joined after waits for the next)
                 time.sleep(0.05)
                 continue
             # an agent of ours runs

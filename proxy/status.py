@@ -80,9 +80,14 @@ def _proc_state(pid) -> str | None:
     return process_state(pid) if pid else None
 
 
-def _proxy_alive(owner: dict | None) -> bool:
+def _proxy_alive(owner: dict | None, run_dir) -> bool:
     """True if the lock holder named in .proxy.owner.json is a live process on this host that
-    started before it wrote the file (so not a recycled pid)."""
+    started before it wrote the file (so not a recycled pid); the owner of a multi-node job on
+    another host: its node record's heartbeat is fresh (proxy/nodes.py)."""
+    if owner and owner.get("job") and owner.get("host") != socket.gethostname():
+        from proxy.nodes import nodes_dir, read_json, record_alive  # several nodes: its heartbeat
+        rec = read_json(nodes_dir(RunLayout(run_dir)) / f"{owner['host']}-{owner['pid']}.json")
+        return rec is not None and record_alive(rec)
     if not owner or owner.get("host") != socket.gethostname():
         return False
     pid = owner.get("pid")
@@ -173,7 +178,7 @@ def collect_status(run_dir) -> dict:
     req = pending_request(layout)
     d["pivot_request"] = ({k: req.get(k) for k in ("label", "caps", "floors", "state", "step",
                                                    "requested_at")} if req else None)
-    proxy_alive = _proxy_alive(owner)
+    proxy_alive = _proxy_alive(owner, layout.root)
     d["target_steps"] = d["start_max_steps"] if proxy_alive else d["max_steps"]
     d.update(_batch_and_eta(cfg, worker, recs, d["step"], d["target_steps"]))
     wpid = st.get("worker_pid") or worker.get("pid")

@@ -164,9 +164,10 @@ class Supervisor:
         addr = store_address(lo.rdzv_endpoint)
         port = free_port(addr)
         run_id = f"{lo.rdzv_id or 'andrea'}-{self.node.token[:8]}-{self.incarnation}"
+        members = [[f["host"], f["pid"]] for _, f in sorted(self.followers.items())]
         write_job(self.layout, {**self._job(), "state": "launch", "addr": addr, "port": port,
                                 "run_id": run_id, "worker_args": shared_args,
-                                "posted_at": time.time()})
+                                "members": members, "posted_at": time.time()})
         log.info("incarnation %d: %d node(s) x %d rank(s), rank 0 on this node; store %s:%d; "
                  "followers: %s", self.incarnation, lo.nodes, lo.nproc_per_node, addr, port,
                  ", ".join(f"node rank {r} {f['host']} pid {f['pid']}"

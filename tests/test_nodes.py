@@ -96,6 +96,47 @@ def reap(*procs, run=None):
                 pass
 
 
+# ---------------------------------------------------------------- the node files (fast)
+
+def test_followers_take_the_lowest_free_node_rank_and_one_too_many_is_refused(tmp_path):
+    from proxy.nodes import NodeRecord, NodeSetupError, assign_node_rank
+    from shared.run_layout import RunLayout
+    layout = RunLayout(tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+
+    def record(rank, pid, token="tok"):  # another node's proxy (on this host: checked by pid)
+        r = NodeRecord(layout, "follower", rank, token, 1)
+        r.pid, r.path = pid, r.path.with_name(f"{r.host}-{pid}.json")
+        r.write()
+
+    record(1, os.getppid())          # alive
+    record(2, dead.pid)              # its proxy is gone: rank 2 is free again
+    record(2, 1, "another-job")     # alive (pid 1), but of another job
+    me = assign_node_rank(layout, "tok", 3, 1)
+    assert me.node_rank == 2, "a dead follower's rank, or another job's, is free"
+    with pytest.raises(NodeSetupError, match="already has its 3 nodes .* one too many"):
+        assign_node_rank(layout, "tok", 3, 1)
+
+
+def test_the_rendezvous_deadline_names_the_node_ranks_that_never_joined(tmp_path):
+    from proxy.nodes import NodeSetupError, assign_node_rank, wait_for_followers
+    from shared.run_layout import RunLayout
+    layout = RunLayout(tmp_path)
+    assign_node_rank(layout, "tok", 4, 1)  # node rank 1 (this process)
+    with pytest.raises(NodeSetupError, match=r"node rank\(s\) 2, 3 of --nnodes 4 never joined"):
+        wait_for_followers(layout, "tok", 4, timeout=0.2)
+    assert len(wait_for_followers(layout, "tok", 2, timeout=0.2)) == 1
+
+
+def test_the_store_is_served_at_the_endpoint_host_only_when_it_is_this_machine():
+    import socket
+    from proxy.nodes import store_address
+    assert store_address("127.0.0.1:29400") == "127.0.0.1"
+    assert store_address("192.0.2.7:29400") == socket.gethostname()  # TEST-NET-1: not ours
+    assert store_address(None) == socket.gethostname()
+
+
 # ---------------------------------------------------------------- bad set-ups (no worker starts)
 
 @pytest.mark.slow
