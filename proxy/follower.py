@@ -90,6 +90,20 @@ class Follower:
             return record_alive(rec)
         return time.monotonic() - self._started < NODE_STALE_S
 
+    def _owner_ended_clean(self) -> bool:
+        """After a stop whose agent exited non-zero (a scheduler signalled the agent too): wait
+        up to --stop-timeout for the owner to end the job, True when it ended it cleanly (the
+        ranks agreed and the checkpoint is written)."""
+        end = time.monotonic() + self.stop_timeout
+        while time.monotonic() < end and self._owner_alive():
+            job = read_job(self.layout)
+            if job is not None and job.get("token") == self.rec.token and job.get("state") == "done":
+                return bool(job.get("clean"))
+            self.rec.heartbeat()
+            time.sleep(0.1)
+        job = read_job(self.layout)
+        return bool(job and job.get("token") == self.rec.token and job.get("clean"))
+
     # ------------------------------------------------------------------ the agent
     def _launch(self, job: dict) -> None:
         args = [*job["worker_args"], "--parent-pid", str(os.getpid())]
@@ -194,7 +208,7 @@ class Follower:
                 self.rec.write(agent_pid=None, agent_exit=rc, ranks=[])
                 self.proc, self.ranks = None, []
                 if self.stop:
-                    return EXIT_OK if rc == 0 else EXIT_FAILED
+                    return EXIT_OK if rc == 0 or self._owner_ended_clean() else EXIT_FAILED
                 continue
             now = time.monotonic()
             ended = (job is None or job.get("incarnation") != self.incarnation

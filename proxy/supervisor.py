@@ -272,10 +272,12 @@ class Supervisor:
                 "planned_max_steps": self.cfg.max_steps, "lr_decay_steps": self.cfg.lr_decay_steps,
                 "warmup_steps": self.cfg.warmup_steps, "time": time.time()})
         restarts = 0
+        clean = False  # the run ends with exit 0 (followers that stopped exit 0 too)
         try:
             while True:
                 outcome, rc = self._incarnation(history)
                 if outcome == "done":
+                    clean = True
                     return 0
                 if outcome == "pivot":  # the worker stopped at the boundary: same proxy goes on
                     restarts = 0  # it wrote step_B.bin: progress
@@ -305,10 +307,11 @@ class Supervisor:
                             "valid checkpoint", outcome, rc, restarts, self.opts.max_restarts, delay)
                 self._sleep(delay)
                 if self.stop_requested:
+                    clean = True
                     return 0
         finally:
             if self.node is not None:  # followers exit once they see it
-                write_job(self.layout, {**self._job(), "state": "done",
+                write_job(self.layout, {**self._job(), "state": "done", "clean": clean,
                                         "why": self.stop_requested or "the run ended"})
                 self.node.leave()
             history.close()
@@ -438,6 +441,13 @@ class Supervisor:
             else:
                 log.warning("worker ended by SIGTERM (code %d) without its handler; steps "
                             "after the newest checkpoint are trained again on resume", rc)
+            return "done", 0
+        if (self.stop_requested and stop_sent and self.opts.launch.uses_torchrun
+                and self.stats.exit_code == 0):
+            # a scheduler signalled every process (Slurm's pre-emption): rank 0 stopped cleanly
+            # with its checkpoint, the agent's own code is that of the signal it got
+            log.info("the ranks stopped cleanly (%s); torchrun's agent exited with code %d, "
+                     "having got the stop signal itself; nothing was lost", self.stats.stop_why, rc)
             return "done", 0
         return "crashed", rc
 

@@ -228,15 +228,16 @@ def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_
     assert "following the run" not in (two / "logs" / "proxy.log").read_text(), \
         "the follower must not write the owner's log"
 
-    # start 2: b first (it owns the run now), then a; SIGTERM to both at once
+    # start 2: b first (it owns the run now), then a; SIGTERM to every process of both nodes
+    # at once (proxies, torchrun agents, ranks), as Slurm's pre-emption does
     b = launch(two, "b", *PLAN, env=pause)
     wait_for(lambda: node_of(two, b), 30, what="b's record")
     a = launch(two, "a", *PLAN, env=pause)
     try:
         wait_for(lambda: paused(two, 20), 240, what="two nodes training again")
-        a.send_signal(signal.SIGTERM)
-        b.send_signal(signal.SIGTERM)
         assert node_of(two, b)["role"] == "owner" and rank0_pid(two) in tree(b)
+        for pid in tree(a) | tree(b):
+            os.kill(pid, signal.SIGTERM)
         assert a.wait(120) == 0 and b.wait(120) == 0
         wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
     finally:
