@@ -139,18 +139,44 @@ def cmd_run(a) -> int:
         log.error("--run-dir %s: %s; give a directory path (an existing run, or a new path "
                   "whose parent you may write to)", layout.root, what)
         return EXIT_USAGE
-    _setup_logging(layout)
-    from shared.procfs import seconds_since_start
-    log.debug("start-up: proxy interpreter and imports %.3f s since launch",
-              seconds_since_start() or 0.0)
-    lock = RunLock(layout)
+    nodes = _nodes_of(a)
+    job = None
+    if nodes > 1:  # several nodes: the first proxy to take the lock owns the run
+        import uuid
+        job = {"token": uuid.uuid4().hex, "rdzv_id": a.rdzv_id, "nnodes": nodes,
+               "nproc_per_node": a.nproc_per_node}
+    lock = RunLock(layout, job=job)
     try:
         lock.acquire()
     except RunLockError as e:
+        if job is not None:  # the owner of this job holds it: follow (nothing written but
+            from proxy.follower import follow  # this node's record)
+            return follow(layout, a, job, e)
+        _setup_logging(layout)
         log.error("%s", e)
         return EXIT_USAGE
-    log.debug("start-up: run lock held %.3f s since launch", seconds_since_start() or 0.0)
+    _setup_logging(layout)
+    from shared.procfs import seconds_since_start
+    log.debug("start-up: proxy interpreter, imports and run lock %.3f s since launch",
+              seconds_since_start() or 0.0)
+    node = None
     try:
+        if job is not None:
+            from proxy.nodes import NodeRecord, NodeSetupError, wait_for_followers
+            from proxy.nodes import write_job
+            node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
+            node.write()
+            write_job(layout, {**job, "state": "gathering", "incarnation": 0})  # not the last owner's
+            log.info("owner of %s (node rank 0 of %d, global rank 0 here): waiting up to %.0f s "
+                     "for the other node(s)", layout.root, nodes, a.rdzv_timeout)
+            try:  # before anything of the run is written: a job that cannot form writes nothing
+                if wait_for_followers(layout, job["token"], nodes, a.rdzv_timeout,
+                                      lambda: EarlySignals.stop is not None, node.heartbeat) is None:
+                    log.info("%s received while the nodes gathered: nothing started", EarlySignals.stop)
+                    return EXIT_OK
+            except NodeSetupError as e:
+                log.error("%s", e)
+                return EXIT_USAGE
         resumed, creation_s = layout.run_json.exists(), None
         if resumed:
             cfg = load_run_config(layout.run_json)
@@ -169,6 +195,7 @@ def cmd_run(a) -> int:
         opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
         sup = Supervisor(layout, cfg, opts)
         sup.watch.creation_s = creation_s   # the summary names creation and training apart
+        sup.node = node
         sup.install_signal_handlers()
         code = sup.run()
         log.info("proxy exiting with code %d at step %s", code, sup.stats.step)
@@ -187,7 +214,14 @@ def cmd_run(a) -> int:
                  "while their source files (list, sizes, modification times) are unchanged", e)
         return EXIT_OK
     finally:
+        if node is not None:
+            node.leave()
         lock.release()
+
+
+def _nodes_of(a) -> int:
+    """Nodes of the job from --nnodes (checked by check_run_options)."""
+    return int(str(a.nnodes).split(":")[-1]) if a.nnodes else 1
 
 
 def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout | None = None) -> None:

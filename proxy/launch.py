@@ -39,6 +39,18 @@ class LaunchOptions:
     rdzv_endpoint: str | None = None   # host:port of the rendezvous
     rdzv_id: str | None = None
     rdzv_backend: str | None = None    # default c10d when an endpoint is given
+    rdzv_timeout: float = 600.0        # seconds the owner waits for every node to join
+
+    @property
+    def nodes(self) -> int:
+        """Nodes of the job: --nnodes N (MIN:MAX counts MAX); 1 without --nnodes."""
+        return int(str(self.nnodes).split(":")[-1]) if self.nnodes else 1
+
+    @property
+    def multi_node(self) -> bool:
+        """More than one node: the owner/follower split (proxy/nodes.py) and the static
+        rendezvous, whatever --rdzv-backend says."""
+        return self.nodes > 1
 
     @property
     def uses_torchrun(self) -> bool:
@@ -48,8 +60,7 @@ class LaunchOptions:
 
     def world_size(self) -> int:
         """Ranks in the whole job (nproc_per_node x the maximum number of nodes)."""
-        nodes = int(str(self.nnodes).split(":")[-1]) if self.nnodes else 1
-        return self.nproc_per_node * nodes
+        return self.nproc_per_node * self.nodes
 
 
 def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> list[str]:
@@ -72,6 +83,52 @@ def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> l
         if opts.rdzv_id is not None:
             argv += ["--rdzv-id", opts.rdzv_id]
     return argv + ["-m", "worker", *worker_args]
+
+
+def static_argv(python: str, worker_args: list[str], nproc_per_node: int, nnodes: int,
+                node_rank: int, addr: str, port: int, run_id: str, timeout: float) -> list[str]:
+    """argv of torchrun with the static rendezvous (docs/architecture.md#several-nodes): node
+    `node_rank` of `nnodes`, the store served by node rank 0's agent at `addr`:`port`, so the
+    global rank of local rank l is node_rank x nproc_per_node + l; `timeout` seconds for every
+    node's agent to reach the store."""
+    return [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
+            "--max-restarts", "0", "--monitor-interval", "0.5", "--nnodes", str(nnodes),
+            "--node-rank", str(node_rank), "--rdzv-backend", "static", "--master-addr", addr,
+            "--master-port", str(port), "--rdzv-id", run_id,
+            "--rdzv-conf", f"timeout={max(1, int(timeout))}", "-m", "worker", *worker_args]
+
+
+def rank_env(env: dict) -> dict:
+    """The environment of a multi-node agent: OMP_NUM_THREADS=1 unless the user set it, as
+    torchrun itself sets for more than one rank per node. So a rank's intra-op threads, and
+    with them the float rounding of its CPU kernels, do not depend on how the ranks are spread
+    over nodes: two nodes x one rank train bit for bit like one node x two ranks
+    (docs/architecture.md#several-nodes)."""
+    env = dict(env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn of the torchrun agent: prctl(PR_SET_PDEATHSIG, SIGTERM), so the agent gets
+    SIGTERM when the proxy dies, even by SIGKILL; it then stops its ranks (they checkpoint)
+    and exits, also while it still waits for a rendezvous (docs/signals.md#parent-death).
+    The kernel sends it when the spawning thread exits: the proxy spawns from its main thread."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def local_ranks(agent_pid: int, run_dir: str) -> list[int]:
+    """This node's ranks: the processes below the torchrun agent `agent_pid` that run `-m worker`
+    on `run_dir` (the handshake's `worker.pids` holds every node's pids, which mean nothing on
+    another host)."""
+    return [p for p in agent_descendants(agent_pid) if _is_our_rank(p, run_dir)]
 
 
 def rank_pids(layout: RunLayout) -> list[int]:

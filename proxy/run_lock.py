@@ -18,15 +18,24 @@ from shared.run_layout import RunLayout
 
 
 class RunLockError(RuntimeError):
-    """Another live proxy owns the run directory; the message names its host and pid."""
+    """Another live proxy owns the run directory; the message names its host and pid.
+    `owner`: the holder's `.proxy.owner.json` (None when unreadable), whose `job` says which
+    multi-node job it owns (docs/architecture.md#several-nodes)."""
+
+    def __init__(self, msg: str, owner: dict | None = None) -> None:
+        super().__init__(msg)
+        self.owner = owner
 
 
 class RunLock:
-    def __init__(self, layout: RunLayout, command: str = "run") -> None:
+    def __init__(self, layout: RunLayout, command: str = "run", job: dict | None = None) -> None:
         """`command`: what holds the lock ("run": a proxy; "pivot": a stopped run's pivot),
-        written to the owner file so `status` names the holder truly."""
+        written to the owner file so `status` names the holder truly. `job`: the multi-node
+        job this proxy owns (token, rdzv_id, nnodes, nproc_per_node), written to the owner file
+        so the other nodes' proxies can join it as followers (proxy/nodes.py)."""
         self.layout = layout
         self.command = command
+        self.job = job
         self._lock = FileLock(str(layout.proxy_lock), timeout=0)
 
     def acquire(self) -> None:
@@ -34,6 +43,7 @@ class RunLock:
         try:
             self._lock.acquire(timeout=0)
         except Timeout:
+            o = None
             try:
                 o = json.loads(self.layout.proxy_owner.read_text())
                 who = (f"{'proxy' if o.get('command', 'run') == 'run' else '`' + o['command'] + '`'}"
@@ -42,10 +52,13 @@ class RunLock:
                 who = "another proxy (owner file unreadable)"
             raise RunLockError(
                 f"{self.layout.root}: already owned by {who}; stop it first "
-                f"(kill -TERM <pid>) or use another --run-dir") from None
-        atomic_write_json(self.layout.proxy_owner, {"host": socket.gethostname(), "pid": os.getpid(),
-                                                    "started_at": time.time(),
-                                                    "command": self.command})
+                f"(kill -TERM <pid>) or use another --run-dir",
+                o if isinstance(o, dict) else None) from None
+        owner = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time(),
+                 "command": self.command}
+        if self.job is not None:
+            owner["job"] = self.job
+        atomic_write_json(self.layout.proxy_owner, owner)
 
     def release(self) -> None:
         if self._lock.is_locked:

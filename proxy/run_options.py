@@ -158,7 +158,11 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--rdzv-id", default=None, metavar="ID",
                    help="torchrun --rdzv-id (the same on every node)")
     g.add_argument("--rdzv-backend", default=None, metavar="NAME",
-                   help="torchrun --rdzv-backend (c10d when an endpoint is given)")
+                   help="torchrun --rdzv-backend (c10d when an endpoint is given; several nodes "
+                        "always use the static rendezvous, docs/architecture.md#several-nodes)")
+    g.add_argument("--rdzv-timeout", type=float, default=600.0, metavar="S",
+                   help="several nodes: seconds the owner waits for every node to join before it "
+                        "stops naming the missing node ranks (600)")
     g.add_argument("--compile", action="store_true", help="torch.compile the training step")
     g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="forward arithmetic: auto = bf16 autocast on CUDA, fp32 on CPU; bf16 = "
@@ -179,6 +183,7 @@ def check_run_options(a) -> None:
              ("--print-every", a.print_every, a.print_every >= 1, "must be >= 1 step"),
              ("--samples-keep", a.samples_keep, a.samples_keep >= 1, "must be >= 1"),
              ("--nproc-per-node", a.nproc_per_node, a.nproc_per_node >= 1, "must be >= 1"),
+             ("--rdzv-timeout", a.rdzv_timeout, a.rdzv_timeout > 0, "must be > 0 seconds"),
              ("--seed", a.seed, a.seed is None or 0 <= a.seed < 2**63,
               "must be in [0, 2**63) (numpy seeds are non-negative)")]
     if getattr(a, "micro_batch_size", None) is not None:
@@ -192,11 +197,26 @@ def check_run_options(a) -> None:
     for name, value, ok, rule in rules:
         if not ok:
             raise ConfigError(f"{name} {value}: {rule}")
+    _check_nnodes(a.nnodes)
     if str(device).startswith("cuda") and (why := check_cuda_device(str(device))):
         raise ConfigError(why)  # before anything is created: the worker would exit 3 later
     if a.tensorboard and (why := check_tensorboard()):  # before anything is created
         raise ConfigError(why)
     _check_batch_split(a)
+
+
+def _check_nnodes(nnodes: str | None) -> None:
+    """--nnodes is N (or N:N): several nodes form one fixed job with one owner
+    (docs/architecture.md#several-nodes); elastic MIN:MAX is refused. Raises ConfigError."""
+    if nnodes is None:
+        return
+    parts = str(nnodes).split(":")
+    if len(parts) > 2 or not all(x.strip().isdigit() and int(x) >= 1 for x in parts):
+        raise ConfigError(f"--nnodes {nnodes!r}: give N or MIN:MAX (integers >= 1)")
+    if len(parts) == 2 and int(parts[0]) != int(parts[1]):
+        raise ConfigError(f"--nnodes {nnodes}: a run trains on a fixed number of nodes (one owner, "
+                          f"one history, rank 0 on the owner); give --nnodes {parts[1]} on every "
+                          "node")
 
 
 def check_cuda_device(device: str) -> str | None:
@@ -336,7 +356,7 @@ def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
     `accumulation_steps`)."""
     lo = LaunchOptions(nproc_per_node=a.nproc_per_node, nnodes=a.nnodes, node_rank=a.node_rank,
                        rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id,
-                       rdzv_backend=a.rdzv_backend)
+                       rdzv_backend=a.rdzv_backend, rdzv_timeout=a.rdzv_timeout)
     try:
         world = lo.world_size()
     except ValueError:

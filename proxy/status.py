@@ -69,9 +69,14 @@ def _proc_state(pid) -> str | None:
     return process_state(pid) if pid else None
 
 
-def _proxy_alive(owner: dict | None) -> bool:
+def _proxy_alive(owner: dict | None, run_dir) -> bool:
     """True if the lock holder named in .proxy.owner.json is a live process on this host that
-    started before it wrote the file (so not a recycled pid)."""
+    started before it wrote the file (so not a recycled pid); the owner of a multi-node job on
+    another host: its node record's heartbeat is fresh (proxy/nodes.py)."""
+    if owner and owner.get("job") and owner.get("host") != socket.gethostname():
+        from proxy.nodes import nodes_dir, read_json, record_alive  # several nodes: its heartbeat
+        rec = read_json(nodes_dir(RunLayout(run_dir)) / f"{owner['host']}-{owner['pid']}.json")
+        return rec is not None and record_alive(rec)
     if not owner or owner.get("host") != socket.gethostname():
         return False
     pid = owner.get("pid")
@@ -163,7 +168,7 @@ def collect_status(run_dir) -> dict:
     req = pending_request(layout)
     d["pivot_request"] = ({k: req.get(k) for k in ("label", "caps", "floors", "state", "step",
                                                    "requested_at")} if req else None)
-    proxy_alive = _proxy_alive(owner)
+    proxy_alive = _proxy_alive(owner, layout.root)
     d["target_steps"] = d["start_max_steps"] if proxy_alive else d["max_steps"]
     d.update(_batch_and_eta(cfg, worker, recs, d["step"], d["target_steps"]))
     wpid = st.get("worker_pid") or worker.get("pid")
@@ -174,6 +179,7 @@ def collect_status(run_dir) -> dict:
              proxy_alive=proxy_alive, worker_pid=wpid if worker_alive else None,
              worker_pids=worker.get("pids") if worker_alive else [],
              worker_state=wstate)
+    d["nodes"] = _nodes(layout, owner)
     usual = (sum(times) / len(times)) if times else 0.0
     age = d["last_step_age_s"]
     if proxy_alive and worker_alive:
@@ -200,6 +206,22 @@ def collect_status(run_dir) -> dict:
         health = f"stopped (resume with `python -m proxy run --run-dir {run_dir}`)"
     d["health"] = health
     return d
+
+
+def _nodes(layout: RunLayout, owner: dict | None) -> list[dict]:
+    """The nodes of a multi-node run's current job (docs/architecture.md#several-nodes): each
+    node record of the owner's job (host, pid, role, node rank, its ranks' pids, heartbeat age,
+    alive); [] for a single-node run."""
+    from proxy.nodes import node_records, record_alive
+    token = ((owner or {}).get("job") or {}).get("token")
+    if not token:
+        return []
+    now = time.time()
+    return [{"node_rank": r.get("node_rank"), "role": r.get("role"), "host": r.get("host"),
+             "pid": r.get("pid"), "ranks": r.get("ranks") or [], "agent_pid": r.get("agent_pid"),
+             "incarnation": r.get("incarnation"), "alive": record_alive(r),
+             "heartbeat_age_s": now - float(r.get("heartbeat") or 0)}
+            for r in node_records(layout) if r.get("token") == token]
 
 
 def _bounds(v: dict | None) -> str:
@@ -253,6 +275,10 @@ def format_status(d: dict) -> str:
              + (f" (this start: --max-steps {d['target_steps']:,})"
                 if d["target_steps"] != d["max_steps"] else "")
              + (f"  (last step {d['last_step_age_s']:.0f} s ago)" if d["last_step_age_s"] is not None else "")]
+    for n in d.get("nodes") or []:
+        lines.append(f"node {n['node_rank']}      {n['role']} proxy pid {n['pid']} on {n['host']} "
+                     f"({'alive' if n['alive'] else 'gone'}, heartbeat {n['heartbeat_age_s']:.0f} s "
+                     f"ago), ranks {', '.join(map(str, n['ranks'])) or '-'}")
     ph = d.get("phase") or {}
     if ph.get("index") is not None:
         lines.append(f"phase       {ph['index']} {ph['label']!r} from step {ph['start_step']:,}  "

@@ -26,8 +26,10 @@ import time
 from pathlib import Path
 
 from proxy import proc_tree
-from proxy.launch import agent_descendants, kill_ranks, rank_pids, reap_leftover_ranks, \
-    signal_pids, torchrun_argv, wait_for_earlier_workers
+from proxy.launch import agent_descendants, die_with_parent, rank_env, kill_ranks, local_ranks, rank_pids, \
+    reap_leftover_ranks, signal_pids, static_argv, torchrun_argv, wait_for_earlier_workers
+from proxy.nodes import NodeRecord, NodeSetupError, free_port, node_records, record_alive, \
+    store_address, wait_for_followers, write_job
 from proxy.mixture import MixtureController
 from proxy.pivot import fail_unserved, fault_point, follow_worker_boundary, mark_running, \
     pending_request, poll_pivot_request
@@ -48,6 +50,7 @@ from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
 
+NODE_LOST_GRACE_S = 10.0    # a lost node's peers get this long to fail before they are killed
 STARTUP_GRACE_S = 300.0     # before its hello a worker may be importing torch / compiling
 POLL_IDLE_S = 0.1           # proxy loop period when no report arrived (seconds)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +81,15 @@ class Supervisor:
         self.pending_events: list[dict] = []   # attached to the next step record filed
         self.watch = RunWatch(layout, cfg, self.max_steps, opts.tensorboard)
         self.pivot_step: int | None = None     # a pivot at B recorded, its worker's first step due
+        # several nodes (docs/architecture.md#several-nodes): this proxy is the owner
+        self.node: NodeRecord | None = None    # set by the caller for a multi-node job
+        self.incarnation = 0
+        self.my_ranks: list[int] = []          # this node's ranks (pids mean nothing elsewhere)
+        self._ranks_t = 0.0
+        self._nodes_t = 0.0
+        self.followers: dict[int, dict] = {}   # node rank -> record, at this incarnation's launch
+        self.node_lost: str | None = None      # why a follower counts as lost this incarnation
+        self._lost_at: float | None = None
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -118,12 +130,129 @@ class Supervisor:
             argv += ["--precision", o.precision]
         if o.micro_batch_size is not None:  # per start: speed and memory, not the data
             argv += ["--micro-batch-size", str(o.micro_batch_size)]
-        if o.launch.uses_torchrun:  # ranks watch the proxy's pid (--parent-pid), not the agent
+        if self.node is not None:  # the owner: node rank 0 of a static rendezvous
+            argv = self._owner_argv(argv[3:])
+        elif o.launch.uses_torchrun:  # ranks watch the proxy's pid (--parent-pid), not the agent
             argv = torchrun_argv(sys.executable, argv[3:], o.launch)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        if self.node is not None:
+            env = rank_env(env)
+        # the agent dies with the proxy, even by SIGKILL, also while it waits for a rendezvous
+        extra = {"preexec_fn": die_with_parent} if o.launch.uses_torchrun else {}
         with proc_tree.signals_blocked(not o.launch.uses_torchrun):  # worker unblocks them
-            return subprocess.Popen(argv, env=env, start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(argv, env=env, start_new_session=True, close_fds=True, **extra)
+        if self.node is not None:
+            self.node.write(agent_pid=proc.pid, incarnation=self.incarnation, agent_exit=None,
+                            ranks=[])
+        return proc
+
+    # ------------------------------------------------------------------ several nodes
+    def _job(self) -> dict:
+        lo = self.opts.launch
+        return {"token": self.node.token, "rdzv_id": lo.rdzv_id, "nnodes": lo.nodes,
+                "nproc_per_node": lo.nproc_per_node, "owner_host": self.node.host,
+                "owner_pid": self.node.pid, "incarnation": self.incarnation}
+
+    def _owner_argv(self, worker_args: list[str]) -> list[str]:
+        """Post incarnation n+1 in .nodes/job.json (the worker's arguments without
+        --parent-pid, which each node gives its own; the address and a fresh port of the store
+        this node's agent serves) and return the owner's torchrun argv (node rank 0)."""
+        lo = self.opts.launch
+        i = worker_args.index("--parent-pid")
+        shared_args = worker_args[:i] + worker_args[i + 2:]
+        self.incarnation += 1
+        addr = store_address(lo.rdzv_endpoint)
+        port = free_port(addr)
+        run_id = f"{lo.rdzv_id or 'andrea'}-{self.node.token[:8]}-{self.incarnation}"
+        members = [[f["host"], f["pid"]] for _, f in sorted(self.followers.items())]
+        write_job(self.layout, {**self._job(), "state": "launch", "addr": addr, "port": port,
+                                "run_id": run_id, "worker_args": shared_args,
+                                "members": members, "posted_at": time.time()})
+        log.info("incarnation %d: %d node(s) x %d rank(s), rank 0 on this node; store %s:%d; "
+                 "followers: %s", self.incarnation, lo.nodes, lo.nproc_per_node, addr, port,
+                 ", ".join(f"node rank {r} {f['host']} pid {f['pid']}"
+                           for r, f in sorted(self.followers.items())))
+        return static_argv(sys.executable, worker_args, lo.nproc_per_node, lo.nodes, 0, addr,
+                           port, run_id, lo.rdzv_timeout)
+
+    def _gather_nodes(self) -> bool:
+        """Before an incarnation: wait (up to --rdzv-timeout) for every follower to be present
+        and idle. False when a stop came meanwhile. Raises SupervisorError naming the missing
+        node ranks when they never come."""
+        def stopping() -> bool:
+            self._poll_follower_stops()
+            return self.stop_requested is not None
+
+        try:
+            fol = wait_for_followers(self.layout, self.node.token, self.opts.launch.nodes,
+                                     self.opts.launch.rdzv_timeout, stopping,
+                                     idle=self.node.heartbeat)
+        except NodeSetupError as e:
+            raise SupervisorError(f"{e}; the job cannot go on without them: the newest valid "
+                                  "checkpoint is kept, run the job again") from None
+        if fol is None:
+            return False
+        self.followers = {r["node_rank"]: r for r in fol}
+        self.node_lost, self._lost_at = None, None
+        return True
+
+    def _poll_follower_stops(self) -> None:
+        """A stop signal a follower received (its record's stop_request) stops the job."""
+        for r in node_records(self.layout):
+            if (r.get("token") == self.node.token and r.get("role") == "follower"
+                    and r.get("stop_request") and self.stop_requested is None and not r.get("left")):
+                self.stop_requested = f"{r['stop_request']} on node rank {r['node_rank']} ({r['host']})"
+
+    def _nodes_tick(self) -> None:
+        """While an incarnation runs (about 4 times a second): heartbeat, this node's ranks,
+        stop requests from followers, and followers lost (proxy gone, or their agent exited
+        non-zero): this node's ranks then get NODE_LOST_GRACE_S to fail on their own (a
+        collective with a dead peer raises) before they are killed, and the job restarts."""
+        now = time.monotonic()
+        if now - self._nodes_t < 0.25:
+            return
+        self._nodes_t = now
+        self._refresh_ranks()
+        self.node.heartbeat()
+        self._poll_follower_stops()
+        if self.node_lost is None:
+            recs = {(r["host"], r["pid"]): r for r in node_records(self.layout)}
+            for rank, f in self.followers.items():
+                r = recs.get((f["host"], f["pid"]))
+                if r is None or not record_alive(r):
+                    self.node_lost = f"node rank {rank} ({f['host']} pid {f['pid']}) is gone"
+                elif r.get("incarnation") == self.incarnation and r.get("agent_exit") not in (None, 0):
+                    self.node_lost = (f"the ranks of node rank {rank} ({f['host']}) exited with "
+                                      f"code {r['agent_exit']}")
+                if self.node_lost:
+                    self._lost_at = now
+                    log.error("%s: this node's ranks get %.0f s to fail, then the job restarts "
+                              "from the newest valid checkpoint", self.node_lost, NODE_LOST_GRACE_S)
+                    break
+        elif (self._lost_at is not None and now - self._lost_at > NODE_LOST_GRACE_S
+              and self.proc.poll() is None):
+            log.error("%s and this node's ranks still run: killing them", self.node_lost)
+            self._kill_group()
+            self._lost_at = None
+
+    def _refresh_ranks(self) -> None:
+        now = time.monotonic()
+        if self.proc is not None and now - self._ranks_t > 0.5:
+            self._ranks_t = now
+            ranks = local_ranks(self.proc.pid, str(self.layout.root))
+            if ranks != self.my_ranks:
+                self.my_ranks = ranks
+                self.node.write(ranks=ranks)
+
+    def _rank_pids(self) -> list[int]:
+        """This node's ranks: the announced pids, or under several nodes the agent's own
+        descendants (the handshake's pids mix every node's)."""
+        if self.node is None:
+            return rank_pids(self.layout)
+        self._ranks_t = 0.0
+        self._refresh_ranks()
+        return self.my_ranks
 
     def _post_policies(self, mix: MixtureController, first_period: int) -> None:
         pols = mix.policies_from(first_period)
@@ -144,10 +273,12 @@ class Supervisor:
                 "planned_max_steps": self.cfg.max_steps, "lr_decay_steps": self.cfg.lr_decay_steps,
                 "warmup_steps": self.cfg.warmup_steps, "time": time.time()})
         restarts = 0
+        clean = False  # the run ends with exit 0 (followers that stopped exit 0 too)
         try:
             while True:
                 outcome, rc = self._incarnation(history)
                 if outcome == "done":
+                    clean = True
                     return 0
                 if outcome == "pivot":  # the worker stopped at the boundary: same proxy goes on
                     restarts = 0  # it wrote step_B.bin: progress
@@ -177,8 +308,13 @@ class Supervisor:
                             "valid checkpoint", outcome, rc, restarts, self.opts.max_restarts, delay)
                 self._sleep(delay)
                 if self.stop_requested:
+                    clean = True
                     return 0
         finally:
+            if self.node is not None:  # followers exit once they see it
+                write_job(self.layout, {**self._job(), "state": "done", "clean": clean,
+                                        "why": self.stop_requested or "the run ended"})
+                self.node.leave()
             history.close()
             self._write_status(force=True, alive=False)
             self.watch.close(self.stats.step)  # TensorBoard closed, run summary logged
@@ -213,6 +349,8 @@ class Supervisor:
             return "done", 0
         if self.stop_requested:
             return "done", 0
+        if self.node is not None and not self._gather_nodes():
+            return "done", 0  # a stop came while the nodes gathered
         log.info("starting worker: %s",
                  f"resume from {point.path.name}" if point.path else "fresh run")
         self.stats.new_worker()  # hello and "stopped" are per worker, not per proxy
@@ -227,7 +365,7 @@ class Supervisor:
         """Signal the worker; under torchrun the ranks directly (proxy/launch.py), never the
         agent once they are known. Returns False when a SIGUSR1 has no rank to go to yet."""
         if self.opts.launch.uses_torchrun:
-            pids = rank_pids(self.layout)
+            pids = self._rank_pids()
             if pids:
                 signal_pids(pids, sig)
                 return True
@@ -251,11 +389,11 @@ class Supervisor:
         """The worker's processes with their state, for 'which process did not answer'."""
         pids = proc_tree.group_members(self.proc.pid) or [self.proc.pid]
         if self.opts.launch.uses_torchrun:
-            pids = sorted(set(pids) | set(rank_pids(self.layout)))
+            pids = sorted(set(pids) | set(self._rank_pids()))
         return "; ".join(proc_tree.describe(p) for p in pids)
 
     def _kill_group(self) -> None:
-        ranks = (rank_pids(self.layout) + agent_descendants(self.proc.pid)
+        ranks = (self._rank_pids() + agent_descendants(self.proc.pid)
                  if self.opts.launch.uses_torchrun else [])
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -286,6 +424,13 @@ class Supervisor:
             b = self._pivot_boundary()
             if b is not None and history.last_step == b and not self.stop_requested:
                 return "pivot", b
+            if self.node is not None and not self.stop_requested:
+                self._nodes_t = 0.0
+                self._nodes_tick()  # a follower's proxy killed: its ranks stopped with ours
+                if self.node_lost and (history.last_step or 0) < self.max_steps:
+                    log.error("the ranks stopped cleanly but %s: the job restarts from the "
+                              "newest valid checkpoint once every node is back", self.node_lost)
+                    return "crashed", rc
             fail_unserved(self.layout, history.last_step or 0, self.max_steps)
             return "done", 0
         if rc == EXIT_FATAL or self.stats.exit_code == EXIT_FATAL:
@@ -301,6 +446,13 @@ class Supervisor:
             else:
                 log.warning("worker ended by SIGTERM (code %d) without its handler; steps "
                             "after the newest checkpoint are trained again on resume", rc)
+            return "done", 0
+        if (self.stop_requested and stop_sent and self.opts.launch.uses_torchrun
+                and self.stats.exit_code == 0):
+            # a scheduler signalled every process (Slurm's pre-emption): rank 0 stopped cleanly
+            # with its checkpoint, the agent's own code is that of the signal it got
+            log.info("the ranks stopped cleanly (%s); torchrun's agent exited with code %d, "
+                     "having got the stop signal itself; nothing was lost", self.stats.stop_why, rc)
             return "done", 0
         return "crashed", rc
 
@@ -337,7 +489,12 @@ class Supervisor:
                 self._file_reports(reader.read())  # what it wrote after the last read
                 history.flush()
                 if self.opts.launch.uses_torchrun:  # nothing may outlive the agent
-                    reap_leftover_ranks(rank_pids(self.layout), str(self.layout.root))
+                    reap_leftover_ranks(self.my_ranks if self.node is not None
+                                        else rank_pids(self.layout), str(self.layout.root))
+                if self.node is not None:  # followers give their ranks --stop-timeout, then kill
+                    write_job(self.layout, {**self._job(), "state": "ended", "agent_exit": rc})
+                    self.node.write(agent_pid=None, agent_exit=rc, ranks=[])
+                    self.my_ranks = []
                 return self._outcome(rc, hung, stop_sent_at is not None, history)
             now = time.monotonic()
             if stop_sent_at is not None and now - stop_sent_at > self.opts.stop_timeout:
@@ -355,6 +512,8 @@ class Supervisor:
                 self._signal_tree(signal.SIGTERM)
                 self._signal_tree(signal.SIGCONT)
                 stop_sent_at = now
+            if self.node is not None:
+                self._nodes_tick()
             if self.subreaper or os.getpid() == 1:  # orphans re-parented to us
                 proc_tree.reap_orphans({self.proc.pid})
             self._write_status()

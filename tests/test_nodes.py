@@ -1,0 +1,333 @@
+"""Several nodes, one run (docs/architecture.md#several-nodes): two `python -m proxy run --nnodes 2`
+launches on one machine stand in for two nodes (static rendezvous on 127.0.0.1, gloo, CPU), with
+real signals and real files. The first tests start no worker (refusals before anything is
+written, a few seconds each); the others train andrea-test. All are in the slow tier.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from proc_helpers import (ROOT, _env, assert_same_run, checkpoint_steps, clone, cmd,
+                          create_template, last_step, loss_records, manifest, run_processes,
+                          wait_for)
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+ARMS = ["--arm", f"argparse=text:{STDLIB / 'argparse.py'}",
+        "--arm", f"typing=text:{STDLIB / 'typing.py'}"]
+FINAL = 24
+PLAN = ["--max-steps", str(FINAL), "--checkpoint-every", "10", "--probe-every", "5",
+        "--warmup-steps", "5", "--bandit-warmup", "0"]
+
+
+def node_cmd(run, *args, nnodes="2", rdzv_id="job1"):
+    return [*cmd(run, *args), "--nnodes", nnodes, "--nproc-per-node", "1",
+            "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", rdzv_id]
+
+
+def launch(run, name, *args, env=None, **kw) -> subprocess.Popen:
+    """One node's `proxy run`; its output goes to run/../<name>.out."""
+    out = open(Path(run).parent / f"{name}.out", "ab")
+    return subprocess.Popen(node_cmd(run, *args, **kw), cwd=ROOT, env=_env(env), stdout=out,
+                            stderr=subprocess.STDOUT)
+
+
+def out(run, name) -> str:
+    p = Path(run).parent / f"{name}.out"
+    return p.read_text(errors="replace") if p.exists() else ""
+
+
+def records(run) -> dict[str, dict]:
+    d = Path(run) / ".nodes"
+    return {p.name: json.loads(p.read_text()) for p in d.glob("*.json") if p.name != "job.json"} \
+        if d.is_dir() else {}
+
+
+def node_of(run, proc) -> dict:
+    return next((r for r in records(run).values() if r.get("pid") == proc.pid), {})
+
+
+def hello(run) -> dict:
+    try:
+        return json.loads((Path(run) / ".handshake.json").read_text()).get("worker") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def rank0_pid(run) -> int | None:
+    return hello(run).get("pid")
+
+
+def paused(run, step) -> bool:
+    """A rank is in the test pause of update `step` (worker/fault_injection.py's marker)."""
+    return (Path(run) / f".test-pause-{step}").exists()
+
+
+def tree(proc) -> set[int]:
+    try:
+        return {proc.pid} | {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def training(run, procs, step):
+    """Every node's ranks announced and the history past `step`."""
+    return last_step(run) > step and all(node_of(run, p).get("ranks") for p in procs)
+
+
+def reap(*procs, run=None):
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(30)
+    if run is not None:
+        for pid in run_processes(run):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# ---------------------------------------------------------------- the node files (fast)
+
+def test_followers_take_the_lowest_free_node_rank_and_one_too_many_is_refused(tmp_path):
+    from proxy.nodes import NodeRecord, NodeSetupError, assign_node_rank
+    from shared.run_layout import RunLayout
+    layout = RunLayout(tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+
+    def record(rank, pid, token="tok"):  # another node's proxy (on this host: checked by pid)
+        r = NodeRecord(layout, "follower", rank, token, 1)
+        r.pid, r.path = pid, r.path.with_name(f"{r.host}-{pid}.json")
+        r.write()
+
+    record(1, os.getppid())          # alive
+    record(2, dead.pid)              # its proxy is gone: rank 2 is free again
+    record(2, 1, "another-job")     # alive (pid 1), but of another job
+    me = assign_node_rank(layout, "tok", 3, 1)
+    assert me.node_rank == 2, "a dead follower's rank, or another job's, is free"
+    with pytest.raises(NodeSetupError, match="already has its 3 nodes .* one too many"):
+        assign_node_rank(layout, "tok", 3, 1)
+
+
+def test_the_rendezvous_deadline_names_the_node_ranks_that_never_joined(tmp_path):
+    from proxy.nodes import NodeSetupError, assign_node_rank, wait_for_followers
+    from shared.run_layout import RunLayout
+    layout = RunLayout(tmp_path)
+    assign_node_rank(layout, "tok", 4, 1)  # node rank 1 (this process)
+    with pytest.raises(NodeSetupError, match=r"node rank\(s\) 2, 3 of --nnodes 4 never joined"):
+        wait_for_followers(layout, "tok", 4, timeout=0.2)
+    assert len(wait_for_followers(layout, "tok", 2, timeout=0.2)) == 1
+
+
+def test_the_store_is_served_at_the_endpoint_host_only_when_it_is_this_machine():
+    import socket
+    from proxy.nodes import store_address
+    assert store_address("127.0.0.1:29400") == "127.0.0.1"
+    assert store_address("192.0.2.7:29400") == socket.gethostname()  # TEST-NET-1: not ours
+    assert store_address(None) == socket.gethostname()
+
+
+# ---------------------------------------------------------------- bad set-ups (no worker starts)
+
+@pytest.mark.slow
+def test_a_node_with_another_nnodes_or_job_id_is_refused_before_it_writes_anything(tmp_path):
+    run = tmp_path / "run"
+    owner = launch(run, "owner", *ARMS, "--rdzv-timeout", "60")
+    try:
+        wait_for(lambda: records(run), 30, what="the owner's record")
+        for kw, says in ((dict(nnodes="4"), "mismatched --nnodes: its owner"),
+                         (dict(rdzv_id="other"), "for the job --rdzv-id job1, not this node's")):
+            r = subprocess.run(node_cmd(run, *ARMS, **kw), cwd=ROOT, env=_env(None),
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 2, r.stderr[-2000:]
+            assert says in r.stderr, r.stderr[-2000:]
+            assert len(records(run)) == 1, "a refused node wrote a node record"
+        r = subprocess.run(node_cmd(run, *ARMS, nnodes="1:2"), cwd=ROOT, env=_env(None),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "a run trains on a fixed number of nodes" in r.stderr
+        owner.send_signal(signal.SIGTERM)  # a stop while the nodes gather: nothing started
+        assert owner.wait(30) == 0
+    finally:
+        reap(owner, run=run)
+    assert not (run / "run.json").exists(), "the job never formed: no run may be created"
+
+
+@pytest.mark.slow
+def test_a_rendezvous_that_never_completes_stops_naming_the_missing_node_before_creating(tmp_path):
+    run = tmp_path / "run"
+    r = subprocess.run(node_cmd(run, *ARMS, "--rdzv-timeout", "2"), cwd=ROOT, env=_env(None),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "node rank(s) 1 of --nnodes 2 never joined" in r.stderr, r.stderr[-2000:]
+    assert "filesystem every node shares" in r.stderr
+    assert not (run / "run.json").exists() and not (run / "data").exists()
+
+
+# ---------------------------------------------------------------- training on two nodes
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    return create_template(tmp_path_factory.mktemp("nodes") / "template", *ARMS, *PLAN)
+
+
+@pytest.mark.slow
+def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_ranks(template, tmp_path):
+    """One run, one owner, one history, one mixture: rank 0 and every file on the owner's side;
+    SIGUSR1 to the owner checkpoints and both go on; SIGTERM to the follower alone, then to both
+    nodes at once, stops everything with one agreed checkpoint and exit 0; the node that arrives
+    first owns the run. The final checkpoint is byte-identical to one node with
+    --nproc-per-node 2, and every update drew its rows from the same arms."""
+    ref, two = clone(template, tmp_path / "ref"), clone(template, tmp_path / "two")
+    r = subprocess.run([*cmd(ref, *PLAN), "--nproc-per-node", "2"], cwd=ROOT, env=_env(None),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    # start 1: a (owner) and b (follower); SIGUSR1 to the owner, then SIGTERM to the follower
+    pause = {"ANDREA_TEST_PAUSE_AT_STEP": "6:8,12:3,20:3"}
+    a = launch(two, "a", *PLAN, env=pause)
+    wait_for(lambda: records(two), 30, what="the owner's record")
+    b = launch(two, "b", *PLAN, env=pause)
+    try:
+        wait_for(lambda: paused(two, 6), 240, what="two nodes training")
+        assert node_of(two, a)["role"] == "owner" and node_of(two, b)["role"] == "follower"
+        assert node_of(two, b)["node_rank"] == 1 and hello(two)["world_size"] == 2
+        assert rank0_pid(two) in tree(a), "global rank 0 must run on the owner's node"
+        third = subprocess.run(node_cmd(two, *PLAN), cwd=ROOT, env=_env(None),
+                               capture_output=True, text=True, timeout=60)
+        assert third.returncode == 2 and "one too many" in third.stderr, third.stderr[-2000:]
+        st = json.loads(subprocess.run(
+            [*cmd(two)[:3], "status", "--run-dir", str(two), "--json"], cwd=ROOT, env=_env(None),
+            capture_output=True, text=True, timeout=60).stdout)
+        assert [(n["node_rank"], n["role"], n["alive"]) for n in st["nodes"]] == \
+            [(0, "owner", True), (1, "follower", True)]
+        assert all(n["ranks"] for n in st["nodes"])
+        a.send_signal(signal.SIGUSR1)  # in the pause of update 6
+        wait_for(lambda: paused(two, 12), 120, what="training to go on after SIGUSR1")
+        assert a.poll() is None and b.poll() is None
+        b.send_signal(signal.SIGTERM)  # in the pause of update 12: the follower only
+        assert b.wait(120) == 0 and a.wait(120) == 0, out(two, "a")[-3000:] + out(two, "b")[-3000:]
+        wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
+    finally:
+        reap(a, b, run=two)
+    ckpts = [(s, why) for s, why, _ in manifest(two)]
+    # one SIGUSR1 checkpoint: at 6, or at 7 when rank 0 was already waiting in update 6's
+    # boundary collective for the rank that paused (the flag is then read at the next boundary)
+    assert [s for s, why in ckpts if why == "sigusr1"] in ([6], [7]), ckpts
+    assert ckpts[-1] == (12, "sigterm"), ckpts
+    assert "SIGTERM on node rank 1" in out(two, "a")
+    assert "following the run" not in (two / "logs" / "proxy.log").read_text(), \
+        "the follower must not write the owner's log"
+
+    # start 2: b first (it owns the run now), then a; SIGTERM to every process of both nodes
+    # at once (proxies, torchrun agents, ranks), as Slurm's pre-emption does
+    b = launch(two, "b", *PLAN, env=pause)
+    wait_for(lambda: node_of(two, b), 30, what="b's record")
+    a = launch(two, "a", *PLAN, env=pause)
+    try:
+        wait_for(lambda: paused(two, 20), 240, what="two nodes training again")
+        assert node_of(two, b)["role"] == "owner" and rank0_pid(two) in tree(b)
+        for pid in tree(a) | tree(b):
+            os.kill(pid, signal.SIGTERM)
+        assert a.wait(120) == 0 and b.wait(120) == 0
+        wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
+    finally:
+        reap(a, b, run=two)
+    assert [(s, why) for s, why, _ in manifest(two)][-1] == (20, "sigterm")
+
+    # start 3: to the end
+    a = launch(two, "a", *PLAN)
+    wait_for(lambda: node_of(two, a), 30, what="a's record")
+    b = launch(two, "b", *PLAN)
+    try:
+        assert a.wait(240) == 0 and b.wait(240) == 0, out(two, "a")[-3000:]
+    finally:
+        reap(a, b, run=two)
+    assert_same_run(ref, two, FINAL)  # byte-identical weights, m, v; the same arms every row
+    assert [x["arms"] for x in loss_records(two)] == [x["arms"] for x in loss_records(ref)]
+
+
+@pytest.mark.slow
+def test_a_node_killed_by_sigkill_restarts_the_job_and_a_killed_owner_leaves_nothing_behind(
+        template, tmp_path):
+    """Every process of the follower's node killed at once: the owner's ranks fail, the owner
+    restarts from the newest valid checkpoint once a node joins again (one history, never
+    forked). Then kill -9 of the owner's proxy: its agent (parent-death signal) and ranks stop
+    with it, the follower sees the owner gone and exits 1, and no process of the run is left."""
+    run = clone(template, tmp_path / "run")
+    args = ["--max-steps", "100000", "--checkpoint-every", "5", "--rdzv-timeout", "120"]
+    a = launch(run, "a", *args)
+    wait_for(lambda: records(run), 30, what="the owner's record")
+    b = launch(run, "b", *args)
+    c = None
+    try:
+        wait_for(lambda: training(run, (a, b), 6) and checkpoint_steps(run), 240,
+                 what="two nodes training past a checkpoint")
+        victims = tree(b)
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        b.wait(30)
+        wait_for(lambda: "restart 1 of" in out(run, "a"), 120, what="the owner to restart")
+        newest = max(checkpoint_steps(run))
+        wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                 for p in victims), 30, what="the killed node's processes")
+        c = launch(run, "c", *args)
+        wait_for(lambda: node_of(run, c).get("ranks") and "incarnation 2" in out(run, "a")
+                 and "resumed_from" in hello(run), 240, what="a new incarnation with the new node")
+        assert hello(run)["resumed_from"] == newest
+        wait_for(lambda: last_step(run) >= newest + 3, 120, what="training to resume")
+        assert [r["step"] for r in loss_records(run)] == list(range(1, last_step(run) + 1))
+        a.kill()
+        a.wait(30)
+        assert c.wait(120) == 1, out(run, "c")[-3000:]
+        wait_for(lambda: not run_processes(run), 60, what="nothing of the run to be left")
+    finally:
+        reap(a, b, c, run=run)
+    assert "restart 1 of" in out(run, "a")
+    assert "owner (proxy pid" in out(run, "c") and "is gone" in out(run, "c")
+
+
+@pytest.mark.slow
+def test_an_agent_waiting_for_its_rendezvous_dies_with_its_launcher_killed_by_sigkill(tmp_path):
+    """The torchrun agent a proxy starts (proxy/launch.py `die_with_parent`) gets SIGTERM when
+    its launcher dies, even by SIGKILL, also while it still waits for the other nodes (it
+    waited for ever, re-parented to init)."""
+    launcher = (
+        "import subprocess, sys, time\n"
+        "from proxy.launch import die_with_parent, static_argv\n"
+        f"argv = static_argv(sys.executable, ['--run-dir', {str(tmp_path / 'run')!r}], 1, 2, 0,\n"
+        "                    '127.0.0.1', 0, 'orphan-test', 600)\n"
+        "p = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(600)\n")
+    proc = subprocess.Popen([cmd(tmp_path)[0], "-c", launcher], cwd=ROOT, env=_env(None),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        agent = int(proc.stdout.readline())
+        wait_for(lambda: any(c.status == psutil.CONN_LISTEN
+                             for c in psutil.Process(agent).net_connections("tcp")), 120,
+                 what="the agent's store to wait for node rank 1")
+        proc.kill()
+        proc.wait(30)
+        wait_for(lambda: not psutil.pid_exists(agent)
+                 or psutil.Process(agent).status() == psutil.STATUS_ZOMBIE, 60,
+                 what="the agent to die with its launcher")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            psutil.Process(agent).kill()
+        except (psutil.NoSuchProcess, UnboundLocalError):
+            pass
