@@ -234,6 +234,8 @@ def _bounds_row(layout: RunLayout | None) -> str:
 def _probe_row(cfg: RunConfig) -> str:
     """The probe's size and its cost in training compute (shared/config.py probe_plan)."""
     pp = probe_plan(cfg)
+    if not pp.active:
+        return f"none: reward {cfg.reward} reads the training losses (0% of training FLOPs)"
     return (f"{pp.sequences} x {cfg.model.block_size} tokens per arm every {pp.every} steps = "
             f"{pp.cost:.2%} of training FLOPs (budget {cfg.probe_budget:.1%})")
 
