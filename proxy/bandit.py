@@ -322,15 +322,18 @@ class Bandit:
     def _fold_trend(self, record: Mapping[str, Any], n: dict[str, int], step: int) -> bool:
         """train_slope: add the record's per-arm training losses to the period's sums (arms past
         one epoch excluded from the step their lifetime pulls pass `epoch_size`, their open
-        period discarded); at a period end (step % period_steps == 0) after the warm-up, add
+        period discarded, and the move recomputed at once with such an arm capped at its
+        stratified share); at a period end (step % period_steps == 0) after the warm-up, add
         each arm's period mean at x = ln(mid-step of the period) to its fit and recompute the
         move. True when the posted mixture's inputs changed (docs/bandit.md#the-default-policy)."""
-        for a in self.arms:
-            size = self.epoch_size.get(a, 0.0)
-            if a not in self.repeated and size > 0 and self.pulls_lifetime[a] > size:
-                self.repeated[a] = step
-                self.repeated = dict(sorted(self.repeated.items()))
-                self.period_sum[a], self.period_n[a] = 0.0, 0
+        newly = [a for a in self.arms if a not in self.repeated
+                 and self.epoch_size.get(a, 0.0) > 0 and self.pulls_lifetime[a] > self.epoch_size[a]]
+        for a in newly:
+            self.repeated[a] = step
+            self.period_sum[a], self.period_n[a] = 0.0, 0
+        if newly:   # re-cap at once: the target may no longer hold it above its stratified share
+            self.repeated = dict(sorted(self.repeated.items()))
+            self._refit()
         losses = record.get("arm_loss") or {}
         for a in self.arms:
             v = _finite_or_none(losses.get(a))

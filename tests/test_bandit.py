@@ -263,7 +263,7 @@ def as_loss_record(r):
             "arms": r["arms"], "p": r["p"], "arm_loss": r["arm_loss"], "probe": r["probe"]}
 
 
-@pytest.mark.parametrize("reward", ["heldout_progress", "train_loss"])
+@pytest.mark.parametrize("reward", ["train_slope", "heldout_progress", "train_loss"])
 def test_replay_of_two_thousand_records_is_deterministic_and_round_trips(reward):
     cfg = BanditConfig(reward=reward)
     recs = synthetic_records(2000, drops={"python-docs": 0.01, "repo-code": 0.03, "repo-docstrings": 0.0})
@@ -852,3 +852,133 @@ def test_batched_generation_with_one_generator_per_row_matches_each_row_alone():
     assert not torch.equal(together[0, 16:], together[1, 16:])
     with pytest.raises(ValueError, match="2 generators for 3 rows"):
         generate_batched(m, idx, 4, 0.8, 40, gens()[:2])
+
+
+# ----------------------------------------------------------------------------- the default policy
+
+def trend_records(n_steps, slopes, level=None, sigma=0.03, period=10, batch=16, seed=0, p=None):
+    """Records whose per-arm training loss follows a - b ln(step) plus Gaussian noise of sd
+    `sigma` per sequence (each arm's mean over its n rows then has sd sigma / sqrt(n))."""
+    rng = random.Random(seed)
+    arms = sorted(slopes)
+    level = level or {a: 4.0 for a in arms}
+    out = []
+    for step in range(1, n_steps + 1):
+        counts = {a: 0 for a in arms}
+        for _ in range(batch):
+            counts[arms[rng.randrange(len(arms))]] += 1
+        loss = {a: level[a] - slopes[a] * math.log(step) + rng.gauss(0, sigma / math.sqrt(counts[a]))
+                for a in arms if counts[a]}
+        out.append({"step": step, "phase_index": 0, "arms": counts, "p": p or {a: 1 / len(arms) for a in arms},
+                    "arm_loss": loss, "probe": None, "batch_size": batch})
+    return out
+
+
+def test_default_reward_is_the_free_training_loss_slope_and_reads_no_probe():
+    """docs/bandit.md#the-default-policy: the default reads the training losses the update
+    computes anyway; a probe in the record changes nothing."""
+    from shared.config import RunConfig, probe_plan
+    assert BanditConfig().reward == "train_slope" and RunConfig().reward == "train_slope"
+    assert not probe_plan(RunConfig()).active and probe_plan(RunConfig()).cost == 0.0
+    recs = trend_records(300, {"a": 0.2, "b": 0.2, "noise": 0.0})
+    with_probe = [dict(r, probe={"a": 9.0, "b": 1.0, "noise": 5.0 + r["step"]}) for r in recs]
+    cfg = BanditConfig(warmup_steps=50)
+    x, y = (replay(["a", "b", "noise"], {}, {}, cfg, rr, 0, "i", 0) for rr in (recs, with_probe))
+    x2, y2 = x.to_dict(), y.to_dict()
+    assert x2 == y2
+
+
+def test_default_policy_posts_stratified_until_a_lower_confidence_bound_says_the_move_pays():
+    """p = (1 - lam) s + lam pi with lam = max(0, 1 - z SE / G): exactly stratified during the
+    warm-up and the first min_periods periods, then moving the unlearnable arm (flat loss) down
+    towards its floor in proportion to the evidence; every p inside the box."""
+    arms = ["a", "b", "noise"]
+    floors, caps = {n: 0.1 for n in arms}, {n: 0.6 for n in arms}
+    b = Bandit(arms, floors, caps, BanditConfig(warmup_steps=50), period_steps=10)
+    strat = b.stratified()
+    assert strat == pytest.approx({n: 1 / 3 for n in arms})
+    lams = []
+    for r in trend_records(400, {"a": 0.2, "b": 0.2, "noise": 0.0}):
+        b.observe(r)
+        p = b.probabilities()
+        assert all(floors[n] - 1e-12 <= p[n] <= caps[n] + 1e-12 for n in arms)
+        assert math.fsum(p.values()) == pytest.approx(1.0, abs=1e-12)
+        if r["step"] <= 50 + 10 * 3:    # warm-up, then fewer than min_periods (4) points per arm
+            assert p == strat and b.lam == 0.0
+        lams.append(b.lam)
+        if b.lam > 0:
+            want = {n: (1 - b.lam) * strat[n] + b.lam * b.target[n] for n in arms}
+            assert p == pytest.approx(want, abs=1e-12)
+    assert b.target["noise"] == pytest.approx(0.1) and b.target["a"] == pytest.approx(0.45, abs=0.05)
+    assert 0.5 < lams[-1] < 1 and b.gain > 0
+    z, se, g = b.config.confidence_z, b.gain_se, b.gain
+    assert b.lam == pytest.approx(1 - z * se / g)
+    assert b.probabilities()["noise"] < 0.2
+
+
+def test_default_policy_stays_at_stratified_when_the_arms_learn_alike():
+    """Alike arms (equal true slopes, noisy losses): the estimated gain of any move is within
+    its noise, so lam stays 0 and the posted mixture is exactly stratified (non-inferior by
+    construction, docs/bandit.md#the-default-policy)."""
+    arms = ["a", "b", "c"]
+    for seed in range(5):
+        b = Bandit(arms, {n: 0.1 for n in arms}, {n: 0.6 for n in arms},
+                   BanditConfig(warmup_steps=50), period_steps=10)
+        moved = 0
+        for r in trend_records(300, {n: 0.2 for n in arms}, sigma=0.3, seed=seed):
+            b.observe(r)
+            moved += b.lam > 0
+        assert moved <= 20, (seed, moved)   # at most a couple of periods, if any
+        assert b.lam < 0.3
+
+
+def test_conservative_mixture_matches_its_equations():
+    """proxy/loss_trend.py: pi = M project(b+/sum b+), G = (1/K) sum b ln(pi/s), SE from the
+    slopes' variances, lam = max(0, 1 - z SE / G); fewer than min_periods points = no evidence."""
+    from proxy.loss_trend import ArmFit, conservative_mixture
+    fits = {}
+    for name, slope in (("a", 0.3), ("b", 0.1), ("c", 0.0)):
+        f = ArmFit()
+        for i, x in enumerate([4.0, 4.2, 4.4, 4.6, 4.8, 5.0]):
+            f.add(x, 3.0 - slope * x + (0.01 if i % 2 else -0.01))
+        fits[name] = f
+    s = {n: 1 / 3 for n in "abc"}
+    mv = conservative_mixture(list("abc"), fits, {n: 0.1 for n in "abc"}, {n: 0.6 for n in "abc"}, s,
+                              set(), 2.0, 4)
+    b = {n: mv.slopes[n][0] for n in "abc"}
+    assert b["a"] == pytest.approx(0.3, abs=0.02) and b["c"] == pytest.approx(0.0, abs=0.02)
+    want = project_to_box({n: max(0, b[n]) / sum(max(0, v) for v in b.values()) for n in "abc"},
+                          {n: 0.1 for n in "abc"}, {n: 0.6 for n in "abc"})
+    assert mv.target == pytest.approx(want, abs=1e-12)
+    g = sum(b[n] * math.log(mv.target[n] / s[n]) for n in "abc") / 3
+    se = math.sqrt(sum((math.log(mv.target[n] / s[n]) * mv.slopes[n][1]) ** 2 for n in "abc")) / 3
+    assert mv.gain == pytest.approx(g) and mv.gain_se == pytest.approx(se)
+    assert mv.lam == pytest.approx(max(0, 1 - 2 * se / g))
+    few = conservative_mixture(list("abc"), fits, {}, {}, s, set(), 2.0, 7)
+    assert few.lam == 0 and few.target == s
+
+
+def test_an_arm_past_one_epoch_stops_counting_and_is_never_raised_above_stratified():
+    """docs/bandit.md#repetition: once an arm's lifetime pulls pass its epoch size its training
+    loss is no longer held-out evidence: its fit stops at the last held-out-valid period, and
+    the target may lower it but never raise it above its stratified share, however fast its
+    (memorised) training loss falls."""
+    arms = ["big", "other", "small"]
+    b = Bandit(arms, {n: 0.1 for n in arms}, {n: 0.6 for n in arms}, BanditConfig(warmup_steps=20),
+               period_steps=10, epoch_size={"small": 1000.0, "big": 1e9, "other": 1e9})
+    recs = trend_records(400, {"big": 0.2, "other": 0.1, "small": 0.25})
+    for r in recs:
+        if r["step"] > 200:   # memorising: its training loss now falls fast
+            r["arm_loss"]["small"] = r["arm_loss"].get("small", 4.0) - 0.02 * (r["step"] - 200)
+        b.observe(r)
+        if "small" in b.repeated:
+            assert b.probabilities()["small"] <= 1 / 3 + 1e-12
+    crossed = b.repeated["small"]
+    assert 150 < crossed < 250
+    pulls = sum(r["arms"]["small"] for r in recs if r["step"] <= crossed)
+    assert pulls > 1000 >= pulls - recs[crossed - 1]["arms"]["small"]
+    n_at = b.fits["small"].n
+    assert n_at == (crossed // 10 * 10 - 20) // 10 - (0 if crossed % 10 else 1) or n_at <= (crossed - 20) // 10
+    assert b.target["small"] <= 1 / 3 + 1e-12
+    back = Bandit.from_dict(json.loads(json.dumps(b.to_dict())))
+    assert back.to_dict() == b.to_dict() and back.repeated == {"small": crossed}
