@@ -368,7 +368,8 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
                                                 for n in names}, floors, caps)))
     frows.append(("stratified", project_to_box({n: 1.0 for n in names}, floors, caps)))
     oracle = [] if (a.no_oracle or set_name == "trap") else (
-        sparse_design(names) if a.oracle_design == "sparse" else grid(names, a.grid_step))
+        sparse_design(names) if a.oracle_design == "sparse" else
+        mini_design(names) if a.oracle_design == "mini" else grid(names, a.grid_step))
     frows += [(mix_label(p, names, 2), p) for p in oracle]
     # the scoring windows avoid every probe window a probing row could read; none to avoid when
     # no row probes (set F's small arm has only about 20 held-out windows in all)
@@ -656,6 +657,14 @@ def apply_targets(results: list[dict], t_limit: float = T_LIMIT) -> None:
         s["target_misses"] = miss
 
 
+def mini_design(names) -> list[dict]:
+    """The nine cells of `sparse_design` that the permutations of (0.6, 0.2, 0.2), (0.4, 0.4,
+    0.2) and (0.1, 0.45, 0.45) give: with stratified, ten points for the six coefficients of
+    the quadratic surface, at three fifths of the sparse design's cost."""
+    keep = {tuple(sorted(c)) for c in ((0.6, 0.2, 0.2), (0.4, 0.4, 0.2), (0.1, 0.45, 0.45))}
+    return [c for c in sparse_design(names) if tuple(sorted(c.values())) in keep]
+
+
 def sparse_design(names) -> list[dict]:
     """A 15-cell design for the quadratic oracle surface of three arms in the box floors 0.1,
     caps 0.6: the six permutations of (0.6, 0.3, 0.1), and the three of each of (0.6, 0.2, 0.2),
@@ -770,8 +779,13 @@ def main() -> None:
                          "and the RESULT lines, not evidence; a few minutes")
     ap.add_argument("--oracle-seeds", type=int, default=0, metavar="N",
                     help="run the oracle's cells on the first N seeds only (default: all)")
-    ap.add_argument("--oracle-design", choices=("grid", "sparse"), default="grid",
-                    help="oracle cells: the full grid (--grid-step) or the 15-cell sparse design")
+    ap.add_argument("--oracle-design", choices=("grid", "sparse", "mini"), default="grid",
+                    help="oracle cells: the full grid (--grid-step), the 15-cell sparse design or "
+                         "its 9-cell subset")
+    ap.add_argument("--policy-source", default=None, metavar="HASH",
+                    help="key the cached bandit rows by this policy-source hash instead of the "
+                         "current files' (to report runs of an earlier commit whose policy code is "
+                         "unchanged; say so when you do)")
     ap.add_argument("--trap", action="store_true",
                     help="also run the collapse trap: set A plus a repetitive list-like arm")
     ap.add_argument("--steps", type=int, default=300, help="training steps of the bandit rows (e.g. 1000)")
@@ -797,6 +811,9 @@ def main() -> None:
                     help="extra row: the default policy with other knobs, NAME:KEY=VALUE,... with KEY "
                          "warmup, probe_every, probe_sequences or a BanditConfig field (repeatable)")
     a = ap.parse_args()
+    if a.policy_source:
+        global POLICY_SOURCE
+        POLICY_SOURCE = a.policy_source
     if a.quick:
         for k, v in QUICK.items():
             setattr(a, k, v)
