@@ -590,8 +590,8 @@ def paired_stats(xs, ys) -> dict:
         t = m / se
     else:
         q, t = 0.0, (0.0 if m == 0 else math.copysign(math.inf, m))
-    return {"n": n, "mean": m, "sd": sd, "se": se, "t": t, "lo": m - q * (se if se == se else 0),
-            "hi": m + q * (se if se == se else 0)}
+    half = 0.0 if math.isnan(se) else q * se
+    return {"n": n, "mean": m, "sd": sd, "se": se, "t": t, "lo": m - half, "hi": m + half}
 
 
 def holm(pvals: dict) -> dict:
@@ -621,7 +621,7 @@ def apply_targets(results: list[dict], t_limit: float = T_LIMIT) -> None:
     for i, s in enumerate(results):
         n, se = s["n_seeds"], s["se"]
         if s["role"] == "matters":
-            p = t_cdf(s["t"], n - 1) if n > 1 and se == se else 1.0
+            p = t_cdf(s["t"], n - 1) if n > 1 and not math.isnan(se) else 1.0
         else:
             if n > 1 and se > 0:
                 p = t_cdf((s["delta_mean"] - NI_MARGIN) / se, n - 1)

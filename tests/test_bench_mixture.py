@@ -49,7 +49,7 @@ def test_arm_sets_are_local_and_different(bench, tmp_path):
     assert len(base64.b64decode("".join(noise.split()))) == 600_000
     assert noise == bench.write_noise(tmp_path / "again.txt").read_text()  # seeded: the same file
     f = bench.arm_set("F", tmp_path)
-    small = [x for x in f if x.name == bench.SMALL][0]
+    small = next(x for x in f if x.name == bench.SMALL)
     assert 5_000 < Path(small.source).stat().st_size < 40_000              # repeats within 300 steps
     assert all(glob.glob(x.source, recursive=True) for x in f)
     with pytest.raises(ValueError):
@@ -174,7 +174,7 @@ def test_quick_benchmark_prints_one_result_per_set_with_every_p_in_its_box():
     import json
     import subprocess
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_mixture.py"), "--quick"],
-                         capture_output=True, text=True, timeout=900)
+                         capture_output=True, text=True, timeout=900, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     res = [json.loads(l[len("RESULT "):]) for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     assert [r["set"] for r in res] == ["A", "D", "F", "trap"]
