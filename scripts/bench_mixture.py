@@ -367,7 +367,8 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
         frows.append(("static", project_to_box({n: float(read_arm_index(layout)[n].heldout_start)
                                                 for n in names}, floors, caps)))
     frows.append(("stratified", project_to_box({n: 1.0 for n in names}, floors, caps)))
-    oracle = [] if (a.no_oracle or set_name == "trap") else (
+    oracle = [] if (a.no_oracle or set_name == "trap"
+                    or (a.oracle_sets and set_name not in a.oracle_sets)) else (
         sparse_design(names) if a.oracle_design == "sparse" else
         mini_design(names) if a.oracle_design == "mini" else grid(names, a.grid_step))
     frows += [(mix_label(p, names, 2), p) for p in oracle]
@@ -777,6 +778,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run (sets A D F trap, 150 steps, seeds 1 2, no oracle): the pipeline "
                          "and the RESULT lines, not evidence; a few minutes")
+    ap.add_argument("--oracle-sets", nargs="+", default=None, metavar="SET",
+                    help="run the oracle on these sets only (default: every set but the trap)")
     ap.add_argument("--oracle-seeds", type=int, default=0, metavar="N",
                     help="run the oracle's cells on the first N seeds only (default: all)")
     ap.add_argument("--oracle-design", choices=("grid", "sparse", "mini"), default="grid",
