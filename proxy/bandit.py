@@ -1,4 +1,5 @@
-"""The data-mixture bandit: an EXP3-family policy over arms, held inside per-arm floors and caps.
+"""The data-mixture bandit: the default free-signal conservative policy, and EXP3-family
+policies over arms, held inside per-arm floors and caps.
 
 What it is: the pure policy of `docs/bandit.md`: `BanditConfig` and the `Bandit` state that
 folds one per-step training record at a time and round-trips through JSON. The bounds' parsing
@@ -50,7 +51,7 @@ class BanditConfig:
     reward: str = "train_slope"        # "train_slope" (free, conservative; docs/bandit.md#the-default-policy) |
                                        # "heldout_progress" (Graves 2017, reads the probe) | "train_loss" (ODM, Albalak 2023)
     eta: float = 0.05                  # learning rate on log-weights, nats per update per unit scaled reward
-    discount: float = 0.999            # lambda: log-weight decay per update, (0, 1]
+    discount: float = 0.999            # gamma: log-weight decay per update, (0, 1]
     share: float = 0.01                # alpha: Exp3.S fixed-share mixing per update (Auer 2002), [0, 1)
     warmup_steps: int = 200            # steps after the phase start on the prior before the first update
     ema_beta: float = 0.9              # decay of the per-arm reward EMA (bias-corrected), [0, 1)
@@ -132,13 +133,20 @@ def _finite_or_none(x: Any) -> float | None:
 
 
 class Bandit:
-    """EXP3-family mixture policy for one phase, keyed by arm name (docs/bandit.md).
+    """The mixture policy of one phase, keyed by arm name (docs/bandit.md).
+
+    Default reward `train_slope` (docs/bandit.md#the-default-policy): per-arm fits of the
+    pre-update training loss against ln(step) (`fits`, proxy/loss_trend.py), arms past one epoch
+    (`repeated`), and the posted p = (1 - lam) stratified + lam target, lam from a lower
+    confidence bound on the gain (Wu et al. 2016 "Conservative Bandits"); `period_steps` (the
+    policy period P) and `epoch_size` {arm: training windows per epoch} come from the run. The
+    EXP3 machinery below serves the other two rewards.
 
     State: log-weights `logw` (max re-centred to 0; -inf allowed only from a zero prior),
     `floors`/`caps` (probabilities), `pulls` (this phase) and `pulls_lifetime` (sequences),
     reward EMA per arm, the QuantileScaler, phase counters, `version` (+1 per posted policy),
     `step` (the last record folded in). Policy: `probabilities()` = project(softmax(logw)).
-    Update per reward: discounted Hedge (lambda, eta) then the Exp3.S fixed share (alpha) of
+    Update per reward: discounted Hedge (gamma, eta) then the Exp3.S fixed share (alpha) of
     Auer et al. 2002. Rewards: `heldout_progress` (Graves et al. 2017) or `train_loss` (ODM,
     Albalak et al. 2023). Constructor raises BanditConfigError for bad arms, bounds or prior.
     """
@@ -448,7 +456,7 @@ class Bandit:
         return {a: n[a] * s / (bsz * pr[a]) * self._multiplier(record, a) for a, s in scaled.items()}
 
     def _update(self, g: Mapping[str, float]) -> None:
-        """logw' = lambda logw + eta g; Exp3.S share; re-centre (docs/bandit.md#update)."""
+        """logw' = gamma logw + eta g; Exp3.S share; re-centre (docs/bandit.md#update)."""
         lam, eta, alpha = self.config.discount, self.config.eta, self.config.share
         lw = {a: lam * self.logw[a] + eta * g.get(a, 0.0) for a in self.arms}
         k = len(self.arms)
