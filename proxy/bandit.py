@@ -1,4 +1,5 @@
-"""The data-mixture bandit: an EXP3-family policy over arms, held inside per-arm floors and caps.
+"""The data-mixture bandit: the default free-signal conservative policy, and EXP3-family
+policies over arms, held inside per-arm floors and caps.
 
 What it is: the pure policy of `docs/bandit.md`: `BanditConfig` and the `Bandit` state that
 folds one per-step training record at a time and round-trips through JSON. The bounds' parsing
@@ -27,14 +28,15 @@ from proxy.arm_bounds import (BOUND_SLACK, BanditConfigError, check_arm_names as
                               check_bounds as _check_bounds, is_real as _real, parse_arm_values,
                               resolve_bounds)
 from proxy.box_projection import project_to_box
+from proxy.loss_trend import ArmFit, conservative_mixture
 from proxy.reward_scaler import SCALER_CAPACITY, QuantileScaler
 from shared.arm_redundancy import REPETITIVE_RATIO
+from shared.config import PROBE_REWARDS, REWARDS  # the reward names; those that read the probe
 
-__all__ = ["BOUND_SLACK", "REWARDS", "SCALER_CAPACITY", "Bandit", "BanditConfig",
+__all__ = ["BOUND_SLACK", "PROBE_REWARDS", "REWARDS", "SCALER_CAPACITY", "Bandit", "BanditConfig",
            "BanditConfigError", "QuantileScaler", "parse_arm_values", "project_to_box",
            "resolve_bounds"]
 
-REWARDS = ("heldout_progress", "train_loss")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -46,9 +48,10 @@ class BanditConfig:
 
     Raises BanditConfigError naming the field, the value and the allowed range.
     """
-    reward: str = "heldout_progress"   # "heldout_progress" (Graves 2017) | "train_loss" (ODM, Albalak 2023)
+    reward: str = "train_slope"        # "train_slope" (free, conservative; docs/bandit.md#the-default-policy) |
+                                       # "heldout_progress" (Graves 2017, reads the probe) | "train_loss" (ODM, Albalak 2023)
     eta: float = 0.05                  # learning rate on log-weights, nats per update per unit scaled reward
-    discount: float = 0.999            # lambda: log-weight decay per update, (0, 1]
+    discount: float = 0.999            # gamma: log-weight decay per update, (0, 1]
     share: float = 0.01                # alpha: Exp3.S fixed-share mixing per update (Auer 2002), [0, 1)
     warmup_steps: int = 200            # steps after the phase start on the prior before the first update
     ema_beta: float = 0.9              # decay of the per-arm reward EMA (bias-corrected), [0, 1)
@@ -58,6 +61,8 @@ class BanditConfig:
     easy_arm_ratio: float = 0.0        # heldout_progress: an arm whose probe loss is below this times the
                                        # mean of the others' is trivially predictable: it never out-scores
                                        # the worst arm (the collapse trap, docs/bandit.md#the-easy-arm-guard); 0 = off (default)
+    confidence_z: float = 2.0          # train_slope: z of the lower confidence bound on the gain that sets lambda
+    min_periods: int = 4               # train_slope: policy periods of an arm's fit before it counts as evidence
     repetitive_ratio: float = REPETITIVE_RATIO  # repetition guard: an arm whose tokens compress at least this well
                                        # (shared/arm_redundancy.py) is held at or below the p it has when
                                        # the warm-up ends (docs/bandit.md#the-repetition-guard); 0 = off
@@ -87,6 +92,12 @@ class BanditConfig:
         if not _real(self.easy_arm_ratio) or not 0.0 <= self.easy_arm_ratio < 1.0:
             raise bad("easy_arm_ratio", self.easy_arm_ratio, "must be in [0, 1) (default 0 = off)")
         self.easy_arm_ratio = float(self.easy_arm_ratio)
+        if not _real(self.confidence_z) or self.confidence_z < 0:
+            raise bad("confidence_z", self.confidence_z, "must be a finite number >= 0 (default 2)")
+        self.confidence_z = float(self.confidence_z)
+        if not isinstance(self.min_periods, int) or isinstance(self.min_periods, bool) \
+                or self.min_periods < 3:
+            raise bad("min_periods", self.min_periods, "must be an int >= 3 (default 4)")
         if not _real(self.repetitive_ratio) or not (self.repetitive_ratio == 0 or self.repetitive_ratio >= 1):
             raise bad("repetitive_ratio", self.repetitive_ratio, "must be 0 (off) or a ratio >= 1 (default 20)")
         self.repetitive_ratio = float(self.repetitive_ratio)
@@ -122,13 +133,20 @@ def _finite_or_none(x: Any) -> float | None:
 
 
 class Bandit:
-    """EXP3-family mixture policy for one phase, keyed by arm name (docs/bandit.md).
+    """The mixture policy of one phase, keyed by arm name (docs/bandit.md).
+
+    Default reward `train_slope` (docs/bandit.md#the-default-policy): per-arm fits of the
+    pre-update training loss against ln(step) (`fits`, proxy/loss_trend.py), arms past one epoch
+    (`repeated`), and the posted p = (1 - lam) stratified + lam target, lam from a lower
+    confidence bound on the gain (Wu et al. 2016 "Conservative Bandits"); `period_steps` (the
+    policy period P) and `epoch_size` {arm: training windows per epoch} come from the run. The
+    EXP3 machinery below serves the other two rewards.
 
     State: log-weights `logw` (max re-centred to 0; -inf allowed only from a zero prior),
     `floors`/`caps` (probabilities), `pulls` (this phase) and `pulls_lifetime` (sequences),
     reward EMA per arm, the QuantileScaler, phase counters, `version` (+1 per posted policy),
     `step` (the last record folded in). Policy: `probabilities()` = project(softmax(logw)).
-    Update per reward: discounted Hedge (lambda, eta) then the Exp3.S fixed share (alpha) of
+    Update per reward: discounted Hedge (gamma, eta) then the Exp3.S fixed share (alpha) of
     Auer et al. 2002. Rewards: `heldout_progress` (Graves et al. 2017) or `train_loss` (ODM,
     Albalak et al. 2023). Constructor raises BanditConfigError for bad arms, bounds or prior.
     """
@@ -137,7 +155,8 @@ class Bandit:
                  caps: Mapping[str, float] | None, config: BanditConfig,
                  prior: Mapping[str, float] | None = None, phase_label: str = "initial",
                  phase_index: int = 0, phase_start_step: int = 0,
-                 compression: Mapping[str, float] | None = None):
+                 compression: Mapping[str, float] | None = None, period_steps: int = 25,
+                 epoch_size: Mapping[str, float] | None = None):
         if not isinstance(config, BanditConfig):
             raise BanditConfigError(f"config must be a BanditConfig, got {type(config).__name__}")
         self.arms: list[str] = _check_arm_names(arm_names)
@@ -166,6 +185,20 @@ class Bandit:
                             if _real(v) and v > 0}  # 0: not measured
         self.held: dict[str, float] = {}
         self.hold_decided = False
+        # the default policy, train_slope (docs/bandit.md#the-default-policy): per-arm loss sums of
+        # the period in progress, the fits, the arms past one epoch, and the posted move
+        if not isinstance(period_steps, int) or isinstance(period_steps, bool) or period_steps < 1:
+            raise BanditConfigError(f"period_steps = {period_steps!r} must be an int >= 1 (probe_every)")
+        self.period_steps = period_steps
+        self.epoch_size = {a: float(v) for a, v in sorted((epoch_size or {}).items())
+                           if _real(v) and v > 0}   # sequences per epoch of each arm; 0: unknown
+        self.period_sum = {a: 0.0 for a in self.arms}
+        self.period_n = {a: 0 for a in self.arms}
+        self.fits = {a: ArmFit() for a in self.arms}
+        self.repeated: dict[str, int] = {}   # arm -> step at which its epochs passed 1
+        self.lam = 0.0
+        self.target: dict[str, float] | None = None
+        self.gain, self.gain_se = 0.0, 0.0
         if prior is None:
             raw = {a: 1.0 for a in self.arms}
         else:
@@ -186,12 +219,26 @@ class Bandit:
 
     # -- policy -----------------------------------------------------------------------------
     def probabilities(self) -> dict[str, float]:
-        """project(softmax(logw)) as {arm: probability}, sorted by name; always inside the box
-        (the phase's caps, lowered for held repetitive arms to their `held` value)."""
+        """The posted mixture {arm: probability}, sorted by name; always inside the box (the
+        phase's caps, lowered for held repetitive arms to their `held` value). train_slope:
+        (1 - lam) stratified + lam target (docs/bandit.md#the-default-policy); the other
+        rewards: project(softmax(logw))."""
+        if self.config.reward == "train_slope":
+            s = self.stratified()
+            if self.target is None or self.lam <= 0.0:
+                return s
+            lam = self.lam
+            return project_to_box({a: (1.0 - lam) * s[a] + lam * self.target[a] for a in self.arms},
+                                  self.floors, self.effective_caps())
         top = max(self.logw.values())
         w = {a: math.exp(self.logw[a] - top) for a in self.arms}
         tot = math.fsum(w.values())
         return project_to_box({a: w[a] / tot for a in self.arms}, self.floors, self.effective_caps())
+
+    def stratified(self) -> dict[str, float]:
+        """Uniform over the active arms projected into the box (effective caps): the default
+        policy's baseline (docs/bandit.md#the-default-policy)."""
+        return project_to_box({a: 1.0 for a in self.arms}, self.floors, self.effective_caps())
 
     def repetitive_arms(self) -> list[str]:
         """Active arms whose compression ratio reaches `config.repetitive_ratio` (sorted; none
@@ -269,6 +316,8 @@ class Bandit:
             self.p_n += 1
         if not self.hold_decided and step > self.phase_start_step + self.config.warmup_steps:
             self._decide_hold()
+        if self.config.reward == "train_slope":
+            return self._fold_trend(record, n, step)
         if self.config.reward == "heldout_progress":
             g = self._heldout_rewards(record)
         else:
@@ -277,6 +326,64 @@ class Bandit:
             return False
         self._update(g)
         return True
+
+    def _fold_trend(self, record: Mapping[str, Any], n: dict[str, int], step: int) -> bool:
+        """train_slope: add the record's per-arm training losses to the period's sums (arms past
+        one epoch excluded from the step their lifetime pulls pass `epoch_size`, their open
+        period discarded, and the move recomputed at once with such an arm capped at its
+        stratified share); at a period end (step % period_steps == 0) after the warm-up, add
+        each arm's period mean at x = ln(mid-step of the period) to its fit and recompute the
+        move. True when the posted mixture's inputs changed (docs/bandit.md#the-default-policy)."""
+        newly = [a for a in self.arms if a not in self.repeated
+                 and self.epoch_size.get(a, 0.0) > 0 and self.pulls_lifetime[a] > self.epoch_size[a]]
+        for a in newly:
+            self.repeated[a] = step
+            self.period_sum[a], self.period_n[a] = 0.0, 0
+        if newly:   # re-cap at once: the target may no longer hold it above its stratified share
+            self.repeated = dict(sorted(self.repeated.items()))
+            self._refit()
+        losses = record.get("arm_loss") or {}
+        for a in self.arms:
+            v = _finite_or_none(losses.get(a))
+            if a in self.repeated or v is None or n[a] <= 0:
+                continue
+            self.period_sum[a] += v * n[a]
+            self.period_n[a] += n[a]
+        if step % self.period_steps:
+            return False
+        added = False
+        if step > self.phase_start_step + self.config.warmup_steps:
+            x = math.log(step - (self.period_steps - 1) / 2.0)
+            for a in self.arms:
+                if self.period_n[a] > 0:
+                    self.fits[a].add(x, self.period_sum[a] / self.period_n[a])
+                    added = True
+        self.period_sum = {a: 0.0 for a in self.arms}
+        self.period_n = {a: 0 for a in self.arms}
+        if not added:
+            return False
+        self._refit()
+        self.updates += 1
+        self.version += 1
+        return True
+
+    def _refit(self) -> None:
+        """Recompute target, lam, gain from the fits (proxy/loss_trend.py conservative_mixture)."""
+        if self.config.reward != "train_slope":
+            return
+        mv = conservative_mixture(self.arms, self.fits, self.floors, self.effective_caps(),
+                                  self.stratified(), set(self.repeated), self.config.confidence_z,
+                                  self.config.min_periods)
+        self.target, self.lam, self.gain, self.gain_se = mv.target, mv.lam, mv.gain, mv.gain_se
+
+    def slopes(self) -> dict[str, tuple[float, float]]:
+        """{arm: (b, se_b)} of every arm with a fit of at least 3 points (loss_trend.ArmFit.slope)."""
+        out = {}
+        for a in self.arms:
+            s = self.fits[a].slope()
+            if s is not None:
+                out[a] = (s[0], math.sqrt(s[1]))
+        return out
 
     def _multiplier(self, record: Mapping[str, Any], a: str) -> float:
         if not self.config.epochs_discount:
@@ -349,7 +456,7 @@ class Bandit:
         return {a: n[a] * s / (bsz * pr[a]) * self._multiplier(record, a) for a, s in scaled.items()}
 
     def _update(self, g: Mapping[str, float]) -> None:
-        """logw' = lambda logw + eta g; Exp3.S share; re-centre (docs/bandit.md#update)."""
+        """logw' = gamma logw + eta g; Exp3.S share; re-centre (docs/bandit.md#update)."""
         lam, eta, alpha = self.config.discount, self.config.eta, self.config.share
         lw = {a: lam * self.logw[a] + eta * g.get(a, 0.0) for a in self.arms}
         k = len(self.arms)
@@ -396,13 +503,16 @@ class Bandit:
             "last_probe": self.last_probe[name]}
         self.arms = rest
         for d in (self.floors, self.caps, self.pulls, self.pulls_lifetime, self.ema_acc,
-                  self.ema_n, self.last_probe, self.prior, self.logw, self.p_acc):
+                  self.ema_n, self.last_probe, self.prior, self.logw, self.p_acc,
+                  self.period_sum, self.period_n, self.fits):
             del d[name]
         self.held.pop(name, None)
+        self.repeated.pop(name, None)
         if self.held and math.fsum(self.effective_caps().values()) < 1.0 - BOUND_SLACK:
             self.held = {}  # the holds no longer leave room for a batch: the phase's caps rule
         top = max(self.logw.values())
         self.logw = {a: v - top for a, v in self.logw.items()}
+        self._refit()
         self.version += 1
 
     def add_arm(self, name: str, reason: str, floor: float = 0.0, cap: float = 1.0) -> None:
@@ -432,6 +542,7 @@ class Bandit:
         self.pulls[name], self.pulls_lifetime[name] = 0, 0
         self.ema_acc[name], self.ema_n[name], self.last_probe[name] = 0.0, 0, None
         self.p_acc[name] = 0.0
+        self.period_sum[name], self.period_n[name], self.fits[name] = 0.0, 0, ArmFit()
         self.logw[name], self.prior[name] = average, 0.0
         if old is not None:
             self.pulls_lifetime[name] = int(old["pulls_lifetime"])
@@ -446,7 +557,8 @@ class Bandit:
         top = max(self.logw.values())
         self.logw = {a: self.logw[a] - top for a in self.arms}
         for d in (self.floors, self.caps, self.pulls, self.pulls_lifetime, self.ema_acc,
-                  self.ema_n, self.last_probe, self.prior, self.p_acc):
+                  self.ema_n, self.last_probe, self.prior, self.p_acc, self.period_sum,
+                  self.period_n, self.fits):
             items = sorted(d.items())
             d.clear()
             d.update(items)
@@ -455,6 +567,7 @@ class Bandit:
             self.held = dict(sorted(self.held.items()))
         self.added[name] = {"step": self.step, "reason": str(reason),
                             "rejoined": old is not None}
+        self._refit()   # the new arm has no fit yet: it stays at its stratified share
         self.version += 1
 
     # -- persistence ------------------------------------------------------------------------
@@ -482,7 +595,13 @@ class Bandit:
                 "retired": copy.deepcopy(self.retired), "added": copy.deepcopy(self.added),
                 "p_since_probe": {"sum": dict(self.p_acc), "n": self.p_n},
                 "repetition": {"compression": dict(self.compression), "held": dict(self.held),
-                               "decided": self.hold_decided}}
+                               "decided": self.hold_decided},
+                "trend": {"period_steps": self.period_steps, "epoch_size": dict(self.epoch_size),
+                          "period_sum": dict(self.period_sum), "period_n": dict(self.period_n),
+                          "fits": {a: f.to_dict() for a, f in self.fits.items()},
+                          "repeated": dict(self.repeated), "lambda": self.lam,
+                          "target": None if self.target is None else dict(self.target),
+                          "gain": self.gain, "gain_se": self.gain_se}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Bandit":
@@ -492,9 +611,19 @@ class Bandit:
             config = BanditConfig.from_dict(d["config"])
             arms = d["arms"]
             ph = d["phase"]
+            tr = d.get("trend") or {}
             b = cls(list(arms), d["floors"], d["caps"], config, prior=None,
                     phase_label=ph["label"], phase_index=ph["index"],
-                    phase_start_step=ph["started_at_step"])
+                    phase_start_step=ph["started_at_step"],
+                    period_steps=int(tr.get("period_steps", 25)), epoch_size=tr.get("epoch_size"))
+            b.period_sum = {a: float((tr.get("period_sum") or {}).get(a, 0.0)) for a in b.arms}
+            b.period_n = {a: int((tr.get("period_n") or {}).get(a, 0)) for a in b.arms}
+            b.fits = {a: (ArmFit.from_dict(tr["fits"][a]) if a in (tr.get("fits") or {}) else ArmFit())
+                      for a in b.arms}
+            b.repeated = {a: int(v) for a, v in (tr.get("repeated") or {}).items()}
+            b.lam = float(tr.get("lambda", 0.0))
+            b.target = None if tr.get("target") is None else {a: float(v) for a, v in tr["target"].items()}
+            b.gain, b.gain_se = float(tr.get("gain", 0.0)), float(tr.get("gain_se", 0.0))
             b.step = int(d["step"])
             b.version = int(d["version"])
             b.updates = int(ph.get("updates", 0))

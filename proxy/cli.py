@@ -327,6 +327,8 @@ def _bounds_row(layout: RunLayout | None) -> str:
 def _probe_row(cfg: RunConfig) -> str:
     """The probe's size and its cost in training compute (shared/config.py probe_plan)."""
     pp = probe_plan(cfg)
+    if not pp.active:
+        return f"none: reward {cfg.reward} reads the training losses (0% of training FLOPs)"
     return (f"{pp.sequences} x {cfg.model.block_size} tokens per arm every {pp.every} steps = "
             f"{pp.cost:.2%} of training FLOPs (budget {cfg.probe_budget:.1%})")
 
@@ -343,8 +345,9 @@ def _audit_row(cfg: RunConfig) -> str:
 
 def _policy_row(cfg: RunConfig) -> str:
     """Probe plus audits, the compute the mixture policy spends (shared/config.py policy_cost)."""
-    pp, audits = probe_plan(cfg).cost, audit_cost(cfg)
-    row = f"probe {pp:.2%} + audits {audits:.2%} = {policy_cost(cfg):.2%} of training FLOPs"
+    plan, audits = probe_plan(cfg), audit_cost(cfg)
+    probe = f"probe {plan.cost:.2%}" if plan.active else "no probe"
+    row = f"{probe} + audits {audits:.2%} = {policy_cost(cfg):.2%} of training FLOPs"
     if policy_cost(cfg) > POLICY_BUDGET + 1e-9:
         row += f" (over the default {POLICY_BUDGET:.0%})"
     return row

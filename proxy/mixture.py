@@ -34,9 +34,9 @@ def bandit_record(rec: dict) -> dict:
             "batch_size": sum(rec.get("arms", {}).values()) or 1}
 
 
-# the snapshot layout: 2 since the bandit state carries the repetition guard (docs/bandit.md#state);
+# the snapshot layout: 3 since the bandit state carries the default policy's fits (docs/bandit.md#state);
 # proxy/state_snapshots.py uses only snapshots of this format, older ones are replayed instead
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
 
 KEEP_POLICIES = 4  # posted policies kept behind the newest (the worker needs the current one)
 
@@ -46,12 +46,14 @@ class MixtureController:
 
     def __init__(self, arm_names: list[str], phase: Phase, reward: str, warmup: int,
                  period: int, changes: list[ArmChange] | None = None,
-                 compression: dict[str, float] | None = None) -> None:
+                 compression: dict[str, float] | None = None,
+                 epoch_size: dict[str, float] | None = None) -> None:
         """`arm_names`: every arm the run has had (data/arms.json, retired ones included).
         `changes`: the arm-change log (proxy/arm_changes.py): arm joins and retirements (zombies,
         arms left out on a restart), each applied once every record up to its step is folded,
         in the live run and in a replay alike, so replay still reproduces `.state.json`
-        exactly. `compression`: each arm's compression ratio (shared/arm_data.py
+        exactly. `epoch_size`: each arm's training windows per epoch (training tokens / block),
+        for the default policy's repetition rule (docs/bandit.md#repetition); `compression`: each arm's compression ratio (shared/arm_data.py
         `arm_compression`), for the repetition guard (docs/bandit.md#the-repetition-guard). The bandit starts with the arms present at the phase start (`arms_present_at`)
         and the changes up to the phase start applied. Raises BanditConfigError (bounds)."""
         self.phase = phase
@@ -67,7 +69,7 @@ class MixtureController:
                                     if phase.prior is not None else None),
                              phase_label=phase.label,
                              phase_index=phase.index, phase_start_step=phase.start_step,
-                             compression=compression)
+                             compression=compression, period_steps=period, epoch_size=epoch_size)
         for a, n in phase.lifetime_pulls.items():
             if a in self.bandit.pulls_lifetime:
                 self.bandit.pulls_lifetime[a] = int(n)
@@ -121,8 +123,10 @@ class MixtureController:
     def restore(self, snap: dict) -> None:
         """Continue from `to_snapshot()` output of the same phase (exact: Bandit.from_dict)."""
         compression = self.bandit.compression  # a property of the arms' data, not of the history:
+        epoch_size = self.bandit.epoch_size
         self.bandit = Bandit.from_dict(snap["bandit"])  # arms added since the snapshot have theirs
         self.bandit.compression = compression
+        self.bandit.epoch_size = epoch_size
         self.folded_through = int(snap["step"])
         self._next = int(snap["next"])
         self.policies = {int(v): p for v, p in snap["policies"].items()}

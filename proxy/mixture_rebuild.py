@@ -19,7 +19,7 @@ from proxy.arm_changes import ArmChange, read_changes
 from proxy.mixture import MixtureController, Phase
 from proxy.run_setup import read_phases
 from proxy.state_snapshots import find_snapshot
-from shared.arm_data import arm_compression, read_arm_index
+from shared.arm_data import ArmData, arm_compression, read_arm_index
 from shared.config import RunConfig
 from shared.loss_history import iter_records, iter_records_after
 from shared.run_layout import RunLayout
@@ -51,7 +51,16 @@ def new_controller(layout: RunLayout, cfg: RunConfig, phase: Phase,
     included, data/arms.json). Raises BanditConfigError (bounds)."""
     arms = read_arm_index(layout, include_retired=True)
     return MixtureController(sorted(arms), phase, cfg.reward, cfg.bandit_warmup, cfg.probe_every,
-                             changes, {n: arm_compression(layout, a) for n, a in arms.items()})
+                             changes, {n: arm_compression(layout, a) for n, a in arms.items()},
+                             {n: epoch_windows(a, cfg.model.block_size) for n, a in arms.items()})
+
+
+def epoch_windows(arm: ArmData, block_size: int) -> float:
+    """Training windows of `block_size` tokens in one epoch of `arm`: its tokens outside the
+    held-out ranges / block_size (docs/bandit.md#repetition). A window drawn counts block_size
+    tokens, so the arm's epochs are its lifetime pulls / this."""
+    held = sum(b - a for a, b in arm.heldout_ranges())
+    return max(0, arm.n_tokens - held) / block_size
 
 
 def rebuild_mixture(layout: RunLayout, cfg: RunConfig, step: int,

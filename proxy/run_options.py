@@ -106,9 +106,11 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                    help="per-arm caps on the sampling probability (at creation; later: pivot)")
     g.add_argument("--floors", default="", metavar="ARM=P,...",
                    help="per-arm floors on the sampling probability (at creation; later: pivot)")
-    g.add_argument("--reward", choices=("heldout_progress", "train_loss"), default=None,
-                   help="bandit reward: held-out loss progress per arm (default), or training "
-                        "loss (ODM-style; favours easy, repetitive data)")
+    g.add_argument("--reward", choices=("train_slope", "heldout_progress", "train_loss"), default=None,
+                   help="mixture policy: train_slope (default: free, from the training losses, "
+                        "moves from stratified only as far as a confidence bound allows), "
+                        "heldout_progress (EXP3 on a held-out probe, costs up to 1.5%% of "
+                        "training), or train_loss (ODM-style; favours hard data)")
     g.add_argument("--bandit-warmup", type=int, default=None, metavar="N",
                    help="steps sampled from the prior before the bandit adapts (200)")
     g = ap.add_argument_group("this start (may change at every start)")

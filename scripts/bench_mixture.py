@@ -69,6 +69,7 @@ from torch.nn import functional as F  # noqa: E402
 
 from proxy.bandit import BanditConfig, project_to_box  # noqa: E402
 from proxy.mixture import MixtureController, Phase  # noqa: E402
+from proxy.mixture_rebuild import epoch_windows  # noqa: E402
 from proxy.run_setup import create_run  # noqa: E402
 from shared.arm_data import read_arm_index  # noqa: E402
 from shared.config import DEFAULT_ARMS, PRESETS, ArmSpec, RunConfig, probe_plan  # noqa: E402
@@ -79,20 +80,24 @@ from worker.optim import FlatAdamW, learning_rate  # noqa: E402
 
 FLOOR, CAP = 0.1, 0.6         # the box of every arm
 TRAP = "list-trap"
-POLICIES = ("static", "stratified", "odm", "default")
+NOISE = "noise-b64"           # set D's unlearnable arm: base64 of seeded random bytes
+SMALL = "small-license"       # set F's small arm, repeated many epochs within the run
+UNLEARNABLE = {NOISE}         # arms left out of the mean the targets judge ("learnable mean")
+POLICIES = ("static", "stratified", "odm", "probe", "default")
 WORST_LIMIT = 0.005   # the target's limit on the worst arm's loss against stratified, nats (docs/bandit.md)
 T_LIMIT = -3.0        # the target's paired t against stratified, at most
 CAPTURE_LIMIT = 0.5   # the target's share of the available gain, at least
 VARIANT_KEYS = {"warmup": "bandit_warmup", "probe_every": "probe_every",
                 "probe_sequences": "probe_sequences"}
 BANDIT_KEYS = {f.name: f.type for f in dataclasses.fields(BanditConfig)} | {}
-PROBING = ("odm", "default")
-KIND_REWARD = {"odm": "train_loss", "default": "heldout_progress"}
+PROBING = ("odm", "probe", "default")   # the bandit rows
+KIND_REWARD = {"odm": "train_loss", "probe": "heldout_progress", "default": "train_slope"}
 PROBE_REWARDS = ("heldout_progress",)   # rewards that read the worker's probe
 ROOT = Path(__file__).resolve().parent.parent
 # the bandit rows' cache key includes the policy's code, so a cached row is what this code gives
 POLICY_SOURCE = hashlib.sha256(b"".join(
     (ROOT / f).read_bytes() for f in ("proxy/bandit.py", "proxy/mixture.py", "proxy/reward_scaler.py",
+                                      "proxy/loss_trend.py",
                                       "proxy/box_projection.py", "shared/config.py",
                                       "scripts/bench_mixture.py"))).hexdigest()[:16]  # policies run as the real system runs them: with the worker's probe
 
@@ -115,7 +120,26 @@ def arm_set(name: str, tmp: Path) -> list[ArmSpec]:
                 ArmSpec("topics", "text", f"{lib}/pydoc_data/topics.py")]
     if name == "trap":
         return list(DEFAULT_ARMS) + [ArmSpec(TRAP, "text", str(write_trap(tmp / "trap.txt")))]
+    if name == "D":
+        return [a for a in DEFAULT_ARMS if a.name in ("python-docs", "repo-code")] + [
+            ArmSpec(NOISE, "text", str(write_noise(tmp / "noise.txt")))]
+    if name == "F":
+        return [ArmSpec("c-headers", "text", f"{inc}/**/*.h"),
+                ArmSpec("py-tests", "text", f"{lib}/test/test_[a-c]*.py"),
+                ArmSpec(SMALL, "text", f"{lib}/LICENSE.txt")]
     raise ValueError(f"unknown arm set {name!r}")
+
+
+def write_noise(path: Path, n_bytes: int = 600_000, seed: int = 24) -> Path:
+    """Base64 of `n_bytes` random bytes from a seeded generator, 76 characters a line (the
+    shape of encoded blobs in real corpora): 6 bits of entropy per character, nothing a model
+    can learn beyond the 64-letter alphabet, and it does not compress (ratio about 1.3), so the
+    repetition guard does not see it."""
+    import base64
+    raw = np.random.default_rng(seed).integers(0, 256, n_bytes, dtype=np.uint8).tobytes()
+    text = base64.b64encode(raw).decode()
+    path.write_text("".join(text[i:i + 76] + "\n" for i in range(0, len(text), 76)))
+    return path
 
 
 def write_trap(path: Path, lines: int = 12000) -> Path:
@@ -198,7 +222,7 @@ def train(kind: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
     sampler = ArmSampler(layout.root, index, cfg.model.block_size)
     names = sampler.names
     floors, caps = box(names)
-    plan = probe_plan(cfg, len(names))
+    plan = probe_plan(dataclasses.replace(cfg, reward="heldout_progress"), len(names))
     probes = {n: sampler.heldout_windows(n, plan.sequences) for n in names}
     model = GPT(cfg.model, cfg.vocab_size, 0.0, seed=seed)
     model.to_device(torch.device("cpu"))
@@ -208,13 +232,17 @@ def train(kind: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
         mix = MixtureController(names, Phase(0, "bench", 0, caps, floors),
                                 (bandit_fields or {}).get("reward") or KIND_REWARD[kind],
                                 cfg.bandit_warmup, cfg.probe_every,
-                                compression={n: a.compression for n, a in index.items()})
+                                compression={n: a.compression for n, a in index.items()},
+                                epoch_size={n: epoch_windows(a, cfg.model.block_size)
+                                            for n, a in index.items()})
         if bandit_fields:
             mix.bandit.config = dataclasses.replace(mix.bandit.config, **bandit_fields)
     in_box = True
     p_sum = {n: 0.0 for n in names}
     pmax = {n: 0.0 for n in names}
     pstart = None
+    policy_s, lam_max, lam_first = 0.0, 0.0, None
+    t_run = time.perf_counter()
     for k in range(1, steps + 1):
         p = mix.policies[(k - 1) // cfg.probe_every] if mix else fixed
         in_box &= all(floors[n] - 1e-12 <= p.get(n, 0) <= caps[n] + 1e-12 for n in names)
@@ -236,11 +264,22 @@ def train(kind: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
             rec = {"step": k, "arms": b.counts, "p": dict(p), "phase": {"index": 0, "label": "bench"},
                    "arm_loss": {n: float(s[b.arm_index == i].mean()) for i, n in enumerate(names)
                                 if (b.arm_index == i).any()}}
+            t_pol = time.perf_counter()   # the policy's own time: the probe (if any) and the fold
             if k % plan.every == 0 and mix.bandit.config.reward == "heldout_progress":
                 rec["probe"] = heldout(model, probes)
             mix.observe(rec)
-    return {"h": heldout(model, evals), "ok": in_box, "pmean": {n: v / steps for n, v in p_sum.items()},
-            "pfinal": dict(p), "pmax": pmax, "pstart": pstart or dict(p)}
+            policy_s += time.perf_counter() - t_pol
+            lam_max = max(lam_max, mix.bandit.lam)
+            if lam_first is None and mix.bandit.lam > 0:
+                lam_first = k
+    total_s = time.perf_counter() - t_run
+    out = {"h": heldout(model, evals), "ok": in_box, "pmean": {n: v / steps for n, v in p_sum.items()},
+           "pfinal": dict(p), "pmax": pmax, "pstart": pstart or dict(p),
+           "policy_s": policy_s, "train_s": total_s}
+    if mix:
+        out |= {"lam_final": mix.bandit.lam, "lam_max": lam_max, "lam_first": lam_first,
+                "repeated": dict(mix.bandit.repeated)}
+    return out
 
 
 def parse_variant(text: str) -> tuple[str, dict, dict]:
@@ -284,34 +323,6 @@ def _tval(dm: float, se: float) -> float:
     return dm / se if se > 0 else float("nan")
 
 
-def target_verdict(s: dict) -> dict:
-    """The target of docs/bandit.md#how-we-show-it-works applied to one RESULT row.
-
-    `s` carries delta_mean and t (paired against stratified), captured (None without an oracle),
-    worst_delta (nats) and box_ok, and optionally t_best_fixed_in_limits. Returns
-    {"target_met": bool, "target_misses": [reason, ...]} and, when the oracle ran,
-    "oracle_in_limits_meets_t": whether the best fixed mixture that keeps the worst arm within
-    WORST_LIMIT itself reaches t <= T_LIMIT (a fixed mixture chosen with hindsight and paying no
-    probe: when it does not, no policy held to the limits can be expected to).
-    """
-    miss = []
-    if not (s.get("t") is not None and s["t"] == s["t"] and s["t"] <= T_LIMIT):
-        miss.append(f"t {s.get('t')} > {T_LIMIT}")
-    if s.get("captured") is None:
-        miss.append("captured unknown (no oracle)")
-    elif s["captured"] < CAPTURE_LIMIT:
-        miss.append(f"captured {s['captured']} < {CAPTURE_LIMIT}")
-    if not s.get("worst_delta", math.inf) <= WORST_LIMIT:
-        miss.append(f"worst arm {s.get('worst_delta')} > +{WORST_LIMIT}")
-    if not s.get("box_ok"):
-        miss.append("a posted p left its box")
-    out = {"target_met": not miss, "target_misses": miss}
-    tf = s.get("t_best_fixed_in_limits")
-    if tf is not None:
-        out["oracle_in_limits_meets_t"] = tf == tf and tf <= T_LIMIT
-    return out
-
-
 def mix_label(p: dict, names, digits: int = 1) -> str:
     """fixed[0.6/0.3/0.1] in arm-name order."""
     return "fixed[" + "/".join(f"{p[n]:.{digits}f}" for n in names) + "]"
@@ -332,18 +343,22 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
     names = sampler.names
     K, B = len(names), cfg.batch_size
     # the bandit rows: (label, kind, run config, BanditConfig overrides)
-    brows = [(p, p, cfg, {}) for p in PROBING if p in a.policies]
+    brows = [(p, p, dataclasses.replace(cfg, reward=KIND_REWARD[p]), {}) for p in PROBING if p in a.policies]
     for name, run_fields, bandit_fields in a.variant:
         vcfg = copy.deepcopy(cfg)
         for k, v in run_fields.items():
             setattr(vcfg, k, v)
         vcfg.validate()
         brows.append((f"default[{name}]", "default", vcfg, bandit_fields))
-    if set_name == "trap" and "default" in a.policies:  # the trap is real: without the guard
-        brows.append(("default[no guard]", "default", cfg, {"repetitive_ratio": 0.0}))
-    plan = probe_plan(cfg, K)
+    if set_name == "trap" and "probe" in a.policies:  # the trap is real: without the guard
+        brows.append(("probe[no guard]", "probe", dataclasses.replace(cfg, reward="heldout_progress"),
+                      {"repetitive_ratio": 0.0}))
+    plan = probe_plan(dataclasses.replace(cfg, reward="heldout_progress"), K)
     n_probes = a.steps // plan.every
-    extra = round(n_probes * K * plan.sequences / (3 * B))   # training steps of equal FLOPs
+    probing = [lab for lab, kind, _, bf in brows if (bf.get("reward") or KIND_REWARD[kind]) in PROBE_REWARDS]
+    # training steps of equal FLOPs to the probes, trained by every row that does not probe;
+    # none when no row probes (the default reads only the training losses: it costs nothing)
+    extra = round(n_probes * K * plan.sequences / (3 * B)) if probing else 0
     base_cfg = copy.deepcopy(cfg)
     base_cfg.lr_decay_steps = a.steps + extra
     # fixed rows: (label, mixture)
@@ -352,10 +367,15 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
         frows.append(("static", project_to_box({n: float(read_arm_index(layout)[n].heldout_start)
                                                 for n in names}, floors, caps)))
     frows.append(("stratified", project_to_box({n: 1.0 for n in names}, floors, caps)))
-    oracle = [] if (a.no_oracle or set_name == "trap") else grid(names, a.grid_step)
-    frows += [(mix_label(p, names), p) for p in oracle]
+    oracle = [] if (a.no_oracle or set_name == "trap"
+                    or (a.oracle_sets and set_name not in a.oracle_sets)) else (
+        sparse_design(names) if a.oracle_design == "sparse" else
+        mini_design(names) if a.oracle_design == "mini" else grid(names, a.grid_step))
+    frows += [(mix_label(p, names, 2), p) for p in oracle]
+    # the scoring windows avoid every probe window a probing row could read; none to avoid when
+    # no row probes (set F's small arm has only about 20 held-out windows in all)
     max_s = max([cfg.probe_sequences] + [c.probe_sequences for _, _, c, _ in brows]
-                + [probe_plan(c, K).sequences for _, _, c, _ in brows])
+                + [probe_plan(c, K).sequences for _, _, c, _ in brows]) if probing else 0
     evals, tiles = {}, {}
     for n in names:
         evals[n], tiles[n] = eval_windows(sampler, n, a.eval_windows, range(1, max_s + 1))
@@ -363,10 +383,14 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
           f"run created in {time.perf_counter() - t0:.1f} s")
     print(f"{a.steps} steps x {B} sequences x {cfg.model.block_size} tokens per bandit policy and seed; "
           f"seeds {' '.join(map(str, a.seeds))}; box floors {FLOOR}, caps {CAP} on every arm")
-    print(f"probe (probe_plan): {plan.sequences} windows x {K} arms every {plan.every} steps = "
-          f"{plan.cost:.2%} of training FLOPs; charged: policies that do not probe train "
-          f"{a.steps} + {extra} steps (the probes' {n_probes} x {K * plan.sequences} window forwards "
-          f"/ 3 per token), lr schedule over {a.steps + extra}")
+    if probing:
+        print(f"probe of {', '.join(probing)} (probe_plan): {plan.sequences} windows x {K} arms every "
+              f"{plan.every} steps = {plan.cost:.2%} of training FLOPs; charged: policies that do not "
+              f"probe train {a.steps} + {extra} steps (the probes' {n_probes} x {K * plan.sequences} "
+              f"window forwards / 3 per token), lr schedule over {a.steps + extra}")
+    else:
+        print("no row probes: every row trains the same steps (the default's signal is the training "
+              "loss the update computes anyway; its bookkeeping time is measured below)")
     for label, kind, c, bf in brows:
         pp = probe_plan(c, K)
         upd = a.steps - c.bandit_warmup if kind == "odm" else (a.steps - c.bandit_warmup) // pp.every
@@ -377,22 +401,34 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
           f"held-out split, DISJOINT from every probe window of 1..{max_s} sequences: "
           f"{', '.join(f'{n} {len(evals[n])}' for n in names)} windows")
     res = {}
-    for label, p in frows:
+
+    def run_fixed(label, p):
         t1 = time.perf_counter()
-        runs, hit = [], 0
-        for seed in a.seeds:
+        runs, hit, reused = [], 0, 0
+        for si, seed in enumerate(a.seeds if not label.startswith("fixed[")
+                                  else a.seeds[:a.oracle_seeds or len(a.seeds)]):
             key = json.dumps(["v1", set_name, seed, a.steps + extra, base_cfg.lr_decay_steps,
                               sorted(p.items()), a.eval_windows, max_s, cfg.batch_size])
+            same = res.get("default", {}).get("runs")
+            if key not in cache and label == "stratified" and not extra and same \
+                    and same[si]["lam_max"] == 0.0 and same[si]["pfinal"] == p:
+                # the default never moved off stratified in this seed: it drew the same batches
+                # from the same initialisation, so its run IS stratified's, bit for bit
+                cache[key] = dict(same[si], reused_from="default")
+                reused += 1
             if key not in cache:
                 cache[key] = train("fixed", seed, base_cfg, layout, a.steps + extra, evals, fixed=p)
+                if a.cache:
+                    a.cache.write_text(json.dumps(cache))  # after every run: a stopped bench keeps its work
             else:
                 hit += 1
             runs.append(cache[key])
-        res[label] = {"runs": runs, "t": time.perf_counter() - t1, "cached": hit}
-        if a.cache and hit < len(a.seeds):
+        res[label] = {"runs": runs, "t": time.perf_counter() - t1, "cached": hit - reused, "reused": reused}
+        if a.cache and hit - reused < len(runs):
             a.cache.write_text(json.dumps(cache))  # after every row: a stopped run keeps its work
         print(f"  ... {set_name} {label}: {res[label]['t']:.0f} s", file=sys.stderr, flush=True)
-    for label, kind, c, bf in brows:
+
+    def run_bandit(label, kind, c, bf):
         t1 = time.perf_counter()
         runs, hit = [], 0
         for seed in a.seeds:
@@ -409,6 +445,8 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
                     rc.lr_decay_steps = a.steps + extra
                 cache[key] = train(kind, seed, rc, layout, a.steps + extra if free else a.steps, evals,
                                    bandit_fields=bf)
+                if a.cache:
+                    a.cache.write_text(json.dumps(cache))
             else:
                 hit += 1
             runs.append(cache[key])
@@ -416,6 +454,16 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
         if a.cache and hit < len(a.seeds):
             a.cache.write_text(json.dumps(cache))
         print(f"  ... {set_name} {label}: {res[label]['t']:.0f} s", file=sys.stderr, flush=True)
+    # the default first: where it never leaves stratified its runs are stratified's (no retraining)
+    for row in brows:
+        if row[0] == "default":
+            run_bandit(*row)
+    for label, p in frows:
+        run_fixed(label, p)
+    for row in brows:
+        if row[0] != "default":
+            run_bandit(*row)
+    res = {k: res[k] for k in [lab for lab, _ in frows] + [b[0] for b in brows]}
     for r in res.values():
         runs = r["runs"]
         r["ok"] = all(x["ok"] for x in runs)
@@ -428,150 +476,319 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
         r["mean"], r["worst"] = _mean(r["means"]), _mean(r["worsts"])
         r["arm"] = {n: _mean([x["h"][n] for x in runs]) for n in names}
     ref = res["stratified"]
+    judged = [n for n in names if n not in UNLEARNABLE and n != TRAP]  # the arms the targets judge
+    for r in res.values():
+        r["lmeans"] = [_mean([x["h"][n] for n in judged]) for x in r["runs"]]
+        r["lmean"] = _mean(r["lmeans"])
     fixed_labels = [lab for lab, _ in frows[:2] if lab in ("static", "stratified")]
-    grid_labels = sorted((lab for lab, _ in frows if lab.startswith("fixed[")), key=lambda x: res[x]["mean"])
+    grid_rows = [(lab, p) for lab, p in frows if lab.startswith("fixed[")]
+    grid_labels = sorted((lab for lab, _ in grid_rows), key=lambda x: res[x]["lmean"])
     best = grid_labels[0] if grid_labels else None
     labels = fixed_labels + ([best] if best else []) + [lab for lab, _, _, _ in brows]
-    print_table(res, labels, ref, names, a)
-    if grid_labels:
-        print(f"\noracle grid ({len(grid_labels)} fixed mixtures, step {a.grid_step}, arms "
-              f"{'/'.join(names)}), by mean held-out loss (seed mean); - strat paired:")
-        for i in range(0, len(grid_labels), 3):
-            print("  " + "   ".join(f"{lab:<{9 + 4 * K}} {res[lab]['mean']:.4f} "
-                                    f"{_paired(res[lab]['means'], ref['means'])[0]:+.4f}"
-                                    for lab in grid_labels[i:i + 3]))
+    print_table(res, labels, ref, names, judged, a)
+    if set(judged) != set(names):
+        print(f"mean over the learnable arms ({', '.join(judged)}; {', '.join(sorted(set(names) - set(judged)))} "
+              f"left out: it cannot be learnt / is the trap) is what the targets judge; the mean over "
+              f"every arm is the table's 'mean held-out'")
     sm = None
-    if grid_labels and len(a.seeds) > 1:
-        sm = smoothed_oracle(res, [(lab, p) for lab, p in frows if lab.startswith("fixed[")], names,
-                             a.seeds, ref["mean"])
-        print(f"best cell {best}: {ref['mean'] - res[best]['mean']:+.4f} below stratified; but a cell's "
-              f"paired difference to stratified has a standard error of {sm['cell_se']:.4f} over "
-              f"{len(a.seeds)} seeds, so among {len(grid_labels)} cells with NO real difference the best "
-              f"would look about {sm['null_max']:.4f} better from noise alone")
-        print(f"smoothed oracle (quadratic surface + seed offsets over every cell and seed, residual sd "
-              f"{sm['resid_sd']:.4f}): minimum {sm['fit_min']:.4f} at {mix_label(sm['mix'], names, 2).replace('fixed', '')}"
-              f" (step 0.01), stratified on the surface {sm['fit_strat']:.4f}: smoothed available gain "
-              f"{sm['gain']:.4f}")
-    # the target's own limits applied to the oracle: the best cell whose worst arm is within
-    # WORST_LIMIT of stratified's, and its paired t (could ANY fixed mixture meet point 3?)
-    fair = [lab for lab in grid_labels if res[lab]["worst"] - ref["worst"] <= WORST_LIMIT]
-    fair_best = fair[0] if fair else None
-    if fair_best:
-        fdm, fse, _ = _paired(res[fair_best]["means"], ref["means"])
-        print(f"best cell within the worst-arm limit (+{WORST_LIMIT}): {fair_best} "
-              f"{-fdm:+.4f} below stratified (t = {_tval(fdm, fse):+.1f}, worst arm "
-              f"{res[fair_best]['worst'] - ref['worst']:+.4f}): the most a policy held to the "
-              f"target's limits can find in this box")
+    if grid_labels and len(res[grid_labels[0]]["runs"]) > 2:
+        sm = smoothed_oracle(res, grid_rows, names, judged, a.seeds[:len(res[grid_labels[0]]["runs"])])
+        print(f"\noracle ({len(grid_labels)} fixed mixtures, {a.oracle_design}, seeds "
+              f"{' '.join(map(str, a.seeds[:len(res[best]['runs'])]))}), best cell {best}: "
+              f"{ref['lmean'] - res[best]['lmean']:+.4f} below stratified (learnable mean); noise alone "
+              f"would give the best of {len(grid_labels)} cells about {sm['null_max']:.4f}")
+        print(f"smoothed oracle (quadratic surfaces + seed offsets, residual sd {sm['resid_sd']:.4f}): "
+              f"unconstrained gain {sm['gain']:.4f} at {mix_label(sm['mix'], names, 2)[5:]}; within the "
+              f"limits (every learnable arm <= +{WORST_LIMIT} vs stratified on its surface) "
+              f"{sm['gain_lim']:.4f} +- {sm['gain_lim_se']:.4f} (bootstrap over seeds) at "
+              f"{mix_label(sm['mix_lim'], names, 2)[5:]}: {sm['gain_lim'] / sm['gain_lim_se'] if sm['gain_lim_se'] > 0 else float('inf'):.1f} "
+              f"standard errors -> {'MIXING MATTERS' if sm['matters'] else 'mixing does not matter measurably'} here")
     out = {}
     for lab, kind, _, _ in brows:
         r = res[lab]
-        dm, se, _ = _paired(r["means"], ref["means"])
-        gain = ref["mean"] - res[best]["mean"] if best else float("nan")
-        s = {"set": set_name, "policy": lab, "delta_mean": round(dm, 5), "t": round(_tval(dm, se), 2),
-             "captured": (round((ref["mean"] - r["mean"]) / gain, 3) if best and gain > 0 else None),
-             "available_gain": round(gain, 5) if best else None, "best_fixed": best,
-             "worst_delta": round(r["worst"] - ref["worst"], 5), "box_ok": r["ok"]}
-        if fair_best:
-            fdm, fse, _ = _paired(res[fair_best]["means"], ref["means"])
-            s |= {"best_fixed_in_limits": fair_best, "available_gain_in_limits": round(-fdm, 5),
-                  "t_best_fixed_in_limits": round(_tval(fdm, fse), 2)}
+        st = paired_stats(r["lmeans"], ref["lmeans"])
+        per_arm = {n: _mean([x["h"][n] - y["h"][n] for x, y in zip(r["runs"], ref["runs"])]) for n in judged}
+        pol = [x.get("policy_s", 0.0) for x in r["runs"]]
+        tot = [x.get("train_s", 0.0) for x in r["runs"]]
+        s = {"set": set_name, "policy": lab, "n_seeds": st["n"], "delta_mean": round(st["mean"], 5),
+             "sd": round(st["sd"], 5), "se": round(st["se"], 5), "ci95_low": round(st["lo"], 5),
+             "ci95_high": round(st["hi"], 5), "t": round(st["t"], 2) if math.isfinite(st["t"]) else st["t"],
+             "delta_mean_all_arms": round(_paired(r["means"], ref["means"])[0], 5),
+             "worst_delta": round(max(per_arm.values()), 5), "worst_arm": max(per_arm, key=per_arm.get),
+             "box_ok": r["ok"], "captured": None,
+             "policy_time_share": round(sum(pol) / sum(tot), 5) if sum(tot) > 0 else None,
+             "lambda_final": round(_mean([x.get("lam_final", 0.0) for x in r["runs"]]), 3),
+             "lambda_first_step": [x.get("lam_first") for x in r["runs"]],
+             "p_final": {n: round(r["pfinal"][n], 3) for n in names},
+             "role": SET_ROLE.get(set_name, "alike")}
         if sm:
-            s |= {"available_gain_smoothed": round(sm["gain"], 5),
-                  "captured_smoothed": (round((ref["mean"] - r["mean"]) / sm["gain"], 3)
-                                        if sm["gain"] > 0 else None),
-                  "noise_best_cell": round(sm["null_max"], 5)}
-        s |= target_verdict(s)
+            s |= {"oracle_gain_in_limits": round(sm["gain_lim"], 5), "oracle_gain_se": round(sm["gain_lim_se"], 5),
+                  "oracle_gain_unconstrained": round(sm["gain"], 5), "mixing_matters": sm["matters"],
+                  "captured": (round((ref["lmean"] - r["lmean"]) / sm["gain_lim"], 3)
+                               if sm["gain_lim"] > 0 else None)}
+            if sm["matters"]:
+                s["role"] = "matters"
         if TRAP in names:
             s |= {"trap_p_start": round(r["pstart_all"][TRAP], 4),
                   "trap_p_max_after_warmup": round(r["pmax_all"][TRAP], 4),
                   "trap_raised": r["pmax_all"][TRAP] > r["pstart_all"][TRAP] + 1e-9}
-        print(f"{lab} vs stratified: delta mean {s['delta_mean']:+.4f} (t = {s['t']:+.1f}), captured "
-              f"{s['captured']} of the available gain {s['available_gain']} ({best}), worst arm "
-              f"{s['worst_delta']:+.4f}, in box {s['box_ok']}"
-              + (f"; {TRAP}: p {s['trap_p_start']:.3f} after the warm-up, at most "
-                 f"{s['trap_p_max_after_warmup']:.3f} later (raised: {s['trap_raised']})"
-                 if TRAP in names else ""))
-        print(f"  target (t <= {T_LIMIT}, captured >= {CAPTURE_LIMIT}, worst arm <= +{WORST_LIMIT}, in box): "
-              + ("met" if s["target_met"] else "missed: " + "; ".join(s["target_misses"]))
-              + ("" if "oracle_in_limits_meets_t" not in s else
-                 f"; the best fixed mixture within the worst-arm limit "
-                 f"{'reaches' if s['oracle_in_limits_meets_t'] else 'does not reach'} t <= {T_LIMIT} itself"))
+        if "repeated" in r["runs"][0]:
+            s["repeated_at"] = {n: [x["repeated"].get(n) for x in r["runs"]] for n in names
+                                if any(n in x["repeated"] for x in r["runs"])}
+        print(f"{lab} vs stratified (learnable mean): {s['delta_mean']:+.5f}, 95% CI [{s['ci95_low']:+.5f}, "
+              f"{s['ci95_high']:+.5f}], n {s['n_seeds']}, paired sd {s['sd']:.5f}, t {s['t']}; worst arm "
+              f"{s['worst_arm']} {s['worst_delta']:+.5f}; captured {s['captured']}; in box {s['box_ok']}; "
+              f"lambda at the end {s['lambda_final']}; policy bookkeeping {s['policy_time_share']:.3%} of the "
+              f"run's wall time" if s["policy_time_share"] is not None else "")
+        if TRAP in names:
+            print(f"  {TRAP}: p {s['trap_p_start']:.3f} after the warm-up, at most "
+                  f"{s['trap_p_max_after_warmup']:.3f} later (raised: {s['trap_raised']})")
         out[lab] = s
     return out
 
 
-def smoothed_oracle(res: dict, grid_rows: list, names, seeds, ref_mean: float) -> dict:
-    """The oracle without the winner's curse: a least-squares quadratic surface in the mixture
-    (features 1, p_i, p_i p_j over the first K-1 arms) with one offset per seed, fitted to
-    every (grid mixture, seed) mean held-out loss, minimised over a 0.01 (K=3; 0.02 for K>3)
-    lattice of the box. Returns {"mix", "fit_min", "fit_strat", "gain" (fit at stratified - fit
-    minimum), "resid_sd", "cell_se" (median standard error over seeds of a cell's paired
-    difference to stratified), "null_max" (the best-cell gain that pure noise of that size
-    gives among this many cells: cell_se x the expected maximum of that many standard normals)}."""
+SET_ROLE = {"A": "alike", "B": "alike", "C": "alike", "trap": "trap", "D": "candidate", "F": "candidate"}
+NI_MARGIN = 0.001   # non-inferiority margin, nats of mean held-out loss (docs/bandit.md#targets)
+
+
+def t_cdf(t: float, df: int) -> float:
+    """Student's t CDF (df >= 1) by Simpson's rule on the density; |error| < 1e-7 for |t| < 50."""
+    if not math.isfinite(t):
+        return 0.0 if t < 0 else 1.0
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def f(x):
+        return c * (1 + x * x / df) ** (-(df + 1) / 2)
+    x, n = abs(t), 2000
+    h = x / n
+    area = f(0) + f(x) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n))
+    half = area * h / 3
+    return 0.5 + half if t >= 0 else 0.5 - half
+
+
+def t_quantile(q: float, df: int) -> float:
+    """Inverse of t_cdf by bisection (0 < q < 1)."""
+    lo, hi = -100.0, 100.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if t_cdf(mid, df) < q:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def paired_stats(xs, ys) -> dict:
+    """Paired differences xs - ys over seeds: n, mean, sd, se, t, the two-sided 95 % interval
+    (Student t, n - 1 df). With zero spread (identical runs) the interval is the mean itself."""
+    d = [x - y for x, y in zip(xs, ys)]
+    n = len(d)
+    m = _mean(d)
+    sd = statistics.stdev(d) if n > 1 else float("nan")
+    se = sd / math.sqrt(n) if n > 1 else float("nan")
+    if n > 1 and se > 0:
+        q = t_quantile(0.975, n - 1)
+        t = m / se
+    else:
+        q, t = 0.0, (0.0 if m == 0 else math.copysign(math.inf, m))
+    half = 0.0 if math.isnan(se) else q * se
+    return {"n": n, "mean": m, "sd": sd, "se": se, "t": t, "lo": m - half, "hi": m + half}
+
+
+def holm(pvals: dict) -> dict:
+    """Holm's step-down adjusted p-values {key: p_adj} (Holm 1979): sort ascending, p_(i) times
+    (m - i), running maximum, at most 1."""
+    keys = sorted(pvals, key=pvals.get)
+    m, out, run = len(keys), {}, 0.0
+    for i, k in enumerate(keys):
+        run = max(run, min(1.0, (m - i) * pvals[k]))
+        out[k] = run
+    return out
+
+
+def apply_targets(results: list[dict], t_limit: float = T_LIMIT) -> None:
+    """The targets of docs/bandit.md#targets, with Holm's correction over the sets, written into
+    each RESULT dict ("p_one_sided", "p_holm", "target_met", "target_misses").
+
+    alike (A, B, C) and trap: non-inferiority, H0 delta >= NI_MARGIN, one-sided p of
+    (delta - margin) / se; met when ci95_high <= NI_MARGIN and the Holm-adjusted p <= 0.025.
+    matters (sets whose smoothed oracle gain within the limits is >= 3 standard errors):
+    superiority, one-sided p of t; met when t <= t_limit AND the Holm-adjusted p is at most the
+    one-sided p that t = t_limit itself has (the correction can only make it harder), captured
+    >= CAPTURE_LIMIT of the oracle's gain within limits and no learnable arm worse than
+    stratified by more than WORST_LIMIT. trap also: the trap arm's p never above its value at
+    the end of the warm-up. Every set: every posted p inside its box."""
+    ps = {}
+    for i, s in enumerate(results):
+        n, se = s["n_seeds"], s["se"]
+        if s["role"] == "matters":
+            p = t_cdf(s["t"], n - 1) if n > 1 and not math.isnan(se) else 1.0
+        else:
+            if n > 1 and se > 0:
+                p = t_cdf((s["delta_mean"] - NI_MARGIN) / se, n - 1)
+            else:
+                p = 0.0 if s["delta_mean"] < NI_MARGIN else 1.0
+        s["p_one_sided"] = p
+        ps[i] = p
+    adj = holm(ps)
+    for i, s in enumerate(results):
+        s["p_holm"] = adj[i]
+        miss = []
+        if not s["box_ok"]:
+            miss.append("a posted p left its box")
+        n = s["n_seeds"]
+        if s["role"] == "matters":
+            p_lim = t_cdf(t_limit, n - 1) if n > 1 else 0.0
+            if not (s["t"] <= t_limit):
+                miss.append(f"t {s['t']} > {t_limit}")
+            if not adj[i] <= p_lim:
+                miss.append(f"Holm-adjusted p {adj[i]:.2g} > {p_lim:.2g} (the p of t = {t_limit})")
+            if s["captured"] is None or s["captured"] < CAPTURE_LIMIT:
+                miss.append(f"captured {s['captured']} < {CAPTURE_LIMIT}")
+            if not s["worst_delta"] <= WORST_LIMIT:
+                miss.append(f"learnable arm {s['worst_arm']} {s['worst_delta']:+.4f} > +{WORST_LIMIT}")
+        else:
+            if not s["ci95_high"] <= NI_MARGIN:
+                miss.append(f"ci95_high {s['ci95_high']:+.5f} > +{NI_MARGIN}")
+            if not adj[i] <= 0.025:
+                miss.append(f"Holm-adjusted non-inferiority p {adj[i]:.2g} > 0.025")
+            if s["role"] == "trap" and s.get("trap_raised"):
+                miss.append("the trap arm's p rose above its end-of-warm-up value")
+        s["target_met"] = not miss
+        s["target_misses"] = miss
+
+
+def mini_design(names) -> list[dict]:
+    """The nine cells of `sparse_design` that the permutations of (0.6, 0.2, 0.2), (0.4, 0.4,
+    0.2) and (0.1, 0.45, 0.45) give: with stratified, ten points for the six coefficients of
+    the quadratic surface, at three fifths of the sparse design's cost."""
+    keep = {tuple(sorted(c)) for c in ((0.6, 0.2, 0.2), (0.4, 0.4, 0.2), (0.1, 0.45, 0.45))}
+    return [c for c in sparse_design(names) if tuple(sorted(c.values())) in keep]
+
+
+def sparse_design(names) -> list[dict]:
+    """A 15-cell design for the quadratic oracle surface of three arms in the box floors 0.1,
+    caps 0.6: the six permutations of (0.6, 0.3, 0.1), and the three of each of (0.6, 0.2, 0.2),
+    (0.4, 0.4, 0.2), (0.1, 0.45, 0.45); with stratified (the centre) enough for the six
+    coefficients and their curvature at a fifth of the full grid's cost."""
+    if len(names) != 3:
+        raise ValueError("the sparse oracle design is for three arms; use --oracle-design grid")
+    cells = set()
+    for base in ((0.6, 0.3, 0.1), (0.6, 0.2, 0.2), (0.4, 0.4, 0.2), (0.1, 0.45, 0.45)):
+        cells |= set(itertools.permutations(base))
+    return [dict(zip(names, c)) for c in sorted(cells)]
+
+
+def smoothed_oracle(res: dict, grid_rows: list, names, judged, seeds, boots: int = 200) -> dict:
+    """The oracle without the winner's curse: least-squares quadratic surfaces in the mixture
+    (features 1, p_i, p_i p_j over the first K-1 arms) with one offset per seed, fitted to every
+    (cell, seed), one for the mean over the `judged` arms and one per judged arm, minimised over
+    a 0.01 (K=3; 0.02 for K>3) lattice of the box: "gain" without constraint, "gain_lim" within
+    the limits (every judged arm's surface at most WORST_LIMIT above its value at stratified).
+    "gain_lim_se": the standard deviation of gain_lim over `boots` bootstrap resamples of the
+    seeds (fixed generator, so reproducible); "matters": gain_lim >= 3 gain_lim_se. Also
+    "resid_sd", "cell_se" (median standard error of a cell's paired difference to stratified)
+    and "null_max" (what the best of that many cells gains from noise alone)."""
     K = len(names)
 
     def feats(p):
         x = [p[n] for n in names[:-1]]
         return [1.0] + x + [x[i] * x[j] for i in range(len(x)) for j in range(i, len(x))]
-    rows, y = [], []
-    for lab, mix in grid_rows:
-        for si, run in enumerate(res[lab]["runs"]):
-            rows.append(feats(mix) + [1.0 if si == j else 0.0 for j in range(1, len(seeds))])
-            y.append(_mean(list(run["h"].values())))
-    X, y = np.array(rows), np.array(y)
-    coef = np.linalg.lstsq(X, y, rcond=None)[0]
-    resid = float(np.std(y - X @ coef, ddof=min(len(y) - 1, X.shape[1])))
-    offset = float(np.mean([0.0] + list(coef[X.shape[1] - len(seeds) + 1:])))  # mean seed effect
-    nf = X.shape[1] - len(seeds) + 1
+    mixes = [m for _, m in grid_rows] + [res["stratified"]["pfinal"]]
+    labs = [lab for lab, _ in grid_rows] + ["stratified"]
+    F = np.array([feats(m) for m in mixes])                     # (cells, nf)
+    Y = {t: np.array([[(_mean([run["h"][n] for n in judged]) if t == "mean" else run["h"][t])
+                       for run in res[lab]["runs"][:len(seeds)]] for lab in labs]) for t in ["mean"] + list(judged)}
+    lattice = grid(names, 0.01 if K == 3 else 0.02)
+    L = np.array([feats(m) for m in lattice])
+    strat = np.array(feats({n: 1.0 / K for n in names}))
+    nf = F.shape[1]
 
-    def fit(p):
-        return float(np.dot(feats(p), coef[:nf])) + offset
-    step = 0.01 if K == 3 else 0.02
-    best = None
-    for mix in grid(names, step):
-        v = fit(mix)
-        if best is None or v < best[0]:
-            best = (v, mix)
-    strat = {n: 1.0 / K for n in names}
-    ses = [statistics.stdev(_paired(res[lab]["means"], res["stratified"]["means"])[2]) / math.sqrt(len(seeds))
-           for lab, _ in grid_rows if len(seeds) > 1]
+    def fit_all(cols):
+        out = {}
+        for t, y in Y.items():
+            ys = y[:, cols]                                     # (cells, seeds)
+            rows = [np.concatenate([F[c], np.eye(len(cols))[j]]) for c in range(len(labs)) for j in range(len(cols))]
+            X = np.array(rows)
+            X = np.concatenate([X[:, :nf], X[:, nf + 1:]], axis=1) if len(cols) > 1 else X[:, :nf]
+            coef, *_ = np.linalg.lstsq(X, ys.reshape(-1), rcond=None)
+            out[t] = (coef[:nf], float(np.std(ys.reshape(-1) - X @ coef)))
+        surf = {t: L @ c for t, (c, _) in out.items()}
+        at = {t: float(strat @ c) for t, (c, _) in out.items()}
+        ok = np.ones(len(lattice), dtype=bool)
+        for n in judged:
+            ok &= surf[n] - at[n] <= WORST_LIMIT
+        i_all = int(np.argmin(surf["mean"]))
+        i_lim = int(np.argmin(np.where(ok, surf["mean"], np.inf))) if ok.any() else None
+        g_lim = at["mean"] - float(surf["mean"][i_lim]) if i_lim is not None else 0.0
+        return {"gain": at["mean"] - float(surf["mean"][i_all]), "mix": lattice[i_all],
+                "gain_lim": max(0.0, g_lim), "mix_lim": lattice[i_lim] if i_lim is not None else
+                {n: 1.0 / K for n in names}, "resid_sd": out["mean"][1]}
+    n = len(seeds)
+    base = fit_all(list(range(n)))
+    rng = np.random.default_rng(0)
+    bs = [fit_all(sorted(rng.integers(0, n, n).tolist()))["gain_lim"] for _ in range(boots)]
+    se = float(np.std(bs, ddof=1))
+    ses = [statistics.stdev(_paired(res[lab]["lmeans"], res["stratified"]["lmeans"])[2]) / math.sqrt(n)
+           for lab, _ in grid_rows]
     cell_se = float(np.median(ses)) if ses else float("nan")
-    n = len(grid_rows)  # E[max of n standard normals], by Blom's approximation
-    emax = float(statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25)))
-    return {"mix": best[1], "fit_min": best[0], "fit_strat": fit(strat), "gain": fit(strat) - best[0],
-            "resid_sd": resid, "cell_se": cell_se, "null_max": cell_se * emax}
+    m = len(grid_rows)  # E[max of m standard normals], by Blom's approximation
+    emax = float(statistics.NormalDist().inv_cdf((m - 0.375) / (m + 0.25)))
+    return base | {"gain_lim_se": se, "matters": base["gain_lim"] >= 3 * se and se > 0,
+                   "cell_se": cell_se, "null_max": cell_se * emax}
 
 
-def print_table(res: dict, labels: list, ref: dict, names, a) -> None:
-    """The main table and the per-arm table of one set."""
+def print_table(res: dict, labels: list, ref: dict, names, judged, a) -> None:
+    """The main table (learnable mean: n, paired difference, sd, 95 % interval, t) and the
+    per-arm table of one set."""
     wl = max(11, max(map(len, labels)) + 1)
-    ws = 7 * len(a.seeds) + 2
-    print(f"\n{'policy':<{wl}} {'mean held-out':>13} {'/strat':>7} {'worst arm':>10} {'/strat':>7}  "
-          f"{'- strat (paired)':>18} {'t':>5}  {'per seed (mean)':<{ws}} in box  time")
+    print(f"\n{'policy':<{wl}} {'mean all':>9} {'learnable':>9} {'n':>3} {'- strat':>9} {'sd':>8} "
+          f"{'95% CI':>21} {'t':>6}  in box  time")
     for label in labels:
         r = res[label]
-        dm, se, _ = _paired(r["means"], ref["means"])
-        pair = "reference" if r is ref else f"{dm:+.4f} +- {se:.4f}"
-        tv = "" if r is ref else f"{_tval(dm, se):+.1f}"
-        print(f"{label:<{wl}} {r['mean']:13.4f} {r['mean'] / ref['mean']:7.4f} {r['worst']:10.4f} "
-              f"{r['worst'] / ref['worst']:7.4f}  {pair:>18} {tv:>5}  "
-              f"{' '.join(f'{x:.4f}' for x in r['means']):<{ws}} {str(r['ok']):<6} {r['t']:4.0f} s"
-              + (f" ({r['cached']} cached)" if r["cached"] else ""))
+        if r is ref:
+            cols = f"{len(r['lmeans']):3d} {'reference':>9}"
+        else:
+            st = paired_stats(r["lmeans"], ref["lmeans"])
+            cols = (f"{st['n']:3d} {st['mean']:+9.5f} {st['sd']:8.5f} [{st['lo']:+.5f}, {st['hi']:+.5f}] "
+                    f"{st['t']:+6.1f}")
+        print(f"{label:<{wl}} {r['mean']:9.4f} {r['lmean']:9.4f} {cols}  {str(r['ok']):<6} {r['t']:4.0f} s"
+              + (f" ({r['cached']} cached)" if r["cached"] else "")
+              + (f" ({r['reused']} = the default's runs, which never left stratified)" if r.get("reused") else ""))
     short = {n: n.replace("repo-", "") for n in names}
-    print(f"\nper arm: held-out loss (seed mean) | mixture p, time-averaged -> final (seed mean)")
-    print(f"{'policy':<{wl}} " + " ".join(f"{short[n]:>11}" for n in names) + "  | "
+    print("\nper arm: held-out loss (seed mean) | mixture p, time-averaged -> final (seed mean)")
+    print(f"{'policy':<{wl}} " + " ".join(f"{short[n]:>13}" for n in names) + "  | "
           + "  ".join(f"{short[n]:>14}" for n in names))
     for label in labels:
         r = res[label]
-        print(f"{label:<{wl}} " + " ".join(f"{r['arm'][n]:11.4f}" for n in names) + "  | "
+        print(f"{label:<{wl}} " + " ".join(f"{r['arm'][n]:13.4f}" for n in names) + "  | "
               + "  ".join(f"{r['pmean'][n]:6.3f} -> {r['pfinal'][n]:.3f}" for n in names))
+
+
+QUICK = {"sets": ["A", "D", "F", "trap"], "steps": 150, "seeds": [1, 2], "no_oracle": True,
+         "bandit_warmup": 30, "probe_every": 10}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", nargs="+", choices=("A", "B", "C", "trap"), default=["A", "B"],
+    ap.add_argument("--sets", nargs="+", choices=("A", "B", "C", "D", "F", "trap"), default=["A", "B"],
                     help="arm sets (A: the embedded defaults; B: C headers, test files, prose; C: charmap "
-                         "tables, C headers, reference prose; trap: A plus the repetitive arm)")
+                         "tables, C headers, reference prose; D: two real arms and base64 noise; F: two "
+                         "large arms and a small one that repeats; trap: A plus the repetitive arm)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run (sets A D F trap, 150 steps, seeds 1 2, no oracle): the pipeline "
+                         "and the RESULT lines, not evidence; a few minutes")
+    ap.add_argument("--oracle-sets", nargs="+", default=None, metavar="SET",
+                    help="run the oracle on these sets only (default: every set but the trap)")
+    ap.add_argument("--oracle-seeds", type=int, default=0, metavar="N",
+                    help="run the oracle's cells on the first N seeds only (default: all)")
+    ap.add_argument("--oracle-design", choices=("grid", "sparse", "mini"), default="grid",
+                    help="oracle cells: the full grid (--grid-step), the 15-cell sparse design or "
+                         "its 9-cell subset")
+    ap.add_argument("--policy-source", default=None, metavar="HASH",
+                    help="key the cached bandit rows by this policy-source hash instead of the "
+                         "current files' (to report runs of an earlier commit whose policy code is "
+                         "unchanged; say so when you do)")
     ap.add_argument("--trap", action="store_true",
                     help="also run the collapse trap: set A plus a repetitive list-like arm")
     ap.add_argument("--steps", type=int, default=300, help="training steps of the bandit rows (e.g. 1000)")
@@ -591,12 +808,18 @@ def main() -> None:
                     help="run config probe_every: the policy period and lag, steps (default 10)")
     ap.add_argument("--probe-sequences", type=int, default=8,
                     help="run config probe_sequences: at most this many probe windows per arm (default 8)")
-    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
+    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=["stratified", "default"],
                     help="policies to run (stratified always runs: it is the reference)")
     ap.add_argument("--variant", type=parse_variant, action="append", default=[],
                     help="extra row: the default policy with other knobs, NAME:KEY=VALUE,... with KEY "
                          "warmup, probe_every, probe_sequences or a BanditConfig field (repeatable)")
     a = ap.parse_args()
+    if a.policy_source:
+        global POLICY_SOURCE
+        POLICY_SOURCE = a.policy_source
+    if a.quick:
+        for k, v in QUICK.items():
+            setattr(a, k, v)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     t_all = time.perf_counter()
@@ -611,12 +834,19 @@ def main() -> None:
             out = run_set(set_name, a, Path(d), cache)
             if a.cache:
                 a.cache.write_text(json.dumps(cache))
-            results += [s for s in out.values() if s["policy"] == "default" or set_name == "trap"]
+            results += list(out.values())
     print(f"\nall posted p inside the box: {all(s['box_ok'] for s in results)}; "
           f"total wall time {time.perf_counter() - t_all:.0f} s")
-    for s in results:
-        if s["policy"] == "default":
-            print("RESULT " + json.dumps(s))
+    default = [s for s in results if s["policy"] == "default"]
+    apply_targets(default)
+    print(f"targets (docs/bandit.md#targets), Holm's correction over the {len(default)} sets:")
+    for s in default:
+        print(f"  {s['set']} ({s['role']}): delta {s['delta_mean']:+.5f} [{s['ci95_low']:+.5f}, "
+              f"{s['ci95_high']:+.5f}], t {s['t']}, p one-sided {s['p_one_sided']:.2g}, Holm {s['p_holm']:.2g}: "
+              + ("met" if s["target_met"] else "missed: " + "; ".join(s["target_misses"])))
+    keys = ("set", "n_seeds", "delta_mean", "ci95_high", "t", "captured", "worst_delta", "box_ok", "target_met")
+    for s in default:
+        print("RESULT " + json.dumps({k: s[k] for k in keys} | {k: v for k, v in s.items() if k not in keys}))
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ class RunConfig:
     arms: list[ArmSpec] = field(default_factory=lambda: list(DEFAULT_ARMS))
     caps: dict[str, float] = field(default_factory=dict)
     floors: dict[str, float] = field(default_factory=dict)
-    reward: str = "heldout_progress"
+    reward: str = "train_slope"     # train_slope (free, conservative) | heldout_progress (reads the probe) | train_loss
     bandit_warmup: int = 200        # steps on the prior before the first bandit update
     config_file: str | None = None  # the --config FILE.toml the run was created with
     sources: dict[str, str] = field(default_factory=dict)  # option -> file/command line/default
@@ -206,8 +206,8 @@ class RunConfig:
             raise ConfigError(f"bpe_sample_bytes={self.bpe_sample_bytes:,} must be >= 65,536")
         if self.arm_max_tokens < 0:
             raise _bad("arm_max_tokens", self.arm_max_tokens, "must be >= 0 (0 = no cap)")
-        if self.reward not in ("heldout_progress", "train_loss"):
-            raise _bad("reward", repr(self.reward), "is unknown: choose heldout_progress or train_loss")
+        if self.reward not in REWARDS:
+            raise _bad("reward", repr(self.reward), f"is unknown: choose {', '.join(REWARDS)}")
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names) or not names:
             raise ConfigError(f"arm names must be unique and non-empty, got {names}")
@@ -306,11 +306,14 @@ def accumulation_steps(batch_size: int, micro_batch_size: int | None, world_size
 class ProbePlan:
     """How the held-out probe runs (docs/bandit.md#probe-cost): `sequences` windows per arm,
     every `every` steps (a multiple of probe_every), and `cost` = its forward FLOPs as a
-    fraction of the training FLOPs of the same steps."""
+    fraction of the training FLOPs of the same steps. `active` False: the reward reads no
+    probe (the default train_slope), so the worker runs none and `cost` is 0; `sequences` is
+    then what a sample audit measures its per-arm loss on."""
 
     sequences: int
     every: int
     cost: float
+    active: bool = True
 
 
 def probe_plan(cfg: RunConfig, n_arms: int | None = None) -> ProbePlan:
@@ -325,9 +328,13 @@ def probe_plan(cfg: RunConfig, n_arms: int | None = None) -> ProbePlan:
     per_period = cfg.probe_budget * 3 * cfg.probe_every * cfg.batch_size
     s = max(1, min(cfg.probe_sequences, math.floor(per_period / k + 1e-9)))
     m = max(1, math.ceil(k * s / per_period - 1e-9))
-    return ProbePlan(s, m * cfg.probe_every, k * s / (3.0 * m * cfg.probe_every * cfg.batch_size))
+    active = cfg.reward in PROBE_REWARDS
+    return ProbePlan(s, m * cfg.probe_every,
+                     k * s / (3.0 * m * cfg.probe_every * cfg.batch_size) if active else 0.0, active)
 
 
+REWARDS = ("train_slope", "heldout_progress", "train_loss")   # proxy/bandit.py REWARDS
+PROBE_REWARDS = ("heldout_progress",)   # rewards that read the held-out probe (the others run none)
 AUDIT_TOKENS = 48          # tokens generated per arm by a sample audit
 AUDIT_BUDGET = 0.005       # default sample_every keeps the audits within this share of training
 POLICY_BUDGET = 0.02       # probe (probe_budget 0.015) + audits (AUDIT_BUDGET), by default at most

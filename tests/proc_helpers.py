@@ -106,9 +106,11 @@ def pid_alive(pid: int) -> bool:
 
 
 # The exactness configuration: a short warm-up so a resume can land inside it and after it, a
-# cadence of 10, and a bandit that moves every 10 steps (so the mixture is part of what resumes).
+# cadence of 10, and a bandit that moves every 10 steps (so the mixture is part of what resumes):
+# the probe's EXP3 policy, which moves at every probe (the default, train_slope, stays at
+# stratified until its evidence is strong, which a 60-step run on three alike arms never gives).
 EXACT = ["--max-steps", "60", "--checkpoint-every", "10", "--probe-every", "10",
-         "--warmup-steps", "20", "--bandit-warmup", "0"]
+         "--warmup-steps", "20", "--bandit-warmup", "0", "--reward", "heldout_progress"]
 
 
 def create_template(run_dir: Path, *args: str) -> Path:

@@ -111,6 +111,7 @@ def test_sixteen_arms_of_mixed_kinds_train_fifty_steps(tmp_path):
     assert len(arms) == 16
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "50", "--checkpoint-every", "50", "--probe-every", "10",
+                  "--reward", "heldout_progress",
                   "--batch-size", "16", *[f"--arm={a}" for a in arms])
     assert r.returncode == 0, r.stderr[-3000:]
     idx = read_arm_index(RunLayout(run))

@@ -46,6 +46,7 @@ def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_
     toks.tofile(src / "web.bin")
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "15", "--checkpoint-every", "15", "--probe-every", "5",
+                  "--reward", "heldout_progress",
                   "--arm", f"dir=text:{src / 'notes'}", "--arm", f"glob=text:{src}/notes/*.md",
                   "--arm", f"file=text:{src / 'single.txt'}",
                   "--arm", f"chat=jsonl:{src / 'chat.jsonl'}:content",

@@ -243,7 +243,7 @@ def synthetic_records(n_steps, arms=ARMS, batch=16, probe_every=25, seed=0, drop
 
 
 def make(config=None, floors=None, caps=None, **kw):
-    return Bandit(ARMS, floors or {}, caps or {}, config or BanditConfig(), **kw)
+    return Bandit(ARMS, floors or {}, caps or {}, config or BanditConfig(reward="heldout_progress"), **kw)
 
 
 def replay(arms, floors, caps, config, records, phase_index, label, start, upto_step=None):
@@ -263,7 +263,7 @@ def as_loss_record(r):
             "arms": r["arms"], "p": r["p"], "arm_loss": r["arm_loss"], "probe": r["probe"]}
 
 
-@pytest.mark.parametrize("reward", ["heldout_progress", "train_loss"])
+@pytest.mark.parametrize("reward", ["train_slope", "heldout_progress", "train_loss"])
 def test_replay_of_two_thousand_records_is_deterministic_and_round_trips(reward):
     cfg = BanditConfig(reward=reward)
     recs = synthetic_records(2000, drops={"python-docs": 0.01, "repo-code": 0.03, "repo-docstrings": 0.0})
@@ -285,8 +285,8 @@ def test_replay_of_two_thousand_records_is_deterministic_and_round_trips(reward)
 
 def test_replay_upto_step_matches_prefix():
     recs = synthetic_records(600)
-    full = replay(ARMS, {}, {}, BanditConfig(), recs, 0, "initial", 0, upto_step=400)
-    prefix = replay(ARMS, {}, {}, BanditConfig(), recs[:400], 0, "initial", 0)
+    full = replay(ARMS, {}, {}, BanditConfig(reward="heldout_progress"), recs, 0, "initial", 0, upto_step=400)
+    prefix = replay(ARMS, {}, {}, BanditConfig(reward="heldout_progress"), recs[:400], 0, "initial", 0)
     assert full.to_dict() == prefix.to_dict()
 
 
@@ -303,7 +303,7 @@ def test_records_of_other_phases_and_old_steps_are_ignored():
 
 
 def test_repetitive_arm_whose_probe_drops_fastest_never_passes_cap_and_loses_once_easy():
-    cfg = BanditConfig(easy_arm_ratio=0.8)
+    cfg = BanditConfig(reward="heldout_progress", easy_arm_ratio=0.8)
     caps = {"repo-docstrings": 0.5}
     floors = {a: 0.1 for a in ARMS}
     b = make(cfg, floors, caps)
@@ -338,14 +338,14 @@ def test_heldout_progress_ignores_train_loss():
     rng = random.Random(5)
     for r in other:
         r["arm_loss"] = {a: rng.uniform(0.01, 9.0) for a in ARMS}
-    a = replay(ARMS, {}, {}, BanditConfig(), recs, 0, "x", 0)
-    b = replay(ARMS, {}, {}, BanditConfig(), other, 0, "x", 0)
+    a = replay(ARMS, {}, {}, BanditConfig(reward="heldout_progress"), recs, 0, "x", 0)
+    b = replay(ARMS, {}, {}, BanditConfig(reward="heldout_progress"), other, 0, "x", 0)
     assert a.to_dict() == b.to_dict()
     assert a.updates > 0
 
 
 def test_first_probe_only_sets_baseline():
-    cfg = BanditConfig(warmup_steps=0)
+    cfg = BanditConfig(reward="heldout_progress", warmup_steps=0)
     b = make(cfg)
     rec = {"step": 1, "phase_index": 0, "arms": {"repo-code": 4}, "p": {}, "probe": {a: 3.0 for a in ARMS},
            "batch_size": 4}
@@ -389,7 +389,7 @@ def test_pulls_counted_every_record_including_warmup():
 
 
 def test_exp3s_share_keeps_every_log_weight_finite_from_zero_prior():
-    cfg = BanditConfig(warmup_steps=0)
+    cfg = BanditConfig(reward="heldout_progress", warmup_steps=0)
     b = make(cfg, prior={"repo-code": 1.0})
     assert b.logw["python-docs"] == -math.inf
     d = json.loads(json.dumps(b.to_dict(), allow_nan=False))
@@ -479,7 +479,7 @@ def test_retire_refuses_infeasible_remaining_bounds_and_unknown_arms():
 
 
 def test_bandit_keyed_by_name_not_position():
-    cfg = BanditConfig(warmup_steps=0)
+    cfg = BanditConfig(reward="heldout_progress", warmup_steps=0)
     recs = synthetic_records(200)
     a = replay(ARMS, {}, {}, cfg, recs, 0, "x", 0)
     b = replay(list(reversed(ARMS)), {}, {}, cfg, recs, 0, "x", 0)
@@ -507,7 +507,7 @@ def test_centred_progress_ignores_a_trend_common_to_every_arm():
             recs.append(rec)
             shifted.append(rec)
     for centre in (True, False):
-        cfg = BanditConfig(warmup_steps=0, center_progress=centre)
+        cfg = BanditConfig(reward="heldout_progress", warmup_steps=0, center_progress=centre)
         x, y = Bandit(["a", "b", "c"], None, None, cfg), Bandit(["a", "b", "c"], None, None, cfg)
         for r, s in zip(recs, shifted):
             x.observe(r)
@@ -561,7 +561,7 @@ def test_collapse_trap_default_never_raises_the_repetitive_arm_after_warmup():
     bench's real trap, whose held-out loss falls fastest too, is held by the repetition guard instead: docs/bandit.md#the-repetition-guard); the ODM baseline (train_loss) reacts to the train loss instead (here it lowers
     it: a raw-loss reward prefers hard arms, the trap's danger is to a loss-DECREASE reward)."""
     floors, caps = {a: 0.1 for a in TRAP_ARMS}, {a: 0.6 for a in TRAP_ARMS}
-    cfg = BanditConfig(warmup_steps=50)
+    cfg = BanditConfig(reward="heldout_progress", warmup_steps=50)
     b = Bandit(TRAP_ARMS, floors, caps, cfg)
     start, top = None, 0.0
     for r in trap_records(1500):
@@ -596,14 +596,14 @@ def test_stated_speeds_of_adaptation():
             b._update({"a0": 0.1, "a1": -0.1, "a2": -0.1})
             out[t] = b.logw["a0"] - b.logw["a1"]
         return out
-    slow = odds(BanditConfig(warmup_steps=0), 400)
+    slow = odds(BanditConfig(reward="heldout_progress", warmup_steps=0), 400)
     assert slow[25] == pytest.approx(0.205, abs=0.01) and slow[100] == pytest.approx(0.505, abs=0.01)
     assert 0.55 < slow[400] < 0.7
-    fast = odds(BanditConfig(warmup_steps=0, eta=0.3), 200)
+    fast = odds(BanditConfig(reward="heldout_progress", warmup_steps=0, eta=0.3), 200)
     assert fast[10] == pytest.approx(0.55, abs=0.02) and fast[25] == pytest.approx(1.23, abs=0.03)
     assert 2.2 < fast[200] < 2.4 and fast[200] - fast[100] < 0.05
     boxed = Bandit(arms, {a: 0.1 for a in arms}, {a: 0.6 for a in arms},
-                   BanditConfig(warmup_steps=0, eta=0.3))
+                   BanditConfig(reward="heldout_progress", warmup_steps=0, eta=0.3))
     for _ in range(25):
         boxed._update({"a0": 0.1, "a1": -0.1, "a2": -0.1})
     assert boxed.probabilities()["a0"] == pytest.approx(0.6, abs=1e-12)
@@ -615,7 +615,7 @@ def test_stated_speeds_of_adaptation():
 def test_progress_per_p_divides_progress_by_the_mean_recorded_p():
     """progress_per_p: an arm drawn half as often that made the same progress scores twice the
     raw reward (its data moved its loss twice as far per sequence)."""
-    cfg = BanditConfig(warmup_steps=0, progress_per_p=True, center_progress=False)
+    cfg = BanditConfig(reward="heldout_progress", warmup_steps=0, progress_per_p=True, center_progress=False)
     b = Bandit(["a", "b"], None, None, cfg)
     p = {"a": 0.25, "b": 0.75}
     b.observe({"step": 1, "phase_index": 0, "arms": {"a": 1, "b": 3}, "p": p, "probe": {"a": 3.0, "b": 3.0}})
@@ -623,7 +623,7 @@ def test_progress_per_p_divides_progress_by_the_mean_recorded_p():
     b.observe({"step": 3, "phase_index": 0, "arms": {"a": 1, "b": 3}, "p": p, "probe": {"a": 2.9, "b": 2.9}})
     assert sorted(b.scaler.to_dict()["values"]) == pytest.approx(sorted([0.1 / 0.25, 0.1 / 0.75]))
     assert b.probabilities()["a"] > 0.5
-    plain = Bandit(["a", "b"], None, None, BanditConfig(warmup_steps=0, center_progress=False))
+    plain = Bandit(["a", "b"], None, None, BanditConfig(reward="heldout_progress", warmup_steps=0, center_progress=False))
     for r in ({"step": 1, "phase_index": 0, "arms": {}, "p": p, "probe": {"a": 3.0, "b": 3.0}},
               {"step": 3, "phase_index": 0, "arms": {}, "p": p, "probe": {"a": 2.9, "b": 2.9}}):
         plain.observe(r)
@@ -634,7 +634,7 @@ def test_progress_per_p_divides_progress_by_the_mean_recorded_p():
 def test_state_round_trip_mid_probe_interval(per_p):
     """The p accumulated since the last probe is part of the state: a bandit restored between
     two probes continues exactly like the original (resume bit-exact)."""
-    cfg = BanditConfig(progress_per_p=per_p, warmup_steps=20)
+    cfg = BanditConfig(reward="heldout_progress", progress_per_p=per_p, warmup_steps=20)
     recs = synthetic_records(437, probe_every=10, drops={"python-docs": 0.02, "repo-code": 0.01,
                                                          "repo-docstrings": 0.0})
     a = replay(ARMS, {}, {}, cfg, recs[:433], 0, "x", 0)
@@ -648,24 +648,27 @@ def test_state_round_trip_mid_probe_interval(per_p):
 def test_probe_plan_costs_at_most_the_budget_at_every_preset_and_batch():
     """shared/config.py probe_plan (docs/bandit.md#probe-cost): the probe's forward FLOPs stay
     within probe_budget of training FLOPs for every preset, batch and arm count; the plan is a
-    pure function of the config; at batch 16 with probe_every 25 it is 6 windows (1.5 %)."""
+    pure function of the config; at batch 16 with probe_every 25 it is 6 windows (1.5 %). With
+    the default reward (train_slope) no probe runs and it costs nothing."""
     from shared.config import PRESETS, RunConfig, probe_plan
+    free = probe_plan(RunConfig(batch_size=16))
+    assert not free.active and free.cost == 0.0
     for preset, shape in PRESETS.items():
         for batch in (1, 2, 3, 4, 8, 16, 64, 512):
             for k in (1, 2, 3, 4, 16):
-                cfg = RunConfig(preset=preset, model=shape, batch_size=batch)
+                cfg = RunConfig(preset=preset, model=shape, batch_size=batch, reward="heldout_progress")
                 pp = probe_plan(cfg, k)
                 cost = k * pp.sequences * shape.block_size / (3 * pp.every * batch * shape.block_size)
                 assert pp.cost == pytest.approx(cost)
                 assert cost <= cfg.probe_budget + 1e-12, (preset, batch, k, pp)
                 assert 1 <= pp.sequences <= cfg.probe_sequences and pp.every % cfg.probe_every == 0
                 assert probe_plan(cfg, k) == pp
-    cfg = RunConfig(batch_size=16)
+    cfg = RunConfig(batch_size=16, reward="heldout_progress")
     assert probe_plan(cfg) == probe_plan(cfg, 3) and probe_plan(cfg).sequences == 6
     assert probe_plan(cfg).every == 25
-    small = RunConfig(batch_size=2)
+    small = RunConfig(batch_size=2, reward="heldout_progress")
     assert probe_plan(small).sequences == 1 and probe_plan(small).every == 50
-    assert probe_plan(RunConfig(batch_size=1)).every == 75
+    assert probe_plan(RunConfig(batch_size=1, reward="heldout_progress")).every == 75
 
 
 def test_collapse_trap_whose_probe_falls_fastest_is_held_by_the_easy_arm_guard():
@@ -687,7 +690,7 @@ def test_collapse_trap_whose_probe_falls_fastest_is_held_by_the_easy_arm_guard()
         recs.append(rec)
     tops = {}
     for ratio in (0.8, 0.0):
-        b = Bandit(TRAP_ARMS, floors, caps, BanditConfig(warmup_steps=10, easy_arm_ratio=ratio, eta=0.3))
+        b = Bandit(TRAP_ARMS, floors, caps, BanditConfig(reward="heldout_progress", warmup_steps=10, easy_arm_ratio=ratio, eta=0.3))
         start, top = None, 0.0
         for r in recs:
             b.observe(r)
@@ -714,7 +717,7 @@ def test_repetition_guard_holds_a_compressible_arm_at_its_post_warmup_share():
     floors, caps = {a: 0.1 for a in TRAP_ARMS}, {a: 0.6 for a in TRAP_ARMS}
     ratios = {"python-docs": 2.6, "repo-code": 3.5, "repo-docstrings": 2.9, "list-trap": 183.0}
     for ratio, held in ((20.0, True), (0.0, False)):
-        b = Bandit(TRAP_ARMS, floors, caps, BanditConfig(warmup_steps=50, eta=0.3,
+        b = Bandit(TRAP_ARMS, floors, caps, BanditConfig(reward="heldout_progress", warmup_steps=50, eta=0.3,
                                                          repetitive_ratio=ratio), compression=ratios)
         start, top = None, 0.0
         for r in trap_records(600, seed=5, noise=0.3, drops=TRAP_FASTEST):
@@ -739,7 +742,7 @@ def test_repetition_guard_holds_a_compressible_arm_at_its_post_warmup_share():
 def test_repetition_guard_is_redecided_per_phase_and_released_when_a_retirement_needs_room():
     arms = ["a", "b", "c"]
     b = Bandit(arms, {"a": 0.0, "b": 0.0, "c": 0.0}, {"a": 1.0, "b": 0.45, "c": 1.0},
-               BanditConfig(warmup_steps=0), compression={"a": 50.0, "b": 2.0, "c": 3.0})
+               BanditConfig(reward="heldout_progress", warmup_steps=0), compression={"a": 50.0, "b": 2.0, "c": 3.0})
     b.observe({"step": 1, "phase_index": 0, "arms": {"a": 1}, "p": {}, "probe": None})
     assert b.hold_decided and b.held == {"a": pytest.approx(1 / 3)}
     assert b.effective_caps() == {"a": pytest.approx(1 / 3), "b": 0.45, "c": 1.0}
@@ -811,14 +814,19 @@ def test_default_audit_cadence_keeps_audits_within_their_budget_at_every_preset_
 def test_probe_and_audits_together_cost_at_most_the_policy_budget_by_default():
     """docs/bandit.md#probe-cost: with the default probe_budget and sample
     cadence, probe + audits (shared/config.py policy_cost) stay within POLICY_BUDGET (2 %) of
-    training FLOPs at every preset, batch and arm count; the start-up table states the sum."""
-    from shared.config import POLICY_BUDGET, PRESETS, RunConfig, default_sample_every, policy_cost
+    training FLOPs at every preset, batch and arm count (with the probe of heldout_progress; the
+    default train_slope pays only the audits); the start-up table states the sum."""
+    from shared.config import (POLICY_BUDGET, PRESETS, RunConfig, audit_cost, default_sample_every,
+                               policy_cost)
     assert POLICY_BUDGET == 0.02
+    free = RunConfig(batch_size=16)
+    free.sample_every = default_sample_every(free)
+    assert policy_cost(free) == audit_cost(free) <= 0.005
     worst = 0.0
     for preset, shape in PRESETS.items():
         for batch in (1, 2, 3, 4, 8, 16, 64, 512):
             for k in (1, 2, 3, 4, 16):
-                cfg = RunConfig(preset=preset, model=shape, batch_size=batch)
+                cfg = RunConfig(preset=preset, model=shape, batch_size=batch, reward="heldout_progress")
                 cfg.arms = cfg.arms[:1] * k
                 cfg.sample_every = default_sample_every(cfg)
                 worst = max(worst, policy_cost(cfg))
@@ -844,3 +852,133 @@ def test_batched_generation_with_one_generator_per_row_matches_each_row_alone():
     assert not torch.equal(together[0, 16:], together[1, 16:])
     with pytest.raises(ValueError, match="2 generators for 3 rows"):
         generate_batched(m, idx, 4, 0.8, 40, gens()[:2])
+
+
+# ----------------------------------------------------------------------------- the default policy
+
+def trend_records(n_steps, slopes, level=None, sigma=0.03, period=10, batch=16, seed=0, p=None):
+    """Records whose per-arm training loss follows a - b ln(step) plus Gaussian noise of sd
+    `sigma` per sequence (each arm's mean over its n rows then has sd sigma / sqrt(n))."""
+    rng = random.Random(seed)
+    arms = sorted(slopes)
+    level = level or {a: 4.0 for a in arms}
+    out = []
+    for step in range(1, n_steps + 1):
+        counts = {a: 0 for a in arms}
+        for _ in range(batch):
+            counts[arms[rng.randrange(len(arms))]] += 1
+        loss = {a: level[a] - slopes[a] * math.log(step) + rng.gauss(0, sigma / math.sqrt(counts[a]))
+                for a in arms if counts[a]}
+        out.append({"step": step, "phase_index": 0, "arms": counts, "p": p or {a: 1 / len(arms) for a in arms},
+                    "arm_loss": loss, "probe": None, "batch_size": batch})
+    return out
+
+
+def test_default_reward_is_the_free_training_loss_slope_and_reads_no_probe():
+    """docs/bandit.md#the-default-policy: the default reads the training losses the update
+    computes anyway; a probe in the record changes nothing."""
+    from shared.config import RunConfig, probe_plan
+    assert BanditConfig().reward == "train_slope" and RunConfig().reward == "train_slope"
+    assert not probe_plan(RunConfig()).active and probe_plan(RunConfig()).cost == 0.0
+    recs = trend_records(300, {"a": 0.2, "b": 0.2, "noise": 0.0})
+    with_probe = [dict(r, probe={"a": 9.0, "b": 1.0, "noise": 5.0 + r["step"]}) for r in recs]
+    cfg = BanditConfig(warmup_steps=50)
+    x, y = (replay(["a", "b", "noise"], {}, {}, cfg, rr, 0, "i", 0) for rr in (recs, with_probe))
+    x2, y2 = x.to_dict(), y.to_dict()
+    assert x2 == y2
+
+
+def test_default_policy_posts_stratified_until_a_lower_confidence_bound_says_the_move_pays():
+    """p = (1 - lam) s + lam pi with lam = max(0, 1 - z SE / G): exactly stratified during the
+    warm-up and the first min_periods periods, then moving the unlearnable arm (flat loss) down
+    towards its floor in proportion to the evidence; every p inside the box."""
+    arms = ["a", "b", "noise"]
+    floors, caps = {n: 0.1 for n in arms}, {n: 0.6 for n in arms}
+    b = Bandit(arms, floors, caps, BanditConfig(warmup_steps=50), period_steps=10)
+    strat = b.stratified()
+    assert strat == pytest.approx({n: 1 / 3 for n in arms})
+    lams = []
+    for r in trend_records(400, {"a": 0.2, "b": 0.2, "noise": 0.0}):
+        b.observe(r)
+        p = b.probabilities()
+        assert all(floors[n] - 1e-12 <= p[n] <= caps[n] + 1e-12 for n in arms)
+        assert math.fsum(p.values()) == pytest.approx(1.0, abs=1e-12)
+        if r["step"] <= 50 + 10 * 3:    # warm-up, then fewer than min_periods (4) points per arm
+            assert p == strat and b.lam == 0.0
+        lams.append(b.lam)
+        if b.lam > 0:
+            want = {n: (1 - b.lam) * strat[n] + b.lam * b.target[n] for n in arms}
+            assert p == pytest.approx(want, abs=1e-12)
+    assert b.target["noise"] == pytest.approx(0.1) and b.target["a"] == pytest.approx(0.45, abs=0.05)
+    assert 0.5 < lams[-1] < 1 and b.gain > 0
+    z, se, g = b.config.confidence_z, b.gain_se, b.gain
+    assert b.lam == pytest.approx(1 - z * se / g)
+    assert b.probabilities()["noise"] < 0.2
+
+
+def test_default_policy_stays_at_stratified_when_the_arms_learn_alike():
+    """Alike arms (equal true slopes, noisy losses): the estimated gain of any move is within
+    its noise, so lam stays 0 and the posted mixture is exactly stratified (non-inferior by
+    construction, docs/bandit.md#the-default-policy)."""
+    arms = ["a", "b", "c"]
+    for seed in range(5):
+        b = Bandit(arms, {n: 0.1 for n in arms}, {n: 0.6 for n in arms},
+                   BanditConfig(warmup_steps=50), period_steps=10)
+        moved = 0
+        for r in trend_records(300, {n: 0.2 for n in arms}, sigma=0.3, seed=seed):
+            b.observe(r)
+            moved += b.lam > 0
+        assert moved <= 20, (seed, moved)   # at most a couple of periods, if any
+        assert b.lam < 0.3
+
+
+def test_conservative_mixture_matches_its_equations():
+    """proxy/loss_trend.py: pi = M project(b+/sum b+), G = (1/K) sum b ln(pi/s), SE from the
+    slopes' variances, lam = max(0, 1 - z SE / G); fewer than min_periods points = no evidence."""
+    from proxy.loss_trend import ArmFit, conservative_mixture
+    fits = {}
+    for name, slope in (("a", 0.3), ("b", 0.1), ("c", 0.0)):
+        f = ArmFit()
+        for i, x in enumerate([4.0, 4.2, 4.4, 4.6, 4.8, 5.0]):
+            f.add(x, 3.0 - slope * x + (0.01 if i % 2 else -0.01))
+        fits[name] = f
+    s = {n: 1 / 3 for n in "abc"}
+    mv = conservative_mixture(list("abc"), fits, {n: 0.1 for n in "abc"}, {n: 0.6 for n in "abc"}, s,
+                              set(), 2.0, 4)
+    b = {n: mv.slopes[n][0] for n in "abc"}
+    assert b["a"] == pytest.approx(0.3, abs=0.02) and b["c"] == pytest.approx(0.0, abs=0.02)
+    want = project_to_box({n: max(0, b[n]) / sum(max(0, v) for v in b.values()) for n in "abc"},
+                          {n: 0.1 for n in "abc"}, {n: 0.6 for n in "abc"})
+    assert mv.target == pytest.approx(want, abs=1e-12)
+    g = sum(b[n] * math.log(mv.target[n] / s[n]) for n in "abc") / 3
+    se = math.sqrt(sum((math.log(mv.target[n] / s[n]) * mv.slopes[n][1]) ** 2 for n in "abc")) / 3
+    assert mv.gain == pytest.approx(g) and mv.gain_se == pytest.approx(se)
+    assert mv.lam == pytest.approx(max(0, 1 - 2 * se / g))
+    few = conservative_mixture(list("abc"), fits, {}, {}, s, set(), 2.0, 7)
+    assert few.lam == 0 and few.target == s
+
+
+def test_an_arm_past_one_epoch_stops_counting_and_is_never_raised_above_stratified():
+    """docs/bandit.md#repetition: once an arm's lifetime pulls pass its epoch size its training
+    loss is no longer held-out evidence: its fit stops at the last held-out-valid period, and
+    the target may lower it but never raise it above its stratified share, however fast its
+    (memorised) training loss falls."""
+    arms = ["big", "other", "small"]
+    b = Bandit(arms, {n: 0.1 for n in arms}, {n: 0.6 for n in arms}, BanditConfig(warmup_steps=20),
+               period_steps=10, epoch_size={"small": 1000.0, "big": 1e9, "other": 1e9})
+    recs = trend_records(400, {"big": 0.2, "other": 0.1, "small": 0.25})
+    for r in recs:
+        if r["step"] > 200:   # memorising: its training loss now falls fast
+            r["arm_loss"]["small"] = r["arm_loss"].get("small", 4.0) - 0.02 * (r["step"] - 200)
+        b.observe(r)
+        if "small" in b.repeated:
+            assert b.probabilities()["small"] <= 1 / 3 + 1e-12
+    crossed = b.repeated["small"]
+    assert 150 < crossed < 250
+    pulls = sum(r["arms"]["small"] for r in recs if r["step"] <= crossed)
+    assert pulls > 1000 >= pulls - recs[crossed - 1]["arms"]["small"]
+    n_at = b.fits["small"].n
+    assert n_at == (crossed // 10 * 10 - 20) // 10 - (0 if crossed % 10 else 1) or n_at <= (crossed - 20) // 10
+    assert b.target["small"] <= 1 / 3 + 1e-12
+    back = Bandit.from_dict(json.loads(json.dumps(b.to_dict())))
+    assert back.to_dict() == b.to_dict() and back.repeated == {"small": crossed}

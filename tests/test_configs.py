@@ -167,8 +167,9 @@ def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path)
     row = _table_row(r.stderr, "sample audit")
     assert "3 arms x 48 tokens every 1100 steps <= 0.50% of training FLOPs" in row
     assert "[checkpoint cadence x 11, to stay within 0.5%]" in row, row
-    row = _table_row(r.stderr, "policy overhead")          # probe + audits: within 2 % by default
-    assert "probe 1.50% + audits 0.50% = 2.00% of training FLOPs" in row and "[default]" in row, row
+    row = _table_row(r.stderr, "policy overhead")   # the default reads no probe: the audits alone
+    assert "no probe + audits 0.50% = 0.50% of training FLOPs" in row and "[default]" in row, row
+    assert "none: reward train_slope" in _table_row(r.stderr, "held-out probe")
     assert "over the default" not in row
     r = run_proxy(run, "--max-steps", "22", "--lr", "0.5", "--probe-every", "3",
                   "--reward", "train_loss", timeout=120)

@@ -23,7 +23,8 @@ from shared.checkpoint_manifest import read_manifest
 
 FINAL = 30  # probes (2 % budget) fall every 8 steps here: enough for the bandit to move
 ARGS = ["--max-steps", str(FINAL), "--checkpoint-every", "6", "--probe-every", "4",
-        "--sample-every", "1000", "--warmup-steps", "8", "--bandit-warmup", "0"]
+        "--sample-every", "1000", "--warmup-steps", "8", "--bandit-warmup", "0",
+        "--reward", "heldout_progress"]   # the probe's policy: the bf16 probes feed the mixture
 N_PARAMS, FILE_BYTES = 42_880, 514_568   # andrea-test, 256 tokens (tests/test_presets.py)
 CUDA_PATH = {"ANDREA_TEST_FUSED_ADAMW": "1"}  # the fused AdamW kernel, on CPU
 

@@ -28,7 +28,10 @@ def _record(k, rng):
 
 
 def _controller():
-    return MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 20, 5)
+    """As proxy/mixture_rebuild.py new_controller builds it for _run_layout's arms (900 training
+    tokens each, blocks of the default preset's 128)."""
+    return MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 20, 5,
+                             epoch_size={x: 900 / 128 for x in ARMS})
 
 
 def _run_layout(tmp_path) -> RunLayout:

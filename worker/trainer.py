@@ -330,7 +330,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         train_time = time.perf_counter() - t0
-        if k % self.probe_plan.every == 0 and self.rank == 0:
+        if self.probe_plan.active and k % self.probe_plan.every == 0 and self.rank == 0:
             rec["probe"] = self.probe()
         rec["step_time"] = time.perf_counter() - t0
         tokens_per_s = cfg.batch_size * cfg.model.block_size / max(train_time, 1e-9)
