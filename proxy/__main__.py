@@ -2,7 +2,7 @@
 import os
 import sys
 
-from proxy.cli import main
+from proxy.commands.run import main
 
 if __name__ == "__main__":
     try:

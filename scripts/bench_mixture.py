@@ -67,9 +67,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from proxy.bandit import BanditConfig, project_to_box  # noqa: E402
-from proxy.mixture import MixtureController, Phase  # noqa: E402
-from proxy.run_setup import create_run  # noqa: E402
+from proxy.mixture.bandit import BanditConfig, project_to_box  # noqa: E402
+from proxy.mixture.controller import MixtureController, Phase  # noqa: E402
+from proxy.supervision.run_setup import create_run  # noqa: E402
 from shared.arm_data import read_arm_index  # noqa: E402
 from shared.config import DEFAULT_ARMS, PRESETS, ArmSpec, RunConfig, probe_plan  # noqa: E402
 from shared.run_layout import RunLayout  # noqa: E402

@@ -5,8 +5,8 @@ import json
 import numpy as np
 
 from proc_helpers import loss_records, run_proxy
-from proxy.bandit import Bandit, BanditConfig
-from proxy.mixture_rebuild import replay_run
+from proxy.mixture.bandit import Bandit, BanditConfig
+from proxy.mixture.rebuild import replay_run
 from shared.arm_data import heldout_ranges, heldout_size, read_arm_index
 from shared.config import load_run_config, probe_plan
 from shared.run_layout import RunLayout

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from proxy.bandit import (Bandit, BanditConfig, BanditConfigError, QuantileScaler,
+from proxy.mixture.bandit import (Bandit, BanditConfig, BanditConfigError, QuantileScaler,
                           parse_arm_values, project_to_box, resolve_bounds)
-from proxy.mixture import MixtureController, Phase
+from proxy.mixture.controller import MixtureController, Phase
 
 ARMS = ["python-docs", "repo-code", "repo-docstrings"]
 

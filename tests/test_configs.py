@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from proc_helpers import ROOT
-from proxy.run_config_file import parse_run_args, read_config_file
-from proxy.run_options import add_run_args, config_from_args
+from proxy.commands.run_config_file import parse_run_args, read_config_file
+from proxy.supervision.run_options import add_run_args, config_from_args
 from shared.config import ConfigError, RunConfig
 
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
@@ -250,7 +250,7 @@ def test_a_run_json_value_of_the_wrong_type_is_refused_naming_the_file_and_key(t
 
 def test_an_unreadable_phases_json_is_named_with_its_remedy(tmp_path):
     """A damaged phases.json said only 'unreadable (Expecting property name ...)'."""
-    from proxy.run_setup import read_phases
+    from proxy.supervision.run_setup import read_phases
     from shared.run_layout import RunLayout
     layout = RunLayout(tmp_path)
     layout.phases.write_text('{"phases": [{oops')

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from proc_helpers import ROOT, run_proxy
-from proxy.plot import series
+from proxy.observation.plot import series
 import pytest
 
 

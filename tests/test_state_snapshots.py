@@ -3,10 +3,10 @@ exactly the state a replay from the phase start gives, and a rewind invalidates 
 import json
 import random
 
-from proxy.mixture import MixtureController, Phase
-from proxy.mixture_rebuild import rebuild_mixture
-from proxy.run_setup import write_phases
-from proxy.state_snapshots import append_snapshot, find_snapshot, mark_rewound
+from proxy.mixture.controller import MixtureController, Phase
+from proxy.mixture.rebuild import rebuild_mixture
+from proxy.supervision.run_setup import write_phases
+from proxy.run_files.state_snapshots import append_snapshot, find_snapshot, mark_rewound
 from shared.arm_data import ArmData, write_arm_index
 from shared.config import RunConfig
 from shared.loss_history import LossHistory, read_records, read_records_after
@@ -123,7 +123,7 @@ def test_snapshot_file_stays_bounded_by_the_checkpoints_on_disk(tmp_path):
     """Hundreds of checkpoints, retention keeping a few: the file is compacted to the snapshots
     of checkpoints still on disk (plus the newest), a rewind marker still hides what it hid, and
     a resume from a kept checkpoint still finds its own snapshot."""
-    from proxy.state_snapshots import COMPACT_AT, SNAPSHOTS, compact
+    from proxy.run_files.state_snapshots import COMPACT_AT, SNAPSHOTS, compact
     from shared.checkpoint_format import checkpoint_name
     layout = RunLayout(tmp_path)
     c = _controller()

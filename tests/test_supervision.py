@@ -275,8 +275,8 @@ def test_a_sigterm_that_reaches_a_worker_after_it_stopped_is_not_called_a_loss(t
     import logging
     import signal as sig
     from proc_helpers import create_template
-    from proxy.run_options import ProxyOptions
-    from proxy.supervisor import Supervisor
+    from proxy.supervision.run_options import ProxyOptions
+    from proxy.supervision.supervisor import Supervisor
     from shared.config import load_run_config
     from shared.loss_history import LossHistory
     from shared.run_layout import RunLayout

@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # imports tensorboard (about 1.5 s)
 
-from proxy.tensorboard_log import TensorBoardLog, step_scalars  # noqa: E402
+from proxy.observation.tensorboard_log import TensorBoardLog, step_scalars  # noqa: E402
 
 
 def _scalars(logdir, tag):

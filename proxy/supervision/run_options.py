@@ -17,8 +17,8 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from proxy.launch import LaunchOptions
-from proxy.tensorboard_log import check_available as check_tensorboard
+from proxy.supervision.launch import LaunchOptions
+from proxy.observation.tensorboard_log import check_available as check_tensorboard
 from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
 from shared.config import DEFAULT_ARMS, PRESETS, ConfigError, RunConfig, accumulation_steps, \
     count_parameters, default_sample_every
@@ -231,7 +231,7 @@ def _check_batch_split(a) -> None:
 def config_from_args(a) -> RunConfig:
     """The RunConfig of a new run from the parsed options `a` (defaults from shared/config.py).
     Raises ConfigError (a warm-up not below --max-steps) and BanditConfigError (bad bounds)."""
-    from proxy.arm_bounds import parse_arm_values
+    from proxy.mixture.arm_bounds import parse_arm_values
     from shared.arms import parse_arm_option
     cfg = RunConfig()
     if a.preset:
@@ -302,8 +302,8 @@ def _check_same_bounds(a, cfg: RunConfig, layout: RunLayout) -> None:
     After a pivot, the first phase's values (the creating command run again: a systemd unit, a
     requeued job) are accepted too, and the pivot's bounds stay in force. Raises ConfigError
     naming the phase's values, the remedy and the pivot command."""
-    from proxy.arm_bounds import parse_arm_values
-    from proxy.run_setup import read_phases
+    from proxy.mixture.arm_bounds import parse_arm_values
+    from proxy.supervision.run_setup import read_phases
     phases = read_phases(layout)
     phase, first = phases[-1], phases[0]
     names = sorted({x.name for x in cfg.arms} | set(phase.caps) | set(phase.floors))

@@ -175,7 +175,7 @@ def plan_arm_set(layout: RunLayout, cfg: RunConfig, new_specs: list[ArmSpec],
     no longer matches the fingerprint taken when it was tokenized; or the arms left cannot hold
     a batch under the phase's floors and caps (BanditConfigError's reason, with the fix).
     """
-    from proxy.bandit import BanditConfigError, resolve_bounds
+    from proxy.mixture.bandit import BanditConfigError, resolve_bounds
     names = [s.name for s in new_specs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -380,8 +380,8 @@ def restored_zombies(layout: RunLayout, specs: list[ArmSpec], index: dict[str, A
     again, and which the phase in force at `resume_step` can hold next to the `active` arms (a
     pivot made while it was away may leave no room: it then stays retired, with a warning).
     A source unplugged for a while (an unmounted disk) so costs those steps, not the arm."""
-    from proxy.bandit import BanditConfigError, resolve_bounds
-    from proxy.run_setup import read_phases
+    from proxy.mixture.bandit import BanditConfigError, resolve_bounds
+    from proxy.supervision.run_setup import read_phases
     back = []
     for s in specs:
         a = index.get(s.name)

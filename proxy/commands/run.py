@@ -13,7 +13,7 @@ import logging.handlers
 import signal
 import sys
 
-from proxy.run_options import add_run_args, check_resume_args, check_run_options, \
+from proxy.supervision.run_options import add_run_args, check_resume_args, check_run_options, \
     config_from_args, proxy_options
 from shared.config import (AUDIT_BUDGET, AUDIT_TOKENS, POLICY_BUDGET, ConfigError, DEFAULT_ARMS,
                            RunConfig, audit_cost, default_sample_every, load_run_config,
@@ -54,8 +54,8 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
             log.warning("--default-arms without --arm ignored: the run keeps its arms (%s)",
                         ", ".join(x.name for x in cfg.arms))
         return cfg
-    from proxy.arm_changes import commit_arm_set, plan_arm_set
-    from proxy.run_setup import read_phases
+    from proxy.mixture.arm_changes import commit_arm_set, plan_arm_set
+    from proxy.supervision.run_setup import read_phases
     from shared.arms import parse_arm_option
     specs = (list(DEFAULT_ARMS) if a.default_arms else []) + [parse_arm_option(t) for t in a.arm]
     phase = read_phases(layout)[-1]
@@ -66,12 +66,12 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
 
 
 def cmd_run(a) -> int:
-    from proxy.proc_tree import EarlySignals
+    from proxy.supervision.proc_tree import EarlySignals
     EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal
-    from proxy.run_lock import RunLock, RunLockError
-    from proxy.run_setup import create_run
-    from proxy.supervisor import Supervisor, SupervisorError
-    from proxy.bandit import BanditConfigError
+    from proxy.run_files.run_lock import RunLock, RunLockError
+    from proxy.supervision.run_setup import create_run
+    from proxy.supervision.supervisor import Supervisor, SupervisorError
+    from proxy.mixture.bandit import BanditConfigError
     from shared.stop_request import StopRequested
 
     _setup_logging(None)
@@ -220,7 +220,7 @@ def _arms_row(cfg: RunConfig, layout: RunLayout | None) -> str:
 def _bounds_row(layout: RunLayout | None) -> str:
     """The phase in force (the last one in phases.json: a pivot recorded on a stopped run is in
     force from this start) with its caps and floors; "-" when there is no run directory yet."""
-    from proxy.run_setup import read_phases
+    from proxy.supervision.run_setup import read_phases
     if layout is None or not layout.phases.exists():
         return "-"
     ph = read_phases(layout)[-1]
@@ -272,7 +272,12 @@ COMMANDS = (  # name, one line of help; each command's options are defined by it
 
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m proxy` parser: one sub-command per COMMANDS entry, each with `func`."""
-    from proxy import checkpoint_tools, fork, pivot, plot, sample_cmd, status
+    from proxy.commands import export as checkpoint_tools
+    from proxy.commands import fork
+    from proxy.commands import pivot
+    from proxy.observation import plot
+    from proxy.commands import sample as sample_cmd
+    from proxy.commands import status
     ap = argparse.ArgumentParser(
         prog="python -m proxy",
         description="ANDREA's training system: the supervising proxy and its tools "
@@ -301,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["run"]:  # --config FILE.toml: command line > file > default
-        from proxy.run_config_file import parse_run_args
+        from proxy.commands.run_config_file import parse_run_args
         _setup_logging(None)
         sub = next(x for x in ap._actions if isinstance(x, argparse._SubParsersAction))
         try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from shared.handshake import read_handshake
 from shared.run_layout import RunLayout
-from proxy.proc_tree import pid_alive
+from proxy.supervision.proc_tree import pid_alive
 
 log = logging.getLogger("proxy.launch")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from proxy.arm_bounds import BanditConfigError, check_bounds, is_real
+from proxy.mixture.arm_bounds import BanditConfigError, check_bounds, is_real
 
 
 def clip(x: float, lo: float, hi: float) -> float:

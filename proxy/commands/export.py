@@ -212,7 +212,7 @@ def cmd_export(a) -> int:
               f"(the run that wrote it)")
         return EXIT_USAGE
     if a.format == "hf":
-        from proxy.hf_export import export_hf
+        from proxy.commands.hf_export import export_hf
         return export_hf(a, path, cfg, where, out)
     if out.exists() and not a.force:
         print(f"export: {out} exists; pass --force to overwrite it")

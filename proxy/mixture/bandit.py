@@ -23,11 +23,11 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-from proxy.arm_bounds import (BOUND_SLACK, BanditConfigError, check_arm_names as _check_arm_names,
+from proxy.mixture.arm_bounds import (BOUND_SLACK, BanditConfigError, check_arm_names as _check_arm_names,
                               check_bounds as _check_bounds, is_real as _real, parse_arm_values,
                               resolve_bounds)
-from proxy.box_projection import project_to_box
-from proxy.reward_scaler import SCALER_CAPACITY, QuantileScaler
+from proxy.mixture.box_projection import project_to_box
+from proxy.mixture.reward_scaler import SCALER_CAPACITY, QuantileScaler
 from shared.arm_redundancy import REPETITIVE_RATIO
 
 __all__ = ["BOUND_SLACK", "REWARDS", "SCALER_CAPACITY", "Bandit", "BanditConfig",

@@ -119,7 +119,7 @@ def collect_status(run_dir) -> dict:
     times = [r.get("step_time") for r in recent if isinstance(r.get("step_time"), (int, float))]
     tok_per_step = cfg.batch_size * cfg.model.block_size
     tps = [r["tokens_per_s"] for r in recent if isinstance(r.get("tokens_per_s"), (int, float))]
-    from proxy.progress import wall_seconds_per_update
+    from proxy.observation.progress import wall_seconds_per_update
     wall = wall_seconds_per_update(recs)
     # wall-clock tokens/s over the ETA's window (checkpoints and audits included, as the progress
     # line's ETA); the worker's own per-update figures are averaged by time, not by record,
@@ -169,7 +169,7 @@ def collect_status(run_dir) -> dict:
     phases = (_read_json(layout.phases, {}) or {}).get("phases") or [{}]
     ph = phases[-1]
     d["phase"] = {k: ph.get(k) for k in ("index", "label", "start_step", "caps", "floors")}
-    from proxy.pivot import pending_request
+    from proxy.commands.pivot import pending_request
     req = pending_request(layout)
     d["pivot_request"] = ({k: req.get(k) for k in ("label", "caps", "floors", "state", "step",
                                                    "requested_at")} if req else None)
@@ -231,7 +231,7 @@ def _batch_and_eta(cfg, worker: dict, recent: list[dict], step: int, max_steps: 
         except ConfigError:
             accum = None
         micro = cfg.micro_batch_size or cfg.batch_size // world
-    from proxy.progress import wall_seconds_per_update
+    from proxy.observation.progress import wall_seconds_per_update
     per_step = wall_seconds_per_update(recent) if len(recent) >= 3 else None
     return {"tokens_per_update": cfg.batch_size * cfg.model.block_size,
             "micro_batches_per_update": accum, "micro_batch_size": micro, "world_size": world,

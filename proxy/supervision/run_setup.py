@@ -17,8 +17,8 @@ import shutil
 import time
 from pathlib import Path
 
-from proxy.bandit import resolve_bounds
-from proxy.mixture import Phase
+from proxy.mixture.bandit import resolve_bounds
+from proxy.mixture.controller import Phase
 from shared.arm_data import prepare_arm, write_arm_index
 from shared.arm_sources import open_arm, sample_text
 from shared.arm_tokenize import pin_mmap_threshold, release_free_memory

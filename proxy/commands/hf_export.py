@@ -192,7 +192,7 @@ def write_hf_dir(out: Path, cfg: RunConfig, run_tokenizer: Path, step: int,
 def export_hf(a, path: Path, cfg: RunConfig, where: str, out: Path) -> int:
     """`export --format hf`: validate the checkpoint (manifest checksum when known), then
     `write_hf_dir`. Returns 0, 1 for a bad checkpoint, 2 for an output in the way."""
-    from proxy.checkpoint_tools import read_weights
+    from proxy.commands.export import read_weights
     from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not a.force:
         print(f"export: {out} exists" + (" and is not empty" if out.is_dir() else "")

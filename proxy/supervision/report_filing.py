@@ -19,13 +19,13 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from proxy.collapse_watch import CollapseWatch
-from proxy.mixture import MixtureController
-from proxy.run_watch import RunWatch
-from proxy.sample_format import format_audit
-from proxy.sidecars import SamplesLog, write_state
-from proxy.state_snapshots import append_snapshot
-from proxy.status import EMA_ALPHA
+from proxy.mixture.collapse_watch import CollapseWatch
+from proxy.mixture.controller import MixtureController
+from proxy.observation.run_watch import RunWatch
+from proxy.observation.sample_format import format_audit
+from proxy.run_files.sidecars import SamplesLog, write_state
+from proxy.run_files.state_snapshots import append_snapshot
+from proxy.commands.status import EMA_ALPHA
 from shared.atomic_io import atomic_write_json
 from shared.config import RunConfig
 from shared.handshake import update_handshake

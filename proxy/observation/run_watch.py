@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
-from proxy.progress import ProgressLine, format_summary
-from proxy.tensorboard_log import TensorBoardLog, check_available, step_scalars
+from proxy.observation.progress import ProgressLine, format_summary
+from proxy.observation.tensorboard_log import TensorBoardLog, check_available, step_scalars
 
 log = logging.getLogger("proxy")
 

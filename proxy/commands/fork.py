@@ -22,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from proxy.arm_changes import arms_as_of, specs_of
+from proxy.mixture.arm_changes import arms_as_of, specs_of
 from shared.atomic_io import atomic_write_json
 from shared.checkpoint_format import CheckpointError, checkpoint_name, find_latest_valid, \
     parse_checkpoint_name, validate_checkpoint

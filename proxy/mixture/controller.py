@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from proxy.arm_changes import ArmChange, arms_present_at
-from proxy.bandit import Bandit, BanditConfig
+from proxy.mixture.arm_changes import ArmChange, arms_present_at
+from proxy.mixture.bandit import Bandit, BanditConfig
 
 
 @dataclass

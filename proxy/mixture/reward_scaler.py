@@ -12,8 +12,8 @@ import collections
 import math
 from typing import Any, Mapping
 
-from proxy.arm_bounds import BanditConfigError, is_real
-from proxy.box_projection import clip
+from proxy.mixture.arm_bounds import BanditConfigError, is_real
+from proxy.mixture.box_projection import clip
 
 SCALER_CAPACITY = 1000      # raw rewards kept by QuantileScaler (the last N, no sampling)
 

@@ -78,7 +78,7 @@ def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[
     """Parse and check pivot bounds against the run's arms: (caps, floors) as given (arms not
     named get floor 0 and cap 1). Raises BanditConfigError naming the arm, value and rule
     (docs/bandit.md#polish-pivot)."""
-    from proxy.bandit import parse_arm_values, resolve_bounds
+    from proxy.mixture.bandit import parse_arm_values, resolve_bounds
     names = [a.name for a in cfg.arms]
     caps = parse_arm_values(caps_text, names, "--caps")
     floors = parse_arm_values(floors_text, names, "--floors")
@@ -259,7 +259,7 @@ def _owner_pid(layout: RunLayout) -> int | None:
 
 
 def _last_filed(layout: RunLayout) -> int:
-    from proxy.status import tail_records
+    from proxy.commands.status import tail_records
     recs = tail_records(layout.loss, 8192)
     return recs[-1]["step"] if recs else 0
 
@@ -285,13 +285,13 @@ def cmd_pivot(a) -> int:
     stopped: recorded, the next `run` trains in it) or the request was accepted (--no-wait);
     1 the pivot did not complete (the message says what state it left); 2 refused before
     anything changed (bad bounds, a pending pivot, a finished run)."""
-    from proxy.bandit import BanditConfigError
+    from proxy.mixture.bandit import BanditConfigError
     layout = RunLayout(a.run_dir)
     if not layout.run_json.exists():
         return _refuse(missing_run_json(layout.root))
     given = bool(a.caps or a.floors)
     if given + a.keep_bounds + a.no_bounds != 1:
-        from proxy.run_setup import read_phases
+        from proxy.supervision.run_setup import read_phases
         try:
             ph = read_phases(layout)[-1]
             now = f"caps {_fmt(ph.caps)}, floors {_fmt(ph.floors)}"
@@ -305,7 +305,7 @@ def cmd_pivot(a) -> int:
     try:
         cfg = load_run_config(layout.run_json)
         if a.keep_bounds:
-            from proxy.run_setup import read_phases
+            from proxy.supervision.run_setup import read_phases
             ph = read_phases(layout)[-1]
             caps, floors = dict(ph.caps), dict(ph.floors)
         else:
@@ -340,7 +340,7 @@ def cmd_pivot(a) -> int:
 
 def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
     """Follow the live proxy through the pivot, printing each state once."""
-    from proxy.proc_tree import pid_alive
+    from proxy.supervision.proc_tree import pid_alive
     end, told, b, last_print = time.monotonic() + timeout, set(), None, 0.0
     while True:
         req = read_request(layout)
@@ -383,7 +383,7 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
             print(f"pivot: archived to archive/pivot-{b}", flush=True)
             told.add("archived")
         if reached >= 2 and "recorded" not in told:
-            from proxy.run_setup import read_phases
+            from proxy.supervision.run_setup import read_phases
             ph = read_phases(layout)[-1]
             print(f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
                   f"caps {ph.caps}, floors {ph.floors})", flush=True)
@@ -410,9 +410,9 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
 def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
     """A stopped run: the same steps in this command's foreground, under the run lock; the next
     `run` resumes in the new phase from the newest valid checkpoint."""
-    from proxy.resume_planning import ResumeError, plan_resume
-    from proxy.run_lock import RunLock
-    from proxy.run_setup import read_phases
+    from proxy.supervision.resume_planning import ResumeError, plan_resume
+    from proxy.run_files.run_lock import RunLock
+    from proxy.supervision.run_setup import read_phases
     from shared.loss_history import LossHistory
     lock = RunLock(layout, command="pivot")
     try:

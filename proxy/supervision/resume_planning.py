@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.arm_changes import ArmChange
-from proxy.mixture import MixtureController
-from proxy.mixture_rebuild import new_controller, rebuild_mixture
-from proxy.run_setup import read_phases, write_phases
-from proxy.sidecars import read_json_tolerant, write_state
-from proxy.state_snapshots import mark_rewound
+from proxy.mixture.arm_changes import ArmChange
+from proxy.mixture.controller import MixtureController
+from proxy.mixture.rebuild import new_controller, rebuild_mixture
+from proxy.supervision.run_setup import read_phases, write_phases
+from proxy.run_files.sidecars import read_json_tolerant, write_state
+from proxy.run_files.state_snapshots import mark_rewound
 from shared.atomic_io import atomic_write_json, clean_stale_writes
 from shared.checkpoint_format import QUARANTINE_DIR, CheckpointError, \
     clean_stale_temporaries, quarantine_checkpoint, scan_for_resume
@@ -195,8 +195,8 @@ def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_sc
     finish or roll back a pivot request (docs/pivots.md#crash-safety). `stopped_pivot`: a
     request to pivot at the resume step (`pivot` on a stopped run). Raises ResumeError (no
     checkpoint; a stopped pivot without one) and BanditConfigError (bounds)."""
-    from proxy.arm_changes import handle_zombies
-    from proxy import pivot as pv
+    from proxy.mixture.arm_changes import handle_zombies
+    from proxy.commands import pivot as pv
     point = find_resume_point(layout, cfg, history, from_scratch)
     step = point.step
     align_history(layout, history, step)
@@ -242,7 +242,7 @@ def start_pivot_phase(layout: RunLayout, cfg: RunConfig, mix: MixtureController,
     sidecars (complete or absent), record the new phase in phases.json (the commit point),
     then reset `.state.json`/`.samples.json` for it. Returns the new phase's controller.
     `.loss.json` is not touched. Raises BanditConfigError (bounds)."""
-    from proxy import pivot as pv
+    from proxy.commands import pivot as pv
     new = mix.next_phase(req["label"], req["caps"], req["floors"], step)
     new_mix = new_controller(layout, cfg, new, changes)   # bounds checked before any change
     pv.archive_sidecars(layout, step)
@@ -259,7 +259,7 @@ def start_pivot_phase(layout: RunLayout, cfg: RunConfig, mix: MixtureController,
 def finish_pivot(layout: RunLayout, mix: MixtureController, req: dict, step: int) -> None:
     """After the phase is recorded: `.state.json` = the fresh bandit at `step`, `.samples.json`
     = an empty log of the new phase, request state "recorded". Idempotent."""
-    from proxy import pivot as pv
+    from proxy.commands import pivot as pv
     write_state(layout.state, mix.bandit.to_dict())
     atomic_write_json(layout.samples, {"phase": {"label": mix.phase.label,
                                                  "index": mix.phase.index}, "audits": []})

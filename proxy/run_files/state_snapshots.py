@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from proxy.mixture import SNAPSHOT_FORMAT
+from proxy.mixture.controller import SNAPSHOT_FORMAT
 from shared.run_layout import RunLayout
 
 SNAPSHOTS = ".state.snapshots.jsonl"

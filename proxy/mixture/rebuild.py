@@ -15,10 +15,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from proxy.arm_changes import ArmChange, read_changes
-from proxy.mixture import MixtureController, Phase
-from proxy.run_setup import read_phases
-from proxy.state_snapshots import find_snapshot
+from proxy.mixture.arm_changes import ArmChange, read_changes
+from proxy.mixture.controller import MixtureController, Phase
+from proxy.supervision.run_setup import read_phases
+from proxy.run_files.state_snapshots import find_snapshot
 from shared.arm_data import arm_compression, read_arm_index
 from shared.config import RunConfig
 from shared.loss_history import iter_records, read_records_after

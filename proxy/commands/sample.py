@@ -54,7 +54,7 @@ def cmd_sample(a) -> int:
     """Print `--samples` continuations of `--prompt`; exit 2 on bad input (named), 0 otherwise."""
     import time
     t_start = time.perf_counter()
-    from proxy.checkpoint_tools import manifest_entry
+    from proxy.commands.export import manifest_entry
     from shared.checkpoint_format import CheckpointError, find_latest_valid
     from shared.checkpoint_manifest import manifest_checksums, read_manifest
     from shared.tokenizer import RunTokenizer
@@ -106,7 +106,7 @@ def cmd_sample(a) -> int:
     idx = torch.from_numpy(ids).view(1, -1).repeat(a.samples, 1)
     out = generate_batched(model, idx, a.tokens, a.temperature, a.top_k or None, g)
     t_end = time.perf_counter()
-    from proxy.sample_format import format_sample
+    from proxy.observation.sample_format import format_sample
     how = "greedy" if greedy else f"temperature {a.temperature}, top-k {a.top_k}"
     print(f"# {path.name} (step {step:,}), {how}, "
           f"seed {a.seed}")

@@ -25,20 +25,20 @@ import sys
 import time
 from pathlib import Path
 
-from proxy import proc_tree
-from proxy.launch import agent_descendants, kill_ranks, rank_pids, reap_leftover_ranks, \
+from proxy.supervision import proc_tree
+from proxy.supervision.launch import agent_descendants, kill_ranks, rank_pids, reap_leftover_ranks, \
     signal_pids, torchrun_argv, wait_for_earlier_workers
-from proxy.mixture import MixtureController
-from proxy.pivot import fail_unserved, fault_point, follow_worker_boundary, mark_running, \
+from proxy.mixture.controller import MixtureController
+from proxy.commands.pivot import fail_unserved, fault_point, follow_worker_boundary, mark_running, \
     pending_request, poll_pivot_request
-from proxy.report_filing import LiveStats, ReportFiler, write_status
-from proxy.report_salvage import salvage_step_reports
-from proxy.resume_planning import ResumeError, plan_resume
-from proxy.run_options import ProxyOptions
-from proxy.run_setup import read_phases
-from proxy.run_watch import RunWatch
-from proxy.sidecars import SamplesLog
-from proxy.status import loss_ema, tail_records
+from proxy.supervision.report_filing import LiveStats, ReportFiler, write_status
+from proxy.supervision.report_salvage import salvage_step_reports
+from proxy.supervision.resume_planning import ResumeError, plan_resume
+from proxy.supervision.run_options import ProxyOptions
+from proxy.supervision.run_setup import read_phases
+from proxy.observation.run_watch import RunWatch
+from proxy.run_files.sidecars import SamplesLog
+from proxy.commands.status import loss_ema, tail_records
 from shared.config import RunConfig
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake

@@ -140,8 +140,8 @@ def credible_mfu_raw(rec: dict, tok_per_s: float | None) -> float:
 def _heldout(layout) -> tuple[int | None, dict]:
     """(step, {arm: held-out loss}) of the newest probe in the history's tail or the newest
     sample audit in .samples.json, whichever is later; (None, {}) when there is neither."""
-    from proxy.sidecars import read_json_tolerant
-    from proxy.status import tail_records
+    from proxy.run_files.sidecars import read_json_tolerant
+    from proxy.commands.status import tail_records
     best: tuple[int | None, dict] = (None, {})
     for r in reversed(tail_records(layout.loss)):
         if isinstance(r.get("probe"), dict) and r["probe"]:
