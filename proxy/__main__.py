@@ -2,7 +2,7 @@
 import os
 import sys
 
-from proxy.commands.run import main
+from proxy.cli import main
 
 if __name__ == "__main__":
     try:

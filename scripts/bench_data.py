@@ -5,7 +5,7 @@ the peak RSS of creating a run over corpora of two sizes (memory must not grow w
 No downloads: the corpora are built deterministically from this Python installation's own
 files (standard-library sources and the pydoc reference text), repeated with a line-level
 shuffle seeded per copy until the size is reached. Each creation runs in its own process
-(`python -m proxy` is not needed: `proxy.run_setup.create_run` with `--tokenizer bpe`), and its
+(`python -m proxy` is not needed: `proxy.supervision.run_setup.create_run` with `--tokenizer bpe`), and its
 peak RSS is that process's ru_maxrss.
 
     .venv/bin/python scripts/bench_data.py                     # 100 MB and 1000 MB

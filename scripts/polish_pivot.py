@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.commands.run import main  # noqa: E402
+from proxy.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["pivot", *sys.argv[1:]]))

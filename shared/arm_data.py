@@ -15,7 +15,7 @@ heldout_start (start of the first held-out range), heldout (the held-out token r
 worker then never loads it), field (jsonl/parquet arms) and what creation used of the source
 (documents, source_bytes, bad_records, first_bad), and compression (the token stream's zstd
 ratio, shared/arm_redundancy.py; the bandit's repetition guard reads it). The top-level "changes" list is the proxy's
-arm-change log (proxy/arm_changes.py); arms added on a restart are appended to "arms".
+arm-change log (proxy/mixture/arm_changes.py); arms added on a restart are appended to "arms".
 
 Completion: each tokenized arm gets `data/<arm>.done.json` (its entry plus the key it was made
 with: spec, source fingerprint, tokenizer sha256, cap, context) once its token file is whole
@@ -33,12 +33,18 @@ from pathlib import Path
 import numpy as np
 
 from shared.arm_redundancy import REPETITIVE_RATIO, compression_ratio
+from shared.arm_tokenize import (
+    check_token_files,
+    concat_token_files,
+    publish,
+    suffix_for,
+    tokenize_stream,
+)
 from shared.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, RunConfig, check_arm_name
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
-
 
 # what to do about a token file that changed under a run (ArmData.tokens, worker/data.py)
 TOKEN_FILE_REMEDY = ("restore it from a backup, or retire the arm: restart with --arm options "
@@ -178,8 +184,6 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
     ArmSourceError (a ConfigError) naming the arm, the file and the fix: a missing or corrupt
     source, an arm too small for the context, a token file with ids outside the vocabulary or a
     size that is not a whole number of tokens; ConfigError for an unsafe name."""
-    from shared.arm_tokenize import check_token_files, concat_token_files, publish, suffix_for, \
-        tokenize_stream
     check_arm_name(arm.name)
     sfp = source_fingerprint(arm)   # a missing source fails here, before any work
     key = _key(arm, sfp, layout, cfg)

@@ -334,7 +334,7 @@ POLICY_BUDGET = 0.02       # probe (probe_budget 0.015) + audits (AUDIT_BUDGET),
 AUDIT_PROMPT_TOKENS = 16   # the audit prompt per arm: the first tokens of its held-out split
 
 
-# settings whose command-line flag is the field's name in kebab case (proxy/run_options.py)
+# settings whose command-line flag is the field's name in kebab case (proxy/supervision/run_options.py)
 _FLAGGED = frozenset({"batch_size", "checkpoint_every", "sample_every", "probe_every", "max_steps",
                       "lr", "seed", "warmup_steps", "tokenizer", "arm_max_tokens", "reward"})
 
@@ -392,3 +392,7 @@ def load_run_config(path: Path) -> RunConfig:
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"{path}: unreadable run config ({e}); fix that, restore it from a backup "
                           "or start a new run directory") from e
+
+
+class ArmSourceError(ConfigError):
+    """An arm's source is missing or unreadable; the message names the arm and the path."""

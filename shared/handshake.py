@@ -125,7 +125,7 @@ class ReportReader:
     Bounded file: when a call finds that at least `compact_bytes` were consumed by earlier
     calls (whose reports the caller has handled) and nothing new was appended, it truncates the
     file to zero under the writer's flock and starts again at offset 0. Nothing unread is ever
-    dropped, so a salvage after a proxy crash (proxy/report_salvage.py) still finds every
+    dropped, so a salvage after a proxy crash (proxy/supervision/report_salvage.py) still finds every
     unfiled report."""
 
     def __init__(self, layout: RunLayout, compact_bytes: int = REPORTS_COMPACT_BYTES) -> None:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from proxy.commands.run import COMMANDS, build_parser
+from proxy.cli import COMMANDS, build_parser
 from proc_helpers import ROOT
 
 

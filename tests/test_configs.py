@@ -250,7 +250,7 @@ def test_a_run_json_value_of_the_wrong_type_is_refused_naming_the_file_and_key(t
 
 def test_an_unreadable_phases_json_is_named_with_its_remedy(tmp_path):
     """A damaged phases.json said only 'unreadable (Expecting property name ...)'."""
-    from proxy.supervision.run_setup import read_phases
+    from proxy.run_files.phases import read_phases
     from shared.run_layout import RunLayout
     layout = RunLayout(tmp_path)
     layout.phases.write_text('{"phases": [{oops')

@@ -9,7 +9,7 @@ import sys
 from proc_helpers import ROOT, TINY, checkpoint_steps, cleaned_up, last_step, loss_records, \
     pid_alive, run_processes, run_proxy, start, wait_for
 from proxy.mixture.rebuild import rebuild_mixture, replay_run
-from proxy.supervision.run_setup import read_phases
+from proxy.run_files.phases import read_phases
 from shared.checkpoint_format import checkpoint_name
 from shared.config import load_run_config
 from shared.run_layout import RunLayout
@@ -188,7 +188,8 @@ def test_pivot_names_the_boundary_even_when_the_proxy_passed_it_before_the_first
     """The command polls the request; a quick proxy can be past the boundary (archived) before
     the first poll. The step is named anyway ("boundary step B reached"); before, the output
     went from the request straight to "archived" (found by CI on a loaded machine)."""
-    from proxy.commands.pivot import _wait, write_request
+    from proxy.commands.pivot import _wait
+    from proxy.run_files.pivot_request import write_request
     layout = RunLayout(tmp_path)
     write_request(layout, {"label": "polish", "caps": {}, "floors": {}, "state": "archived", "step": 40})
     assert _wait(layout, None, timeout=0.5) != 0  # nothing completes it: times out
@@ -203,7 +204,7 @@ def test_a_worker_already_past_the_posted_boundary_pivots_at_its_next_checkpoint
     proxy take that for the end of the run and exit 0 in the middle of the pivot. The state that
     race leaves is written here directly: a request in state "boundary" at a step the worker has
     passed. The worker must stop at its next checkpoint boundary and the pivot happen there."""
-    from proxy.commands.pivot import write_request
+    from proxy.run_files.pivot_request import write_request
     from shared.handshake import update_handshake
     run = tmp_path / "run"
     proc = start(run, "--max-steps", "300", *COMMON)
@@ -244,7 +245,7 @@ def test_a_pivot_whose_next_boundary_lies_past_the_last_step_fails_with_the_reas
     """The worker past the posted B, and its next checkpoint boundary beyond max steps: the run
     ends at its last step as planned, and the request says why it was not served (it used to be
     left pending, so the `pivot` command reported a proxy that died in the middle of a pivot)."""
-    from proxy.commands.pivot import read_request, write_request
+    from proxy.run_files.pivot_request import read_request, write_request
     from shared.handshake import read_handshake, update_handshake
     run = tmp_path / "run"
     proc = start(run, "--max-steps", "150", "--checkpoint-every", "100", "--probe-every", "5",
@@ -274,7 +275,8 @@ def test_a_pivot_request_never_replaces_a_pending_collapse_alarm_stop(tmp_path):
     pivot after which training went on. Now the alarm stays, the request stays pending (served
     at the next start), and it says what it waits for; once no alarm is pending it is posted."""
     import dataclasses
-    from proxy.commands.pivot import poll_pivot_request, read_request, write_request
+    from proxy.supervision.pivots import poll_pivot_request
+    from proxy.run_files.pivot_request import read_request, write_request
     from shared.config import RunConfig
     from shared.handshake import read_handshake, update_handshake
     layout = RunLayout(tmp_path)

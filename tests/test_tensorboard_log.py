@@ -1,6 +1,6 @@
 """The proxy's TensorBoard event files, read back by TensorBoard's own loader.
 
-The writer is the real one (proxy/tensorboard_log.py over the `tensorboard` package); the reader
+The writer is the real one (proxy/observation/tensorboard_log.py over the `tensorboard` package); the reader
 is TensorBoard's EventAccumulator, so "shows each step once" is what TensorBoard itself sees.
 """
 import pytest

@@ -11,7 +11,7 @@ so a signal that reached one rank only still gives the same checkpoint and stop 
 `sum_floats(values)` aggregates per-rank statistics (loss sums, per-arm sums and counts) so the
 step record rank 0 writes is global.
 
-What it is not: the decisions themselves (worker/trainer.py) or the launcher (proxy/supervisor.py).
+What it is not: the decisions themselves (worker/trainer.py) or the launcher (proxy/supervision/supervisor.py).
 """
 from __future__ import annotations
 

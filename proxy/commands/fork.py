@@ -24,14 +24,23 @@ from pathlib import Path
 
 from proxy.mixture.arm_changes import arms_as_of, specs_of
 from shared.atomic_io import atomic_write_json
-from shared.checkpoint_format import CheckpointError, checkpoint_name, find_latest_valid, \
-    parse_checkpoint_name, validate_checkpoint
-from shared.checkpoint_manifest import ManifestEntry, manifest_checksums, read_manifest, \
-    record_checkpoint
+from shared.checkpoint_format import (
+    CheckpointError,
+    checkpoint_name,
+    find_latest_valid,
+    parse_checkpoint_name,
+    validate_checkpoint,
+)
+from shared.checkpoint_manifest import (
+    ManifestEntry,
+    manifest_checksums,
+    read_manifest,
+    record_checkpoint,
+)
 from shared.config import ConfigError, load_run_config
+from shared.exit_codes import EXIT_USAGE
 from shared.loss_history import LossHistory, iter_records
 from shared.run_layout import RunLayout
-from shared.exit_codes import EXIT_USAGE
 
 
 class ForkError(RuntimeError):

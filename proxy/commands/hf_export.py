@@ -19,7 +19,7 @@ Tokenizer: the run's BPE `tokenizer.json` is already a `tokenizers` file; the by
 merges whose 256 tokens are the GPT-2 byte-to-unicode characters with id = byte value, so both
 encode every string to the same ids as the project.
 
-What it is not: the plain safetensors export (proxy/checkpoint_tools.py, project names and
+What it is not: the plain safetensors export (proxy/commands/export.py, project names and
 layout), or a loader. It needs numpy and safetensors only (no torch, no transformers, no
 tokenizers); the round trip through `transformers` is tests/test_hf_export.py.
 """
@@ -189,27 +189,3 @@ def write_hf_dir(out: Path, cfg: RunConfig, run_tokenizer: Path, step: int,
     return sorted(FILES)
 
 
-def export_hf(a, path: Path, cfg: RunConfig, where: str, out: Path) -> int:
-    """`export --format hf`: validate the checkpoint (manifest checksum when known), then
-    `write_hf_dir`. Returns 0, 1 for a bad checkpoint, 2 for an output in the way."""
-    from proxy.commands.export import read_weights
-    from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not a.force:
-        print(f"export: {out} exists" + (" and is not empty" if out.is_dir() else "")
-              + "; pass --force to replace it")
-        return EXIT_USAGE
-    got = read_weights(path, cfg)
-    if got is None:
-        return EXIT_FAILED
-    step, w = got
-    run_dir = Path(where).parent  # the folder whose run.json described the checkpoint
-    try:
-        names = write_hf_dir(out, cfg, run_dir / "tokenizer.json", step, w, path.name, a.force)
-    except (HFExportError, OSError) as e:
-        print(f"export: {e}")
-        return EXIT_USAGE
-    print(f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, {cfg.preset}, "
-          f"{cfg.tokenizer} tokenizer) as a Hugging Face GPT-2 folder {out}: {', '.join(names)}\n"
-          f"load it with: AutoModelForCausalLM.from_pretrained({str(out)!r}) and "
-          f"AutoTokenizer.from_pretrained({str(out)!r})")
-    return 0

@@ -1,76 +1,38 @@
-"""Polish pivots (docs/pivots.md): the request file, the in-place pivot the
-supervisor runs, and the `python -m proxy pivot` command.
+"""`python -m proxy pivot`: ask for a polish pivot (docs/pivots.md) and follow it.
 
-A pivot is a durable state machine in `.pivot.request.json` = {label, caps, floors,
-requested_by, requested_at, state, step, ...}; `state` moves requested -> boundary (step B
-chosen, handshake control stop_at_step = B posted) -> archived (archive/pivot-B/ complete) ->
-recorded (phase in phases.json: the commit point) -> running (the new worker filed step B+1; the
-file then moves to archive/pivot-B/pivot.request.json). A refused request gets state "failed"
-and an "error". The live proxy serves the request itself (proxy/supervisor.py): the worker
-checkpoints B and exits 0, the proxy archives, records the phase and starts a new worker from
-step_B.bin; its pid never changes. On a stopped run the command runs the same steps in its own
-foreground and the next `run` trains in the new phase.
+The command writes `.pivot.request.json` (proxy/run_files/pivot_request.py); the live proxy serves
+the request itself (proxy/supervision/pivots.py, the state machine): the worker checkpoints B and
+exits 0, the proxy archives, records the phase and starts a new worker from step_B.bin; its pid
+never changes. On a stopped run the command runs the same steps in its own foreground and the
+next `run` trains in the new phase.
 
-What it is not: the bandit's reset (proxy/mixture.py `next_phase`), the mixture rebuild
-(proxy/mixture_rebuild.py), resume planning (proxy/resume_planning.py).
+What it is not: the bandit's reset (proxy/mixture/controller.py `next_phase`), the mixture
+rebuild (proxy/mixture/rebuild.py), resume planning (proxy/supervision/resume_planning.py).
 """
 from __future__ import annotations
 
-import json
-import logging
 import os
-import shutil
-import signal
 import sys
 import time
-from pathlib import Path
 
-from shared.atomic_io import atomic_write_json
+from proxy.mixture.bandit import BanditConfigError, parse_arm_values, resolve_bounds
+from proxy.run_files.history_tail import tail_records
+from proxy.run_files.phases import read_phases
+from proxy.run_files.pivot_request import (
+    pending_request,
+    read_archived_request,
+    read_request,
+    request_path,
+    write_request,
+)
+from proxy.run_files.run_lock import RunLock, lock_is_free, owner_pid
+from proxy.run_files.status_file import read_status
+from proxy.supervision.proc_tree import pid_alive
+from proxy.supervision.resume_planning import ResumeError, plan_resume
 from shared.config import ConfigError, RunConfig, load_run_config
-from shared.handshake import update_handshake
-from shared.run_layout import RunLayout, missing_run_json
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
-
-log = logging.getLogger("proxy.pivot")
-REQUEST_NAME = ".pivot.request.json"
-ARCHIVED_REQUEST = "pivot.request.json"   # the finished request, inside archive/pivot-B/
-PENDING = ("requested", "boundary", "archived", "recorded")
-FAULT_ENV = "ANDREA_FAULT_PIVOT"          # test hook: the proxy SIGKILLs itself at that moment
-
-
-def request_path(layout: RunLayout) -> Path:
-    """`.pivot.request.json` of the run."""
-    return layout.root / REQUEST_NAME
-
-
-def read_request(layout: RunLayout) -> dict | None:
-    """The request, or None when there is none (or it is being replaced: atomic writes)."""
-    try:
-        d = json.loads(request_path(layout).read_text())
-    except (OSError, ValueError):
-        return None
-    return d if isinstance(d, dict) else None
-
-
-def write_request(layout: RunLayout, req: dict) -> None:
-    """Replace the request atomically (fsynced: it is what a restart reads)."""
-    atomic_write_json(request_path(layout), req)
-
-
-def pending_request(layout: RunLayout) -> dict | None:
-    """The request when it is still pending (state requested .. recorded), else None."""
-    req = read_request(layout)
-    return req if req and req.get("state") in PENDING else None
-
-
-def fault_point(moment: str) -> None:
-    """Test hook (docs/pivots.md#crash-safety): SIGKILL this process when the environment
-    variable ANDREA_FAULT_PIVOT names `moment`. Off unless set; production never sets it."""
-    if os.environ.get(FAULT_ENV) == moment:
-        log.warning("%s=%s: killing this proxy (SIGKILL) for a crash test", FAULT_ENV, moment)
-        logging.shutdown()
-        os.kill(os.getpid(), signal.SIGKILL)
-
+from shared.loss_history import LossHistory
+from shared.run_layout import RunLayout, missing_run_json
 
 # ------------------------------------------------------------------------------ bounds
 
@@ -78,7 +40,6 @@ def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[
     """Parse and check pivot bounds against the run's arms: (caps, floors) as given (arms not
     named get floor 0 and cap 1). Raises BanditConfigError naming the arm, value and rule
     (docs/bandit.md#polish-pivot)."""
-    from proxy.mixture.bandit import parse_arm_values, resolve_bounds
     names = [a.name for a in cfg.arms]
     caps = parse_arm_values(caps_text, names, "--caps")
     floors = parse_arm_values(floors_text, names, "--floors")
@@ -88,186 +49,17 @@ def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[
 
 # ------------------------------------------------------------------------------ proxy side
 
-def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int,
-                       max_steps: int) -> int | None:
-    """Called by the live proxy's watch loop. A request in state "requested" gets its boundary
-    B = the next multiple of the checkpoint cadence after `filed_step` + 1 (the worker may be a
-    step ahead of what is filed): handshake control stop_at_step = B (reason "pivot") is posted
-    and the request moves to state "boundary". Returns B, or None when there is nothing to do.
-    A request that can no longer be served (B would not be before `max_steps`) gets state
-    "failed" with the reason; nothing else changes."""
-    req = read_request(layout)
-    if not req or req.get("state") != "requested":
-        return None
-    every = cfg.checkpoint_every
-    b = ((filed_step + 1) // every + 1) * every
-    if b >= max_steps:
-        _fail(layout, req, f"the next checkpoint boundary, step {b}, is not before the last "
-                           f"step {max_steps}")
-        return None
-    posted = update_handshake(layout, lambda d: _post_pivot_stop(d["control"], b))["control"]
-    if posted.get("reason") != "pivot":  # a collapse alarm's stop is pending: it goes first
-        if req.get("waiting_for") != "alarm":
-            req.update(waiting_for="alarm")
-            write_request(layout, req)
-            log.warning("pivot %r waits: a collapse alarm is stopping the run at step %s; the "
-                        "request stays pending and is served at the next start (`python -m "
-                        "proxy run --run-dir %s`)", req.get("label"), posted.get("stop_at_step"),
-                        layout.root)
-        return None
-    req.pop("waiting_for", None)
-    req.update(state="boundary", step=b, proxy_pid=os.getpid(), posted_at=time.time())
-    write_request(layout, req)
-    log.info("pivot requested (by pid %s, label %r): the worker checkpoints and stops at step %d",
-             req.get("requested_by"), req.get("label"), b)
-    fault_point("before-boundary")
-    return b
-
-
-def _post_pivot_stop(control: dict, b: int) -> None:
-    """Post the pivot's stop at B into the handshake's `control`, unless a collapse alarm's stop
-    is pending there: the alarm stops the run now, and replacing it would turn that stop into a
-    pivot at a later boundary after which training goes on (docs/pivots.md#the-boundary)."""
-    if control.get("reason") == "alarm" and control.get("stop_at_step") is not None:
-        return
-    control.update(stop_at_step=b, reason="pivot")
-
-
-def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:
-    """The worker started its pivot checkpoint at `step`. B was chosen from the last step the
-    proxy had filed, and the worker may already have been past it when the control request
-    reached it; it then stops at its next checkpoint boundary instead (shared/handshake.py
-    `control_stops_at`). The request's B becomes that step, so the pivot happens where the
-    worker really stopped (docs/pivots.md#the-boundary). Returns the new B when it moved, else
-    None."""
-    req = read_request(layout)
-    if not req or req.get("state") != "boundary" or req.get("step") == step:
-        return None
-    old = req.get("step")
-    req.update(step=step, planned_step=old)
-    write_request(layout, req)
-    log.info("pivot %r: the worker was past step %s when the request reached it; it stops at the "
-             "next checkpoint boundary, step %d, and the pivot happens there", req.get("label"),
-             old, step)
-    return step
-
-
-def fail_unserved(layout: RunLayout, last_step: int, max_steps: int) -> bool:
-    """The run ended at its last step (`last_step` >= `max_steps`) with a pivot's boundary still
-    ahead: nothing would train in the new phase, so the request gets state "failed" with the
-    reason (the `pivot` command prints it). Returns True when it did."""
-    req = pending_request(layout)
-    if not req or req.get("state") != "boundary" or last_step < max_steps:
-        return False
-    _fail(layout, req, f"the run reached its last step {max_steps} before the pivot's "
-                       f"boundary (step {req.get('step')})")
-    return True
-
-
-def _fail(layout: RunLayout, req: dict, why: str) -> None:
-    """Give the request state "failed" with `why` and the remedy; nothing else changes."""
-    req.update(state="failed", error=f"{why}: nothing would train in the new phase; run longer "
-               "(run --max-steps N) and pivot again")
-    write_request(layout, req)
-    log.warning("pivot %r not served: %s", req.get("label"), req["error"])
-
-
-def pivot_due(layout: RunLayout, step: int) -> dict | None:
-    """The request when the pivot must happen at `step` now (state boundary or archived, at
-    that step); a boundary/archived request for another step (the worker stopped before B: a
-    kill, a SIGTERM) is put back to "requested" with a log line, so the live proxy serves it
-    again, and a half-made archive of it is removed."""
-    req = pending_request(layout)
-    if not req or req.get("state") not in ("boundary", "archived"):
-        return None
-    if req.get("step") == step:
-        return req
-    b = req.get("step")
-    shutil.rmtree(_tmp_archive(layout, b), ignore_errors=True)
-    shutil.rmtree(layout.pivot_archive(b), ignore_errors=True)
-    log.warning("pivot %r was to happen at step %s but the run resumes from step %d: the old "
-                "phase goes on and the request is served again at the next boundary",
-                req.get("label"), b, step)
-    req.update(state="requested", step=None)
-    write_request(layout, req)
-    return None
-
-
-def _tmp_archive(layout: RunLayout, step) -> Path:
-    return layout.archive / f"pivot-{step}.tmp"
-
-
-def archive_sidecars(layout: RunLayout, step: int) -> Path:
-    """Copy `.samples.json` and `.state.json` into archive/pivot-<step>/ via pivot-<step>.tmp/
-    and one rename, so the archive is complete or absent (docs/pivots.md#crash-safety). The
-    originals stay until the phase is recorded. Idempotent: an existing archive is kept."""
-    from shared.atomic_io import fsync_dir
-    dest = layout.pivot_archive(step)
-    if dest.exists():
-        return dest
-    tmp = _tmp_archive(layout, step)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for p in (layout.samples, layout.state):
-        if p.exists():
-            shutil.copyfile(p, tmp / p.name)
-            with open(tmp / p.name, "rb") as f:
-                os.fsync(f.fileno())
-    fsync_dir(tmp)
-    tmp.replace(dest)
-    fsync_dir(layout.archive)
-    log.info("archived .samples.json and .state.json to %s", dest.relative_to(layout.root))
-    return dest
-
-
-def mark_running(layout: RunLayout, step: int, worker_pid: int | None, first_step: int) -> bool:
-    """The new worker filed `first_step` after the pivot at `step`: state "running", and the
-    request moves into archive/pivot-<step>/ (the record of what was asked). True if done."""
-    req = read_request(layout)
-    if not req or req.get("state") != "recorded" or req.get("step") != step:
-        return False
-    req.update(state="running", worker_pid=worker_pid, first_step=first_step,
-               running_at=time.time())
-    write_request(layout, req)
-    dest = layout.pivot_archive(step)
-    dest.mkdir(parents=True, exist_ok=True)
-    request_path(layout).replace(dest / ARCHIVED_REQUEST)
-    log.info("pivot %r: new worker pid %s filed step %d; phase in force", req.get("label"),
-             worker_pid, first_step)
-    return True
-
-
 # ------------------------------------------------------------------------------ the command
 
-def _lock_free(layout: RunLayout) -> bool:
-    """True when no proxy holds the run lock (tried and released at once)."""
-    from filelock import FileLock, Timeout
-    lock = FileLock(str(layout.proxy_lock), timeout=0)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return False
-    lock.release()
-    return True
-
-
-def _owner_pid(layout: RunLayout) -> int | None:
-    try:
-        return int(json.loads(layout.proxy_owner.read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def _last_filed(layout: RunLayout) -> int:
-    from proxy.commands.status import tail_records
     recs = tail_records(layout.loss, 8192)
     return recs[-1]["step"] if recs else 0
 
 
 def _planned_steps(layout: RunLayout, cfg: RunConfig) -> int:
     try:
-        return int(json.loads((layout.root / ".status.json").read_text())["max_steps"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(read_status(layout)["max_steps"])
+    except (KeyError, TypeError, ValueError):
         return cfg.max_steps
 
 
@@ -285,13 +77,11 @@ def cmd_pivot(a) -> int:
     stopped: recorded, the next `run` trains in it) or the request was accepted (--no-wait);
     1 the pivot did not complete (the message says what state it left); 2 refused before
     anything changed (bad bounds, a pending pivot, a finished run)."""
-    from proxy.mixture.bandit import BanditConfigError
     layout = RunLayout(a.run_dir)
     if not layout.run_json.exists():
         return _refuse(missing_run_json(layout.root))
     given = bool(a.caps or a.floors)
     if given + a.keep_bounds + a.no_bounds != 1:
-        from proxy.supervision.run_setup import read_phases
         try:
             ph = read_phases(layout)[-1]
             now = f"caps {_fmt(ph.caps)}, floors {_fmt(ph.floors)}"
@@ -305,7 +95,6 @@ def cmd_pivot(a) -> int:
     try:
         cfg = load_run_config(layout.run_json)
         if a.keep_bounds:
-            from proxy.supervision.run_setup import read_phases
             ph = read_phases(layout)[-1]
             caps, floors = dict(ph.caps), dict(ph.floors)
         else:
@@ -315,21 +104,21 @@ def cmd_pivot(a) -> int:
     label = a.label or "pivot"
     old = pending_request(layout)
     if old is not None:
-        return _refuse(f"a pivot is already pending ({REQUEST_NAME}: label {old.get('label')!r}, "
+        return _refuse(f"a pivot is already pending ({layout.pivot_request.name}: label {old.get('label')!r}, "
                        f"state {old.get('state')}, step {old.get('step')}); wait for it (`status` "
                        "shows it; on a stopped run `python -m proxy run` puts it in force) and "
                        "ask again once it is in force")
     req = {"label": label, "caps": caps, "floors": floors, "requested_by": os.getpid(),
            "requested_at": time.time(), "state": "requested", "step": None}
-    if _lock_free(layout):
+    if lock_is_free(layout):
         return _pivot_stopped(layout, cfg, req, a)
     planned, last = _planned_steps(layout, cfg), _last_filed(layout)
     if last >= planned:
         return _refuse(f"{layout.root} already finished at step {last:,} (max steps {planned:,}); "
                        "nothing would train under the new policy")
-    pid = _owner_pid(layout)
+    pid = owner_pid(layout)
     write_request(layout, req)
-    print(f"pivot: request {label!r} caps {caps} floors {floors} written to {REQUEST_NAME}; "
+    print(f"pivot: request {label!r} caps {caps} floors {floors} written to {layout.pivot_request.name}; "
           f"live proxy pid {pid} picks the next boundary", flush=True)
     if a.no_wait:
         print("pivot: accepted (--no-wait); `python -m proxy status --run-dir DIR` shows its "
@@ -340,15 +129,11 @@ def cmd_pivot(a) -> int:
 
 def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
     """Follow the live proxy through the pivot, printing each state once."""
-    from proxy.supervision.proc_tree import pid_alive
     end, told, b, last_print = time.monotonic() + timeout, set(), None, 0.0
     while True:
         req = read_request(layout)
         if req is None and b is not None:  # moved into the archive: running
-            try:
-                req = json.loads((layout.pivot_archive(b) / ARCHIVED_REQUEST).read_text())
-            except (OSError, ValueError):
-                req = None
+            req = read_archived_request(layout, b)
         state = (req or {}).get("state")
         if state == "failed":
             print(f"pivot failed: {req.get('error')}; nothing changed, the old phase runs on",
@@ -383,7 +168,6 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
             print(f"pivot: archived to archive/pivot-{b}", flush=True)
             told.add("archived")
         if reached >= 2 and "recorded" not in told:
-            from proxy.supervision.run_setup import read_phases
             ph = read_phases(layout)[-1]
             print(f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
                   f"caps {ph.caps}, floors {ph.floors})", flush=True)
@@ -410,10 +194,6 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
 def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
     """A stopped run: the same steps in this command's foreground, under the run lock; the next
     `run` resumes in the new phase from the newest valid checkpoint."""
-    from proxy.supervision.resume_planning import ResumeError, plan_resume
-    from proxy.run_files.run_lock import RunLock
-    from proxy.supervision.run_setup import read_phases
-    from shared.loss_history import LossHistory
     lock = RunLock(layout, command="pivot")
     try:
         lock.acquire()

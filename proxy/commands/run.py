@@ -1,32 +1,54 @@
-"""`python -m proxy COMMAND`: the operator's interface (docs/operations.md#start-and-resume).
+"""`python -m proxy run`: create or resume a run and supervise it
+(docs/operations.md#start-and-resume), with the settings table it prints at the start.
 
-The commands are listed in COMMANDS below, once; each module defines its own command's options
-(`add_*_args`) and its `cmd_*` function. `run` is here: create or resume a run, supervise it.
-
-What it is not: the `run` options (proxy/run_options.py) or the supervision (proxy/supervisor.py).
+What it is not: the command list (proxy/cli.py), the `run` options
+(proxy/supervision/run_options.py) or the supervision (proxy/supervision/supervisor.py).
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import logging.handlers
-import signal
 import sys
 
-from proxy.supervision.run_options import add_run_args, check_resume_args, check_run_options, \
-    config_from_args, proxy_options
-from shared.config import (AUDIT_BUDGET, AUDIT_TOKENS, POLICY_BUDGET, ConfigError, DEFAULT_ARMS,
-                           RunConfig, audit_cost, default_sample_every, load_run_config,
-                           policy_cost, probe_plan)
+from proxy.mixture.arm_changes import commit_arm_set, plan_arm_set
+from proxy.mixture.bandit import BanditConfigError
+from proxy.run_files.phases import read_phases
+from proxy.run_files.run_lock import RunLock, RunLockError
+from proxy.supervision.proc_tree import EarlySignals
+from proxy.supervision.run_options import (
+    check_resume_args,
+    check_run_options,
+    config_from_args,
+    proxy_options,
+)
+from proxy.supervision.run_setup import create_run
+from proxy.supervision.supervisor import Supervisor, SupervisorError
+from shared.arm_data import read_arm_index
+from shared.arms import ArmSourceError, parse_arm_option
+from shared.config import (
+    AUDIT_BUDGET,
+    AUDIT_TOKENS,
+    DEFAULT_ARMS,
+    POLICY_BUDGET,
+    ConfigError,
+    RunConfig,
+    accumulation_steps,
+    audit_cost,
+    default_sample_every,
+    load_run_config,
+    policy_cost,
+    probe_plan,
+)
 from shared.exit_codes import EXIT_OK, EXIT_USAGE
 from shared.run_layout import RunLayout, foreign_entries
+from shared.stop_request import StopRequested
 
 log = logging.getLogger("proxy")
 
 LOG_BYTES = 16 * 2**20   # logs/proxy.log rotates at this size ...
 LOG_BACKUPS = 4          # ... keeping this many older files (proxy.log.1 .. .4)
 
-def _setup_logging(layout: RunLayout | None) -> None:
+def setup_logging(layout: RunLayout | None) -> None:
     fmt = logging.Formatter("%(asctime)s proxy[%(process)d] %(levelname)s %(message)s")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
@@ -46,7 +68,7 @@ def _setup_logging(layout: RunLayout | None) -> None:
 def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
     """`--arm ...` on a restart is the run's new arm list, matched by name: new names
     are tokenized and join at the resume step, names left out are retired there, names listed
-    again after a removal re-join with their statistics (proxy/arm_changes.py). Without --arm
+    again after a removal re-join with their statistics (proxy/mixture/arm_changes.py). Without --arm
     the arms stay as they are. Raises ConfigError (nothing written) for a changed source under
     an old name or bounds the arms left cannot meet."""
     if not a.arm:
@@ -54,9 +76,6 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
             log.warning("--default-arms without --arm ignored: the run keeps its arms (%s)",
                         ", ".join(x.name for x in cfg.arms))
         return cfg
-    from proxy.mixture.arm_changes import commit_arm_set, plan_arm_set
-    from proxy.supervision.run_setup import read_phases
-    from shared.arms import parse_arm_option
     specs = (list(DEFAULT_ARMS) if a.default_arms else []) + [parse_arm_option(t) for t in a.arm]
     phase = read_phases(layout)[-1]
     plan = plan_arm_set(layout, cfg, specs, phase.caps, phase.floors)
@@ -66,15 +85,9 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
 
 
 def cmd_run(a) -> int:
-    from proxy.supervision.proc_tree import EarlySignals
     EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal
-    from proxy.run_files.run_lock import RunLock, RunLockError
-    from proxy.supervision.run_setup import create_run
-    from proxy.supervision.supervisor import Supervisor, SupervisorError
-    from proxy.mixture.bandit import BanditConfigError
-    from shared.stop_request import StopRequested
 
-    _setup_logging(None)
+    setup_logging(None)
     try:
         check_run_options(a)
     except ConfigError as e:
@@ -96,7 +109,7 @@ def cmd_run(a) -> int:
         log.error("--run-dir %s: %s; give a directory path (an existing run, or a new path "
                   "whose parent you may write to)", layout.root, what)
         return EXIT_USAGE
-    _setup_logging(layout)
+    setup_logging(layout)
     lock = RunLock(layout)
     try:
         lock.acquire()
@@ -142,7 +155,6 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout 
     """llm.c habit: one table of every setting the run uses, at start, with where each value
     came from: the command line, the --config file, the default, or run.json (a resumed run's
     creation settings; docs/configuration.md#where-a-value-came-from)."""
-    from shared.config import accumulation_steps
     sources = getattr(a, "sources", {})
     world = a.nproc_per_node * (int(str(a.nnodes).split(":")[-1]) if a.nnodes else 1)
     micro = a.micro_batch_size or cfg.micro_batch_size or cfg.batch_size // world
@@ -205,8 +217,6 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout 
 def _arms_row(cfg: RunConfig, layout: RunLayout | None) -> str:
     """The configured arms, those retired (a zombie whose source went, an arm left out) named
     apart: run.json keeps a zombie in its list, and showing it as trained would be a lie."""
-    from shared.arm_data import read_arm_index
-    from shared.arms import ArmSourceError
     names = [x.name for x in cfg.arms]
     try:
         index = read_arm_index(layout, include_retired=True) if layout is not None else {}
@@ -220,7 +230,6 @@ def _arms_row(cfg: RunConfig, layout: RunLayout | None) -> str:
 def _bounds_row(layout: RunLayout | None) -> str:
     """The phase in force (the last one in phases.json: a pivot recorded on a stopped run is in
     force from this start) with its caps and floors; "-" when there is no run directory yet."""
-    from proxy.supervision.run_setup import read_phases
     if layout is None or not layout.phases.exists():
         return "-"
     ph = read_phases(layout)[-1]
@@ -257,64 +266,3 @@ def _policy_row(cfg: RunConfig) -> str:
     return row
 
 
-COMMANDS = (  # name, one line of help; each command's options are defined by its own module
-    ("run", "create or resume a run and supervise its worker"),
-    ("status", "step, loss and EMA, tokens/s, last checkpoint, arm probabilities, worker health"),
-    ("inspect", "check and describe a checkpoint: header, validity, checksum, parameters, norms"),
-    ("sample", "generate text from a checkpoint"),
-    ("pivot", "polish pivot in place: new caps and floors, a fresh bandit, same weights, "
-              "history and proxy"),
-    ("fork", "audit fork: a new run from another run's checkpoint and its history"),
-    ("plot", "PNG of loss and EMA, pivots, held-out loss per arm, the arm mixture"),
-    ("export", "a checkpoint as safetensors, or as a Hugging Face model folder (--format hf)"),
-)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The `python -m proxy` parser: one sub-command per COMMANDS entry, each with `func`."""
-    from proxy.commands import export as checkpoint_tools
-    from proxy.commands import fork
-    from proxy.commands import pivot
-    from proxy.observation import plot
-    from proxy.commands import sample as sample_cmd
-    from proxy.commands import status
-    ap = argparse.ArgumentParser(
-        prog="python -m proxy",
-        description="ANDREA's training system: the supervising proxy and its tools "
-                    "(docs/README.md).")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    helps = dict(COMMANDS)
-    setup = {"run": (add_run_args, cmd_run),
-             "status": (status.add_status_args, status.cmd_status),
-             "inspect": (checkpoint_tools.add_inspect_args, checkpoint_tools.cmd_inspect),
-             "sample": (sample_cmd.add_sample_args, sample_cmd.cmd_sample),
-             "pivot": (pivot.add_pivot_args, pivot.cmd_pivot),
-             "fork": (fork.add_fork_args, fork.cmd_fork),
-             "plot": (plot.add_plot_args, plot.cmd_plot),
-             "export": (checkpoint_tools.add_export_args, checkpoint_tools.cmd_export)}
-    for name, _ in COMMANDS:
-        add_args, func = setup[name]
-        p = sub.add_parser(name, help=helps[name], description=helps[name])
-        add_args(p)
-        p.set_defaults(func=func)
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    # SIGUSR1's default action kills: ignore it until the supervisor installs its handler.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    ap = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["run"]:  # --config FILE.toml: command line > file > default
-        from proxy.commands.run_config_file import parse_run_args
-        _setup_logging(None)
-        sub = next(x for x in ap._actions if isinstance(x, argparse._SubParsersAction))
-        try:
-            a = parse_run_args(sub.choices["run"], argv[1:])
-        except ConfigError as e:
-            log.error("%s", e)
-            return EXIT_USAGE
-        a.cmd, a.func = "run", cmd_run
-    else:
-        a = ap.parse_args(argv)
-    return a.func(a)

@@ -3,7 +3,7 @@
 Loads the run's config and tokenizer and the checkpoint's weights only (structure validated;
 m and v are not read, the checksum is not computed: `inspect` checks it) into a GPT with no
 optimizer, generates all `--samples` in one batch (worker/sampling.py), and prints each with
-the prompt and the continuation apart (proxy/sample_format.py, as in the run's log), then the
+the prompt and the continuation apart (proxy/observation/sample_format.py, as in the run's log), then the
 time it took. torch is imported here, lazily: the proxy's hot path never imports it.
 """
 from __future__ import annotations
@@ -11,9 +11,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from proxy.commands.export import manifest_entry
+from proxy.observation.sample_format import format_sample
+from shared.checkpoint_format import CheckpointError, find_latest_valid
+from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import ConfigError, load_run_config
-from shared.run_layout import RunLayout
 from shared.exit_codes import EXIT_USAGE
+from shared.run_layout import RunLayout
+from shared.tokenizer import RunTokenizer
 
 
 def add_sample_args(p) -> None:
@@ -54,10 +59,6 @@ def cmd_sample(a) -> int:
     """Print `--samples` continuations of `--prompt`; exit 2 on bad input (named), 0 otherwise."""
     import time
     t_start = time.perf_counter()
-    from proxy.commands.export import manifest_entry
-    from shared.checkpoint_format import CheckpointError, find_latest_valid
-    from shared.checkpoint_manifest import manifest_checksums, read_manifest
-    from shared.tokenizer import RunTokenizer
     if a.path and not a.run_dir and Path(a.path).is_dir():  # `sample RUN_DIR`: its newest
         a.run_dir, a.path = a.path, None
     run_dir = Path(a.run_dir) if a.run_dir else (_run_dir_of(Path(a.path)) if a.path else None)
@@ -94,7 +95,8 @@ def cmd_sample(a) -> int:
         if len(ids) == 0:
             print("sample: --prompt is empty after tokenization", file=sys.stderr)
             return EXIT_USAGE
-        import torch
+        import torch  # heavy: only `sample` needs it, so it is imported only here
+
         from worker.sampling import generate_batched, load_weights_only, set_inference_threads
         threads = set_inference_threads(cfg.n_params, a.threads)
         step, model = load_weights_only(path, cfg, entry.checksum if entry else None)
@@ -106,7 +108,6 @@ def cmd_sample(a) -> int:
     idx = torch.from_numpy(ids).view(1, -1).repeat(a.samples, 1)
     out = generate_batched(model, idx, a.tokens, a.temperature, a.top_k or None, g)
     t_end = time.perf_counter()
-    from proxy.observation.sample_format import format_sample
     how = "greedy" if greedy else f"temperature {a.temperature}, top-k {a.top_k}"
     print(f"# {path.name} (step {step:,}), {how}, "
           f"seed {a.seed}")

@@ -20,59 +20,27 @@ run directory.
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import sys
 import time
 
+from proxy.observation.progress import wall_seconds_per_update
+from proxy.run_files.history_tail import loss_ema, tail_records
+from proxy.run_files.phases import phase_entries
+from proxy.run_files.pivot_request import pending_request
+from proxy.run_files.run_lock import read_owner
+from proxy.run_files.sidecars import read_state
+from proxy.run_files.status_file import read_status
+from shared.checkpoint_format import CheckpointError, list_checkpoints, validate_checkpoint
+from shared.checkpoint_manifest import manifest_checksums, read_manifest
+from shared.config import ConfigError, accumulation_steps, load_run_config
+from shared.exit_codes import EXIT_USAGE
+from shared.handshake import read_handshake
 from shared.procfs import process_state
 from shared.run_layout import RunLayout, creating_proxy, missing_run_json
-from shared.exit_codes import EXIT_USAGE
 
-TAIL_BYTES = 1 << 17       # the last 128 KiB of .loss.json: a few hundred records
-EMA_ALPHA = 0.05           # weight of the newest loss in the EMA (also the progress line's)
 STALE_S = 30.0             # no step for this long (and 10x the usual step time): stalled
-
-
-def _read_json(path, default=None):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return default
-
-
-def loss_ema(records: list[dict]) -> float | None:
-    """EMA (alpha EMA_ALPHA) of the finite "loss" values of `records` in order; None if none."""
-    ema = None
-    for r in records:
-        x = r.get("loss")
-        if isinstance(x, (int, float)) and math.isfinite(x):
-            ema = x if ema is None else (1 - EMA_ALPHA) * ema + EMA_ALPHA * x
-    return ema
-
-
-def tail_records(path, nbytes: int = TAIL_BYTES) -> list[dict]:
-    """The complete records in the last `nbytes` of a `.loss.json` (one record per line), in
-    order; a torn or partial line is skipped."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            f.seek(max(0, size - nbytes))
-            data = f.read()
-    except OSError:
-        return []
-    out = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        line = line.strip().lstrip("[").rstrip("]").rstrip(",").strip()
-        if line.startswith("{"):
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(r, dict) and isinstance(r.get("step"), int):
-                out.append(r)
-    return out
 
 
 def _proc_state(pid) -> str | None:
@@ -98,11 +66,10 @@ def _proxy_alive(owner: dict | None) -> bool:
 def collect_status(run_dir) -> dict:
     """Everything `status` shows, as a dict (the `--json` output)."""
     layout = RunLayout(run_dir)
-    from shared.config import load_run_config
     cfg = load_run_config(layout.run_json)
-    st = _read_json(layout.root / ".status.json", {}) or {}
-    owner = _read_json(layout.proxy_owner)
-    hs = _read_json(layout.handshake, {}) or {}
+    st = read_status(layout)
+    owner = read_owner(layout)
+    hs = read_handshake(layout)
     worker = hs.get("worker") or {}
     recs = tail_records(layout.loss)
     now = time.time()
@@ -119,7 +86,6 @@ def collect_status(run_dir) -> dict:
     times = [r.get("step_time") for r in recent if isinstance(r.get("step_time"), (int, float))]
     tok_per_step = cfg.batch_size * cfg.model.block_size
     tps = [r["tokens_per_s"] for r in recent if isinstance(r.get("tokens_per_s"), (int, float))]
-    from proxy.observation.progress import wall_seconds_per_update
     wall = wall_seconds_per_update(recs)
     # wall-clock tokens/s over the ETA's window (checkpoints and audits included, as the progress
     # line's ETA); the worker's own per-update figures are averaged by time, not by record,
@@ -131,8 +97,6 @@ def collect_status(run_dir) -> dict:
     d["last_step_age_s"] = now - last["time"] if last and last.get("time") else None
     d["skipped_recent"] = sum(1 for r in recent if r.get("skipped"))
 
-    from shared.checkpoint_format import CheckpointError, list_checkpoints, validate_checkpoint
-    from shared.checkpoint_manifest import manifest_checksums, read_manifest
     present = dict(list_checkpoints(layout.root))
     entries = read_manifest(layout.root)
     checks = manifest_checksums(entries)
@@ -156,7 +120,7 @@ def collect_status(run_dir) -> dict:
         d["last_checkpoint"] = None
     d["checkpoints"] = sorted(present)
 
-    state = _read_json(layout.state, {}) or {}
+    state = read_state(layout.state, garbage="default") or {}
     if state.get("arms"):
         held = (state.get("repetition") or {}).get("held") or {}
         d["arms"] = {n: {"p": a.get("p"), "pulls": a.get("pulls"), "held": held.get(n)}
@@ -166,10 +130,9 @@ def collect_status(run_dir) -> dict:
     else:
         d["arms"] = {}
 
-    phases = (_read_json(layout.phases, {}) or {}).get("phases") or [{}]
+    phases = phase_entries(layout) or [{}]
     ph = phases[-1]
     d["phase"] = {k: ph.get(k) for k in ("index", "label", "start_step", "caps", "floors")}
-    from proxy.commands.pivot import pending_request
     req = pending_request(layout)
     d["pivot_request"] = ({k: req.get(k) for k in ("label", "caps", "floors", "state", "step",
                                                    "requested_at")} if req else None)
@@ -220,8 +183,7 @@ def _batch_and_eta(cfg, worker: dict, recent: list[dict], step: int, max_steps: 
     """Tokens per update, micro-batches per update (docs/configuration.md#batch-and-accumulation:
     the running worker's figures, else run.json's) and the projected seconds to `max_steps`
     at the wall time per update of the last 50 steps, checkpoints and audits included
-    (`proxy/progress.py` `wall_seconds_per_update`; None before 3 steps)."""
-    from shared.config import ConfigError, accumulation_steps
+    (`proxy/observation/progress.py` `wall_seconds_per_update`; None before 3 steps)."""
     world = worker.get("world_size") or 1
     accum = worker.get("accumulation_steps")
     micro = worker.get("micro_batch_size")
@@ -231,7 +193,6 @@ def _batch_and_eta(cfg, worker: dict, recent: list[dict], step: int, max_steps: 
         except ConfigError:
             accum = None
         micro = cfg.micro_batch_size or cfg.batch_size // world
-    from proxy.observation.progress import wall_seconds_per_update
     per_step = wall_seconds_per_update(recent) if len(recent) >= 3 else None
     return {"tokens_per_update": cfg.batch_size * cfg.model.block_size,
             "micro_batches_per_update": accum, "micro_batch_size": micro, "world_size": world,

@@ -3,8 +3,8 @@
 What it is: the operator's `--caps`/`--floors` text turned into {arm: probability}, and the
 rules every bound set must meet before training starts (docs/bandit.md#bounds): each value a
 probability, floor <= cap per arm, sum(floors) <= 1 <= sum(caps), known arm names only.
-What it is not: the projection onto the box (proxy/box_projection.py) or the bandit
-(proxy/bandit.py). Pure Python: no files, no torch.
+What it is not: the projection onto the box (proxy/mixture/box_projection.py) or the bandit
+(proxy/mixture/bandit.py). Pure Python: no files, no torch.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ of the incarnation (`stamp_changes`). Replays apply the log at the same steps, s
 `.loss.json` still reproduces `.state.json` exactly (docs/bandit.md#determinism). Runs made before
 the log existed have per-arm "retired" entries only; they are read as retire changes.
 
-What it is not: the bandit arithmetic of joining or leaving (proxy/bandit.py), tokenizing an
+What it is not: the bandit arithmetic of joining or leaving (proxy/mixture/bandit.py), tokenizing an
 arm (shared/arm_data.py).
 """
 from __future__ import annotations
@@ -34,12 +34,15 @@ import logging
 import os
 from dataclasses import dataclass
 
+from proxy.mixture.bandit import BanditConfigError, resolve_bounds
+from proxy.run_files.phases import read_phases
 from shared.arm_data import ArmData, prepare_arm, read_arm_index
-from shared.stop_request import StopRequested
 from shared.arms import ArmSourceError, content_fingerprint, source_fingerprint
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, ConfigError, RunConfig
 from shared.run_layout import RunLayout
+from shared.stop_request import StopRequested
+from shared.tokenizer import RunTokenizer
 
 log = logging.getLogger("proxy.arm_changes")
 
@@ -83,7 +86,6 @@ def read_changes(layout: RunLayout) -> list[ArmChange]:
     try:
         return _changes_of(_load(layout))
     except (KeyError, TypeError, ValueError) as e:
-        from shared.arms import ArmSourceError
         raise ArmSourceError(f"{layout.arms_index}: arm-change log unreadable ({e}); "
                              "restore the file from a backup") from e
 
@@ -175,7 +177,6 @@ def plan_arm_set(layout: RunLayout, cfg: RunConfig, new_specs: list[ArmSpec],
     no longer matches the fingerprint taken when it was tokenized; or the arms left cannot hold
     a batch under the phase's floors and caps (BanditConfigError's reason, with the fix).
     """
-    from proxy.mixture.bandit import BanditConfigError, resolve_bounds
     names = [s.name for s in new_specs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -230,7 +231,6 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
     for a missing or too small source, before anything is recorded), record pending add/retire
     changes in `data/arms.json` (stamped with the resume step by the supervisor), then rewrite
     run.json's arm list. Returns the updated RunConfig."""
-    from shared.tokenizer import RunTokenizer
     prepared: list[ArmData] = []
     if plan.added:
         tok = RunTokenizer.load(layout.tokenizer)
@@ -345,7 +345,7 @@ def find_zombies(layout: RunLayout, specs: list[ArmSpec]) -> dict[str, str]:
 
 def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) -> list[ArmChange]:
     """The start-of-incarnation check: stamp pending arm changes with `resume_step`, find new
-    zombies, report each by name (a warning), retire them at `resume_step` (proxy/arm_changes.py
+    zombies, report each by name (a warning), retire them at `resume_step` (proxy/mixture/arm_changes.py
     log); returns the whole arm-change log for the MixtureController."""
     changes = stamp_changes(layout, resume_step)
     zombies = find_zombies(layout, specs)
@@ -353,7 +353,7 @@ def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) ->
     left = sorted(n for n, a in index.items() if not a.retired and n not in zombies)
     if zombies and not left:
         raise ConfigError(
-            f"every arm this run trains on has lost its source ("
+            "every arm this run trains on has lost its source ("
             + "; ".join(f"{n}: {why}" for n, why in zombies.items())
             + f"); nothing was retired. Is {os.getcwd()} the directory the run was made from "
             "(older runs keep relative source paths, resolved against the current directory)? "
@@ -380,8 +380,6 @@ def restored_zombies(layout: RunLayout, specs: list[ArmSpec], index: dict[str, A
     again, and which the phase in force at `resume_step` can hold next to the `active` arms (a
     pivot made while it was away may leave no room: it then stays retired, with a warning).
     A source unplugged for a while (an unmounted disk) so costs those steps, not the arm."""
-    from proxy.mixture.bandit import BanditConfigError, resolve_bounds
-    from proxy.supervision.run_setup import read_phases
     back = []
     for s in specs:
         a = index.get(s.name)

@@ -2,8 +2,8 @@
 
 What it is: the pure policy of `docs/bandit.md`: `BanditConfig` and the `Bandit` state that
 folds one per-step training record at a time and round-trips through JSON. The bounds' parsing
-and checks are proxy/arm_bounds.py, the projection onto the box proxy/box_projection.py, the
-reward scaler proxy/reward_scaler.py (their names are re-exported here).
+and checks are proxy/mixture/arm_bounds.py, the projection onto the box proxy/mixture/box_projection.py, the
+reward scaler proxy/mixture/reward_scaler.py (their names are re-exported here).
 What it is not: no file I/O, no locking, no torch. The proxy reads `.loss.json`, calls
 `Bandit.observe` in step order, posts `Bandit.probabilities()` and writes `Bandit.to_dict()`
 into `.state.json`.
@@ -23,9 +23,15 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-from proxy.mixture.arm_bounds import (BOUND_SLACK, BanditConfigError, check_arm_names as _check_arm_names,
-                              check_bounds as _check_bounds, is_real as _real, parse_arm_values,
-                              resolve_bounds)
+from proxy.mixture.arm_bounds import (
+    BOUND_SLACK,
+    BanditConfigError,
+    parse_arm_values,
+    resolve_bounds,
+)
+from proxy.mixture.arm_bounds import check_arm_names as _check_arm_names
+from proxy.mixture.arm_bounds import check_bounds as _check_bounds
+from proxy.mixture.arm_bounds import is_real as _real
 from proxy.mixture.box_projection import project_to_box
 from proxy.mixture.reward_scaler import SCALER_CAPACITY, QuantileScaler
 from shared.arm_redundancy import REPETITIVE_RATIO
@@ -487,7 +493,7 @@ class Bandit:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Bandit":
         """Rebuild a Bandit from `to_dict` output (after JSON). Raises ValueError when malformed
-        (BanditConfigError when its bounds or config are invalid): rebuild it by replaying the history then (proxy/mixture_rebuild.py)."""
+        (BanditConfigError when its bounds or config are invalid): rebuild it by replaying the history then (proxy/mixture/rebuild.py)."""
         try:
             config = BanditConfig.from_dict(d["config"])
             arms = d["arms"]

@@ -2,8 +2,8 @@
 
 What it is: `project_to_box(q, floors, caps)` = argmin_p KL(p || q) subject to
 floor <= p <= cap and sum p = 1, solved exactly (docs/bandit.md#policy-softmax-then-the-projection-onto-the-box).
-What it is not: the checks of the bounds themselves (proxy/arm_bounds.py) or the bandit that
-calls it (proxy/bandit.py). Plain Python floats with `math.fsum`, so the result is the same
+What it is not: the checks of the bounds themselves (proxy/mixture/arm_bounds.py) or the bandit that
+calls it (proxy/mixture/bandit.py). Plain Python floats with `math.fsum`, so the result is the same
 bit for bit on every run.
 """
 from __future__ import annotations

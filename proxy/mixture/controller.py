@@ -8,23 +8,10 @@ and a resume rebuilds every policy it needs by replaying `.loss.json` from the p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from proxy.mixture.arm_changes import ArmChange, arms_present_at
 from proxy.mixture.bandit import Bandit, BanditConfig
-
-
-@dataclass
-class Phase:
-    """One entry of `phases.json`: a bandit life between pivots (docs/pivots.md)."""
-
-    index: int
-    label: str
-    start_step: int                      # records from start_step + 1 on belong to this phase
-    caps: dict[str, float] = field(default_factory=dict)
-    floors: dict[str, float] = field(default_factory=dict)
-    prior: dict[str, float] | None = None
-    lifetime_pulls: dict[str, int] = field(default_factory=dict)
+from proxy.run_files.phases import Phase
+from proxy.run_files.state_snapshots import SNAPSHOT_FORMAT
 
 
 def bandit_record(rec: dict) -> dict:
@@ -33,10 +20,6 @@ def bandit_record(rec: dict) -> dict:
             "p": rec.get("p", {}), "arm_loss": rec.get("arm_loss", {}), "probe": rec.get("probe"),
             "batch_size": sum(rec.get("arms", {}).values()) or 1}
 
-
-# the snapshot layout: 2 since the bandit state carries the repetition guard (docs/bandit.md#state);
-# proxy/state_snapshots.py uses only snapshots of this format, older ones are replayed instead
-SNAPSHOT_FORMAT = 2
 
 KEEP_POLICIES = 4  # posted policies kept behind the newest (the worker needs the current one)
 
@@ -48,7 +31,7 @@ class MixtureController:
                  period: int, changes: list[ArmChange] | None = None,
                  compression: dict[str, float] | None = None) -> None:
         """`arm_names`: every arm the run has had (data/arms.json, retired ones included).
-        `changes`: the arm-change log (proxy/arm_changes.py): arm joins and retirements (zombies,
+        `changes`: the arm-change log (proxy/mixture/arm_changes.py): arm joins and retirements (zombies,
         arms left out on a restart), each applied once every record up to its step is folded,
         in the live run and in a replay alike, so replay still reproduces `.state.json`
         exactly. `compression`: each arm's compression ratio (shared/arm_data.py
@@ -112,7 +95,7 @@ class MixtureController:
 
     def to_snapshot(self) -> dict:
         """Everything a resume at `folded_through` needs, JSON-safe: the bandit, the posted
-        policies still in use and the counters (proxy/state_snapshots.py stores it)."""
+        policies still in use and the counters (proxy/run_files/state_snapshots.py stores it)."""
         return {"format": SNAPSHOT_FORMAT, "step": self.folded_through, "phase_index": self.phase.index,
                 "phase_start": self.phase.start_step, "next": self._next,
                 "policies": {str(v): p for v, p in self.policies.items()},

@@ -3,11 +3,11 @@
 A resume from checkpoint S needs the controller exactly as it was after update S: the bandit of
 the phase in force at S, every policy it posted, and the arm changes up to S applied. This module
 builds it, from the newest controller snapshot at or before S plus the history's records after
-it (proxy/state_snapshots.py), or by replaying `.loss.json` from the phase start. The resume,
+it (proxy/run_files/state_snapshots.py), or by replaying `.loss.json` from the phase start. The resume,
 the pivot and the tests that check `replay == .state.json` all call `rebuild_mixture`.
 
-What it is not: the controller's arithmetic (proxy/mixture.py, proxy/bandit.py), the choice of
-the resume step (proxy/resume_planning.py) or phases.json (proxy/run_setup.py).
+What it is not: the controller's arithmetic (proxy/mixture/controller.py, proxy/mixture/bandit.py), the choice of
+the resume step (proxy/supervision/resume_planning.py) or phases.json (proxy/supervision/run_setup.py).
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 
 from proxy.mixture.arm_changes import ArmChange, read_changes
-from proxy.mixture.controller import MixtureController, Phase
-from proxy.supervision.run_setup import read_phases
+from proxy.mixture.controller import MixtureController
+from proxy.run_files.phases import Phase, read_phases
 from proxy.run_files.state_snapshots import find_snapshot
 from shared.arm_data import arm_compression, read_arm_index
 from shared.config import RunConfig

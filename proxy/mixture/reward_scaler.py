@@ -2,7 +2,7 @@
 
 What it is: `QuantileScaler`, the 20th/80th-percentile mapping over a reservoir of past raw
 rewards (Graves et al. 2017; docs/bandit.md#reward-scaling), with its JSON round trip.
-What it is not: the rewards themselves or the EMA (proxy/bandit.py). Deterministic: the
+What it is not: the rewards themselves or the EMA (proxy/mixture/bandit.py). Deterministic: the
 reservoir is the last N rewards in arrival order, so a replay reproduces it.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m proxy plot --run-dir DIR [--out PNG]`: a picture of a run (docs/operations.md).
+"""The picture of a run that `python -m proxy plot` writes (docs/operations.md).
 
 Three panels over steps, from `.loss.json` and `phases.json`: the training loss with its EMA
 (beta 0.95), the held-out probe loss per arm, and the arm mixture (the p recorded with each
@@ -8,14 +8,12 @@ display needed). Default output: DIR/loss.png.
 """
 from __future__ import annotations
 
-import json
 import math
-import sys
 from pathlib import Path
 
+from proxy.run_files.phases import phase_entries
 from shared.loss_history import read_records
 from shared.run_layout import RunLayout
-from shared.exit_codes import EXIT_USAGE
 
 
 def series(records: list[dict]) -> dict:
@@ -50,17 +48,14 @@ def series(records: list[dict]) -> dict:
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     """Write the PNG; returns its path. Raises FileNotFoundError when the run has no history."""
-    import matplotlib
+    import matplotlib  # heavy (about a second): only `plot` needs it, so it is imported here
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     layout = RunLayout(run_dir)
     if not layout.loss.exists():
         raise FileNotFoundError(f"{layout.loss}: no history to plot (has the run started?)")
     s = series(read_records(layout.loss))
-    try:
-        phases = json.loads(layout.phases.read_text())["phases"]
-    except (OSError, ValueError, KeyError):
-        phases = []
+    phases = phase_entries(layout)
     out = Path(out) if out else layout.root / "loss.png"
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
     ax1.plot(s["steps"], s["loss"], lw=0.6, alpha=0.5, label="loss")
@@ -96,18 +91,3 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     return out
 
 
-def cmd_plot(a) -> int:
-    try:
-        out = plot_run(Path(a.run_dir), Path(a.out) if a.out else None)
-    except FileNotFoundError as e:
-        print(f"plot: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"plot: wrote {out}")
-    return 0
-
-
-def add_plot_args(p) -> None:
-    """`plot --run-dir DIR [--out F.png]`."""
-    p.add_argument("--run-dir", required=True, metavar="DIR", help="the run to plot")
-    p.add_argument("--out", default=None, metavar="F.png",
-                   help="PNG path (default DIR/loss.png)")

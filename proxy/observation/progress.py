@@ -13,7 +13,7 @@ The summary (`format_summary`) is logged when the run stops: steps and tokens th
 total, wall time, final EMA train loss, held-out loss per arm, the newest checkpoint and the
 commands to resume, sample, plot and export.
 
-What it is not: the throughput accounting (worker/perf.py) or `status` (proxy/status.py).
+What it is not: the throughput accounting (worker/perf.py) or `status` (proxy/commands/status.py).
 """
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+
+from proxy.run_files.history_tail import tail_records
+from proxy.run_files.sidecars import read_audits
+from shared.checkpoint_format import CheckpointError, find_latest_valid
 
 log = logging.getLogger("proxy")
 
@@ -140,14 +144,12 @@ def credible_mfu_raw(rec: dict, tok_per_s: float | None) -> float:
 def _heldout(layout) -> tuple[int | None, dict]:
     """(step, {arm: held-out loss}) of the newest probe in the history's tail or the newest
     sample audit in .samples.json, whichever is later; (None, {}) when there is neither."""
-    from proxy.run_files.sidecars import read_json_tolerant
-    from proxy.commands.status import tail_records
     best: tuple[int | None, dict] = (None, {})
     for r in reversed(tail_records(layout.loss)):
         if isinstance(r.get("probe"), dict) and r["probe"]:
             best = (r["step"], r["probe"])
             break
-    audits = (read_json_tolerant(layout.samples, {}) or {}).get("audits") or []
+    audits = read_audits(layout.samples)
     if audits and isinstance(audits[-1], dict) and audits[-1].get("step", -1) > (best[0] or -1):
         a = audits[-1]
         best = (a["step"], {n: v["loss"] for n, v in a.get("arms", {}).items()
@@ -161,7 +163,6 @@ def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: floa
 
     start_step: the step this proxy resumed from (None: no worker ran); end_step: the last
     step filed; tokens are sequences x context per step (cfg.batch_size x block_size)."""
-    from shared.checkpoint_format import CheckpointError, find_latest_valid
     per_step = cfg.batch_size * cfg.model.block_size
     start = end_step if start_step is None else start_step
     run = str(layout.root)

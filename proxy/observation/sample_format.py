@@ -12,7 +12,7 @@ sample from the next log line). Control characters other than tab and newline ar
 (`\\x13`), so a half-trained model cannot corrupt a terminal.
 
 What it is not: the audit itself (worker/trainer.py `sample_audit`) or `.samples.json`
-(proxy/sidecars.py), which keep the raw strings.
+(proxy/run_files/sidecars.py), which keep the raw strings.
 """
 from __future__ import annotations
 

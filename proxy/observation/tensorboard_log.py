@@ -13,7 +13,7 @@ and the live file starts with a SessionLog START at S + 1, TensorBoard's own "re
 marker. Every reader (the Python loader and the Rust data server) then shows each step once.
 
 What it is not: the history (.loss.json stays the audit trail; the event files can be deleted
-and are never read back by the run) or `plot` (proxy/plot.py).
+and are never read back by the run) or `plot` (proxy/observation/plot.py).
 """
 from __future__ import annotations
 
@@ -127,6 +127,7 @@ class TensorBoardLog:
         others (None, NaN, strings) are skipped."""
         import math
         import time
+
         from tensorboard.compat.proto import event_pb2, summary_pb2
         vals = [summary_pb2.Summary.Value(tag=t, simple_value=float(v))
                 for t, v in values.items()

@@ -13,6 +13,7 @@ import time
 
 from filelock import FileLock, Timeout
 
+from proxy.run_files.json_file import read_json
 from shared.atomic_io import atomic_write_json
 from shared.run_layout import RunLayout
 
@@ -50,3 +51,29 @@ class RunLock:
     def release(self) -> None:
         if self._lock.is_locked:
             self._lock.release()
+
+
+def lock_is_free(layout: RunLayout) -> bool:
+    """True when no proxy holds the run lock (tried and released at once)."""
+    lock = FileLock(str(layout.proxy_lock), timeout=0)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return False
+    lock.release()
+    return True
+
+
+def read_owner(layout: RunLayout) -> dict | None:
+    """`.proxy.owner.json` (host, pid, started_at, command), or None when it is missing or
+    unreadable (the holder may be replacing it)."""
+    d = read_json(layout.proxy_owner, None)
+    return d if isinstance(d, dict) else None
+
+
+def owner_pid(layout: RunLayout) -> int | None:
+    """The pid in `.proxy.owner.json`, or None when there is none."""
+    try:
+        return int((read_owner(layout) or {})["pid"])
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -7,29 +7,10 @@ atomically when that checkpoint is durable.
 """
 from __future__ import annotations
 
-import json
-import logging
-import time
 from pathlib import Path
 
+from proxy.run_files.json_file import Garbage, read_json
 from shared.atomic_io import atomic_write_json
-
-log = logging.getLogger("proxy.sidecars")
-
-
-def read_json_tolerant(path: Path, default):
-    """JSON content of `path`, or `default` when missing; a garbage file is moved aside to
-    `<name>.corrupt-<time>` with a warning naming it (docs/architecture.md#bad-input-and-faults), never a crash."""
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return default
-    except (ValueError, UnicodeDecodeError) as e:
-        aside = Path(f"{path}.corrupt-{int(time.time())}")
-        Path(path).replace(aside)
-        log.warning("%s: unreadable (%s); moved aside to %s and starting it afresh",
-                    path, e, aside.name)
-        return default
 
 
 class SamplesLog:
@@ -38,7 +19,7 @@ class SamplesLog:
 
     def __init__(self, path: Path, phase: dict, keep: int = 50) -> None:
         self.path, self.keep = Path(path), keep
-        d = read_json_tolerant(self.path, None)
+        d = read_json(self.path, None, garbage="aside")
         if not isinstance(d, dict) or not isinstance(d.get("audits"), list):
             d = {"phase": phase, "audits": []}
         self.data = d
@@ -46,7 +27,7 @@ class SamplesLog:
     def trim_after(self, step: int, archive_path: Path) -> None:
         late = [a for a in self.data["audits"] if a.get("step", 0) > step]
         if late:
-            old = read_json_tolerant(archive_path, [])
+            old = read_json(archive_path, [], garbage="aside")
             archive_path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(archive_path, old + late)
             self.data["audits"] = [a for a in self.data["audits"] if a.get("step", 0) <= step]
@@ -63,3 +44,18 @@ class SamplesLog:
 
 def write_state(path: Path, snapshot: dict) -> None:
     atomic_write_json(path, snapshot)
+
+
+def read_state(path: Path, garbage: Garbage = "aside") -> dict | None:
+    """`.state.json`, or None when it is missing. A garbage file is moved aside with a warning
+    (the proxy rebuilds the state from the history: docs/history.md#torn-tail-repair), or with
+    `garbage="default"` left alone (a reader that must not disturb a live run: `status`)."""
+    d = read_json(path, None, garbage=garbage)
+    return d if isinstance(d, dict) or d is None else None
+
+
+def read_audits(path: Path) -> list[dict]:
+    """The audits in `.samples.json`, [] when there are none; a garbage file is moved aside with
+    a warning, as the proxy's own reader does (`SamplesLog`)."""
+    d = read_json(path, {}, garbage="aside")
+    return (d.get("audits") if isinstance(d, dict) else None) or []

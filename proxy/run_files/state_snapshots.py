@@ -15,14 +15,17 @@ from __future__ import annotations
 import json
 import os
 
-from proxy.mixture.controller import SNAPSHOT_FORMAT
+from shared.atomic_io import atomic_write_bytes
+from shared.checkpoint_format import list_checkpoints
 from shared.run_layout import RunLayout
 
-SNAPSHOTS = ".state.snapshots.jsonl"
+# the snapshot layout: 2 since the bandit state carries the repetition guard (docs/bandit.md#state);
+# only snapshots of this format are used, older ones are replayed instead
+SNAPSHOT_FORMAT = 2
 
 
 def _path(layout: RunLayout):
-    return layout.root / SNAPSHOTS
+    return layout.state_snapshots
 
 
 def _append(layout: RunLayout, obj: dict) -> None:
@@ -51,8 +54,6 @@ def compact(layout: RunLayout, at: int = COMPACT_AT) -> int:
     the newest one. Torn lines are dropped. A resume from a checkpoint whose snapshot is gone
     replays from the phase start instead (same state, slower). Returns the lines kept, or 0
     when nothing was rewritten."""
-    from shared.atomic_io import atomic_write_bytes
-    from shared.checkpoint_format import list_checkpoints
     try:
         lines = _path(layout).read_bytes().split(b"\n")
     except FileNotFoundError:
@@ -87,7 +88,7 @@ def find_snapshot(layout: RunLayout, phase_index: int, phase_start: int,
                   upto_step: int) -> dict | None:
     """The newest valid snapshot of this phase with phase_start <= step <= upto_step, or None.
     Torn or garbage lines (a kill mid-append) are skipped, and so are snapshots of another
-    format than proxy/mixture.py SNAPSHOT_FORMAT (written by an older version, whose bandit
+    format than SNAPSHOT_FORMAT (written by an older version, whose bandit
     state lacks fields this one keeps): the history is replayed over them instead."""
     try:
         lines = _path(layout).read_bytes().split(b"\n")

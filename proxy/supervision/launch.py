@@ -11,7 +11,7 @@ itself once all ranks have exited. Restarts are the proxy's job (`--max-restarts
 agent), so a rank that dies takes the whole group down and the proxy resumes all ranks from the
 newest valid checkpoint.
 
-What it is not: the supervision loop (proxy/supervisor.py) or process-group set-up inside the
+What it is not: the supervision loop (proxy/supervision/supervisor.py) or process-group set-up inside the
 worker (worker/distributed.py). No torch import here: the proxy stays light.
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ import signal
 import time
 from dataclasses import dataclass
 
+from proxy.supervision.proc_tree import pid_alive
 from shared.handshake import read_handshake
 from shared.run_layout import RunLayout
-from proxy.supervision.proc_tree import pid_alive
 
 log = logging.getLogger("proxy.launch")
 

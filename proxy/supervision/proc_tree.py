@@ -2,7 +2,7 @@
 ready, spawning the worker with its signals blocked, reaping orphans (PID 1 in a container, or
 a child subreaper), and naming a process that does not answer.
 
-What it is not: the supervision loop itself (proxy/supervisor.py) or the worker's own signal
+What it is not: the supervision loop itself (proxy/supervision/supervisor.py) or the worker's own signal
 handling (worker/signals.py).
 """
 from __future__ import annotations

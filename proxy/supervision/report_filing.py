@@ -9,50 +9,27 @@ log line or a progress line (docs/handshake.md#reports, docs/architecture.md#the
   hello / event      -> what the worker is and why it stopped
 
 What it is not: reading reports or the handshake (shared/handshake.py), the watch loop
-(proxy/supervisor.py), the sidecars' formats (proxy/sidecars.py, shared/loss_history.py).
+(proxy/supervision/supervisor.py), the sidecars' formats (proxy/run_files/sidecars.py, shared/loss_history.py).
 """
 from __future__ import annotations
 
 import logging
 import math
-import os
-import time
-from dataclasses import dataclass, field
 
 from proxy.mixture.collapse_watch import CollapseWatch
 from proxy.mixture.controller import MixtureController
 from proxy.observation.run_watch import RunWatch
 from proxy.observation.sample_format import format_audit
+from proxy.run_files.history_tail import EMA_ALPHA
 from proxy.run_files.sidecars import SamplesLog, write_state
 from proxy.run_files.state_snapshots import append_snapshot
-from proxy.commands.status import EMA_ALPHA
-from shared.atomic_io import atomic_write_json
+from proxy.run_files.status_file import LiveStats
 from shared.config import RunConfig
 from shared.handshake import update_handshake
 from shared.loss_history import LossHistory
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
-
-
-@dataclass
-class LiveStats:
-    """What the proxy knows of the running worker, for progress lines and `.status.json`."""
-
-    step: int = 0
-    loss: float | None = None
-    ema: float | None = None
-    tok_per_s: float | None = None
-    last_checkpoint: dict | None = None
-    recent: list = field(default_factory=list)   # the last 20 step times, seconds
-    worker: dict | None = None                   # the worker's hello report once it arrived
-    exit_code: int | None = None                 # from the worker's "stopped" event
-    stop_why: str | None = None                  # its reason, named in a fatal exit's message
-
-    def new_worker(self) -> None:
-        """Forget the previous worker's hello and "stopped" event before the next one starts
-        (a restart, a pivot's new worker): they describe that worker only."""
-        self.worker, self.exit_code, self.stop_why = None, None, None
 
 
 class ReportFiler:
@@ -147,14 +124,6 @@ class ReportFiler:
             s.tok_per_s = tokens_per_step * len(s.recent) / sum(s.recent)
         self.watch.on_step(rec, s.ema)
         if rec["step"] % self.print_every == 0 or rec["step"] == self.max_steps:
-            print(self.watch.progress_line(rec, s), flush=True)  # elapsed, ETA (proxy/progress.py)
+            print(self.watch.progress_line(rec, s), flush=True)  # elapsed, ETA (proxy/observation/progress.py)
 
 
-def write_status(layout: RunLayout, stats: LiveStats, max_steps: int, worker_pid: int | None,
-                 alive: bool = True) -> None:
-    """`.status.json` for `python -m proxy status` (atomic; docs/operations.md#status)."""
-    atomic_write_json(layout.root / ".status.json", {
-        "proxy_pid": os.getpid(), "proxy_alive": alive, "worker_pid": worker_pid,
-        "step": stats.step, "max_steps": max_steps, "loss": stats.loss, "loss_ema": stats.ema,
-        "tokens_per_s": stats.tok_per_s, "last_checkpoint": stats.last_checkpoint,
-        "time": time.time()})

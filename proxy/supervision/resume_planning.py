@@ -4,11 +4,11 @@
 In order, for each incarnation: pick the newest valid checkpoint (rejected files named with the
 rule they broke and kept in rejected/), cut the history back to it (records past it go to
 `.loss.rewound.json`), drop pivot phases that start after it, rebuild the mixture controller for
-that step (proxy/mixture_rebuild.py), make `.state.json` agree with the rebuilt bandit, and carry
+that step (proxy/mixture/rebuild.py), make `.state.json` agree with the rebuilt bandit, and carry
 out, finish or roll back a pending pivot (`plan_resume`, docs/pivots.md#crash-safety).
 
-What it is not: spawning or watching the worker (proxy/supervisor.py), filing its reports
-(proxy/report_filing.py), or the arm checks at start (proxy/arm_changes.py).
+What it is not: spawning or watching the worker (proxy/supervision/supervisor.py), filing its reports
+(proxy/supervision/report_filing.py), or the arm checks at start (proxy/mixture/arm_changes.py).
 """
 from __future__ import annotations
 
@@ -18,15 +18,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.mixture.arm_changes import ArmChange
+from proxy.mixture.arm_changes import ArmChange, handle_zombies
 from proxy.mixture.controller import MixtureController
 from proxy.mixture.rebuild import new_controller, rebuild_mixture
-from proxy.supervision.run_setup import read_phases, write_phases
-from proxy.run_files.sidecars import read_json_tolerant, write_state
+from proxy.run_files.phases import read_phases, write_phases
+from proxy.run_files.pivot_request import pending_request, write_request
+from proxy.run_files.sidecars import read_state, write_state
 from proxy.run_files.state_snapshots import mark_rewound
+from proxy.supervision.pivots import archive_sidecars, fault_point, mark_running, pivot_due
 from shared.atomic_io import atomic_write_json, clean_stale_writes
-from shared.checkpoint_format import QUARANTINE_DIR, CheckpointError, \
-    clean_stale_temporaries, quarantine_checkpoint, scan_for_resume
+from shared.checkpoint_format import (
+    QUARANTINE_DIR,
+    CheckpointError,
+    clean_stale_temporaries,
+    quarantine_checkpoint,
+    scan_for_resume,
+)
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import RunConfig
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
@@ -157,7 +164,7 @@ def reconcile_state_file(layout: RunLayout, mix: MixtureController, step: int,
     (the next checkpoint writes it); when it describes another step or phase, differs from the
     rebuilt bandit, or the arms changed at `step`, the rebuilt bandit is written (the replay
     wins, docs/history.md#rewind)."""
-    st = read_json_tolerant(layout.state, None)
+    st = read_state(layout.state)
     if st is None:
         return
     replayed = mix.bandit.to_dict()
@@ -195,8 +202,6 @@ def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_sc
     finish or roll back a pivot request (docs/pivots.md#crash-safety). `stopped_pivot`: a
     request to pivot at the resume step (`pivot` on a stopped run). Raises ResumeError (no
     checkpoint; a stopped pivot without one) and BanditConfigError (bounds)."""
-    from proxy.mixture.arm_changes import handle_zombies
-    from proxy.commands import pivot as pv
     point = find_resume_point(layout, cfg, history, from_scratch)
     step = point.step
     align_history(layout, history, step)
@@ -205,27 +210,27 @@ def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_sc
             raise ResumeError(f"{layout.root} has no valid checkpoint to pivot at; train at "
                               "least one checkpoint cadence first", code=EXIT_FAILED)
         stopped_pivot.update(state="boundary", step=step)
-        pv.write_request(layout, stopped_pivot)
+        write_request(layout, stopped_pivot)
     changes = handle_zombies(layout, cfg.arms, step)
     mix, changed = prepare_mixture(layout, cfg, step, changes)
     reconcile_state_file(layout, mix, step, changed)
     plan = ResumePlan(step, point.path, mix, changes, verified=point.verified)
-    req = pv.pending_request(layout)
+    req = pending_request(layout)
     if req is None or req.get("state") == "requested":
         return plan
     b, recorded = req.get("step"), phase_recorded(layout, req)
     if b == step and not recorded:
         plan.mix = start_pivot_phase(layout, cfg, mix, req, step, changes)
         plan.pivot_step = step
-        pv.fault_point("after-record")
+        fault_point("after-record")
     elif b == step:                       # recorded before a kill: finish, idempotently
         finish_pivot(layout, mix, req, step)
         plan.pivot_step = step
     elif recorded and b is not None and step > b:   # the new phase already trained past B
         if req.get("state") == "recorded":
-            pv.mark_running(layout, b, None, step)
+            mark_running(layout, b, None, step)
     else:
-        pv.pivot_due(layout, step)        # the old phase goes on: serve the request again
+        pivot_due(layout, step)        # the old phase goes on: serve the request again
     return plan
 
 
@@ -242,13 +247,12 @@ def start_pivot_phase(layout: RunLayout, cfg: RunConfig, mix: MixtureController,
     sidecars (complete or absent), record the new phase in phases.json (the commit point),
     then reset `.state.json`/`.samples.json` for it. Returns the new phase's controller.
     `.loss.json` is not touched. Raises BanditConfigError (bounds)."""
-    from proxy.commands import pivot as pv
     new = mix.next_phase(req["label"], req["caps"], req["floors"], step)
     new_mix = new_controller(layout, cfg, new, changes)   # bounds checked before any change
-    pv.archive_sidecars(layout, step)
+    archive_sidecars(layout, step)
     req.update(state="archived", archived_at=time.time())
-    pv.write_request(layout, req)
-    pv.fault_point("after-archive")
+    write_request(layout, req)
+    fault_point("after-archive")
     write_phases(layout, read_phases(layout) + [new])
     log.info("pivot: phase %d %r starts at step %d with caps %s floors %s",
              new.index, new.label, step, new.caps, new.floors)
@@ -259,10 +263,9 @@ def start_pivot_phase(layout: RunLayout, cfg: RunConfig, mix: MixtureController,
 def finish_pivot(layout: RunLayout, mix: MixtureController, req: dict, step: int) -> None:
     """After the phase is recorded: `.state.json` = the fresh bandit at `step`, `.samples.json`
     = an empty log of the new phase, request state "recorded". Idempotent."""
-    from proxy.commands import pivot as pv
     write_state(layout.state, mix.bandit.to_dict())
     atomic_write_json(layout.samples, {"phase": {"label": mix.phase.label,
                                                  "index": mix.phase.index}, "audits": []})
     if req.get("state") != "recorded":
         req.update(state="recorded", recorded_at=time.time())
-        pv.write_request(layout, req)
+        write_request(layout, req)

@@ -7,8 +7,8 @@ Options split in two kinds:
 - per-start options (`ProxyOptions`) may differ at every start: supervision numbers, retention,
   the device, the launcher, precision.
 
-What it is not: the run's creation (proxy/run_setup.py), the arms' parsing (shared/arms.py), the
-bounds' rules (proxy/arm_bounds.py) or the supervision itself (proxy/supervisor.py).
+What it is not: the run's creation (proxy/supervision/run_setup.py), the arms' parsing (shared/arms.py), the
+bounds' rules (proxy/mixture/arm_bounds.py) or the supervision itself (proxy/supervision/supervisor.py).
 """
 from __future__ import annotations
 
@@ -17,11 +17,22 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from proxy.supervision.launch import LaunchOptions
+from proxy.mixture.arm_bounds import parse_arm_values
 from proxy.observation.tensorboard_log import check_available as check_tensorboard
+from proxy.run_files.phases import read_phases
+from proxy.supervision.launch import LaunchOptions
+from shared.arms import parse_arm_option
 from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
-from shared.config import DEFAULT_ARMS, PRESETS, ConfigError, RunConfig, accumulation_steps, \
-    count_parameters, default_sample_every
+from shared.config import (
+    DEFAULT_ARMS,
+    PRESETS,
+    ConfigError,
+    RunConfig,
+    accumulation_steps,
+    count_parameters,
+    default_sample_every,
+    load_run_config,
+)
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
@@ -203,7 +214,7 @@ def check_cuda_device(device: str) -> str | None:
     Imports torch (a second or two), which the proxy otherwise never does, only for a CUDA
     device: no other check tells a CPU-only torch build or a missing GPU apart from a working
     one."""
-    import torch
+    import torch  # heavy (a second or two): only a CUDA --device needs it, so it is imported here
     if not torch.cuda.is_available():
         why = ("this torch build has no CUDA (" + torch.__version__ + ")" if torch.version.cuda is None
                else "torch sees no CUDA device (no GPU, or no driver)")
@@ -217,7 +228,6 @@ def check_cuda_device(device: str) -> str | None:
 def _check_batch_split(a) -> None:
     """The batch / ranks / micro-batch split, checked before anything is created or written:
     the batch and micro-batch from the options, else the existing run.json, else the defaults."""
-    from shared.config import load_run_config
     layout = RunLayout(a.run_dir)
     cfg = load_run_config(layout.run_json) if layout.run_json.exists() else RunConfig()
     try:
@@ -231,8 +241,6 @@ def _check_batch_split(a) -> None:
 def config_from_args(a) -> RunConfig:
     """The RunConfig of a new run from the parsed options `a` (defaults from shared/config.py).
     Raises ConfigError (a warm-up not below --max-steps) and BanditConfigError (bad bounds)."""
-    from proxy.mixture.arm_bounds import parse_arm_values
-    from shared.arms import parse_arm_option
     cfg = RunConfig()
     if a.preset:
         cfg.preset = a.preset
@@ -302,8 +310,6 @@ def _check_same_bounds(a, cfg: RunConfig, layout: RunLayout) -> None:
     After a pivot, the first phase's values (the creating command run again: a systemd unit, a
     requeued job) are accepted too, and the pivot's bounds stay in force. Raises ConfigError
     naming the phase's values, the remedy and the pivot command."""
-    from proxy.mixture.arm_bounds import parse_arm_values
-    from proxy.supervision.run_setup import read_phases
     phases = read_phases(layout)
     phase, first = phases[-1], phases[0]
     names = sorted({x.name for x in cfg.arms} | set(phase.caps) | set(phase.floors))

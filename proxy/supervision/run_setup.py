@@ -10,22 +10,20 @@ command: the tokenizer is reused when it was made from the same recipe, arms alr
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import shutil
 import time
 from pathlib import Path
 
 from proxy.mixture.bandit import resolve_bounds
-from proxy.mixture.controller import Phase
+from proxy.run_files.phases import Phase, write_phases
+from shared import stop_request
 from shared.arm_data import prepare_arm, write_arm_index
 from shared.arm_sources import open_arm, sample_text
 from shared.arm_tokenize import pin_mmap_threshold, release_free_memory
 from shared.arms import source_fingerprint
 from shared.atomic_io import atomic_write_json, read_json
 from shared.config import ConfigError, RunConfig
-from shared import stop_request
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
 
@@ -129,19 +127,3 @@ def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def read_phases(layout: RunLayout) -> list[Phase]:
-    """All phases, oldest first. Raises ConfigError naming the file when unreadable."""
-    try:
-        return [Phase(**p) for p in json.loads(layout.phases.read_text())["phases"]]
-    except FileNotFoundError:
-        raise ConfigError(f"{layout.phases}: missing; recreate it as "
-                          '{"phases": [{"index": 0, "label": "initial", "start_step": 0}]}') from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{layout.phases}: unreadable ({e}); restore it from a backup, or "
-                          "rewrite it: one entry per phase (index, label, start_step, caps, "
-                          "floors), as each record of .loss.json names its phase "
-                          "(docs/pivots.md)") from e
-
-
-def write_phases(layout: RunLayout, phases: list[Phase]) -> None:
-    atomic_write_json(layout.phases, {"phases": [dataclasses.asdict(p) for p in phases]})

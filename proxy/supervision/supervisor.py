@@ -1,10 +1,10 @@
 """Supervision of the worker (docs/architecture.md#processes, docs/signals.md): spawn, forward
 signals, watch, restart.
 
-One incarnation = plan the resume (proxy/resume_planning.py: the checkpoint, the history and the
+One incarnation = plan the resume (proxy/supervision/resume_planning.py: the checkpoint, the history and the
 mixture controller made to describe exactly that step), post the policies, spawn `python -m
 worker` (argv list, no shell, its own session), then watch: hand every report to the filer
-(proxy/report_filing.py), forward signals, detect crash and hang. A worker that exits non-zero or
+(proxy/supervision/report_filing.py), forward signals, detect crash and hang. A worker that exits non-zero or
 hangs is restarted from the newest valid checkpoint with back-off, up to `max_restarts` in a row
 (an incarnation that wrote a new checkpoint before it failed starts the count again);
 SIGTERM/SIGINT/SIGHUP to the proxy stop the worker cleanly and exit 0. A polish pivot happens in
@@ -12,7 +12,7 @@ place (docs/pivots.md): the worker stops at the boundary B, the next incarnation
 archives the phase and records the new one, and a new worker starts from step_B.bin; the
 proxy's pid never changes.
 
-What it is not: the options (proxy/run_options.py), the run's creation (proxy/run_setup.py).
+What it is not: the options (proxy/supervision/run_options.py), the run's creation (proxy/supervision/run_setup.py).
 """
 from __future__ import annotations
 
@@ -25,20 +25,34 @@ import sys
 import time
 from pathlib import Path
 
-from proxy.supervision import proc_tree
-from proxy.supervision.launch import agent_descendants, kill_ranks, rank_pids, reap_leftover_ranks, \
-    signal_pids, torchrun_argv, wait_for_earlier_workers
 from proxy.mixture.controller import MixtureController
-from proxy.commands.pivot import fail_unserved, fault_point, follow_worker_boundary, mark_running, \
-    pending_request, poll_pivot_request
-from proxy.supervision.report_filing import LiveStats, ReportFiler, write_status
+from proxy.observation.run_watch import RunWatch
+from proxy.run_files.history_tail import loss_ema, tail_records
+from proxy.run_files.phases import read_phases
+from proxy.run_files.pivot_request import pending_request
+from proxy.run_files.sidecars import SamplesLog
+from proxy.run_files.status_file import LiveStats, write_status
+from proxy.supervision import proc_tree
+from proxy.supervision.launch import (
+    agent_descendants,
+    kill_ranks,
+    rank_pids,
+    reap_leftover_ranks,
+    signal_pids,
+    torchrun_argv,
+    wait_for_earlier_workers,
+)
+from proxy.supervision.pivots import (
+    fail_unserved,
+    fault_point,
+    follow_worker_boundary,
+    mark_running,
+    poll_pivot_request,
+)
+from proxy.supervision.report_filing import ReportFiler
 from proxy.supervision.report_salvage import salvage_step_reports
 from proxy.supervision.resume_planning import ResumeError, plan_resume
 from proxy.supervision.run_options import ProxyOptions
-from proxy.supervision.run_setup import read_phases
-from proxy.observation.run_watch import RunWatch
-from proxy.run_files.sidecars import SamplesLog
-from proxy.commands.status import loss_ema, tail_records
 from shared.config import RunConfig
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
@@ -219,7 +233,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ watching
     def _signal_worker(self, sig: int) -> bool:
-        """Signal the worker; under torchrun the ranks directly (proxy/launch.py), never the
+        """Signal the worker; under torchrun the ranks directly (proxy/supervision/launch.py), never the
         agent once they are known. Returns False when a SIGUSR1 has no rank to go to yet."""
         if self.opts.launch.uses_torchrun:
             pids = rank_pids(self.layout)
