@@ -72,7 +72,8 @@ class ArmData:
     source_bytes: int = 0             # source bytes used of the source's total
     bad_records: int = 0              # records skipped (invalid JSON, missing field, ...)
     first_bad: str = ""               # "file:line: reason" of the first
-    compression: float = 0.0          # zstd ratio of its tokens (shared/arm_redundancy.py); 0: not measured (older runs)
+    compression: float = 0.0          # zstd ratio of its tokens (shared/arm_redundancy.py); 0: not
+                                      # measured (older runs)
 
     def token_path(self, run_dir: Path) -> Path:
         """The token file: `path`, relative to the run directory unless absolute."""
@@ -220,6 +221,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
             if tmp is not None:
                 n = concat_token_files(files, dt, tmp, n)
         else:
+            assert tmp is not None  # set above for every arm that is tokenized
             fp, st = tokenize_stream(arm, tok, tmp, cap)
             n, docs, used, total, capped = st.tokens, st.documents, st.bytes_used, st.bytes_total, st.capped
             empty = st.empty
@@ -240,7 +242,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
             raise ArmSourceError(
                 f"arm {arm.name}: {n:,} tokens is too small for context {cfg.model.block_size} "
                 f"plus {hold:,} held-out tokens; {fix}")
-        if tmp is not None:
+        if tmp is not None and final is not None:  # set together
             publish(tmp, final)
     except BaseException:
         if tmp is not None:

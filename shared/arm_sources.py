@@ -21,7 +21,7 @@ import json
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from shared.config import ArmSourceError, ArmSpec
 from shared.embedded_arms import embedded_files, embedded_text
@@ -138,7 +138,8 @@ class ZstdFrames(io.RawIOBase):
     def __init__(self, raw, chunk: int = 1 << 20) -> None:
         import zstandard
         self._raw, self._chunk, self._zstd = raw, chunk, zstandard
-        self._dobj, self._fed, self._buf = None, False, b""
+        self._dobj: Any = None  # the current frame's zstandard decompressobj
+        self._fed, self._buf = False, b""
 
     def readable(self) -> bool:
         return True

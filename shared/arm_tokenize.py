@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.arm_sources import SEPARATOR, BadRecords, open_arm
-from shared.arms import ArmSourceError, content_fingerprint, token_files
+from shared.arms import ArmSourceError, token_files
 from shared.atomic_io import fsync_dir
 from shared.config import ArmSpec
 from shared.progress import Progress
@@ -78,7 +78,7 @@ def suffix_for(dtype) -> str:
 
 
 def _write_all(fh, arr: np.ndarray) -> None:
-    fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
 
 
 MMAP_THRESHOLD = 128 * 1024  # bytes: glibc's default before it starts adjusting it

@@ -341,13 +341,13 @@ def load_checkpoint(path: os.PathLike | str, n_params: int | None,
             crc = (_BackgroundCrc(zlib.crc32(_HEADER.pack(info.step, n)))
                    if want is not None else None)
             try:
-                _readinto_exact(f, memoryview(buf).cast("B"), path, info, crc)
+                _readinto_exact(f, memoryview(buf).cast("B"), path, info, crc)  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
             finally:
                 if crc is not None:
                     crc.close()
     except OSError as exc:
         raise _open_error(path, exc) from exc
-    if crc is not None:
+    if crc is not None and want is not None:  # crc runs only when there is a checksum
         got = _format_crc(crc.result())
         if got != want:
             raise _checksum_mismatch(path, got, want)
@@ -477,7 +477,7 @@ def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
     check_int32_limits(step, n)
 
     header = _HEADER.pack(step, n)
-    views = [memoryview(arr).cast("B") for arr in arrays]
+    views = [memoryview(arr).cast("B") for arr in arrays]  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
     crc = _BackgroundCrc(zlib.crc32(header))
     for view in views:
         crc.feed(view)
@@ -525,7 +525,7 @@ def _atomic_commit(directory: pathlib.Path, final_name: str, write_body, crc: _B
             where = final if renamed else tmp
             raise CheckpointError(
                 f"{final_name}: write failed at {where} ({exc.strerror or exc}; errno "
-                f"{errno.errorcode.get(exc.errno, exc.errno)}): the temporary was removed and "
+                f"{errno.errorcode.get(exc.errno or 0, exc.errno)}): the temporary was removed and "
                 f"earlier checkpoints are intact; free disk space or fix the directory, then "
                 f"retry", path=where, rule="io") from exc
         raise
@@ -644,7 +644,7 @@ def write_checkpoint_image(directory: os.PathLike | str, step: int, image: np.nd
     n = _image_n(image)
     check_int32_limits(step, n)
     image[:HEADER_BYTES] = np.frombuffer(_HEADER.pack(step, n), dtype=np.uint8)
-    view = memoryview(image).cast("B")
+    view = memoryview(image).cast("B")  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
     crc = _BackgroundCrc()
     crc.feed(view)
     aligned = image_offset(image.ctypes.data) == 0
@@ -730,7 +730,7 @@ def scan_for_resume(directory: os.PathLike | str, n_params: int | None,
 
 def find_latest_valid(directory: os.PathLike | str, n_params: int | None,
                       checksums: dict[int, str] | None = None
-                      ) -> tuple[CheckpointInfo | None, list[tuple[pathlib.Path, str]]]:
+                      ) -> tuple[CheckpointInfo | None, list[tuple[pathlib.Path | None, str]]]:
     """The newest valid checkpoint in ``directory`` and the newer ones rejected (docs/checkpoint-format.md#validity).
 
     n_params: the model's parameter count (None: not checked). checksums: step -> the

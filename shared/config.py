@@ -1,6 +1,7 @@
 """Run configuration: model presets, the parameter table, and the resolved run config.
 
-This is the contract both sides read from `run.json` (docs/architecture.md#the-run-directory). It is pure Python (no torch,
+This is the contract both sides read from `run.json` (docs/architecture.md#the-run-directory). It
+is pure Python (no torch,
 no numpy) so that the proxy can compute a model's exact parameter count and checkpoint size
 without building the model, and reject a mismatched checkpoint before anything starts.
 

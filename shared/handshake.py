@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from pathlib import Path
 from typing import Callable
 
 from filelock import FileLock, Timeout
@@ -88,7 +87,10 @@ def update_handshake(layout: RunLayout, change: Callable[[dict], None],
 
 def reset_handshake(layout: RunLayout) -> None:
     """Start a worker incarnation from a clean slate: empty handshake, no reports."""
-    update_handshake(layout, lambda d: (d.clear(), d.update(_empty())))
+    def empty(d: dict) -> None:
+        d.clear()
+        d.update(_empty())
+    update_handshake(layout, empty)
     try:
         layout.reports.unlink()
     except FileNotFoundError:

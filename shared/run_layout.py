@@ -63,10 +63,10 @@ def last_creation_error(root, nbytes: int = 1 << 16) -> str | None:
             lines = f.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
         return None
-    start = max((i for i, l in enumerate(lines) if " INFO creating run " in l), default=None)
+    start = max((i for i, line in enumerate(lines) if " INFO creating run " in line), default=None)
     if start is None:
         return None
-    errors = [l.split(" ERROR ", 1)[1] for l in lines[start:] if " ERROR " in l]
+    errors = [line.split(" ERROR ", 1)[1] for line in lines[start:] if " ERROR " in line]
     return errors[0] if errors else None
 
 

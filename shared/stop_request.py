@@ -6,7 +6,8 @@ EarlySignals) set it on SIGTERM/SIGINT/SIGHUP; the data pipeline (shared/arm_tok
 at it between pieces of a source and raises StopRequested, so a stop during a long creation acts
 within a piece (at most about 1 MB of source) instead of after the whole corpus. Nothing is lost:
 complete arms are kept (while their source files' list, sizes and modification times are
-unchanged) and the partial token file is a `.tmp` that the next attempt rewrites. What it is not: the supervisor's handling of stops once a worker
+unchanged) and the partial token file is a `.tmp` that the next attempt rewrites. What it is not:
+the supervisor's handling of stops once a worker
 runs (proxy/supervision/supervisor.py), nor a signal handler itself (no signal module here).
 """
 from __future__ import annotations

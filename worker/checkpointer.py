@@ -63,8 +63,8 @@ class Checkpointer:
     Host memory: one float32 buffer of 3 * n_params (12 bytes per parameter).
     """
 
-    def __init__(self, run_dir: Path, n_params: int, keep_last: int = DEFAULT_KEEP_LAST, keep_every: int = DEFAULT_KEEP_EVERY,
-                 pin_memory: bool = False,
+    def __init__(self, run_dir: Path, n_params: int, keep_last: int = DEFAULT_KEEP_LAST,
+                 keep_every: int = DEFAULT_KEEP_EVERY, pin_memory: bool = False,
                  on_done: Callable[[WriteResult], None] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.n = n_params

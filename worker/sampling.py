@@ -73,6 +73,7 @@ def generate_batched(model, idx: torch.Tensor, max_new_tokens: int, temperature:
     row (the sample audit: each arm's text depends only on its prompt and its own seed).
     Raises ValueError when the list's length is not B."""
     rows = generator if isinstance(generator, list) else None
+    one = None if isinstance(generator, list) else generator
     if rows is not None and len(rows) != idx.size(0):
         raise ValueError(f"generate_batched: {len(rows)} generators for {idx.size(0)} rows")
     t = model.transformer
@@ -92,7 +93,7 @@ def generate_batched(model, idx: torch.Tensor, max_new_tokens: int, temperature:
             logits[logits < v[:, [-1]]] = -float("inf")
         probs = F.softmax(logits, dim=-1).cpu()
         if rows is None:
-            nxt = torch.multinomial(probs, 1, generator=generator)
+            nxt = torch.multinomial(probs, 1, generator=one)
         else:
             nxt = torch.cat([torch.multinomial(probs[r:r + 1], 1, generator=g) for r, g in enumerate(rows)])
         out[:, i] = nxt.view(-1).to(idx.device)

@@ -170,7 +170,7 @@ class Trainer:
                 raise RuntimeError("DDP moved a parameter out of model.flat; checkpoints would "
                                    "save stale weights")
         if self.opts.compile:
-            module = torch.compile(module)
+            module = torch.compile(module)  # type: ignore[assignment]  # called like the module
         return module
 
     def _resume(self, path: Path) -> None:
@@ -360,6 +360,7 @@ class Trainer:
         gens = [torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + k * 101 + i)
                 for i in range(len(names))]
         arms = {}
+        outs: torch.Tensor | list[torch.Tensor]
         if len({len(p) for p in prompts}) == 1:  # one batched generation for every arm
             idx = torch.from_numpy(np.stack(prompts)).to(self.device)
             outs = generate_batched(self.model, idx, self.opts.audit_tokens, temperature, top_k, gens)
@@ -389,7 +390,8 @@ class Trainer:
             events = wdist.agree(self.dist, events)
             if events[3] and not self.flags.stop_reason:
                 self.flags.stop_reason = "SIGTERM (another rank)"
-        return tuple(bool(e) for e in events)
+        usr1, ckpt, stop, term, nonfinite = (bool(e) for e in events)
+        return usr1, ckpt, stop, term, nonfinite
 
     def _checkpoint_reasons(self, k: int, control: dict) -> tuple[list[str], bool]:
         reasons, stop = [], False
@@ -431,6 +433,7 @@ class Trainer:
             self.reports.write({"type": "checkpoint", "step": r.step, "reason": r.reason,
                                 "error": r.error, "time": time.time()})
             return
+        assert r.path is not None  # set for every write that did not fail
         log.info("checkpoint step %d (%s) %s %d bytes in %.2f s", r.step, r.reason,
                  Path(r.path).name, r.nbytes, r.seconds)
         self.reports.write({"type": "checkpoint", "step": r.step, "reason": r.reason,
@@ -450,7 +453,7 @@ class Trainer:
         code = EXIT_OK
         while True:
             k = self.step + 1
-            reasons, stop, control = [], False, {}
+            reasons, stop, control = [], False, {}  # type: list[str], bool, dict
             if k > self.max_steps:
                 stop = True
             elif self.flags.stop_reason and not self.dist.enabled:

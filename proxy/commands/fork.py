@@ -112,11 +112,11 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     phases["phases"] = [p for p in phases["phases"] if p["start_step"] <= step] or phases["phases"][:1]
     atomic_write_json(dst.phases, phases)
     _link_or_copy(ck, dst.root / ck.name)
-    e = entries.get(step)
-    if e is not None:
-        record_checkpoint(dst.root, ManifestEntry(step=e.step, file=e.file, nbytes=e.nbytes,
-                                                  checksum=e.checksum, reason=e.reason,
-                                                  pinned=True, time=e.time))
+    entry = entries.get(step)
+    if entry is not None:
+        record_checkpoint(dst.root, ManifestEntry(step=entry.step, file=entry.file, nbytes=entry.nbytes,
+                                                  checksum=entry.checksum, reason=entry.reason,
+                                                  pinned=True, time=entry.time))
     with LossHistory(dst.loss) as h:        # streamed in batches: memory flat in the history
         batch = []
         for r in iter_records(src.loss):

@@ -54,7 +54,7 @@ def cmd_inspect(a) -> int:
         return EXIT_INVALID
     crc = zlib.crc32(struct.pack("<ii", step, n))
     for arr in (w, m, v):
-        crc = zlib.crc32(arr, crc)
+        crc = zlib.crc32(arr, crc)  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
     got = "crc32:%08x" % crc
     ok = entry is None or entry.checksum == got
     if entry is None:

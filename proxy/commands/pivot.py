@@ -135,7 +135,7 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
         if req is None and b is not None:  # moved into the archive: running
             req = read_archived_request(layout, b)
         state = (req or {}).get("state")
-        if state == "failed":
+        if req is not None and state == "failed":
             print(f"pivot failed: {req.get('error')}; nothing changed, the old phase runs on",
                   file=sys.stderr)
             request_path(layout).unlink(missing_ok=True)
@@ -150,10 +150,11 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
         reached = order.index(state) if state in order else -1
         if reached >= 0 and "boundary" not in told:
             told.add("boundary")
-            if reached > 0 or _last_filed(layout) >= b:  # the proxy was quicker than this poll:
+            if reached > 0 or (b is not None and _last_filed(layout) >= b):  # the proxy was quicker than this poll:
                 print(f"pivot: boundary step {b} reached", flush=True)  # still name the step
                 told.add("at-boundary")
-        if reached == 0 and "at-boundary" not in told and time.monotonic() - last_print >= 2.0:
+        if (reached == 0 and b is not None and "at-boundary" not in told
+                and time.monotonic() - last_print >= 2.0):
             last = _last_filed(layout)
             if last >= b:
                 print(f"pivot: boundary step {b} reached; the worker writes step_{b:06d}.bin and "
@@ -173,7 +174,7 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
                   f"caps {ph.caps}, floors {ph.floors})", flush=True)
             told.add("recorded")
             print("pivot: waiting for the new worker's first step", flush=True)
-        if reached == 3:
+        if req is not None and reached == 3:
             print(f"pivot: new worker pid {req.get('worker_pid')} filed step "
                   f"{req.get('first_step')}; the new phase is in force", flush=True)
             return 0

@@ -54,7 +54,7 @@ def _proxy_alive(owner: dict | None) -> bool:
     if not owner or owner.get("host") != socket.gethostname():
         return False
     pid = owner.get("pid")
-    if _proc_state(pid) in (None, "Z", "X"):
+    if pid is None or _proc_state(pid) in (None, "Z", "X"):
         return False
     try:
         import psutil
@@ -83,7 +83,8 @@ def collect_status(run_dir) -> dict:
     d["loss"] = last.get("loss") if last else None
     d["loss_ema"] = loss_ema(recs)
     recent = recs[-20:]
-    times = [r.get("step_time") for r in recent if isinstance(r.get("step_time"), (int, float))]
+    times: list[float] = [r["step_time"] for r in recent
+                          if isinstance(r.get("step_time"), (int, float))]
     tok_per_step = cfg.batch_size * cfg.model.block_size
     tps = [r["tokens_per_s"] for r in recent if isinstance(r.get("tokens_per_s"), (int, float))]
     wall = wall_seconds_per_update(recs)

@@ -9,7 +9,7 @@ What it is not: the projection onto the box (proxy/mixture/box_projection.py) or
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TypeGuard
 
 BOUND_SLACK = 1e-9          # tolerance on sum(floors) <= 1 <= sum(caps)
 
@@ -42,7 +42,7 @@ def check_arm_names(arm_names: Iterable[str]) -> list[str]:
     return sorted(names)
 
 
-def is_real(x: Any) -> bool:
+def is_real(x: Any) -> TypeGuard[float]:
     """True for a finite int or float (bools are not numbers here)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 

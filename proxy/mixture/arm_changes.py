@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.mixture.bandit import BanditConfigError, resolve_bounds
@@ -90,7 +91,7 @@ def read_changes(layout: RunLayout) -> list[ArmChange]:
                              "restore the file from a backup") from e
 
 
-def append_changes(layout: RunLayout, new: list[tuple[int | None, str, str, str]],
+def append_changes(layout: RunLayout, new: Sequence[tuple[int | None, str, str, str]],
                    d: dict | None = None) -> list[ArmChange]:
     """Append changes (step, action, arm, reason) to the log, keeping the per-arm "retired"
     status the worker reads in step with it; one atomic rewrite of `data/arms.json` (with `d`,
@@ -136,7 +137,7 @@ def arms_present_at(index_names: list[str], changes: list[ArmChange], step: int)
         first.setdefault(c.arm, c)
     return sorted(n for n in index_names
                   if not (n in first and first[n].action == "add"
-                          and (first[n].step is None or first[n].step > step)))
+                          and ((s := first[n].step) is None or s > step)))
 
 
 # ------------------------------------------------------------------- run --arm on a restart

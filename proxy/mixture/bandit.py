@@ -63,7 +63,8 @@ class BanditConfig:
     progress_per_p: bool = False       # heldout_progress: divide each arm's progress by its mean recorded p
     easy_arm_ratio: float = 0.0        # heldout_progress: an arm whose probe loss is below this times the
                                        # mean of the others' is trivially predictable: it never out-scores
-                                       # the worst arm (the collapse trap, docs/bandit.md#the-easy-arm-guard); 0 = off (default)
+                                       # the worst arm (the collapse trap,
+                                       # docs/bandit.md#the-easy-arm-guard); 0 = off (default)
     repetitive_ratio: float = REPETITIVE_RATIO  # repetition guard: an arm whose tokens compress at least this well
                                        # (shared/arm_redundancy.py) is held at or below the p it has when
                                        # the warm-up ends (docs/bandit.md#the-repetition-guard); 0 = off
@@ -417,7 +418,8 @@ class Bandit:
         A RETIRED arm re-joins with its statistics restored by name: pulls_lifetime always; when
         it was retired in this phase after the phase start also its phase pulls, reward EMA,
         probe baseline and log-weight (a retirement in an earlier phase, or at this phase's
-        start, keeps only lifetime pulls: a pivot resets the rest for every arm anyway). A NEW arm starts with no statistics and the log-weight of
+        start, keeps only lifetime pulls: a pivot resets the rest for every arm anyway). A NEW arm
+        starts with no statistics and the log-weight of
         an average arm, log(mean(exp(logw))), so it is neither favoured nor starved before its
         first reward. Bounds `floor`/`cap` (probabilities) are the phase's for that arm, 0 and 1
         when the phase does not name it. The join is listed under "added" in `to_dict()`.
@@ -453,7 +455,7 @@ class Bandit:
         self.logw = {a: self.logw[a] - top for a in self.arms}
         for d in (self.floors, self.caps, self.pulls, self.pulls_lifetime, self.ema_acc,
                   self.ema_n, self.last_probe, self.prior, self.p_acc):
-            items = sorted(d.items())
+            items: list[tuple[str, Any]] = sorted(d.items())
             d.clear()
             d.update(items)
         if self.hold_decided and name in self.repetitive_arms():
@@ -493,7 +495,8 @@ class Bandit:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Bandit":
         """Rebuild a Bandit from `to_dict` output (after JSON). Raises ValueError when malformed
-        (BanditConfigError when its bounds or config are invalid): rebuild it by replaying the history then (proxy/mixture/rebuild.py)."""
+        (BanditConfigError when its bounds or config are invalid): rebuild it by replaying the
+        history then (proxy/mixture/rebuild.py)."""
         try:
             config = BanditConfig.from_dict(d["config"])
             arms = d["arms"]

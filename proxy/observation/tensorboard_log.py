@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from typing import Any
 from pathlib import Path
 
 log = logging.getLogger("proxy")
@@ -67,7 +68,7 @@ class TensorBoardLog:
             raise RuntimeError(why)
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
-        self._writer = None
+        self._writer: Any = None  # an EventFileWriter once started (tensorboard is optional)
         self._n_files = 0
 
     def _new_writer(self, suffix: str):

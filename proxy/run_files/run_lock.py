@@ -1,4 +1,5 @@
-"""One proxy per run directory (docs/architecture.md#one-proxy-per-run-directory): a `filelock` lock held for the proxy's life.
+"""One proxy per run directory (docs/architecture.md#one-proxy-per-run-directory): a `filelock`
+lock held for the proxy's life.
 
 The lock is an advisory flock on `.proxy.lock`: the kernel releases it when the holder dies, so a
 lock left by a dead process never blocks, and its descriptor is close-on-exec, so the worker never

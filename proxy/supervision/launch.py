@@ -1,4 +1,5 @@
-"""Launching the worker with torchrun and reaching its ranks (docs/signals.md#several-ranks, docs/architecture.md#processes).
+"""Launching the worker with torchrun and reaching its ranks (docs/signals.md#several-ranks,
+docs/architecture.md#processes).
 
 With `--nproc-per-node N > 1` or any rendezvous option the proxy starts
 `python -m torch.distributed.run --nproc-per-node N ... -m worker ARGS` instead of

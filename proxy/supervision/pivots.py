@@ -139,8 +139,9 @@ def pivot_due(layout: RunLayout, step: int) -> dict | None:
     if req.get("step") == step:
         return req
     b = req.get("step")
-    shutil.rmtree(_tmp_archive(layout, b), ignore_errors=True)
-    shutil.rmtree(layout.pivot_archive(b), ignore_errors=True)
+    if b is not None:  # a half-made archive of B
+        shutil.rmtree(_tmp_archive(layout, b), ignore_errors=True)
+        shutil.rmtree(layout.pivot_archive(b), ignore_errors=True)
     log.warning("pivot %r was to happen at step %s but the run resumes from step %d: the old "
                 "phase goes on and the request is served again at the next boundary",
                 req.get("label"), b, step)

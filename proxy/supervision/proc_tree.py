@@ -87,7 +87,7 @@ def reap_orphans(keep: set[int]) -> list[int]:
     """Reap every exited child except those in `keep` (the worker, whose status belongs to its
     Popen), without blocking. Peeks with waitid(WNOWAIT) so the worker's status is never
     stolen; returns the pids reaped. Cost: one syscall when nothing is waiting."""
-    reaped = []
+    reaped: list[int] = []
     while True:
         try:
             info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)

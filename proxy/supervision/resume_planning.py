@@ -78,11 +78,13 @@ def find_resume_point(layout: RunLayout, cfg: RunConfig, history: LossHistory,
     checks = manifest_checksums(manifest)
     info, rejected = scan_for_resume(root, cfg.n_params, checks)
     for err in rejected:  # one line per rejected file, with the rule it broke
+        assert err.path is not None  # scan_for_resume names the file of every rejection
         log.warning("rejected %s (rule: %s): %s", err.path.name, err.rule, err)
     if rejected and (info is not None or from_scratch or not history.last_step):
         # Training will pass these steps again: move them where neither the new file of the
         # same step nor retention can touch them (kept, never deleted).
         for err in rejected:
+            assert err.path is not None
             try:
                 dest = quarantine_checkpoint(err.path)
                 log.warning("kept rejected %s as %s", err.path.name, dest.relative_to(root))

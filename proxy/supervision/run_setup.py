@@ -1,4 +1,5 @@
-"""Creating a run directory and reading its phases (docs/architecture.md#the-run-directory, docs/data.md, docs/pivots.md).
+"""Creating a run directory and reading its phases (docs/architecture.md#the-run-directory,
+docs/data.md, docs/pivots.md).
 
 Creation trains the run's tokenizer (BPE on a bounded sample drawn from across every text arm,
 or bytes, or a given tokenizer.json), streams every arm whole through it into `data/`
