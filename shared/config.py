@@ -330,6 +330,8 @@ def probe_plan(cfg: RunConfig, n_arms: int | None = None) -> ProbePlan:
 
 
 AUDIT_TOKENS = 48          # tokens generated per arm by a sample audit
+SAMPLE_TEMPERATURE = 0.8  # softmax temperature of audits, `sample` and the HF generation config
+SAMPLE_TOP_K = 40          # top-k of the same (0 or None: all tokens)
 AUDIT_BUDGET = 0.005       # default sample_every keeps the audits within this share of training
 POLICY_BUDGET = 0.02       # probe (probe_budget 0.015) + audits (AUDIT_BUDGET), by default at most
 AUDIT_PROMPT_TOKENS = 16   # the audit prompt per arm: the first tokens of its held-out split

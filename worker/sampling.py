@@ -20,6 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from shared.checkpoint_format import HEADER_BYTES, validate_checkpoint
+from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K
 
 
 def load_weights_only(path: Path, cfg, checksum: str | None = None) -> tuple[int, "torch.nn.Module"]:
@@ -61,8 +62,8 @@ def set_inference_threads(n_params: int, requested: int | None = None) -> int:
 
 
 @torch.inference_mode()
-def generate_batched(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
-                     top_k: int | None = 40,
+def generate_batched(model, idx: torch.Tensor, max_new_tokens: int,
+                     temperature: float = SAMPLE_TEMPERATURE, top_k: int | None = SAMPLE_TOP_K,
                      generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
     """Sample continuations of every row of `idx` at once.
 

@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +23,14 @@ from torch.nn import functional as F
 from shared.activation_memory import check_micro_batch_fits
 from shared.arm_data import read_arm_index
 from shared.checkpoint_format import load_checkpoint
-from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, read_manifest
+from shared.checkpoint_manifest import read_manifest
 from shared.exit_codes import EXIT_FATAL, EXIT_OK
-from shared.config import AUDIT_TOKENS, ConfigError, RunConfig, accumulation_steps, load_run_config, \
-    probe_plan
+from shared.config import (ConfigError, RunConfig, SAMPLE_TEMPERATURE, SAMPLE_TOP_K,
+                           accumulation_steps, load_run_config, probe_plan)
 from shared.handshake import ReportWriter, control_stops_at, policy_period, read_handshake, \
     update_handshake, HandshakeError
 from shared.run_layout import RunLayout
+from shared.worker_options import WorkerOptions as WorkerOptions  # also named here
 from shared.tokenizer import RunTokenizer
 from worker import distributed as wdist
 from worker.checkpointer import Checkpointer, WriteResult
@@ -46,27 +46,6 @@ from worker.signals import SignalFlags, Usr1Requests
 log = logging.getLogger("worker.trainer")
 
 REASON_PRIORITY = ("final", "pivot", "alarm", "sigusr1", "sigterm", "cadence")
-
-
-@dataclass
-class WorkerOptions:
-    """Per-incarnation options the proxy passes on the worker's command line."""
-
-    run_dir: Path
-    resume_from: Path | None = None
-    max_steps: int | None = None     # None: run.json's max_steps
-    usr1_at: str = "step"            # "step" or "boundary"
-    device: str = "auto"
-    parent_pid: int | None = None
-    keep_last: int = DEFAULT_KEEP_LAST
-    keep_every: int = DEFAULT_KEEP_EVERY
-    policy_timeout: float = 120.0    # seconds to wait for the proxy's policy
-    max_nonfinite: int = 5           # consecutive non-finite steps before the run stops
-    audit_tokens: int = AUDIT_TOKENS  # tokens generated per arm per sample audit
-    compile: bool = False            # torch.compile the training module
-    precision: str = "auto"          # auto, fp32, bf16: worker/precision.py
-    micro_batch_size: int | None = None  # None: run.json's (None there: the rank's whole slice)
-    resume_verified: str | None = None   # checksum the proxy verified resume_from against
 
 
 class _NoReports:
@@ -354,7 +333,7 @@ class Trainer:
         self.model.eval()
         probe = probe or self.probe()
         self.model.eval()
-        temperature, top_k = 0.8, 40
+        temperature, top_k = SAMPLE_TEMPERATURE, SAMPLE_TOP_K
         names = self.sampler.names
         prompts = [self.sampler.prompt(n) for n in names]
         gens = [torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + k * 101 + i)

@@ -34,13 +34,14 @@ from pathlib import Path
 import numpy as np
 
 from shared.atomic_io import current_umask, fsync_dir
-from shared.config import RunConfig, parameter_table
+from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, RunConfig, parameter_table
 
 # nn.Linear (out, in) in the project; Conv1D (in, out) in HF GPT-2: transposed on export.
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
                    "mlp.c_proj.weight")
 LAYER_NORM_EPS = 1e-5      # torch.nn.LayerNorm's default, used by worker/model.py
-GENERATION = {"do_sample": True, "temperature": 0.8, "top_k": 40, "max_new_tokens": 100}
+GENERATION = {"do_sample": True, "temperature": SAMPLE_TEMPERATURE, "top_k": SAMPLE_TOP_K,
+              "max_new_tokens": 100}
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
          "tokenizer_config.json")
 

@@ -242,7 +242,7 @@ def add_pivot_args(p) -> None:
                    help="the new phase has no caps or floors at all")
     p.add_argument("--label", default=None, help="the new phase's label (default 'pivot')")
     p.add_argument("--timeout", type=float, default=900.0,
-                   help="seconds to wait for the live pivot to be in force (900)")
+                   help="seconds to wait for the live pivot to be in force (%(default)g)")
     p.add_argument("--no-wait", action="store_true",
                    help="return once the live proxy has the request")
     p.add_argument("--max-steps", type=int, default=None,

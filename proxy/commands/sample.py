@@ -15,7 +15,7 @@ from proxy.commands.export import manifest_entry
 from proxy.observation.sample_format import format_sample
 from shared.checkpoint_format import CheckpointError, find_latest_valid
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
-from shared.config import ConfigError, load_run_config
+from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, ConfigError, load_run_config
 from shared.exit_codes import EXIT_USAGE
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
@@ -35,10 +35,10 @@ def add_sample_args(p) -> None:
                    help="tokens to generate per sample (default: %(default)s)")
     p.add_argument("--samples", type=int, default=1,
                    help="continuations to generate, all in one batch (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.8,
+    p.add_argument("--temperature", type=float, default=SAMPLE_TEMPERATURE,
                    help="softmax temperature, >= 0; lower is more conservative, 0 is greedy (the same as "
                         "--top-k 1) (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=40,
+    p.add_argument("--top-k", type=int, default=SAMPLE_TOP_K,
                    help="sample among the K most likely tokens; 0 = all (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: one per 5 M parameters, at most the cores "

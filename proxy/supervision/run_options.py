@@ -70,7 +70,10 @@ class ProxyOptions:
 
 
 def add_run_args(ap: argparse.ArgumentParser) -> None:
-    """Define every `run` option on parser `ap`, each with its help text and default."""
+    """Define every `run` option on parser `ap`, each with its help text and default. The
+    defaults are stated once: run.json's in RunConfig (these options default to None, so that a
+    resume can tell an option given from one left out), the rest in ProxyOptions."""
+    rc, po = RunConfig(), ProxyOptions()
     g = ap.add_argument_group("the run (fixed at creation in run.json)")
     ap.add_argument("--run-dir", required=True, metavar="DIR",
                     help="run directory: created with the run, resumed when it holds run.json")
@@ -78,29 +81,31 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                     help="read any of these options from a TOML file (keys: the long names, "
                          "with _ or -); the command line overrides it (docs/configuration.md)")
     g.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="model shape (default andrea-tiny); the architecture cannot change later")
+                   help=f"model shape (default {rc.preset}); the architecture cannot change later")
     g.add_argument("--seed", type=int, default=None,
-                   help="run seed: every random choice of update k derives from (seed, k, rank) (1337)")
+                   help="run seed: every random choice of update k derives from (seed, k, rank) "
+                        f"({rc.seed})")
     g.add_argument("--batch-size", type=int, default=None, metavar="N",
-                   help="sequences per optimizer update, global over all ranks (16)")
-    g.add_argument("--lr", type=float, default=None, help="peak learning rate (AdamW) (3e-3)")
+                   help=f"sequences per optimizer update, global over all ranks ({rc.batch_size})")
+    lr = f"{rc.lr:.0e}".replace("e-0", "e-")  # 3e-3, as the docs write it
+    g.add_argument("--lr", type=float, default=None, help=f"peak learning rate (AdamW) ({lr})")
     g.add_argument("--warmup-steps", type=int, default=None, metavar="N",
-                   help="linear learning-rate warm-up, steps (then cosine to --max-steps) (50; a tenth of "
-                        "a run shorter than that)")
+                   help="linear learning-rate warm-up, steps (then cosine to --max-steps) "
+                        f"({rc.warmup_steps}; a tenth of a run shorter than that)")
     g.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
-                   help="checkpoint cadence in steps (100)")
+                   help=f"checkpoint cadence in steps ({rc.checkpoint_every})")
     g.add_argument("--sample-every", type=int, default=None, metavar="N",
                    help="sample audit cadence in steps (default: the checkpoint cadence, or the "
                         "smallest multiple of it that keeps audits within 0.5%% of training FLOPs)")
     g.add_argument("--probe-every", type=int, default=None, metavar="N",
-                   help="held-out probe cadence = the bandit's policy period, steps (25)")
+                   help=f"held-out probe cadence = the bandit's policy period, steps ({rc.probe_every})")
     g.add_argument("--tokenizer", default=None, metavar="bpe|bytes|PATH",
-                   help="bpe: byte-level BPE trained on the arms at creation (2305 tokens); "
+                   help=f"bpe: byte-level BPE trained on the arms at creation ({rc.vocab_size} tokens); "
                         "bytes: 256 byte ids, nothing trained; PATH: an existing tokenizer.json "
                         "(e.g. GPT-2's 50,257 tokens)")
     g.add_argument("--bpe-sample-bytes", type=int, default=None, metavar="N",
                    help="BPE training sample drawn from across all text arms, characters "
-                        "(8,000,000; stored in run.json)")
+                        f"({rc.bpe_sample_bytes:,}; stored in run.json)")
     g.add_argument("--arm-max-tokens", type=int, default=None, metavar="N",
                    help="explicit cap on tokens per arm, said in the log (default: every token "
                         "of every arm)")
@@ -121,7 +126,7 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                    help="bandit reward: held-out loss progress per arm (default), or training "
                         "loss (ODM-style; favours easy, repetitive data)")
     g.add_argument("--bandit-warmup", type=int, default=None, metavar="N",
-                   help="steps sampled from the prior before the bandit adapts (200)")
+                   help=f"steps sampled from the prior before the bandit adapts ({rc.bandit_warmup})")
     g = ap.add_argument_group("this start (may change at every start)")
     g.add_argument("--max-steps", type=int, default=None, metavar="N",
                    help="stop after this many updates (at creation: also the end of the "
@@ -131,24 +136,27 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                         "(--batch-size / ranks) / N micro-batches with gradient accumulation "
                         "(default: the rank's whole share in one pass). Changes speed and "
                         "memory, not the data; a bit-exact resume needs the same value")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    g.add_argument("--usr1-at", choices=("step", "boundary"), default="step",
+    g.add_argument("--device", default=po.device, help="auto, cpu, cuda, cuda:N")
+    g.add_argument("--usr1-at", choices=("step", "boundary"), default=po.usr1_at,
                    help="SIGUSR1 checkpoint after the current step, or at the next cadence boundary")
-    g.add_argument("--keep-last", type=int, default=DEFAULT_KEEP_LAST, metavar="N",
-                   help=f"retention: newest checkpoints kept (>= 2; {DEFAULT_KEEP_LAST})")
-    g.add_argument("--keep-every", type=int, default=DEFAULT_KEEP_EVERY, metavar="M",
-                   help=f"retention: also keep every M-th step ({DEFAULT_KEEP_EVERY}; 0 = off)")
-    g.add_argument("--max-restarts", type=int, default=3, metavar="N",
+    g.add_argument("--keep-last", type=int, default=po.keep_last, metavar="N",
+                   help="retention: newest checkpoints kept (>= 2; %(default)s)")
+    g.add_argument("--keep-every", type=int, default=po.keep_every, metavar="M",
+                   help="retention: also keep every M-th step (%(default)s; 0 = off)")
+    g.add_argument("--max-restarts", type=int, default=po.max_restarts, metavar="N",
                    help="worker crashes or hangs in a row restarted from the newest checkpoint; "
-                   "one that wrote a new checkpoint first starts the count again (3)")
-    g.add_argument("--hang-timeout", type=float, default=300.0, metavar="S",
-                   help="seconds without a report before the worker counts as hung (300)")
-    g.add_argument("--stop-timeout", type=float, default=120.0, metavar="S",
-                   help="seconds a stopping worker gets for its checkpoint before SIGKILL (120)")
-    g.add_argument("--print-every", type=int, default=10, metavar="N",
-                   help="steps between progress lines (10)")
-    g.add_argument("--samples-keep", type=int, default=50, metavar="N",
-                   help="sample audits kept in .samples.json (the last N of the phase; 50)")
+                   "one that wrote a new checkpoint first starts the count again (%(default)s)")
+    g.add_argument("--hang-timeout", type=float, default=po.hang_timeout, metavar="S",
+                   help="seconds without a report before the worker counts as hung "
+                        f"({po.hang_timeout:g})")
+    g.add_argument("--stop-timeout", type=float, default=po.stop_timeout, metavar="S",
+                   help="seconds a stopping worker gets for its checkpoint before SIGKILL "
+                        f"({po.stop_timeout:g})")
+    g.add_argument("--print-every", type=int, default=po.print_every, metavar="N",
+                   help="steps between progress lines (%(default)s)")
+    g.add_argument("--samples-keep", type=int, default=po.samples_keep, metavar="N",
+                   help="sample audits kept in .samples.json (the last N of the phase; "
+                        "%(default)s)")
     g.add_argument("--stop-on-collapse", action="store_true",
                    help="stop the run when the collapse alarm goes off (two degenerate audits)")
     g.add_argument("--tensorboard", action="store_true",

@@ -58,6 +58,7 @@ from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
 from shared.loss_history import LossHistory
 from shared.run_layout import RunLayout
+from shared.worker_options import WorkerOptions
 
 log = logging.getLogger("proxy")
 
@@ -117,20 +118,12 @@ class Supervisor:
     # ------------------------------------------------------------------ one incarnation
     def _spawn(self, resume: Path | None, verified: str | None = None) -> subprocess.Popen:
         o = self.opts
-        argv = [sys.executable, "-m", "worker", "--run-dir", str(self.layout.root),
-                "--max-steps", str(self.max_steps), "--usr1-at", o.usr1_at, "--device", o.device,
-                "--parent-pid", str(os.getpid()), "--keep-last", str(o.keep_last),
-                "--keep-every", str(o.keep_every)]
-        if resume is not None:
-            argv += ["--resume-from", str(resume)]
-            if verified:  # read and checksum the newest checkpoint once per start
-                argv += ["--resume-verified", verified]
-        if o.compile:
-            argv.append("--compile")
-        if o.precision != "auto":
-            argv += ["--precision", o.precision]
-        if o.micro_batch_size is not None:  # per start: speed and memory, not the data
-            argv += ["--micro-batch-size", str(o.micro_batch_size)]
+        wo = WorkerOptions(run_dir=self.layout.root, max_steps=self.max_steps,
+                           usr1_at=o.usr1_at, device=o.device, parent_pid=os.getpid(),
+                           keep_last=o.keep_last, keep_every=o.keep_every, resume_from=resume,
+                           resume_verified=verified, compile=o.compile, precision=o.precision,
+                           micro_batch_size=o.micro_batch_size)
+        argv = [sys.executable, "-m", "worker", *wo.to_argv()]
         if o.launch.uses_torchrun:  # ranks watch the proxy's pid (--parent-pid), not the agent
             argv = torchrun_argv(sys.executable, argv[3:], o.launch)
         env = dict(os.environ)
