@@ -11,6 +11,7 @@ import sys
 
 from shared.exit_codes import EXIT_FATAL
 from shared.worker_options import WorkerOptions
+from worker import fault_injection
 from worker.signals import SignalFlags
 
 
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from worker.trainer import Trainer  # torch: after the signal handlers, as said above
     try:
-        trainer = Trainer(opts, flags)
+        trainer = Trainer(opts, flags, fault_injection.hooks_from_environment(opts.run_dir))
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback
         return _fatal(opts.run_dir, e)
     from shared.arms import ArmSourceError

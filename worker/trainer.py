@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -71,9 +72,23 @@ class _NoCheckpointer:
         return None
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """The decision at the end of an update (docs/signals.md): the checkpoint's reasons (none:
+    no checkpoint), whether the worker stops there, and why (a sentence for the log and the
+    "stopped" event)."""
+
+    reasons: tuple[str, ...] = ()
+    stop: bool = False
+    why: str = ""
+
+
 class Trainer:
-    def __init__(self, opts: WorkerOptions, flags: SignalFlags) -> None:
+    def __init__(self, opts: WorkerOptions, flags: SignalFlags,
+                 hooks: fault_injection.NoHooks | None = None) -> None:
+        """`hooks`: test hooks (worker/fault_injection.py); the default does nothing."""
         self.opts, self.flags = opts, flags
+        self.hooks = hooks if hooks is not None else fault_injection.NoHooks()
         self.layout = RunLayout(opts.run_dir)
         self.cfg: RunConfig = load_run_config(self.layout.run_json)
         self.max_steps = opts.max_steps or self.cfg.max_steps
@@ -282,10 +297,10 @@ class Trainer:
         for i, (x, y) in enumerate(self._micro_batches(batch)):
             with self._grad_sync(last=i == self.accum - 1):
                 seq = self._seq_losses(x, y, self.train_module)
-                seq = fault_injection.poison_loss(k, seq)  # test hook; off unless set
+                seq = self.hooks.on_loss(k, seq)
                 (seq.mean() * self.micro_scale).backward()  # sum = the slice's mean gradient
             seqs.append(seq.detach())
-            fault_injection.pause_between_micro_batches(k, i + 1, self.reports.write, self.layout.root)
+            self.hooks.after_micro_batch(k, i + 1, self.reports.write)
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         loss_v, arm_loss = self._update_losses(torch.cat(seqs), batch.arm_index)
@@ -355,10 +370,11 @@ class Trainer:
         return {"type": "audit", "step": k, "arms": arms, "time": time.time()}
 
     # ------------------------------------------------------------------ boundary
-    def _agreed_events(self, k: int, control: dict) -> tuple[bool, bool, bool, bool, bool]:
+    def _agree_on_events(self, k: int, control: dict) -> tuple[bool, bool, bool, bool, bool]:
         """(SIGUSR1 seen, control checkpoint, control stop, stop signal, non-finite alarm) for
-        the boundary of update k, agreed by all ranks: the element-wise MAX over the ranks
-        (worker/distributed.py `agree`), so an event one rank saw is acted on by all."""
+        the boundary of update k, agreed by all ranks with a collective: the element-wise MAX
+        over the ranks (worker/distributed.py `agree`), so an event one rank saw is acted on by
+        all. Every rank must call it at every boundary."""
         busy = getattr(self.ckpt, "busy", lambda: False)()  # several SIGUSR1 coalesce into one
         usr1_new = self.usr1.arrived(writing_usr1=busy and self._last_reason == "sigusr1")
         ctl_ckpt = control.get("checkpoint_at_step") is not None and k == control["checkpoint_at_step"]
@@ -372,9 +388,11 @@ class Trainer:
         usr1, ckpt, stop, term, nonfinite = (bool(e) for e in events)
         return usr1, ckpt, stop, term, nonfinite
 
-    def _checkpoint_reasons(self, k: int, control: dict) -> tuple[list[str], bool]:
+    def _decide_boundary(self, k: int, control: dict) -> Boundary:
+        """The boundary of update k: checkpoint? stop? why? Agrees the events with the other
+        ranks first (a collective), so every rank decides the same."""
         reasons, stop = [], False
-        usr1_new, ctl_ckpt, ctl_stop, sig_stop, alarm = self._agreed_events(k, control)
+        usr1_new, ctl_ckpt, ctl_stop, sig_stop, alarm = self._agree_on_events(k, control)
         if k % self.cfg.checkpoint_every == 0:
             reasons.append("cadence")
         if usr1_new:
@@ -395,7 +413,20 @@ class Trainer:
         if alarm:
             reasons.append("alarm")
             stop = True
-        return reasons, stop
+        return self._boundary(reasons, stop, control)
+
+    def _boundary(self, reasons: list[str], stop: bool, control: dict) -> Boundary:
+        """A Boundary with the reason for a stop, in order of precedence: a signal, repeated
+        non-finite losses, a collapse alarm, the last step, the proxy's control request."""
+        if not stop:
+            return Boundary(tuple(reasons))
+        nan_storm = self.nonfinite_run >= self.opts.max_nonfinite
+        why = self.flags.stop_reason or (
+            "non-finite loss" if nan_storm else
+            "collapse alarm from the proxy" if "alarm" in reasons else
+            "max steps" if self.step >= self.max_steps else
+            f"{control.get('reason') or 'control'} requested by the proxy")
+        return Boundary(tuple(reasons), True, why)
 
     def checkpoint(self, k: int, reasons: list[str]) -> None:
         reason = next(r for r in REASON_PRIORITY if r in reasons)
@@ -423,20 +454,19 @@ class Trainer:
     def run(self) -> int:
         """Train until max_steps or a stop; returns the process exit code."""
         self.announce()
-        fault_injection.steal_signal()  # test hook; off unless set
+        self.hooks.at_start()  # a test may replace a signal handler here
         lost = self.flags.verify_and_repair()  # after library start-up (NCCL takes SIGUSR1)
         if lost:
             self.reports.write({"type": "event", "event": "signal-handlers-replaced",
                                 "signals": lost, "time": time.time()})
-        fault_injection.leave_orphan()  # test hook; off unless set
         code = EXIT_OK
         while True:
             k = self.step + 1
-            reasons, stop, control = [], False, {}  # type: list[str], bool, dict
+            control: dict = {}
             if k > self.max_steps:
-                stop = True
+                b = self._boundary([], True, control)
             elif self.flags.stop_reason and not self.dist.enabled:
-                reasons, stop = ["sigterm"], True
+                b = self._boundary(["sigterm"], True, control)
             else:
                 probs, control = self._policy_for(k)
                 if self.dist.enabled and wdist.agree(
@@ -444,25 +474,19 @@ class Trainer:
                     probs = None  # a rank is stopping: none starts update k (no DDP hang)
                     self.flags.stop_reason = self.flags.stop_reason or "SIGTERM (another rank)"
                 if probs is None:
-                    reasons, stop = ["sigterm"], True
+                    b = self._boundary(["sigterm"], True, control)
                 else:
                     rec = self.train_step(k, probs)
-                    fault_injection.pause_in_step(k, self.reports.write, self.layout.root)  # test hooks
-                    fault_injection.hang_in_step(k, self.layout.root)
+                    self.hooks.after_step(k, self.reports.write)
                     self.step = k
                     self.reports.write(rec)
                     if k % self.cfg.sample_every == 0 and self.rank == 0:
                         self.reports.write(self.sample_audit(k, rec.get("probe")))
-                    reasons, stop = self._checkpoint_reasons(k, control)
-            if reasons and self.step > 0:
-                self.checkpoint(self.step, reasons)
-            if stop:
-                nan_storm = self.nonfinite_run >= self.opts.max_nonfinite
-                why = self.flags.stop_reason or (
-                    "non-finite loss" if nan_storm else
-                    "collapse alarm from the proxy" if "alarm" in reasons else
-                    "max steps" if self.step >= self.max_steps else
-                    f"{control.get('reason') or 'control'} requested by the proxy")
+                    b = self._decide_boundary(k, control)
+            if b.reasons and self.step > 0:
+                self.checkpoint(self.step, list(b.reasons))
+            if b.stop:
+                why = b.why
                 r = self.ckpt.wait()
                 if r is not None and r.error:
                     code = EXIT_FATAL  # docs/checkpoint-format.md#disk: the stop path exits non-zero, saying so
@@ -470,7 +494,7 @@ class Trainer:
                               "exiting with code %d: steps after the newest durable checkpoint "
                               "will be trained again on resume", why, r.step, r.reason, r.error,
                               code)
-                if "alarm" in reasons:
+                if "alarm" in b.reasons:
                     code = EXIT_FATAL
                 log.info("stopping at step %d (%s)", self.step, why)
                 self.reports.write({"type": "event", "event": "stopped", "step": self.step,
