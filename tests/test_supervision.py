@@ -209,7 +209,14 @@ def test_proxy_as_pid_1_reaps_orphans_and_stops_cleanly_on_sigterm(template, tmp
         assert ns[-1] == "1", f"the proxy must be PID 1 in its namespace: {ns}"
         wait_for(lambda: pidfile.exists(), 180, what="the orphan")
         wait_for(lambda: last_step(b) >= 3, 120, what="training")
-        time.sleep(3)  # the orphan (sleep 2) has exited by now: it must not stay a zombie
+        # the orphan (`sleep 2`) exits within seconds and must be reaped by PID 1, not stay a
+        # zombie: wait until no `sleep` is left among its children (a zombie keeps its name)
+        def orphan_gone() -> bool:
+            try:
+                return all(c.name() != "sleep" for c in init.children())
+            except psutil.NoSuchProcess:  # a child went while we looked: look again
+                return False
+        wait_for(orphan_gone, 60, what="PID 1 to reap the orphan")
         zombies = [c for c in init.children() if c.status() == psutil.STATUS_ZOMBIE]
         assert not zombies, zombies
         init.send_signal(signal.SIGTERM)  # PID 1 ignores signals it has no handler for
