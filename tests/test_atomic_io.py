@@ -48,8 +48,9 @@ def test_checkpoints_and_sidecars_use_the_same_helper(tmp_path):
 
 
 def test_stale_temporaries_of_a_killed_writer_are_removed_and_young_ones_and_others_kept(tmp_path):
-    """A writer SIGKILLed between its write and its rename leaves `.NAME.XXXXXXXX.tmp`; they
-    used to pile up in the run directory (`.status.json` is rewritten every second)."""
+    """A writer SIGKILLed between its write and its rename leaves `.NAME.XXXXXXXX.tmp`; the next
+    start removes those older than 60 s, so they never pile up in the run directory
+    (`.status.json` is rewritten every second), and keeps young ones and other files."""
     import os
     import tempfile
     import time

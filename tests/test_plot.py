@@ -16,7 +16,7 @@ def test_plot_writes_a_png_with_the_pivot_marked(tmp_path):
     ph = json.loads((run / "phases.json").read_text())
     ph["phases"].append(dict(ph["phases"][0], index=1, label="v2", start_step=20))
     (run / "phases.json").write_text(json.dumps(ph))
-    out = tmp_path / "figures" / "new" / "p.png"  # a folder not made yet (was a raw Errno 2)
+    out = tmp_path / "figures" / "new" / "p.png"  # a folder not made yet: plot makes it
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-m", "proxy", "plot", "--run-dir", str(run), "--out", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

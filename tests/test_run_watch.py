@@ -56,7 +56,7 @@ def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
     assert s.returncode == 0, s.stderr
     assert s.stdout.count("    prompt | def f(x):\n           |\n      text |") == 2
     assert re.search(r"# 2 x 12 tokens in [\d.]+ s .*; [\d.]+ s in all with loading", s.stdout)
-    # everything asked for is shown: the command used to cut each part at 24 lines
+    # everything asked for is shown, however many lines (no part is cut)
     long_prompt = "".join(f"line {i}\n" for i in range(40))
     s = subprocess.run([sys.executable, "-m", "proxy", "sample", "--run-dir", str(run),
                         "--prompt", long_prompt, "--samples", "1", "--tokens", "4"],

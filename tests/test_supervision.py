@@ -136,8 +136,8 @@ def test_a_stopped_worker_is_named_stopped_and_restarted(template, tmp_path):
 
 def test_a_stop_reaches_a_worker_paused_by_sigstop_which_checkpoints_and_the_proxy_exits_0(template, tmp_path):
     """SIGTERM to the proxy while its worker is paused (SIGSTOP): the proxy continues it with
-    the SIGTERM, so it writes its checkpoint and both exit 0 (it used to wait --stop-timeout,
-    SIGKILL the worker, lose the steps since the last checkpoint and exit 1)."""
+    the SIGTERM, so it writes its checkpoint and both exit 0 (no wait for --stop-timeout, no
+    SIGKILL, no steps lost)."""
     b = clone(template, tmp_path / "run")
     proc = start(b, *LONG, "--hang-timeout", "600", "--stop-timeout", "60")
     with cleaned_up(proc, b):
