@@ -8,8 +8,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
+from shared.config import ArmSourceError
 from shared.exit_codes import EXIT_FATAL
+from shared.handshake import ReportWriter
+from shared.run_layout import RunLayout
 from shared.worker_options import WorkerOptions
 from worker import fault_injection
 from worker.signals import SignalFlags
@@ -29,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(opts, flags, fault_injection.hooks_from_environment(opts.run_dir))
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback
         return _fatal(opts.run_dir, e)
-    from shared.arms import ArmSourceError
     try:
         return trainer.run()
     except ArmSourceError as e:  # a token file changed under the run: restarting cannot help
@@ -40,9 +43,6 @@ def _fatal(run_dir, e: Exception) -> int:
     """Log `e` and tell the proxy, in a "stopped" event with exit code 3, that restarting
     cannot help: under torchrun the agent reports a rank's 3 as its own 1, so the code alone
     would read as a crash and be restarted --max-restarts times (docs/signals.md#hangs-and-crashes)."""
-    import time
-    from shared.handshake import ReportWriter
-    from shared.run_layout import RunLayout
     logging.getLogger("worker").error("%s", e)
     try:
         w = ReportWriter(RunLayout(run_dir))

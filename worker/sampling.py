@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from shared.checkpoint_format import HEADER_BYTES, validate_checkpoint
 from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K
+from worker.model import GPT
 
 
 def load_weights_only(path: Path, cfg, checksum: str | None = None) -> tuple[int, "torch.nn.Module"]:
@@ -30,7 +31,6 @@ def load_weights_only(path: Path, cfg, checksum: str | None = None) -> tuple[int
     manifest's "crc32:%08x" for it, over the whole file: docs/checkpoint-format.md#validity;
     CheckpointError otherwise); then only the weights region (4 x n_params bytes after the
     8-byte header) is loaded into the model."""
-    from worker.model import GPT
     info = validate_checkpoint(path, cfg.n_params, checksum)
     w = np.fromfile(path, dtype="<f4", count=info.n_params, offset=HEADER_BYTES)
     model = GPT(cfg.model, cfg.vocab_size)

@@ -23,7 +23,8 @@ from torch.nn import functional as F
 
 from shared.activation_memory import check_micro_batch_fits
 from shared.arm_data import read_arm_index
-from shared.checkpoint_format import load_checkpoint
+from shared.checkpoint_format import load_checkpoint, parse_checkpoint_name
+from shared.embedded_arms import cache_dir
 from shared.checkpoint_manifest import read_manifest
 from shared.exit_codes import EXIT_FATAL, EXIT_OK
 from shared.config import (ConfigError, RunConfig, SAMPLE_TEMPERATURE, SAMPLE_TOP_K,
@@ -122,7 +123,6 @@ class Trainer:
             self._resume(Path(opts.resume_from))
         self.train_module = self._wrap_for_training()
         self.flops_per_token = self.model.flops_per_token()
-        from shared.arms import cache_dir
         self.peak = PeakFlops(self.device, cache_dir() / "cpu-peak-flops.json")  # no wait here
         if self.device.type == "cuda" and self.precision == "fp32" and self.peak.value:
             self.peak.source += " (training in fp32: MFU is against the bf16 peak)"
@@ -173,7 +173,6 @@ class Trainer:
             checksum = None              # header are still checked, the data is read once
         else:
             entries = read_manifest(self.layout.root)
-            from shared.checkpoint_format import parse_checkpoint_name
             s = parse_checkpoint_name(path.name)
             checksum = entries[s].checksum if s in entries else None
         step, w, m, v = load_checkpoint(path, self.model.n_params, checksum)
