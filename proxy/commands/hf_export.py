@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import save
 
 from shared.atomic_io import current_umask, fsync_dir
 from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, RunConfig, parameter_table
@@ -155,7 +156,6 @@ def write_hf_dir(out: Path, cfg: RunConfig, run_tokenizer: Path, step: int,
     (BPE: copied; bytes: replaced by `bytes_tokenizer_json`). Raises HFExportError when `out`
     is a non-empty folder without `force`, or a file.
     """
-    from safetensors.numpy import save
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HFExportError(f"{out} is a file; --format hf writes a folder: give a new path")

@@ -9,6 +9,7 @@ time it took. torch is imported here, lazily: the proxy's hot path never imports
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from proxy.commands.export import manifest_entry
@@ -57,7 +58,6 @@ def _run_dir_of(path: Path) -> Path:
 
 def cmd_sample(a) -> int:
     """Print `--samples` continuations of `--prompt`; exit 2 on bad input (named), 0 otherwise."""
-    import time
     t_start = time.perf_counter()
     if a.path and not a.run_dir and Path(a.path).is_dir():  # `sample RUN_DIR`: its newest
         a.run_dir, a.path = a.path, None

@@ -25,6 +25,8 @@ import socket
 import sys
 import time
 
+import psutil
+
 from proxy.observation.progress import wall_seconds_per_update
 from proxy.run_files.history_tail import loss_ema, tail_records
 from proxy.run_files.phases import phase_entries
@@ -57,7 +59,6 @@ def _proxy_alive(owner: dict | None) -> bool:
     if pid is None or _proc_state(pid) in (None, "Z", "X"):
         return False
     try:
-        import psutil
         return psutil.Process(int(pid)).create_time() <= float(owner.get("started_at", 0)) + 5
     except Exception:
         return True

@@ -18,8 +18,10 @@ and are never read back by the run) or `plot` (proxy/observation/plot.py).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import struct
+import time
 from typing import Any
 from pathlib import Path
 
@@ -72,7 +74,7 @@ class TensorBoardLog:
         self._n_files = 0
 
     def _new_writer(self, suffix: str):
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter  # optional extra
         self._n_files += 1
         return EventFileWriter(str(self.logdir), flush_secs=FLUSH_SECS,
                                filename_suffix=f".{os.getpid()}.{self._n_files:03d}{suffix}")
@@ -80,7 +82,7 @@ class TensorBoardLog:
     def start(self, step: int) -> int:
         """A worker resumes from `step`: purge logged steps > `step`, open a fresh event file
         and mark the restart (SessionLog START at step + 1). Returns the events purged."""
-        from tensorboard.compat.proto import event_pb2
+        from tensorboard.compat.proto import event_pb2  # optional extra
         if self._writer is not None:
             self._writer.close()
         purged = self._purge_after(step)
@@ -94,7 +96,7 @@ class TensorBoardLog:
         return purged
 
     def _purge_after(self, step: int) -> int:
-        from tensorboard.compat.proto import event_pb2
+        from tensorboard.compat.proto import event_pb2  # optional extra
         files = sorted(self.logdir.glob(EVENT_GLOB))
         kept, dropped = [], 0
         for f in files:
@@ -126,10 +128,8 @@ class TensorBoardLog:
     def scalars(self, step: int, values: dict, wall_time: float | None = None) -> None:
         """One Summary event at `step` holding every finite number in `values` (tag -> value);
         others (None, NaN, strings) are skipped."""
-        import math
-        import time
 
-        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.compat.proto import event_pb2, summary_pb2  # optional extra
         vals = [summary_pb2.Summary.Value(tag=t, simple_value=float(v))
                 for t, v in values.items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]

@@ -23,6 +23,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+import psutil
+
 from proxy.supervision.proc_tree import pid_alive
 from shared.handshake import read_handshake
 from shared.run_layout import RunLayout
@@ -108,7 +110,6 @@ def kill_ranks(pids: list[int]) -> None:
 def agent_descendants(agent_pid: int) -> list[int]:
     """Pids of every process below the torchrun agent (ranks that may not have announced yet)."""
     try:
-        import psutil
         return [c.pid for c in psutil.Process(agent_pid).children(recursive=True)]
     except Exception:  # noqa: BLE001 - the agent is gone or psutil cannot see it: nothing to add
         return []
