@@ -2,7 +2,12 @@
 import os
 import sys
 
-from proxy.cli import main
+from proxy.commands.tool_threads import READ_ONLY, limit_threads, threads_from_argv
+
+if sys.argv[1:2] and sys.argv[1] in READ_ONLY:  # before numpy/torch read their pools' sizes
+    limit_threads(threads_from_argv(sys.argv[2:]))
+
+from proxy.cli import main  # noqa: E402  (after the thread pools are sized)
 
 if __name__ == "__main__":
     try:

@@ -8,7 +8,7 @@ order (scripts/bench_stats.py); the median of the paired ratios and its interval
 No downloads: the corpora are built deterministically from this Python installation's own
 files (standard-library sources and the pydoc reference text), repeated with a line-level
 shuffle seeded per copy until the size is reached. Each creation runs in its own process
-(`python -m proxy` is not needed: `proxy.run_setup.create_run` with `--tokenizer bpe`), and its
+(`python -m proxy` is not needed: `proxy.supervision.run_setup.create_run` with `--tokenizer bpe`), and its
 peak RSS is that process's ru_maxrss.
 
     .venv/bin/python scripts/bench_data.py                     # 100 MB and 1000 MB
@@ -66,7 +66,7 @@ sys.path.insert(0, sys.argv[1])
 logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
 from shared.config import PRESETS, ArmSpec, RunConfig
 from shared.run_layout import RunLayout
-from proxy.run_setup import create_run
+from proxy.supervision.run_setup import create_run
 cfg = RunConfig(preset="andrea-test", model=PRESETS["andrea-test"], tokenizer=sys.argv[4],
                 arms=[ArmSpec("corpus", "text", sys.argv[2])])
 t = time.perf_counter()

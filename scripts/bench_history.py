@@ -59,8 +59,9 @@ def hwm():   # peak resident set of this process (the parent's is not inherited,
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
 what, d = sys.argv[1], sys.argv[2]
-import proxy.supervisor  # noqa: F401  (the proxy's imports: its resident floor)
-from proxy.mixture import MixtureController, Phase
+import proxy.supervision.supervisor  # noqa: F401  (the proxy's imports: its resident floor)
+from proxy.mixture.controller import MixtureController
+from proxy.run_files.phases import Phase
 from shared.loss_history import LossHistory, iter_records, iter_records_after
 from shared.run_layout import RunLayout
 path = d + "/.loss.json"

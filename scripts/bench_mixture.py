@@ -67,10 +67,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from proxy.bandit import BanditConfig, project_to_box  # noqa: E402
-from proxy.mixture import MixtureController, Phase  # noqa: E402
-from proxy.mixture_rebuild import epoch_windows  # noqa: E402
-from proxy.run_setup import create_run  # noqa: E402
+from proxy.mixture.bandit import BanditConfig, project_to_box  # noqa: E402
+from proxy.mixture.controller import MixtureController  # noqa: E402
+from proxy.mixture.rebuild import epoch_windows  # noqa: E402
+from proxy.run_files.phases import Phase  # noqa: E402
+from proxy.supervision.run_setup import create_run  # noqa: E402
 from shared.arm_data import read_arm_index  # noqa: E402
 from shared.config import DEFAULT_ARMS, PRESETS, ArmSpec, RunConfig, probe_plan  # noqa: E402
 from shared.run_layout import RunLayout  # noqa: E402
@@ -96,9 +97,10 @@ PROBE_REWARDS = ("heldout_progress",)   # rewards that read the worker's probe
 ROOT = Path(__file__).resolve().parent.parent
 # the bandit rows' cache key includes the policy's code, so a cached row is what this code gives
 POLICY_SOURCE = hashlib.sha256(b"".join(
-    (ROOT / f).read_bytes() for f in ("proxy/bandit.py", "proxy/mixture.py", "proxy/reward_scaler.py",
-                                      "proxy/loss_trend.py",
-                                      "proxy/box_projection.py", "shared/config.py",
+    (ROOT / f).read_bytes() for f in ("proxy/mixture/bandit.py", "proxy/mixture/controller.py",
+                                      "proxy/mixture/reward_scaler.py",
+                                      "proxy/mixture/loss_trend.py",
+                                      "proxy/mixture/box_projection.py", "shared/config.py",
                                       "scripts/bench_mixture.py"))).hexdigest()[:16]  # policies run as the real system runs them: with the worker's probe
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.mixture import MixtureController, Phase  # noqa: E402
-from proxy.state_snapshots import append_snapshot, find_snapshot, mark_rewound  # noqa: E402
+from proxy.mixture.controller import MixtureController
+from proxy.run_files.phases import Phase
+from proxy.run_files.state_snapshots import append_snapshot, find_snapshot, mark_rewound  # noqa: E402
 from shared.run_layout import RunLayout  # noqa: E402
 from shared.loss_history import read_records_after  # noqa: E402
 from shared.loss_history import LossHistory, read_records  # noqa: E402

@@ -122,8 +122,8 @@ def main() -> int:
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-supervision-"))
     try:
-        from proxy.run_options import add_run_args, config_from_args
-        from proxy.run_setup import create_run
+        from proxy.supervision.run_options import add_run_args, config_from_args
+        from proxy.supervision.run_setup import create_run
         from shared.run_layout import RunLayout
         template = work / "template"
         p = argparse.ArgumentParser()

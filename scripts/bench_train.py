@@ -103,7 +103,7 @@ def make_run_fresh(tmp: Path, batch: int) -> Path:
 
 
 def make_run(tmp: Path, batch: int) -> Path:
-    from proxy.run_setup import create_run
+    from proxy.supervision.run_setup import create_run
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     cfg = RunConfig(preset="andrea-12m", model=PRESETS["andrea-12m"], tokenizer="bpe",
                     batch_size=batch, probe_every=10**6, sample_every=10**6,

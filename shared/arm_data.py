@@ -15,7 +15,7 @@ heldout_start (start of the first held-out range), heldout (the held-out token r
 worker then never loads it), field (jsonl/parquet arms) and what creation used of the source
 (documents, source_bytes, bad_records, first_bad), and compression (the token stream's zstd
 ratio, shared/arm_redundancy.py; the bandit's repetition guard reads it). The top-level "changes" list is the proxy's
-arm-change log (proxy/arm_changes.py); arms added on a restart are appended to "arms".
+arm-change log (proxy/mixture/arm_changes.py); arms added on a restart are appended to "arms".
 
 Completion: each tokenized arm gets `data/<arm>.done.json` (its entry plus the key it was made
 with: spec, source fingerprint, tokenizer sha256, cap, context) once its token file is whole
@@ -33,12 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from shared.arm_redundancy import REPETITIVE_RATIO, compression_ratio
-from shared.arms import (
-    MAX_ARM_BYTES,
-    ArmSourceError,
-    content_fingerprint,
-    source_fingerprint,
+from shared.arm_tokenize import (
+    check_token_files,
+    concat_token_files,
+    progress_path,
+    publish,
+    suffix_for,
+    tokenize_stream,
 )
+from shared.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
+from shared.stop_request import StopRequested
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, RunConfig, check_arm_name
 from shared.run_layout import RunLayout
@@ -70,7 +74,8 @@ class ArmData:
     source_bytes: int = 0             # source bytes used of the source's total
     bad_records: int = 0              # records skipped (invalid JSON, missing field, ...)
     first_bad: str = ""               # "file:line: reason" of the first
-    compression: float = 0.0          # zstd ratio of its tokens (shared/arm_redundancy.py); 0: not measured (older runs)
+    compression: float = 0.0          # zstd ratio of its tokens (shared/arm_redundancy.py); 0: not
+                                      # measured (older runs)
 
     def token_path(self, run_dir: Path) -> Path:
         """The token file: `path`, relative to the run directory unless absolute."""
@@ -182,15 +187,6 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
     ArmSourceError (a ConfigError) naming the arm, the file and the fix: a missing or corrupt
     source, an arm too small for the context, a token file with ids outside the vocabulary or a
     size that is not a whole number of tokens; ConfigError for an unsafe name."""
-    from shared.arm_tokenize import (
-        check_token_files,
-        concat_token_files,
-        progress_path,
-        publish,
-        suffix_for,
-        tokenize_stream,
-    )
-    from shared.stop_request import StopRequested
     check_arm_name(arm.name)
     sfp = source_fingerprint(arm)   # a missing source fails here, before any work
     key = _key(arm, sfp, layout, cfg)
@@ -227,6 +223,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
             if tmp is not None:
                 n = concat_token_files(files, dt, tmp, n)
         else:
+            assert tmp is not None  # set above for every arm that is tokenized
             fp, st = tokenize_stream(arm, tok, tmp, cap, key=key)
             n, docs, used, total, capped = st.tokens, st.documents, st.bytes_used, st.bytes_total, st.capped
             empty = st.empty
@@ -247,7 +244,7 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
             raise ArmSourceError(
                 f"arm {arm.name}: {n:,} tokens is too small for context {cfg.model.block_size} "
                 f"plus {hold:,} held-out tokens; {fix}")
-        if tmp is not None:
+        if tmp is not None and final is not None:  # set together
             publish(tmp, final)
             progress_path(tmp).unlink(missing_ok=True)
     except (StopRequested, KeyboardInterrupt):

@@ -21,10 +21,10 @@ import json
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-from shared.arms import ArmSourceError
-from shared.config import ArmSpec
+from shared.config import ArmSourceError, ArmSpec
+from shared.embedded_arms import embedded_files, embedded_text
 
 SEPARATOR = "\n\n"            # between documents of an arm (not after the last)
 READ_CHUNK = 1 << 20          # bytes read per step from a text file
@@ -138,7 +138,8 @@ class ZstdFrames(io.RawIOBase):
     def __init__(self, raw, chunk: int = 1 << 20) -> None:
         import zstandard
         self._raw, self._chunk, self._zstd = raw, chunk, zstandard
-        self._dobj, self._fed, self._buf = None, False, b""
+        self._dobj: Any = None  # the current frame's zstandard decompressobj
+        self._fed, self._buf = False, b""
 
     def readable(self) -> bool:
         return True
@@ -329,15 +330,13 @@ class ParquetReader(ArmReader):
 
 class EmbeddedReader(ArmReader):
     """The embedded defaults: their documented size (DEFAULT_ARM_CHARS characters, built as
-    before by `shared/arms.py`), as one document; `total` is the size of the files read from."""
+    before by `shared/embedded_arms.py`), as one document; `total` is the size of the files read from."""
 
     def _files(self) -> list[Path]:
-        from shared.arms import embedded_files
         return embedded_files(self.arm)
 
     def pieces(self) -> Iterator[Piece]:
-        from shared.arms import read_arm_text
-        text = read_arm_text(self.arm, DEFAULT_ARM_CHARS)
+        text = embedded_text(self.arm, DEFAULT_ARM_CHARS)
         self.documents = 1
         yield Piece(text, True, self.total)
 

@@ -83,7 +83,7 @@ def suffix_for(dtype) -> str:
 
 
 def _write_all(fh, arr: np.ndarray) -> None:
-    fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
 
 
 MMAP_THRESHOLD = 128 * 1024  # bytes: glibc's default before it starts adjusting it

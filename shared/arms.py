@@ -1,149 +1,46 @@
-"""Data sources (arms): read each arm's text, fingerprint it (docs/architecture.md#arms).
+"""Data sources (arms): the `--arm` option, each arm's text and fingerprints
+(docs/architecture.md#arms).
 
-The embedded default needs nothing downloaded: three arms built from the running Python
-installation's own files:
-  repo-docstrings  docstrings extracted (with `ast`) from standard-library modules
-  repo-code        the source code of those modules
-  python-docs      the reference documentation text that ships with Python (`pydoc_data`)
-Users add arms from text files/directories/globs, JSON Lines (a text field; .gz/.zst), Parquet
-(a text column) or pre-tokenized uint16/uint32 token files (nanoGPT's format); user arms are
-always read whole (the streaming readers are `shared/arm_sources.py`), the defaults keep their
-documented size (DEFAULT_ARM_CHARS) and the creation log says how much of how much was used.
+The embedded defaults need nothing downloaded (shared/embedded_arms.py: repo-docstrings,
+repo-code, python-docs, built from the running Python installation's own files). Users add arms
+from text files/directories/globs, JSON Lines (a text field; .gz/.zst), Parquet (a text column)
+or pre-tokenized uint16/uint32 token files (nanoGPT's format); user arms are always read whole
+(the streaming readers are `shared/arm_sources.py`), the defaults keep their documented size
+(MAX_ARM_BYTES) and the creation log says how much of how much was used.
 
 What it is not: tokenization and batching (`shared/arm_tokenize.py`, `worker/data.py`).
 """
 from __future__ import annotations
 
-import ast
 import glob
 import hashlib
 import os
 import sysconfig
 from pathlib import Path
 
+from shared.arm_sources import iter_text, resolve_files
+from shared.config import ArmSourceError as ArmSourceError  # also named here, as it always was
 from shared.config import ArmSpec, ConfigError, check_arm_name
-
-MAX_ARM_BYTES = 2_000_000  # the embedded defaults' documented size, characters (never user arms)
-_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3", "turtledemo"}
-
-
-class ArmSourceError(ConfigError):
-    """An arm's source is missing or unreadable; the message names the arm and the path."""
-
-
-def _stdlib_files() -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        out += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
-    return out
-
-
-def _docstrings(source: str) -> list[str]:
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return []
-    docs = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            doc = ast.get_docstring(node)
-            if doc and len(doc) > 20:
-                docs.append(doc)
-    return docs
-
-
-def _take(chunks, limit: int) -> str:
-    parts, total = [], 0
-    for c in chunks:
-        parts.append(c)
-        total += len(c) + 2
-        if total >= limit:
-            break
-    return "\n\n".join(parts)[:limit]
-
-
-def cache_dir() -> Path:
-    """Where derived data that is slow to rebuild is cached: $ANDREA_CACHE_DIR, else
-    $XDG_CACHE_HOME/andrea, else ~/.cache/andrea."""
-    env = os.environ.get("ANDREA_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "andrea"
-
-
-def _python_docstrings(limit: int) -> str:
-    """Docstrings of the standard library. Parsing every module takes seconds, so the text is
-    cached per installation, keyed by the modules' names, sizes and mtimes (a changed stdlib
-    misses the cache and is parsed again); an unwritable cache is simply skipped."""
-    import sys
-    files = _stdlib_files()
-    key = hashlib.sha256(f"{_stat_digest(files, sys.version)}\0{limit}".encode()).hexdigest()[:24]
-    cached = cache_dir() / f"python-docstrings-{key}.txt"
-    try:
-        return cached.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        pass
-
-    def gen():
-        for f in files:
-            for d in _docstrings(f.read_text(encoding="utf-8", errors="replace")):
-                yield d
-    text = _take(gen(), limit)
-    try:
-        from shared.atomic_io import atomic_write_bytes
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(cached, text.encode("utf-8"))
-    except OSError:
-        pass
-    return text
-
-
-def _python_code(limit: int) -> str:
-    return _take((f.read_text(encoding="utf-8", errors="replace") for f in _stdlib_files()), limit)
-
-
-def _python_docs(limit: int) -> str:
-    try:
-        from pydoc_data.topics import topics
-    except ImportError as e:
-        raise ArmSourceError("arm python-docs: this Python has no pydoc_data (reference docs); "
-                             "remove the arm or install a full Python") from e
-    return _take((topics[k] for k in sorted(topics)), limit)
+from shared.embedded_arms import MAX_ARM_BYTES as MAX_ARM_BYTES  # also named here
+from shared.embedded_arms import _stat_digest, _stdlib_files, embedded_text
+from shared.embedded_arms import cache_dir as cache_dir  # also named here
+from shared.embedded_arms import embedded_files as embedded_files  # also named here
 
 
 def _text_files(arm: ArmSpec) -> list[Path]:
-    from shared.arm_sources import resolve_files
     return resolve_files(arm)
 
 
-def embedded_files(arm: ArmSpec) -> list[Path]:
-    """The files an embedded default arm is built from (for its "of total" size)."""
-    if arm.kind in ("python-docstrings", "python-code"):
-        return _stdlib_files()
-    try:
-        import pydoc_data.topics as t
-    except ImportError as e:
-        raise ArmSourceError("arm python-docs: this Python has no pydoc_data (reference docs); "
-                             "remove the arm or install a full Python") from e
-    return [Path(t.__file__)]
-
-
 def read_arm_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
-    """The text of an embedded default arm, at most `limit` characters, deterministic for a
-    Python installation (user arms are streamed whole: `shared/arm_sources.iter_text`).
+    """The text of an arm: an embedded default's at most `limit` characters, deterministic for a
+    Python installation (shared/embedded_arms.py); a user arm's whole (small arms and tests
+    only: user arms are streamed by `shared/arm_sources.iter_text`).
 
     Raises ArmSourceError when the source is missing or yields no text.
     """
-    if arm.kind == "python-docstrings":
-        text = _python_docstrings(limit)
-    elif arm.kind == "python-code":
-        text = _python_code(limit)
-    elif arm.kind == "python-docs":
-        text = _python_docs(limit)
-    elif arm.kind in ("text", "jsonl", "parquet"):
-        from shared.arm_sources import iter_text
+    if arm.kind in EMBEDDED_KINDS:
+        return embedded_text(arm, limit)
+    if arm.kind in ("text", "jsonl", "parquet"):
         text = "".join(iter_text(arm))  # whole; small arms and tests only
     else:
         raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} has no text; kinds: "
@@ -217,14 +114,6 @@ def parse_arm_option(text: str) -> ArmSpec:
     return ArmSpec(name=name, kind=kind, source=source, field=field, dtype=dtype)
 
 
-def _stat_digest(files: list[Path], extra: str = "") -> str:
-    h = hashlib.sha256(extra.encode("utf-8"))
-    for f in files:
-        st = f.stat()
-        h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
-    return "stat:" + h.hexdigest()
-
-
 def source_fingerprint(arm: ArmSpec) -> str:
     """A cheap fingerprint of an arm's SOURCE (not its text): sha256 over the source's file list
     with sizes and mtimes, as "stat:<hex>" (docs/architecture.md#arms).
@@ -281,7 +170,6 @@ def content_fingerprint(arm: ArmSpec) -> str:
         return "sha256:" + h.hexdigest()
     if arm.kind in EMBEDDED_KINDS:
         return fingerprint_text(read_arm_text(arm))
-    from shared.arm_sources import iter_text
     for t in iter_text(arm):
         h.update(t.encode("utf-8"))
     return "sha256:" + h.hexdigest()

@@ -343,7 +343,7 @@ def load_checkpoint(path: os.PathLike | str, n_params: int | None,
             crc = (BackgroundCrc(zlib.crc32(_HEADER.pack(info.step, n)))
                    if want is not None else None)
             try:
-                _readinto_exact(f, memoryview(buf).cast("B"), path, info, crc)
+                _readinto_exact(f, memoryview(buf).cast("B"), path, info, crc)  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
             finally:
                 if crc is not None:
                     crc.close()

@@ -1,6 +1,7 @@
 """Run configuration: model presets, the parameter table, and the resolved run config.
 
-This is the contract both sides read from `run.json` (docs/architecture.md#the-run-directory). It is pure Python (no torch,
+This is the contract both sides read from `run.json` (docs/architecture.md#the-run-directory). It
+is pure Python (no torch,
 no numpy) so that the proxy can compute a model's exact parameter count and checkpoint size
 without building the model, and reject a mismatched checkpoint before anything starts.
 
@@ -333,15 +334,17 @@ def probe_plan(cfg: RunConfig, n_arms: int | None = None) -> ProbePlan:
                      k * s / (3.0 * m * cfg.probe_every * cfg.batch_size) if active else 0.0, active)
 
 
-REWARDS = ("train_slope", "heldout_progress", "train_loss")   # proxy/bandit.py REWARDS
+REWARDS = ("train_slope", "heldout_progress", "train_loss")   # proxy/mixture/bandit.py REWARDS
 PROBE_REWARDS = ("heldout_progress",)   # rewards that read the held-out probe (the others run none)
 AUDIT_TOKENS = 48          # tokens generated per arm by a sample audit
+SAMPLE_TEMPERATURE = 0.8  # softmax temperature of audits, `sample` and the HF generation config
+SAMPLE_TOP_K = 40          # top-k of the same (0 or None: all tokens)
 AUDIT_BUDGET = 0.005       # default sample_every keeps the audits within this share of training
 POLICY_BUDGET = 0.02       # probe (probe_budget 0.015) + audits (AUDIT_BUDGET), by default at most
 AUDIT_PROMPT_TOKENS = 16   # the audit prompt per arm: the first tokens of its held-out split
 
 
-# settings whose command-line flag is the field's name in kebab case (proxy/run_options.py)
+# settings whose command-line flag is the field's name in kebab case (proxy/supervision/run_options.py)
 _FLAGGED = frozenset({"batch_size", "checkpoint_every", "sample_every", "probe_every", "max_steps",
                       "lr", "seed", "warmup_steps", "tokenizer", "arm_max_tokens", "reward"})
 
@@ -399,3 +402,7 @@ def load_run_config(path: Path) -> RunConfig:
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"{path}: unreadable run config ({e}); fix that, restore it from a backup "
                           "or start a new run directory") from e
+
+
+class ArmSourceError(ConfigError):
+    """An arm's source is missing or unreadable; the message names the arm and the path."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from pathlib import Path
 from typing import Callable
 
 from filelock import FileLock, Timeout
@@ -90,7 +89,10 @@ def update_handshake(layout: RunLayout, change: Callable[[dict], None],
 
 def reset_handshake(layout: RunLayout) -> None:
     """Start a worker incarnation from a clean slate: empty handshake, no reports."""
-    update_handshake(layout, lambda d: (d.clear(), d.update(_empty())))
+    def empty(d: dict) -> None:
+        d.clear()
+        d.update(_empty())
+    update_handshake(layout, empty)
     try:
         layout.reports.unlink()
     except FileNotFoundError:
@@ -127,7 +129,7 @@ class ReportReader:
     Bounded file: when a call finds that at least `compact_bytes` were consumed by earlier
     calls (whose reports the caller has handled) and nothing new was appended, it truncates the
     file to zero under the writer's flock and starts again at offset 0. Nothing unread is ever
-    dropped, so a salvage after a proxy crash (proxy/report_salvage.py) still finds every
+    dropped, so a salvage after a proxy crash (proxy/supervision/report_salvage.py) still finds every
     unfiled report."""
 
     def __init__(self, layout: RunLayout, compact_bytes: int = REPORTS_COMPACT_BYTES) -> None:

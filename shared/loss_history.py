@@ -70,7 +70,7 @@ def _encode(record, path) -> tuple[int, bytes]:
     try:
         if isinstance(step, bool):
             raise TypeError
-        step = operator.index(step)
+        step = operator.index(step)  # type: ignore[arg-type]  # None raises TypeError: caught
     except TypeError:
         raise ValueError(f"{path}: a history record needs an int \"step\", got {step!r}") from None
     rec = {"step": step}
@@ -403,7 +403,7 @@ class LossHistory:
                 size, head = len(data), data[:16]
             if plan.kind == "garbage":
                 os.close(fd)
-                fd = None
+                fd = None  # type: ignore[assignment]  # closed: reopened below before any use
                 aside = _move_aside(self.path)
                 atomic_write_bytes(self.path, _EMPTY)
                 fd = os.open(self.path, os.O_RDWR)
@@ -461,6 +461,7 @@ class LossHistory:
             _sync(self._fd)
 
     def _write_at(self, offset: int, buf: bytes) -> None:
+        assert self._fd is not None  # open: writes happen only between _open and close
         try:
             _pwrite_all(self._fd, buf, offset)
         except BaseException:

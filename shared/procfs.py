@@ -4,7 +4,7 @@ What it is: `read_stat(pid)` -> `ProcStat` (or None when the process is gone), `
 and `all_pids`, for the proxy's process-tree duties, `status`, the worker's parent watch and the
 tests. The command name (field 2) may itself contain spaces and parentheses, so the fields are
 split after the LAST ")" (proc(5)).
-What it is not: signalling or waiting (proxy/proc_tree.py). Linux only; standard library only.
+What it is not: signalling or waiting (proxy/supervision/proc_tree.py). Linux only; standard library only.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Progress of a long byte-counted job (tokenizing an arm): a tqdm bar on a terminal, plain log
 lines every few seconds otherwise (docs/data.md#progress).
 
-What it is not: the training progress lines (`proxy/supervisor.py`).
+What it is not: the training progress lines (`proxy/supervision/supervisor.py`).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
     runs/<name>/
       run.json, tokenizer.json, phases.json, checkpoints.json, step_NNNNNN.bin
       .loss.json  .loss.rewound.json  .samples.json  .state.json
-      .handshake.json (+ .handshake.lock)  .reports.jsonl  .proxy.lock
+      .handshake.json (+ .handshake.lock)  .reports.jsonl  .proxy.lock  .proxy.owner.json
+      .status.json  .pivot.request.json  .state.snapshots.jsonl
       data/<arm>.train.u16  data/<arm>.heldout.u16  data/arms.json
       archive/pivot-<step>/   logs/
 """
@@ -12,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.procfs import process_state
+
 
 def creating_proxy(root) -> int | None:
     """The pid of the live proxy on this host that owns `root` (its `.proxy.owner.json`), else
     None. Read-only: it never takes the run lock, so it cannot get in a starting proxy's way."""
     import json
     import socket
-    from shared.procfs import process_state
     try:
         owner = json.loads((Path(root) / ".proxy.owner.json").read_text())
         pid = int(owner["pid"])
@@ -61,7 +63,7 @@ def last_creation_error(root, nbytes: int = 1 << 16) -> str | None:
             lines = f.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
         return None
-    start = max((i for i, l in enumerate(lines) if " INFO creating run " in l), default=None)
+    start = max((i for i, line in enumerate(lines) if " INFO creating run " in line), default=None)
     if start is None:
         return None
     for i in range(start, len(lines)):
@@ -120,6 +122,9 @@ class RunLayout:
     reports = property(lambda s: s.root / ".reports.jsonl")
     proxy_lock = property(lambda s: s.root / ".proxy.lock")
     proxy_owner = property(lambda s: s.root / ".proxy.owner.json")
+    status = property(lambda s: s.root / ".status.json")
+    pivot_request = property(lambda s: s.root / ".pivot.request.json")
+    state_snapshots = property(lambda s: s.root / ".state.snapshots.jsonl")
     data = property(lambda s: s.root / "data")
     arms_index = property(lambda s: s.root / "data" / "arms.json")
     archive = property(lambda s: s.root / "archive")

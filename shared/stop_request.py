@@ -1,14 +1,15 @@
 """A stop asked for while the proxy is busy with long work of its own, before any worker exists:
 tokenizing an arm, checking or copying token files (docs/signals.md#during-creation).
 
-What it is: one process-wide flag. The proxy's early signal handlers (proxy/proc_tree.py
+What it is: one process-wide flag. The proxy's early signal handlers (proxy/supervision/proc_tree.py
 EarlySignals) set it on SIGTERM/SIGINT/SIGHUP; the data pipeline (shared/arm_tokenize.py) looks
 at it between pieces of a source and raises StopRequested, so a stop during a long creation acts
 within a piece (at most about 1 MB of source) instead of after the whole corpus. Nothing is lost:
 complete arms are kept (while their source files' list, sizes and modification times are
 unchanged) and the partial token file is a `.tmp` with a progress record that the next attempt
-resumes from (docs/data.md#crash-safe-creation). What it is not: the supervisor's handling of stops once a worker
-runs (proxy/supervisor.py), nor a signal handler itself (no signal module here).
+resumes from (docs/data.md#crash-safe-creation). What it is not: the supervisor's handling of
+stops once a worker runs (proxy/supervision/supervisor.py), nor a signal handler itself (no
+signal module here).
 """
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def test_sigterm_between_micro_batches_finishes_the_update_and_the_resume_is_bit
 
 
 def test_status_shows_tokens_and_micro_batches_per_update_and_the_projected_time():
-    from proxy.status import _batch_and_eta
+    from proxy.commands.status import _batch_and_eta
     from shared.config import PRESETS, RunConfig
     cfg = RunConfig(preset="andrea-12m", model=PRESETS["andrea-12m"], batch_size=64,
                     micro_batch_size=16)

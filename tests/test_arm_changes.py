@@ -8,9 +8,10 @@ import subprocess
 import sys
 
 from proc_helpers import ROOT, loss_records, run_proxy
-from proxy.arm_changes import ArmChange, read_changes
-from proxy.mixture import MixtureController, Phase
-from proxy.mixture_rebuild import replay_run
+from proxy.mixture.arm_changes import ArmChange, read_changes
+from proxy.mixture.controller import MixtureController
+from proxy.run_files.phases import Phase
+from proxy.mixture.rebuild import replay_run
 from shared.arm_data import read_arm_index
 from shared.config import load_run_config
 from shared.run_layout import RunLayout
@@ -81,7 +82,8 @@ def test_reorder_remove_add_and_rejoin_keep_each_arms_statistics_by_name(tmp_pat
     assert st["arms"]["d"]["ema_n"] > 0              # d earned rewards after its first probe
     assert replay_run(layout, load_run_config(layout.run_json), 50).bandit.to_dict() == st
     # the proxy's loss EMA (progress line, .status.json) carries across restarts as `status`'s
-    from proxy.status import loss_ema, tail_records
+    from proxy.run_files.history_tail import tail_records
+from proxy.run_files.loss_ema import loss_ema
     assert abs(json.loads((run / ".status.json").read_text())["loss_ema"]
                - loss_ema(tail_records(layout.loss))) < 1e-6
 

@@ -129,10 +129,10 @@ def test_token_arms_accept_uint16_and_uint32_and_refuse_ids_outside_the_vocabula
 
 
 def test_a_token_files_width_is_read_from_its_name_and_a_contradiction_is_refused(tmp_path):
-    """A `.u32` file without `:u32` was read as uint16 (the vocabulary's width): every id then
-    came with a zero after it, all inside the vocabulary, so no check saw it. The name now says
-    the width; a name that contradicts the dtype given, or files of two widths in one arm, are
-    refused before anything is written; a name without a width keeps the vocabulary's."""
+    """A tokens arm's width comes from its file name (`.u32` is read as uint32, not as the
+    vocabulary's uint16, which would put a zero after every id, all inside the vocabulary); a name
+    that contradicts the dtype given, or files of two widths in one arm, are refused before
+    anything is written; a name without a width keeps the vocabulary's."""
     ids = np.tile(np.arange(256, dtype=np.uint32), 200)
     ids.tofile(tmp_path / "wide.u32")
     ids.astype(np.uint16).tofile(tmp_path / "narrow.bin")
@@ -155,10 +155,9 @@ def test_a_token_files_width_is_read_from_its_name_and_a_contradiction_is_refuse
 
 
 def test_an_arm_left_empty_by_a_wrong_field_or_a_small_cap_names_the_real_fix(tmp_path):
-    """A JSONL arm whose text is under another field skipped every record and then said
-    "0 tokens is too small ...; give it more text", and a run with --arm-max-tokens too small
-    said the same; each names its fix: the fields the records have (found before any work), or
-    the cap."""
+    """An arm left empty names its real fix: a JSONL arm whose text is under another field
+    names the fields its records have, and a run with --arm-max-tokens too small names the cap
+    (not "0 tokens is too small; give it more text")."""
     src = tmp_path / "chats.jsonl"
     with open(src, "w") as f:
         for i in range(40):
@@ -391,8 +390,8 @@ def test_progress_is_a_bar_on_a_terminal_and_plain_lines_in_a_log(caplog):
 
 
 def test_empty_documents_are_skipped_counted_and_named_in_the_creation_log(tmp_path, caplog):
-    """An empty file, record or row adds no text and no separator; it used to vanish without a
-    word (and an empty text file was not counted anywhere)."""
+    """An empty file, record or row adds no text and no separator, and the creation log counts
+    and names the empty documents (an empty text file included)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     d = tmp_path / "txt"
@@ -427,8 +426,8 @@ def test_empty_documents_are_skipped_counted_and_named_in_the_creation_log(tmp_p
 
 def test_a_token_file_used_in_place_and_capped_opens_its_head_and_a_shorter_one_is_refused(tmp_path):
     """A tokens arm of one file is used where it lies; with --arm-max-tokens only its head is the
-    arm's, so the file is longer than n_tokens. The integrity check (exact size for files in
-    data/) refused every such run at creation (found by review)."""
+    arm's, so the file is longer than n_tokens and the run is created; a file shorter than the
+    arm's n_tokens is refused."""
     toks = np.random.default_rng(0).integers(0, 256, 50_000).astype(np.uint16)
     toks.tofile(tmp_path / "t.u16")
     run = create_template(tmp_path / "run", "--arm", f"t=tokens:{tmp_path / 't.u16'}",

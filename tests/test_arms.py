@@ -5,8 +5,8 @@ import json
 import numpy as np
 
 from proc_helpers import loss_records, run_proxy
-from proxy.bandit import Bandit, BanditConfig
-from proxy.mixture_rebuild import replay_run
+from proxy.mixture.bandit import Bandit, BanditConfig
+from proxy.mixture.rebuild import replay_run
 from shared.arm_data import heldout_ranges, heldout_size, read_arm_index
 from shared.config import load_run_config, probe_plan
 from shared.run_layout import RunLayout
@@ -121,12 +121,10 @@ def test_zombie_arm_is_reported_retired_by_name_and_never_pulled_again(tmp_path)
 
 @pytest.mark.slow
 def test_relative_sources_survive_another_directory_and_a_zombie_re_joins_when_its_source_is_back(tmp_path):
-    """Relative --arm paths were stored as typed and resolved against the current directory, so
-    a resume from another one (systemd's WorkingDirectory=) made every arm a zombie, wrote the
-    retirements, then failed, and the run could never be resumed. Sources are now absolute; a
-    start that would retire every arm is refused with nothing written; and a zombie whose source
-    comes back as it was re-joins with its statistics (it used to stay retired for good, while
-    the start-up table still listed it)."""
+    """--arm paths are stored absolute, so a resume from another directory (systemd's
+    WorkingDirectory=) finds every arm; a start that would retire every arm is refused with
+    nothing written; and a zombie whose source comes back as it was re-joins with its
+    statistics, and the start-up table says which arms are retired."""
     import os
     import subprocess
     import sys
@@ -201,10 +199,9 @@ def test_arm_statistics_are_keyed_by_name_whatever_the_order_or_set_of_arms():
 
 @pytest.mark.slow
 def test_a_token_file_changed_after_creation_stops_the_run_naming_the_file_and_restoring_it_resumes(tmp_path):
-    """A token file cut short, or overwritten with ids outside the vocabulary, used to fail deep
-    in numpy or the embedding with an error that named no file, three restarts in a row. Now the
-    worker stops at once (exit 3, no restart) naming the arm, the file and what is wrong, and
-    nothing is trained on it; the restored file resumes the run."""
+    """A token file cut short, or overwritten with ids outside the vocabulary: the worker stops
+    at once (exit 3, no restart) naming the arm, the file and what is wrong, and nothing is
+    trained on it; the restored file resumes the run."""
     run = tmp_path / "run"
     opts = ["--checkpoint-every", "5", "--sample-every", "5"]
     assert run_proxy(run, "--max-steps", "10", *opts).returncode == 0

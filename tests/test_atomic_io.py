@@ -3,20 +3,33 @@ checkpoint writer and every small-file writer alike. Fast."""
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 
 import shared.checkpoint_format as checkpoint_format
-from shared.atomic_io import atomic_write_json, fsync_dir, read_json
+from shared.atomic_io import DIR_FSYNC_UNSUPPORTED, atomic_write_json, fsync_dir, read_json
 
 
-def test_fsync_dir_of_a_directory_works(tmp_path):
-    fsync_dir(tmp_path)
-    fsync_dir(str(tmp_path))
+def test_fsync_dir_of_a_directory_returns_and_changes_nothing(tmp_path):
+    """A directory given as a Path or a str is fsynced without an error and left as it was."""
+    (tmp_path / "a").write_text("x")
+    assert fsync_dir(tmp_path) is None
+    assert fsync_dir(str(tmp_path)) is None
+    assert [p.name for p in tmp_path.iterdir()] == ["a"]
 
 
 def test_a_file_system_that_cannot_fsync_a_directory_is_tolerated():
-    fsync_dir("/proc")  # procfs answers EINVAL: the rename stays atomic, nothing to report
+    """procfs answers a directory fsync with EINVAL (checked here, so the tolerated branch is
+    the one exercised); fsync_dir returns quietly: the rename stays atomic, nothing to report."""
+    fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError) as e:
+            os.fsync(fd)
+        assert e.value.errno in DIR_FSYNC_UNSUPPORTED
+    finally:
+        os.close(fd)
+    assert fsync_dir("/proc") is None
 
 
 def test_a_missing_directory_or_a_file_is_an_error_not_silence(tmp_path):
@@ -35,8 +48,9 @@ def test_checkpoints_and_sidecars_use_the_same_helper(tmp_path):
 
 
 def test_stale_temporaries_of_a_killed_writer_are_removed_and_young_ones_and_others_kept(tmp_path):
-    """A writer SIGKILLed between its write and its rename leaves `.NAME.XXXXXXXX.tmp`; they
-    used to pile up in the run directory (`.status.json` is rewritten every second)."""
+    """A writer SIGKILLed between its write and its rename leaves `.NAME.XXXXXXXX.tmp`; the next
+    start removes those older than 60 s, so they never pile up in the run directory
+    (`.status.json` is rewritten every second), and keeps young ones and other files."""
     import os
     import tempfile
     import time

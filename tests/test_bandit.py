@@ -1,4 +1,4 @@
-"""Tests for proxy/bandit.py: projection, config errors, rewards, determinism, pivots, retirement."""
+"""Tests for proxy/mixture/bandit.py: projection, config errors, rewards, determinism, pivots, retirement."""
 import dataclasses
 import json
 import math
@@ -8,9 +8,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from proxy.bandit import (Bandit, BanditConfig, BanditConfigError, QuantileScaler,
+from proxy.mixture.bandit import (Bandit, BanditConfig, BanditConfigError, QuantileScaler,
                           parse_arm_values, project_to_box, resolve_bounds)
-from proxy.mixture import MixtureController, Phase
+from proxy.mixture.controller import MixtureController
+from proxy.run_files.phases import Phase
 
 ARMS = ["python-docs", "repo-code", "repo-docstrings"]
 
@@ -404,7 +405,7 @@ def test_exp3s_share_keeps_every_log_weight_finite_from_zero_prior():
 
 def test_pivot_resets_pulls_and_ema_but_keeps_lifetime_pulls():
     """MixtureController.next_phase + a controller of that phase: what the proxy runs at a pivot
-    and at every resume after it (proxy/resume_planning.py, proxy/mixture_rebuild.py)."""
+    and at every resume after it (proxy/supervision/resume_planning.py, proxy/mixture/rebuild.py)."""
     old = MixtureController(ARMS, Phase(0, "initial", 0, floors={a: 0.05 for a in ARMS}),
                             "heldout_progress", 200, 25)
     for r in synthetic_records(1000, drops={"python-docs": 0.0, "repo-code": 0.04, "repo-docstrings": 0.0}):
@@ -762,7 +763,7 @@ def test_compression_ratio_separates_list_like_text_from_prose_and_code(tmp_path
     words = ["region", "value", "entry", "table", "field", "option"]
     trap = "".join(f"- item {i % 50}: " + " ".join([words[i % 6]] * 3) + "\n" for i in range(12000))
     prose = "\n".join(p.read_text() for p in sorted((root / "docs").glob("*.md")))
-    code = "\n".join(p.read_text() for p in sorted((root / "proxy").glob("*.py")))
+    code = "\n".join(p.read_text() for p in sorted((root / "proxy").rglob("*.py")))
     as_bytes = {k: np.frombuffer(v.encode(), dtype=np.uint8).astype(np.uint16)
                 for k, v in (("trap", trap), ("prose", prose), ("code", code))}
     r = {k: compression_ratio(v) for k, v in as_bytes.items()}
@@ -933,9 +934,9 @@ def test_default_policy_stays_at_stratified_when_the_arms_learn_alike():
 
 
 def test_conservative_mixture_matches_its_equations():
-    """proxy/loss_trend.py: pi = M project(b+/sum b+), G = (1/K) sum b ln(pi/s), SE from the
+    """proxy/mixture/loss_trend.py: pi = M project(b+/sum b+), G = (1/K) sum b ln(pi/s), SE from the
     slopes' variances, lam = max(0, 1 - z SE / G); fewer than min_periods points = no evidence."""
-    from proxy.loss_trend import ArmFit, conservative_mixture
+    from proxy.mixture.loss_trend import ArmFit, conservative_mixture
     fits = {}
     for name, slope in (("a", 0.3), ("b", 0.1), ("c", 0.0)):
         f = ArmFit()

@@ -140,7 +140,7 @@ def test_evaluation_windows_lie_in_the_scattered_heldout_ranges_clear_of_every_p
     """On a real run (held-out split in several ranges over the arm), the benchmark's scoring
     windows are inside the held-out ranges, never overlap one another or any probe window the
     worker could use (1..8 sequences). Failed before: eval_windows assumed a tail split."""
-    from proxy.run_setup import create_run
+    from proxy.supervision.run_setup import create_run
     from shared.arm_data import read_arm_index
     from shared.config import PRESETS, RunConfig
     from shared.run_layout import RunLayout

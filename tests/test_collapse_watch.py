@@ -4,7 +4,7 @@ log, and with --stop-on-collapse stop the run."""
 import json
 
 from proc_helpers import loss_records, run_proxy
-from proxy.collapse_watch import CollapseWatch, repetition_scores
+from proxy.mixture.collapse_watch import CollapseWatch, repetition_scores
 from shared.checkpoint_manifest import read_manifest
 from shared.run_layout import RunLayout
 import pytest

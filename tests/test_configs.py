@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from proc_helpers import ROOT
-from proxy.run_config_file import parse_run_args, read_config_file
-from proxy.run_options import add_run_args, config_from_args
+from proxy.commands.run_config_file import parse_run_args, read_config_file
+from proxy.supervision.run_options import add_run_args, config_from_args
 from shared.config import ConfigError, RunConfig
 
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
@@ -65,10 +65,9 @@ def test_tiny_cpu_is_the_embedded_default(tmp_path):
 
 
 def test_a_short_run_from_a_config_file_shortens_the_files_warmup_like_the_default(tmp_path):
-    """`--config configs/tiny-cpu.toml --max-steps 20` was refused ("--warmup-steps 50 must be
-    below --max-steps 20") while the bare default it describes shortens its warm-up; the file's
-    warm-up now behaves the same. A too-long --warmup-steps typed on the command line, or a
-    file whose own max_steps is below its warm-up, stays an error."""
+    """`--config configs/tiny-cpu.toml --max-steps 20` shortens the file's warm-up as the bare
+    default it describes shortens its own. A too-long --warmup-steps typed on the command line,
+    or a file whose own max_steps is below its warm-up, is an error."""
     a = parse_run_args(_parser(), ["--run-dir", str(tmp_path / "r"), "--config",
                                    str(ROOT / "configs" / "tiny-cpu.toml"), "--max-steps", "20"])
     b = parse_run_args(_parser(), ["--run-dir", str(tmp_path / "r"), "--max-steps", "20"])
@@ -190,8 +189,8 @@ def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path)
 
 @pytest.mark.slow
 def test_start_up_table_shows_the_phase_in_force_with_its_caps_and_floors(tmp_path):
-    """The caps and floors were not in the table: an operator could not see at start which box
-    the bandit draws in, nor that a pivot recorded on a stopped run is now in force."""
+    """The start-up table shows the caps and floors of the phase in force: the box the bandit
+    draws in, and a pivot recorded on a stopped run is seen to be in force."""
     import subprocess
     import sys
     from proc_helpers import ROOT, run_proxy
@@ -216,9 +215,8 @@ def test_start_up_table_shows_the_phase_in_force_with_its_caps_and_floors(tmp_pa
 
 @pytest.mark.slow
 def test_a_batch_that_cannot_fit_in_memory_stops_at_once_naming_a_micro_batch_that_does(tmp_path):
-    """--batch-size 100,000,000 used to hang the worker building a batch no memory holds (the
-    proxy then killed it after its stop timeout and restarted it). Now it stops at start, exit
-    3, no restarts, and the message names the micro-batch that trains the same batch."""
+    """--batch-size 100,000,000, a batch no memory holds: the worker stops at start, exit 3, no
+    restarts, and the message names the micro-batch that trains the same batch."""
     from proc_helpers import run_proxy
     run = tmp_path / "run"
     r = run_proxy(run, "--batch-size", "100000000", "--max-steps", "2", timeout=180)
@@ -235,8 +233,8 @@ def test_a_batch_that_cannot_fit_in_memory_stops_at_once_naming_a_micro_batch_th
     ("model", {"n_layer": "2"}, "key model.n_layer = '2' must be an integer"),
 ])
 def test_a_run_json_value_of_the_wrong_type_is_refused_naming_the_file_and_key(tmp_path, key, value, message):
-    """A hand-edited run.json with a value of the wrong type was accepted and failed later with a
-    TypeError deep in a computation (exit 1); now it is a ConfigError (exit 2) naming both."""
+    """A hand-edited run.json with a value of the wrong type is a ConfigError (exit 2) naming the
+    file and the key, not a TypeError deep in a computation later."""
     import dataclasses
     from shared.config import PRESETS, load_run_config
     d = json.loads(json.dumps(dataclasses.asdict(RunConfig(model=PRESETS["andrea-test"]))))
@@ -251,7 +249,7 @@ def test_a_run_json_value_of_the_wrong_type_is_refused_naming_the_file_and_key(t
 
 def test_an_unreadable_phases_json_is_named_with_its_remedy(tmp_path):
     """A damaged phases.json said only 'unreadable (Expecting property name ...)'."""
-    from proxy.run_setup import read_phases
+    from proxy.run_files.phases import read_phases
     from shared.run_layout import RunLayout
     layout = RunLayout(tmp_path)
     layout.phases.write_text('{"phases": [{oops')

@@ -247,9 +247,9 @@ def test_leaving_the_process_group_right_after_a_collective_never_deadlocks(tmp_
 
 
 def test_a_rank_that_cannot_go_on_stops_the_run_under_torchrun_without_restarts(tmp_path):
-    """torchrun reports a rank's exit 3 as its own 1, so a fatal data error (a token file changed
-    after creation) read as a crash and was restarted --max-restarts times. The rank now says so
-    in a "stopped" event, and the proxy exits 3 at once."""
+    """torchrun reports a rank's exit 3 as its own 1; a rank that cannot go on (a token file
+    changed after creation) says so in a "stopped" event, and the proxy exits 3 at once, with no
+    restarts."""
     from shared.arm_data import read_arm_index
     from shared.run_layout import RunLayout
     run = tmp_path / "run"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from proxy.loss_ema import BETA, LossEma, loss_ema, recent_mean
+from proxy.run_files.loss_ema import BETA, LossEma, loss_ema, recent_mean
 
 
 def test_the_ema_is_bias_corrected_as_adams_moments():
@@ -34,8 +34,8 @@ def test_early_in_a_run_the_ema_lies_within_the_losses_seen():
 
 
 def test_plot_status_and_the_live_filer_share_the_one_ema():
-    from proxy.plot import series
-    from proxy.status import loss_ema as status_ema
+    from proxy.observation.plot import series
+    from proxy.commands.status import loss_ema as status_ema
     recs = [{"step": i + 1, "loss": 5 + math.sin(i)} for i in range(40)]
     recs[7]["loss"] = None
     assert series(recs)["ema"][-1] == pytest.approx(loss_ema(recs))

@@ -322,9 +322,9 @@ def _big_history(path, n):
 
 
 def test_opening_and_rewinding_a_long_history_reads_it_without_holding_it(hist):
-    """Opening (the proxy does it at every start) and rewinding used to read the whole file
-    into memory: 80 MB at 200,000 records. They read through a memory map now, so the heap
-    they use does not grow with the history (docs/history.md#cost)."""
+    """Opening (the proxy does it at every start) and rewinding read the file through a memory
+    map: the heap they use does not grow with the history (80 MB at 200,000 records would;
+    docs/history.md#cost)."""
     import tracemalloc
     _big_history(hist, 60_000)
     size = hist.stat().st_size

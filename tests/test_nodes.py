@@ -99,7 +99,7 @@ def reap(*procs, run=None):
 # ---------------------------------------------------------------- the node files (fast)
 
 def test_followers_take_the_lowest_free_node_rank_and_one_too_many_is_refused(tmp_path):
-    from proxy.nodes import NodeRecord, NodeSetupError, assign_node_rank
+    from proxy.supervision.nodes import NodeRecord, NodeSetupError, assign_node_rank
     from shared.run_layout import RunLayout
     layout = RunLayout(tmp_path)
     dead = subprocess.Popen(["true"])
@@ -120,7 +120,7 @@ def test_followers_take_the_lowest_free_node_rank_and_one_too_many_is_refused(tm
 
 
 def test_the_rendezvous_deadline_names_the_node_ranks_that_never_joined(tmp_path):
-    from proxy.nodes import NodeSetupError, assign_node_rank, wait_for_followers
+    from proxy.supervision.nodes import NodeSetupError, assign_node_rank, wait_for_followers
     from shared.run_layout import RunLayout
     layout = RunLayout(tmp_path)
     assign_node_rank(layout, "tok", 4, 1)  # node rank 1 (this process)
@@ -131,7 +131,7 @@ def test_the_rendezvous_deadline_names_the_node_ranks_that_never_joined(tmp_path
 
 def test_the_store_is_served_at_the_endpoint_host_only_when_it_is_this_machine():
     import socket
-    from proxy.nodes import store_address
+    from proxy.supervision.nodes import store_address
     assert store_address("127.0.0.1:29400") == "127.0.0.1"
     assert store_address("192.0.2.7:29400") == socket.gethostname()  # TEST-NET-1: not ours
     assert store_address(None) == socket.gethostname()
@@ -301,12 +301,12 @@ def test_a_node_killed_by_sigkill_restarts_the_job_and_a_killed_owner_leaves_not
 
 @pytest.mark.slow
 def test_an_agent_waiting_for_its_rendezvous_dies_with_its_launcher_killed_by_sigkill(tmp_path):
-    """The torchrun agent a proxy starts (proxy/launch.py `die_with_parent`) gets SIGTERM when
+    """The torchrun agent a proxy starts (proxy/supervision/launch.py `die_with_parent`) gets SIGTERM when
     its launcher dies, even by SIGKILL, also while it still waits for the other nodes (it
     waited for ever, re-parented to init)."""
     launcher = (
         "import subprocess, sys, time\n"
-        "from proxy.launch import die_with_parent, static_argv\n"
+        "from proxy.supervision.launch import die_with_parent, static_argv\n"
         f"argv = static_argv(sys.executable, ['--run-dir', {str(tmp_path / 'run')!r}], 1, 2, 0,\n"
         "                    '127.0.0.1', 0, 'orphan-test', 600)\n"
         "p = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent)\n"

@@ -8,8 +8,8 @@ import sys
 
 from proc_helpers import ROOT, TINY, checkpoint_steps, cleaned_up, last_step, loss_records, \
     pid_alive, run_processes, run_proxy, start, wait_for
-from proxy.mixture_rebuild import rebuild_mixture, replay_run
-from proxy.run_setup import read_phases
+from proxy.mixture.rebuild import rebuild_mixture, replay_run
+from proxy.run_files.phases import read_phases
 from shared.checkpoint_format import checkpoint_name
 from shared.config import load_run_config
 from shared.run_layout import RunLayout
@@ -98,7 +98,7 @@ def test_pivot_refuses_bad_bounds_a_second_request_and_a_finished_run_before_cha
     assert run_proxy(run, "--max-steps", "20", "--checkpoint-every", "5", "--sample-every", "5").returncode == 0
     assert [p["label"] for p in phases(run)] == ["initial", "v2"]
     assert_one_consistent_state(run, 20)
-    # no bounds given: refused, naming the bounds in force (it used to drop them silently)
+    # no bounds given: refused, naming the bounds in force
     r = pivot(run, "--label", "v3", "--max-steps", "25")
     assert r.returncode == 2 and "give the new phase's bounds" in r.stderr, r.stderr
     assert "the phase in force has caps repo-code=0.5, floors none" in r.stderr
@@ -186,9 +186,9 @@ def test_kill_9_of_the_proxy_at_each_moment_of_a_pivot_leaves_one_consistent_sta
 
 def test_pivot_names_the_boundary_even_when_the_proxy_passed_it_before_the_first_look(tmp_path, capsys):
     """The command polls the request; a quick proxy can be past the boundary (archived) before
-    the first poll. The step is named anyway ("boundary step B reached"); before, the output
-    went from the request straight to "archived" (found by CI on a loaded machine)."""
-    from proxy.pivot import _wait, write_request
+    the first poll. The step is named anyway ("boundary step B reached") before "archived"."""
+    from proxy.commands.pivot import _wait
+    from proxy.run_files.pivot_request import write_request
     layout = RunLayout(tmp_path)
     write_request(layout, {"label": "polish", "caps": {}, "floors": {}, "state": "archived", "step": 40})
     assert _wait(layout, None, timeout=0.5) != 0  # nothing completes it: times out
@@ -203,7 +203,7 @@ def test_a_worker_already_past_the_posted_boundary_pivots_at_its_next_checkpoint
     proxy take that for the end of the run and exit 0 in the middle of the pivot. The state that
     race leaves is written here directly: a request in state "boundary" at a step the worker has
     passed. The worker must stop at its next checkpoint boundary and the pivot happen there."""
-    from proxy.pivot import write_request
+    from proxy.run_files.pivot_request import write_request
     from shared.handshake import update_handshake
     run = tmp_path / "run"
     proc = start(run, "--max-steps", "300", *COMMON)
@@ -242,9 +242,9 @@ def test_the_stop_rule_of_a_pivot_waits_for_a_checkpoint_boundary_and_an_alarm_d
 
 def test_a_pivot_whose_next_boundary_lies_past_the_last_step_fails_with_the_reason(tmp_path):
     """The worker past the posted B, and its next checkpoint boundary beyond max steps: the run
-    ends at its last step as planned, and the request says why it was not served (it used to be
-    left pending, so the `pivot` command reported a proxy that died in the middle of a pivot)."""
-    from proxy.pivot import read_request, write_request
+    ends at its last step as planned, and the request gets state "failed" saying why it was not
+    served (so the `pivot` command reports that, not a proxy that died in a pivot)."""
+    from proxy.run_files.pivot_request import read_request, write_request
     from shared.handshake import read_handshake, update_handshake
     run = tmp_path / "run"
     proc = start(run, "--max-steps", "150", "--checkpoint-every", "100", "--probe-every", "5",
@@ -269,12 +269,13 @@ def test_a_pivot_whose_next_boundary_lies_past_the_last_step_fails_with_the_reas
 
 
 def test_a_pivot_request_never_replaces_a_pending_collapse_alarm_stop(tmp_path):
-    """The collapse watch has posted its stop (reason alarm) when a pivot request arrives. The
-    proxy used to overwrite it with the pivot's later boundary, so the alarm's stop became a
-    pivot after which training went on. Now the alarm stays, the request stays pending (served
-    at the next start), and it says what it waits for; once no alarm is pending it is posted."""
+    """The collapse watch has posted its stop (reason alarm) when a pivot request arrives: the
+    alarm's stop stays (the pivot's later boundary never replaces it), the request stays pending
+    (served at the next start) and says what it waits for; once no alarm is pending it is
+    posted."""
     import dataclasses
-    from proxy.pivot import poll_pivot_request, read_request, write_request
+    from proxy.supervision.pivots import poll_pivot_request
+    from proxy.run_files.pivot_request import read_request, write_request
     from shared.config import RunConfig
     from shared.handshake import read_handshake, update_handshake
     layout = RunLayout(tmp_path)
@@ -297,10 +298,10 @@ def test_a_pivot_request_never_replaces_a_pending_collapse_alarm_stop(tmp_path):
 
 
 def test_the_creating_command_run_again_after_a_pivot_resumes_under_the_pivots_bounds(tmp_path):
-    """README: create with --caps, pivot, then run the same command again. It was refused (exit 2,
-    which supervisors never retry: a systemd unit whose ExecStart carries --caps could not start
-    after a live pivot), with a remedy that undid the pivot. The creating command's bounds are now
-    taken as a resume under the phase in force; other values are refused naming `drop --caps`."""
+    """README: create with --caps, pivot, then run the same command again: the creating command's
+    bounds are taken as a resume under the phase in force (exit 0, so a systemd unit whose
+    ExecStart carries --caps starts after a live pivot); other values are refused naming
+    `drop --caps`."""
     run = tmp_path / "run"
     create = ["--caps", "repo-code=0.5", "--floors", "python-docs=0.1", "--checkpoint-every", "5",
               "--sample-every", "5"]
@@ -320,7 +321,7 @@ def test_the_creating_command_run_again_after_a_pivot_resumes_under_the_pivots_b
 def test_pivot_now_stops_at_the_next_step_and_a_stop_rule_with_now_ignores_the_cadence():
     from shared.config import RunConfig
     from shared.handshake import control_stops_at
-    from proxy.pivot import next_boundary
+    from proxy.commands.pivot import next_boundary
     now = {"stop_at_step": 23, "reason": "pivot", "now": True}
     assert [k for k in range(20, 26) if control_stops_at(now, k, 10)] == [23, 24, 25]
     cfg = RunConfig(checkpoint_every=10)

@@ -99,7 +99,7 @@ def test_bf16_autocast_keeps_weights_and_gradients_fp32():
 
 def test_proxy_run_passes_precision_to_the_options():
     import argparse
-    from proxy.run_options import add_run_args, proxy_options
+    from proxy.supervision.run_options import add_run_args, proxy_options
     from shared.config import RunConfig
 
     ap = argparse.ArgumentParser()

@@ -5,8 +5,8 @@ import time
 import pytest
 from pathlib import Path
 
-from proxy.progress import ProgressLine, credible_mfu, fmt_duration
-from proxy.sample_format import format_audit, format_sample
+from proxy.observation.progress import ProgressLine, credible_mfu, fmt_duration
+from proxy.observation.sample_format import format_audit, format_sample
 
 
 def test_durations_read_as_hours_minutes_seconds():
@@ -58,7 +58,7 @@ def test_status_of_a_run_no_proxy_ever_held_says_so_not_pid_none(tmp_path):
     """Found by a new-user walk-through: `status` of a just-created run printed
     "proxy pid None on None"."""
     from proc_helpers import create_template
-    from proxy.status import collect_status, format_status
+    from proxy.commands.status import collect_status, format_status
     run = create_template(tmp_path / "run")
     line = next(l for l in format_status(collect_status(run)).splitlines()
                 if l.startswith("processes"))
@@ -69,7 +69,7 @@ def test_printed_commands_name_the_interpreter_that_runs_this(tmp_path, monkeypa
     """The summary's `next:` commands once said a bare `python`, which may be another
     interpreter without the project installed."""
     import sys
-    from proxy.progress import python_command
+    from proxy.observation.progress import python_command
     monkeypatch.chdir(tmp_path)
     assert python_command() == sys.executable          # not under the working directory
     monkeypatch.chdir(Path(sys.executable).parent)
@@ -88,7 +88,7 @@ def test_wall_seconds_per_update_counts_checkpoints_and_audits_but_not_a_stop():
     """`status` projected from the median gap between steps (checkpoints and audits left out)
     and showed the mean of per-step tokens/s: 0.73 s per update and 3,471 tok/s where the run
     took 1.03 s and the progress line said about 2,000. The window is the progress line's."""
-    from proxy.progress import wall_seconds_per_update
+    from proxy.observation.progress import wall_seconds_per_update
     t, recs = 1000.0, []
     for step in range(1, 121):
         t += 1.0 + (5.0 if step % 10 == 0 else 0.0)     # a 5 s checkpoint every 10 steps

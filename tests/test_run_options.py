@@ -1,5 +1,5 @@
-"""Bad numbers are refused before anything is created or started (docs/architecture.md#bad-input-and-faults), found by a
-new-user session: a negative seed used to be saved in run.json and crash-loop every later run."""
+"""Bad numbers are refused before anything is created or started
+(docs/architecture.md#bad-input-and-faults): a negative seed, for one, never reaches run.json."""
 import json
 
 import pytest
@@ -35,9 +35,8 @@ def test_a_zero_cadence_or_batch_is_a_clear_error_not_a_division_by_zero(tmp_pat
 
 
 def test_a_cuda_device_that_is_not_there_is_refused_before_the_run_directory_exists(tmp_path):
-    """`--device cuda` on a machine without one created and tokenized the run, then the worker
-    exited 3 ("cannot go on", which systemd and Slurm do not retry): a configuration error
-    found late. It is now exit 2 before anything is created. cuda:N past the devices there is
+    """`--device cuda` on a machine without one is exit 2 before anything is created (a
+    configuration error, found before the run is tokenized); cuda:N past the devices there is
     refused the same way on any machine."""
     import torch
     run = tmp_path / "run"

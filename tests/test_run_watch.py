@@ -14,11 +14,19 @@ from proc_helpers import ROOT, proxy_log, run_proxy
 pytestmark = pytest.mark.slow
 
 
-def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """One real tiny run (20 steps, checkpoints and audits every 10, a progress line every 5,
+    TensorBoard on), shared by the tests below: (its directory, the finished proxy's result)."""
+    run = tmp_path_factory.mktemp("watch") / "run"
     r = run_proxy(run, "--max-steps", "20", "--checkpoint-every", "10", "--sample-every", "10",
                   "--print-every", "5", "--tensorboard")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return run, r
+
+
+def test_progress_lines_show_elapsed_time_an_eta_and_a_credible_mfu(finished_run):
+    _, r = finished_run
     lines = [l for l in r.stdout.splitlines() if l.startswith("step ")]
     steps = [int(l.split()[1].split("/")[0]) for l in lines]
     assert steps[0] == 1 and {5, 10, 15, 20} <= set(steps)   # the first step at once
@@ -26,11 +34,18 @@ def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
     assert "eta 0:00:00" in lines[-1]
     assert all(float(m) <= 100 for l in lines for m in re.findall(r"mfu ([\d.]+)%", l))
 
+
+def test_sample_audits_are_logged_with_the_prompt_and_the_text_apart(finished_run):
+    run, _ = finished_run
     log = proxy_log(run)
     assert re.search(r"sample @10 \[\S+\] held-out [\d.]+ \(temperature 0.8, top-k 40\)\n"
                      r"    prompt \|", log)
     assert "\n      text |" in log
 
+
+def test_the_run_ends_with_a_summary_of_steps_losses_checkpoint_and_next_commands(finished_run):
+    run, _ = finished_run
+    log = proxy_log(run)
     summary = log[log.index("run summary: "):]
     assert "steps       20 this start (0 -> 20), 20 of 20 planned in total" in summary
     assert "tokens      " in summary and "wall time   " in summary
@@ -41,6 +56,9 @@ def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
                 "proxy export --from-run"):
         assert cmd in summary
 
+
+def test_tensorboard_has_every_step_once_and_the_named_scalars(finished_run):
+    run, _ = finished_run
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
@@ -50,6 +68,9 @@ def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
             "checkpoint/step"} <= set(tags)
     assert any(t.startswith("arms/p/") for t in tags) and any(t.startswith("heldout/") for t in tags)
 
+
+def test_sample_prints_prompt_and_text_apart_with_its_time_and_cuts_nothing(finished_run):
+    run, _ = finished_run
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     s = subprocess.run([sys.executable, "-m", "proxy", "sample", "--run-dir", str(run),
                         "--prompt", "def f(x):\n", "--samples", "2", "--tokens", "12"],
@@ -57,7 +78,7 @@ def test_a_run_shows_eta_readable_samples_tensorboard_and_a_summary(tmp_path):
     assert s.returncode == 0, s.stderr
     assert s.stdout.count("    prompt | def f(x):\n           |\n      text |") == 2
     assert re.search(r"# 2 x 12 tokens in [\d.]+ s .*; [\d.]+ s in all with loading", s.stdout)
-    # everything asked for is shown: the command used to cut each part at 24 lines
+    # everything asked for is shown, however many lines (no part is cut)
     long_prompt = "".join(f"line {i}\n" for i in range(40))
     s = subprocess.run([sys.executable, "-m", "proxy", "sample", "--run-dir", str(run),
                         "--prompt", long_prompt, "--samples", "1", "--tokens", "4"],
@@ -128,7 +149,7 @@ def test_tensorboard_switched_on_for_a_trained_run_shows_its_whole_history_once(
     assert "backfilled" not in r.stderr
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.compat.proto import event_pb2
-    from proxy.tensorboard_log import EVENT_GLOB, read_events
+    from proxy.observation.tensorboard_log import EVENT_GLOB, read_events
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 10))

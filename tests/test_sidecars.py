@@ -3,7 +3,7 @@ the rewind path when the newest checkpoint is corrupt, and the bounded .samples.
 import json
 
 from proc_helpers import loss_records, run_proxy
-from proxy.mixture_rebuild import replay_run
+from proxy.mixture.rebuild import replay_run
 from shared.checkpoint_format import checkpoint_name
 from shared.config import load_run_config
 from shared.loss_history import read_records

@@ -3,10 +3,11 @@ exactly the state a replay from the phase start gives, and a rewind invalidates 
 import json
 import random
 
-from proxy.mixture import MixtureController, Phase
-from proxy.mixture_rebuild import rebuild_mixture
-from proxy.run_setup import write_phases
-from proxy.state_snapshots import append_snapshot, find_snapshot, mark_rewound
+from proxy.mixture.controller import MixtureController
+from proxy.run_files.phases import Phase
+from proxy.mixture.rebuild import rebuild_mixture
+from proxy.run_files.phases import write_phases
+from proxy.run_files.state_snapshots import append_snapshot, find_snapshot, mark_rewound
 from shared.arm_data import ArmData, write_arm_index
 from shared.config import RunConfig
 from shared.loss_history import LossHistory, read_records, read_records_after
@@ -28,7 +29,7 @@ def _record(k, rng):
 
 
 def _controller():
-    """As proxy/mixture_rebuild.py new_controller builds it for _run_layout's arms (900 training
+    """As proxy/mixture/rebuild.py new_controller builds it for _run_layout's arms (900 training
     tokens each, blocks of the default preset's 128)."""
     return MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 20, 5,
                              epoch_size={x: 900 / 128 for x in ARMS})
@@ -126,7 +127,7 @@ def test_snapshot_file_stays_bounded_by_the_checkpoints_on_disk(tmp_path):
     """Hundreds of checkpoints, retention keeping a few: the file is compacted to the snapshots
     of checkpoints still on disk (plus the newest), a rewind marker still hides what it hid, and
     a resume from a kept checkpoint still finds its own snapshot."""
-    from proxy.state_snapshots import COMPACT_AT, SNAPSHOTS, compact
+    from proxy.run_files.state_snapshots import COMPACT_AT, compact
     from shared.checkpoint_format import checkpoint_name
     layout = RunLayout(tmp_path)
     c = _controller()
@@ -138,14 +139,14 @@ def test_snapshot_file_stays_bounded_by_the_checkpoints_on_disk(tmp_path):
         append_snapshot(layout, c.to_snapshot())
         if step == 2500:
             mark_rewound(layout, 2400)   # snapshots 2410..2500 no longer describe the run
-        lines = (tmp_path / SNAPSHOTS).read_bytes().count(b"\n")
+        lines = RunLayout(tmp_path).state_snapshots.read_bytes().count(b"\n")
         assert lines <= COMPACT_AT + 1, (step, lines)
     compact(layout, at=0)             # what the next compaction leaves
     assert find_snapshot(layout, 0, 0, 3000)["step"] == 3000
     assert find_snapshot(layout, 0, 0, 2999)["step"] == 2900
     assert find_snapshot(layout, 0, 0, 2000)["step"] == 2000
     assert find_snapshot(layout, 0, 0, 1999)["step"] == 1000
-    steps = [json.loads(x)["step"] for x in (tmp_path / SNAPSHOTS).read_text().splitlines()
+    steps = [json.loads(x)["step"] for x in RunLayout(tmp_path).state_snapshots.read_text().splitlines()
              if "rewound_to" not in x]
     assert not any(2400 < s <= 2500 for s in steps)   # the marker's effect survived compaction
     assert steps == [1000, 2000, 2900, 3000]

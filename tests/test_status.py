@@ -1,4 +1,4 @@
-"""`status` never presents an invalid file as the last checkpoint (found by a new-user session)."""
+"""`status` never presents an invalid file as the last checkpoint."""
 import os
 import subprocess
 import sys
@@ -54,9 +54,8 @@ def test_sample_prints_text_from_the_newest_checkpoint_and_refuses_a_bad_file(tm
 
 
 def test_a_checkpoint_whose_bytes_changed_is_not_the_newest_for_status_sample_or_fork(tmp_path):
-    """`status` and `sample` checked a checkpoint's structure only, so a file whose bytes
-    changed after it was written (its manifest checksum no longer matches) was shown as the
-    newest checkpoint and sampled from (weights up to 1e34). Both now check the manifest's
+    """A file whose bytes changed after it was written (its manifest checksum no longer
+    matches) is not the newest checkpoint for `status` or `sample`: both check the manifest's
     checksum, also for a file quarantined in rejected/; `fork --from` takes the file's path."""
     run = tmp_path / "run"
     assert run_proxy(run, "--max-steps", "20", "--checkpoint-every", "10").returncode == 0
@@ -168,9 +167,9 @@ def test_sample_names_each_bad_value_and_temperature_zero_is_greedy(tmp_path):
 
 
 def test_status_of_a_failed_creation_names_its_error_not_an_interruption(tmp_path):
-    """A creation refused for bad input (a Parquet file without the text column) was described
-    as "stopped or killed while creating; run the same command to finish it", which only fails
-    again; status now quotes the error the attempt logged."""
+    """`status` of a creation refused for bad input (a Parquet file without the text column)
+    quotes the error the attempt logged, rather than calling it stopped or killed and telling
+    the operator to run the same command again."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     pq.write_table(pa.table({"body": ["a" * 100] * 50}), tmp_path / "t.parquet")

@@ -1,13 +1,13 @@
 """The proxy's TensorBoard event files, read back by TensorBoard's own loader.
 
-The writer is the real one (proxy/tensorboard_log.py over the `tensorboard` package); the reader
+The writer is the real one (proxy/observation/tensorboard_log.py over the `tensorboard` package); the reader
 is TensorBoard's EventAccumulator, so "shows each step once" is what TensorBoard itself sees.
 """
 import pytest
 
 pytestmark = pytest.mark.slow  # imports tensorboard (about 1.5 s)
 
-from proxy.tensorboard_log import TensorBoardLog, step_scalars  # noqa: E402
+from proxy.observation.tensorboard_log import TensorBoardLog, step_scalars  # noqa: E402
 
 
 def _scalars(logdir, tag):
@@ -65,7 +65,7 @@ def _history(path, steps):
 def _raw_steps(logdir, tag):
     """Every event of `tag` in the files, duplicates included (the loader would hide some)."""
     from tensorboard.compat.proto import event_pb2
-    from proxy.tensorboard_log import EVENT_GLOB, read_events
+    from proxy.observation.tensorboard_log import EVENT_GLOB, read_events
     return sorted(ev.step for f in logdir.glob(EVENT_GLOB) for raw in read_events(f)
                   for ev in [event_pb2.Event.FromString(raw)] if ev.HasField("summary")
                   for v in ev.summary.value if v.tag == tag)
@@ -73,7 +73,7 @@ def _raw_steps(logdir, tag):
 
 def test_switched_on_for_a_trained_run_it_backfills_the_history_and_its_audits(tmp_path):
     import json
-    from proxy.loss_ema import loss_ema
+    from proxy.run_files.loss_ema import loss_ema
     _history(tmp_path / ".loss.json", range(1, 13))
     audits = [{"step": s, "time": 1_700_000_000.0 + s,
                "arms": {"a": {"prompt": "def ", "text": f"x = {s}\nreturn x", "loss": 2.5}}}

@@ -9,7 +9,7 @@ import sys
 import pytest
 from proc_helpers import ROOT, run_proxy
 
-from proxy.tool_threads import threads_from_argv, tool_threads
+from proxy.commands.tool_threads import threads_from_argv, tool_threads
 
 
 def test_threads_come_from_the_option_then_omp_num_threads_then_one(monkeypatch):

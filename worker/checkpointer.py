@@ -97,8 +97,8 @@ class Checkpointer:
     writer_nice: the nice value of the writer thread after its copy (docs/checkpoint-format.md#writing-without-stalling).
     """
 
-    def __init__(self, run_dir: Path, n_params: int, keep_last: int = DEFAULT_KEEP_LAST, keep_every: int = DEFAULT_KEEP_EVERY,
-                 pin_memory: bool = False,
+    def __init__(self, run_dir: Path, n_params: int, keep_last: int = DEFAULT_KEEP_LAST,
+                 keep_every: int = DEFAULT_KEEP_EVERY, pin_memory: bool = False,
                  on_done: Callable[[WriteResult], None] | None = None,
                  writer_nice: int = WRITER_NICE) -> None:
         self.run_dir = Path(run_dir)

@@ -11,7 +11,7 @@ so a signal that reached one rank only still gives the same checkpoint and stop 
 `sum_floats(values)` aggregates per-rank statistics (loss sums, per-arm sums and counts) so the
 step record rank 0 writes is global.
 
-What it is not: the decisions themselves (worker/trainer.py) or the launcher (proxy/supervisor.py).
+What it is not: the decisions themselves (worker/trainer.py) or the launcher (proxy/supervision/supervisor.py).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import gc
 import logging
 import os
 import time
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -98,7 +99,7 @@ def init_distributed(requested_device: str) -> tuple[DistInfo, torch.device]:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    kw = {"device_id": device} if device.type == "cuda" else {}
+    kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend=backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S), **kw)
     log.info("rank %d of %d (local rank %d) joined the %s process group on %s",

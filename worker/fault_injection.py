@@ -115,3 +115,49 @@ def leave_orphan() -> None:
     if path:
         subprocess.run(["sh", "-c", f"sleep 2 & echo $! > '{path}.tmp' && mv '{path}.tmp' '{path}'"],
                        check=True)
+
+
+class NoHooks:
+    """The trainer's test hooks, doing nothing: what a Trainer gets unless told otherwise."""
+
+    def at_start(self) -> None:
+        """After the worker announced itself, before the first step."""
+
+    def on_loss(self, step: int, loss):
+        """The per-sequence losses of update `step`, before the backward pass."""
+        return loss
+
+    def after_micro_batch(self, step: int, micro: int, report) -> None:
+        """After micro-batch `micro` (1-based) of update `step`; `report` writes a report."""
+
+    def after_step(self, step: int, report) -> None:
+        """After update `step` trained, before its report and boundary."""
+
+
+class EnvHooks(NoHooks):
+    """The hooks above, driven by the ANDREA_TEST_* variables of this module's docstring;
+    `run_dir` holds the once-per-run markers."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def at_start(self) -> None:
+        steal_signal()
+        leave_orphan()
+
+    def on_loss(self, step: int, loss):
+        return poison_loss(step, loss)
+
+    def after_micro_batch(self, step: int, micro: int, report) -> None:
+        pause_between_micro_batches(step, micro, report, self.run_dir)
+
+    def after_step(self, step: int, report) -> None:
+        pause_in_step(step, report, self.run_dir)
+        hang_in_step(step, self.run_dir)
+
+
+def hooks_from_environment(run_dir: Path) -> NoHooks:
+    """EnvHooks when any ANDREA_TEST_* variable is set, else NoHooks (production)."""
+    if any(k.startswith("ANDREA_TEST_") for k in os.environ):
+        return EnvHooks(run_dir)
+    return NoHooks()

@@ -114,7 +114,7 @@ class GPT(nn.Module):
     def _flatten(self) -> torch.Tensor:
         n = sum(p.numel() for p in self.parameters())
         flat = torch.empty(n, dtype=torch.float32)
-        for (name, p), (_, _, off) in zip(self.named_parameters(), self.table):
+        for p, (_, _, off) in zip(self.parameters(), self.table):
             flat[off:off + p.numel()].copy_(p.detach().reshape(-1))
             p.data = flat[off:off + p.numel()].view_as(p)
         return flat

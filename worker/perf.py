@@ -10,7 +10,7 @@ and torch version, under shared/arms.py `cache_dir()`) is used at once; without 
 timed once between the first two updates (nothing else runs then), cached, and MFU is reported
 from then on.
 
-What it is not: the timing of steps (worker/trainer.py) or the progress line (proxy/supervisor.py).
+What it is not: the timing of steps (worker/trainer.py) or the progress line (proxy/supervision/supervisor.py).
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def measure_cpu_matmul_peak(n: int = 1024, seconds: float = 0.5, warmup_s: float
     best round's rate, the median of its matmuls being what a round measures (a single
     matmul's timer jitter cannot inflate it, a busy moment only lowers that round). A peak
     still measured too low (the whole window contended) gives an MFU above 1, which the
-    proxy leaves out of the progress line instead of printing (proxy/progress.py)."""
+    proxy leaves out of the progress line instead of printing (proxy/observation/progress.py)."""
     g = torch.Generator().manual_seed(0)  # leave the global RNG untouched
     a = torch.randn(n, n, generator=g)
     b = torch.randn(n, n, generator=g)

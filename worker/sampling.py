@@ -20,6 +20,8 @@ import torch
 from torch.nn import functional as F
 
 from shared.checkpoint_format import HEADER_BYTES, validate_checkpoint
+from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K
+from worker.model import GPT
 
 
 def load_weights_only(path: Path, cfg, checksum: str | None = None) -> tuple[int, "torch.nn.Module"]:
@@ -29,7 +31,6 @@ def load_weights_only(path: Path, cfg, checksum: str | None = None) -> tuple[int
     manifest's "crc32:%08x" for it, over the whole file: docs/checkpoint-format.md#validity;
     CheckpointError otherwise); then only the weights region (4 x n_params bytes after the
     8-byte header) is loaded into the model."""
-    from worker.model import GPT
     info = validate_checkpoint(path, cfg.n_params, checksum)
     w = np.fromfile(path, dtype="<f4", count=info.n_params, offset=HEADER_BYTES)
     model = GPT(cfg.model, cfg.vocab_size)
@@ -61,8 +62,8 @@ def set_inference_threads(n_params: int, requested: int | None = None) -> int:
 
 
 @torch.inference_mode()
-def generate_batched(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
-                     top_k: int | None = 40,
+def generate_batched(model, idx: torch.Tensor, max_new_tokens: int,
+                     temperature: float = SAMPLE_TEMPERATURE, top_k: int | None = SAMPLE_TOP_K,
                      generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
     """Sample continuations of every row of `idx` at once.
 
@@ -73,6 +74,7 @@ def generate_batched(model, idx: torch.Tensor, max_new_tokens: int, temperature:
     row (the sample audit: each arm's text depends only on its prompt and its own seed).
     Raises ValueError when the list's length is not B."""
     rows = generator if isinstance(generator, list) else None
+    one = None if isinstance(generator, list) else generator
     if rows is not None and len(rows) != idx.size(0):
         raise ValueError(f"generate_batched: {len(rows)} generators for {idx.size(0)} rows")
     t = model.transformer
@@ -92,7 +94,7 @@ def generate_batched(model, idx: torch.Tensor, max_new_tokens: int, temperature:
             logits[logits < v[:, [-1]]] = -float("inf")
         probs = F.softmax(logits, dim=-1).cpu()
         if rows is None:
-            nxt = torch.multinomial(probs, 1, generator=generator)
+            nxt = torch.multinomial(probs, 1, generator=one)
         else:
             nxt = torch.cat([torch.multinomial(probs[r:r + 1], 1, generator=g) for r, g in enumerate(rows)])
         out[:, i] = nxt.view(-1).to(idx.device)

@@ -23,14 +23,17 @@ from torch.nn import functional as F
 
 from shared.activation_memory import check_micro_batch_fits
 from shared.arm_data import read_arm_index
-from shared.checkpoint_format import load_checkpoint
-from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, read_manifest
+from shared.checkpoint_format import load_checkpoint, parse_checkpoint_name
+from shared.embedded_arms import cache_dir
+from shared.checkpoint_manifest import read_manifest
 from shared.exit_codes import EXIT_FATAL, EXIT_OK
-from shared.config import AUDIT_TOKENS, ConfigError, RunConfig, accumulation_steps, load_run_config, \
-    probe_plan
+from shared.config import (ConfigError, RunConfig, SAMPLE_TEMPERATURE, SAMPLE_TOP_K,
+                           accumulation_steps, load_run_config, probe_plan)
 from shared.handshake import ReportWriter, control_stops_at, policy_period, read_handshake, \
     update_handshake, HandshakeError
+from shared.procfs import seconds_since_start
 from shared.run_layout import RunLayout
+from shared.worker_options import WorkerOptions as WorkerOptions  # also named here
 from shared.tokenizer import RunTokenizer
 from worker import distributed as wdist
 from worker.checkpointer import Checkpointer, WriteResult
@@ -46,27 +49,6 @@ from worker.signals import SignalFlags, Usr1Requests
 log = logging.getLogger("worker.trainer")
 
 REASON_PRIORITY = ("final", "pivot", "alarm", "sigusr1", "sigterm", "cadence")
-
-
-@dataclass
-class WorkerOptions:
-    """Per-incarnation options the proxy passes on the worker's command line."""
-
-    run_dir: Path
-    resume_from: Path | None = None
-    max_steps: int | None = None     # None: run.json's max_steps
-    usr1_at: str = "step"            # "step" or "boundary"
-    device: str = "auto"
-    parent_pid: int | None = None
-    keep_last: int = DEFAULT_KEEP_LAST
-    keep_every: int = DEFAULT_KEEP_EVERY
-    policy_timeout: float = 120.0    # seconds to wait for the proxy's policy
-    max_nonfinite: int = 5           # consecutive non-finite steps before the run stops
-    audit_tokens: int = AUDIT_TOKENS  # tokens generated per arm per sample audit
-    compile: bool = False            # torch.compile the training module
-    precision: str = "auto"          # auto, fp32, bf16: worker/precision.py
-    micro_batch_size: int | None = None  # None: run.json's (None there: the rank's whole slice)
-    resume_verified: str | None = None   # checksum the proxy verified resume_from against
 
 
 class _NoReports:
@@ -92,10 +74,24 @@ class _NoCheckpointer:
         return None
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """The decision at the end of an update (docs/signals.md): the checkpoint's reasons (none:
+    no checkpoint), whether the worker stops there, and why (a sentence for the log and the
+    "stopped" event)."""
+
+    reasons: tuple[str, ...] = ()
+    stop: bool = False
+    why: str = ""
+
+
 class Trainer:
-    def __init__(self, opts: WorkerOptions, flags: SignalFlags) -> None:
+    def __init__(self, opts: WorkerOptions, flags: SignalFlags,
+                 hooks: fault_injection.NoHooks | None = None) -> None:
+        """`hooks`: test hooks (worker/fault_injection.py); the default does nothing."""
         t_init = time.perf_counter()
         self.opts, self.flags = opts, flags
+        self.hooks = hooks if hooks is not None else fault_injection.NoHooks()
         self.layout = RunLayout(opts.run_dir)
         self.cfg: RunConfig = load_run_config(self.layout.run_json)
         self.max_steps = opts.max_steps or self.cfg.max_steps
@@ -135,7 +131,6 @@ class Trainer:
                   time.perf_counter() - t_opt)
         self.train_module = self._wrap_for_training()
         self.flops_per_token = self.model.flops_per_token()
-        from shared.arms import cache_dir
         self.peak = PeakFlops(self.device, cache_dir() / "cpu-peak-flops.json")  # no wait here
         if self.device.type == "cuda" and self.precision == "fp32" and self.peak.value:
             self.peak.source += " (training in fp32: MFU is against the bf16 peak)"
@@ -177,7 +172,7 @@ class Trainer:
                 raise RuntimeError("DDP moved a parameter out of model.flat; checkpoints would "
                                    "save stale weights")
         if self.opts.compile:
-            module = torch.compile(module)
+            module = torch.compile(module)  # type: ignore[assignment]  # called like the module
         return module
 
     def _resume(self, path: Path) -> None:
@@ -186,7 +181,6 @@ class Trainer:
             checksum = None              # header are still checked, the data is read once
         else:
             entries = read_manifest(self.layout.root)
-            from shared.checkpoint_format import parse_checkpoint_name
             s = parse_checkpoint_name(path.name)
             checksum = entries[s].checksum if s in entries else None
         step, w, m, v = load_checkpoint(path, self.model.n_params, checksum)
@@ -310,10 +304,10 @@ class Trainer:
         for i, (x, y) in enumerate(self._micro_batches(batch)):
             with self._grad_sync(last=i == self.accum - 1):
                 seq = self._seq_losses(x, y, self.train_module)
-                seq = fault_injection.poison_loss(k, seq)  # test hook; off unless set
+                seq = self.hooks.on_loss(k, seq)
                 (seq.mean() * self.micro_scale).backward()  # sum = the slice's mean gradient
             seqs.append(seq.detach())
-            fault_injection.pause_between_micro_batches(k, i + 1, self.reports.write, self.layout.root)
+            self.hooks.after_micro_batch(k, i + 1, self.reports.write)
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         loss_v, arm_loss = self._update_losses(torch.cat(seqs), batch.arm_index)
@@ -361,12 +355,13 @@ class Trainer:
         self.model.eval()
         probe = probe or self.probe()
         self.model.eval()
-        temperature, top_k = 0.8, 40
+        temperature, top_k = SAMPLE_TEMPERATURE, SAMPLE_TOP_K
         names = self.sampler.names
         prompts = [self.sampler.prompt(n) for n in names]
         gens = [torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + k * 101 + i)
                 for i in range(len(names))]
         arms = {}
+        outs: torch.Tensor | list[torch.Tensor]
         if len({len(p) for p in prompts}) == 1:  # one batched generation for every arm
             idx = torch.from_numpy(np.stack(prompts)).to(self.device)
             outs = generate_batched(self.model, idx, self.opts.audit_tokens, temperature, top_k, gens)
@@ -382,10 +377,11 @@ class Trainer:
         return {"type": "audit", "step": k, "arms": arms, "time": time.time()}
 
     # ------------------------------------------------------------------ boundary
-    def _agreed_events(self, k: int, control: dict) -> tuple[bool, bool, bool, bool, bool]:
+    def _agree_on_events(self, k: int, control: dict) -> tuple[bool, bool, bool, bool, bool]:
         """(SIGUSR1 seen, control checkpoint, control stop, stop signal, non-finite alarm) for
-        the boundary of update k, agreed by all ranks: the element-wise MAX over the ranks
-        (worker/distributed.py `agree`), so an event one rank saw is acted on by all."""
+        the boundary of update k, agreed by all ranks with a collective: the element-wise MAX
+        over the ranks (worker/distributed.py `agree`), so an event one rank saw is acted on by
+        all. Every rank must call it at every boundary."""
         busy = getattr(self.ckpt, "busy", lambda: False)()  # several SIGUSR1 coalesce into one
         usr1_new = self.usr1.arrived(writing_usr1=busy and self._last_reason == "sigusr1")
         ctl_ckpt = control.get("checkpoint_at_step") is not None and k == control["checkpoint_at_step"]
@@ -396,11 +392,14 @@ class Trainer:
             events = wdist.agree(self.dist, events)
             if events[3] and not self.flags.stop_reason:
                 self.flags.stop_reason = "SIGTERM (another rank)"
-        return tuple(bool(e) for e in events)
+        usr1, ckpt, stop, term, nonfinite = (bool(e) for e in events)
+        return usr1, ckpt, stop, term, nonfinite
 
-    def _checkpoint_reasons(self, k: int, control: dict) -> tuple[list[str], bool]:
+    def _decide_boundary(self, k: int, control: dict) -> Boundary:
+        """The boundary of update k: checkpoint? stop? why? Agrees the events with the other
+        ranks first (a collective), so every rank decides the same."""
         reasons, stop = [], False
-        usr1_new, ctl_ckpt, ctl_stop, sig_stop, alarm = self._agreed_events(k, control)
+        usr1_new, ctl_ckpt, ctl_stop, sig_stop, alarm = self._agree_on_events(k, control)
         if k % self.cfg.checkpoint_every == 0:
             reasons.append("cadence")
         if usr1_new:
@@ -421,7 +420,20 @@ class Trainer:
         if alarm:
             reasons.append("alarm")
             stop = True
-        return reasons, stop
+        return self._boundary(reasons, stop, control)
+
+    def _boundary(self, reasons: list[str], stop: bool, control: dict) -> Boundary:
+        """A Boundary with the reason for a stop, in order of precedence: a signal, repeated
+        non-finite losses, a collapse alarm, the last step, the proxy's control request."""
+        if not stop:
+            return Boundary(tuple(reasons))
+        nan_storm = self.nonfinite_run >= self.opts.max_nonfinite
+        why = self.flags.stop_reason or (
+            "non-finite loss" if nan_storm else
+            "collapse alarm from the proxy" if "alarm" in reasons else
+            "max steps" if self.step >= self.max_steps else
+            f"{control.get('reason') or 'control'} requested by the proxy")
+        return Boundary(tuple(reasons), True, why)
 
     def checkpoint(self, k: int, reasons: list[str]) -> None:
         reason = next(r for r in REASON_PRIORITY if r in reasons)
@@ -438,6 +450,7 @@ class Trainer:
             self.reports.write({"type": "checkpoint", "step": r.step, "reason": r.reason,
                                 "error": r.error, "time": time.time()})
             return
+        assert r.path is not None  # set for every write that did not fail
         log.info("checkpoint step %d (%s) %s %d bytes in %.2f s", r.step, r.reason,
                  Path(r.path).name, r.nbytes, r.seconds)
         self.reports.write({"type": "checkpoint", "step": r.step, "reason": r.reason,
@@ -448,20 +461,19 @@ class Trainer:
     def run(self) -> int:
         """Train until max_steps or a stop; returns the process exit code."""
         self.announce()
-        fault_injection.steal_signal()  # test hook; off unless set
+        self.hooks.at_start()  # a test may replace a signal handler here
         lost = self.flags.verify_and_repair()  # after library start-up (NCCL takes SIGUSR1)
         if lost:
             self.reports.write({"type": "event", "event": "signal-handlers-replaced",
                                 "signals": lost, "time": time.time()})
-        fault_injection.leave_orphan()  # test hook; off unless set
         code = EXIT_OK
         while True:
             k = self.step + 1
-            reasons, stop, control = [], False, {}
+            control: dict = {}
             if k > self.max_steps:
-                stop = True
+                b = self._boundary([], True, control)
             elif self.flags.stop_reason and not self.dist.enabled:
-                reasons, stop = ["sigterm"], True
+                b = self._boundary(["sigterm"], True, control)
             else:
                 probs, control = self._policy_for(k)
                 if self.dist.enabled and wdist.agree(
@@ -469,30 +481,23 @@ class Trainer:
                     probs = None  # a rank is stopping: none starts update k (no DDP hang)
                     self.flags.stop_reason = self.flags.stop_reason or "SIGTERM (another rank)"
                 if probs is None:
-                    reasons, stop = ["sigterm"], True
+                    b = self._boundary(["sigterm"], True, control)
                 else:
                     rec = self.train_step(k, probs)
                     if k == self.resumed_from + 1:
-                        from shared.procfs import seconds_since_start
                         log.debug("start-up: first step %d of this worker done %.3f s since its "
                                   "launch (the step %.3f s)", k, seconds_since_start() or 0.0,
                                   rec["step_time"])
-                    fault_injection.pause_in_step(k, self.reports.write, self.layout.root)  # test hooks
-                    fault_injection.hang_in_step(k, self.layout.root)
+                    self.hooks.after_step(k, self.reports.write)
                     self.step = k
                     self.reports.write(rec)
                     if k % self.cfg.sample_every == 0 and self.rank == 0:
                         self.reports.write(self.sample_audit(k, rec.get("probe")))
-                    reasons, stop = self._checkpoint_reasons(k, control)
-            if reasons and self.step > 0:
-                self.checkpoint(self.step, reasons)
-            if stop:
-                nan_storm = self.nonfinite_run >= self.opts.max_nonfinite
-                why = self.flags.stop_reason or (
-                    "non-finite loss" if nan_storm else
-                    "collapse alarm from the proxy" if "alarm" in reasons else
-                    "max steps" if self.step >= self.max_steps else
-                    f"{control.get('reason') or 'control'} requested by the proxy")
+                    b = self._decide_boundary(k, control)
+            if b.reasons and self.step > 0:
+                self.checkpoint(self.step, list(b.reasons))
+            if b.stop:
+                why = b.why
                 r = self.ckpt.wait()
                 if r is not None and r.error:
                     code = EXIT_FATAL  # docs/checkpoint-format.md#disk: the stop path exits non-zero, saying so
@@ -500,7 +505,7 @@ class Trainer:
                               "exiting with code %d: steps after the newest durable checkpoint "
                               "will be trained again on resume", why, r.step, r.reason, r.error,
                               code)
-                if "alarm" in reasons:
+                if "alarm" in b.reasons:
                     code = EXIT_FATAL
                 log.info("stopping at step %d (%s)", self.step, why)
                 self.reports.write({"type": "event", "event": "stopped", "step": self.step,

@@ -1,0 +1,169 @@
+"""`python -m proxy export`: a checkpoint's weights for other tools (docs/checkpoint-format.md).
+
+  python -m proxy export PATH --to model.safetensors  the weights, named, for other tools
+  python -m proxy export PATH|--from-run RUN --format hf --to DIR   a transformers GPT-2 folder
+                                                      (proxy/commands/hf_export.py)
+
+What it is: a read-only view of a ``step_NNNNNN.bin`` (numpy and safetensors; no torch). The
+run's config (``run.json``) is looked up beside the file, or one folder up (a file moved to
+``rejected/``), or given with ``--run-dir`` (proxy/run_files/checkpoint_lookup.py).
+
+What it is not: `inspect` (proxy/commands/inspect.py), resume (proxy/supervision/) or the format
+itself (shared/checkpoint_format.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save
+
+from proxy.commands.hf_export import HFExportError, write_hf_dir
+from proxy.run_files.checkpoint_lookup import find_config, manifest_entry, newest_valid
+from shared.atomic_io import atomic_write_bytes
+from shared.checkpoint_format import CheckpointError, load_checkpoint
+from shared.config import RunConfig, parameter_table
+from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fails a rule
+from shared.exit_codes import EXIT_USAGE  # bad arguments: no config for export, output in the way
+
+
+def add_export_args(p) -> None:
+    """Arguments of ``export``: [PATH | --from-run RUN] --to OUT [--format safetensors|hf]
+    [--run-dir DIR] [--force]."""
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
+                        "keeps its cores; docs/operations.md#beside-a-live-run)")
+    p.add_argument("path", nargs="?", default=None,
+                   help="a step_NNNNNN.bin file (or give --from-run RUN instead)")
+    p.add_argument("--from-run", default=None, metavar="RUN",
+                   help="export the newest valid checkpoint of run directory RUN (checksums "
+                        "checked against its manifest)")
+    p.add_argument("--format", choices=("safetensors", "hf"), default="safetensors",
+                   help="safetensors: one file, float32 tensors under the project's parameter "
+                        "names and shapes (default); hf: a Hugging Face transformers folder "
+                        "(config.json, model.safetensors in GPT-2 layout, generation_config.json, "
+                        "tokenizer.json, tokenizer_config.json) that "
+                        "AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT) load")
+    p.add_argument("--to", required=True, metavar="OUT",
+                   help="output: a .safetensors file (--format safetensors) or a folder "
+                        "(--format hf; created, or replaced with --force)")
+    p.add_argument("--run-dir", default=None,
+                   help="run directory whose run.json gives the parameter names and shapes "
+                        "(default: the file's folder, or the one above it; --from-run's RUN)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite OUT (a file, or a non-empty folder) if it exists")
+
+
+def read_weights(path: Path, cfg: RunConfig):
+    """(step, weights float32 (n_params,)) of a checkpoint validated against `cfg` (with the
+    manifest checksum when the manifest has an entry), or None after printing the rule it
+    broke (docs/checkpoint-format.md#validity)."""
+    entry = manifest_entry(path)
+    try:
+        step, w, _, _ = load_checkpoint(path, cfg.n_params, entry.checksum if entry else None)
+    except CheckpointError as e:
+        print(f"INVALID    (rule: {e.rule}) {e}")
+        return None
+    return step, w
+
+
+def _bad_output(to: str, fmt: str) -> str | None:
+    """Why `--to` cannot be the output of format `fmt` (a sentence with the fix), else None:
+    a safetensors export is one file (a name ending in '/' or an existing folder is not), an
+    hf export a folder (a name ending in .safetensors is not: a tool looking for the file would
+    find a directory)."""
+    p = Path(to)
+    if fmt == "safetensors" and (to.endswith("/") or p.is_dir()):
+        return ("a folder; --format safetensors writes one file: give a file name "
+                f"(e.g. {p / 'model.safetensors'}), or --format hf for a folder")
+    if fmt == "hf" and p.suffix in (".safetensors", ".bin", ".pt"):
+        return (f"ends in {p.suffix} but --format hf writes a folder (config.json, "
+                "model.safetensors, tokenizer ...): give a folder name, or --format safetensors")
+    return None
+
+
+def cmd_export(a) -> int:
+    """Write the checkpoint's weights to a safetensors file, one tensor per parameter.
+
+    Tensors are float32, named and shaped by ``shared.config.parameter_table`` (the model's
+    ``state_dict`` names, e.g. ``transformer.wte.weight`` (vocab, n_embd)); metadata holds
+    step, n_params, preset and the source file. The checkpoint is validated first (with the
+    manifest checksum when there is an entry). The output is written to a temporary beside it
+    and renamed. Returns 0, EXIT_INVALID (1) for a bad checkpoint, EXIT_USAGE (2) when the
+    config is missing or OUT exists without --force.
+    """
+    if (a.path is None) == (a.from_run is None):
+        print("export: give a checkpoint PATH or --from-run RUN (one of them)")
+        return EXIT_USAGE
+    out = Path(a.to)
+    if (why := _bad_output(a.to, a.format)) is not None:
+        print(f"export: --to {a.to}: {why}")
+        return EXIT_USAGE
+    if a.path is not None and not Path(a.path).is_file():
+        p = Path(a.path)
+        print(f"export: {p}: " + ("a directory; give a checkpoint file, or --from-run "
+                                  f"{p} for its newest valid checkpoint" if p.is_dir()
+                                  else "no such checkpoint file"))
+        return EXIT_USAGE
+    if a.from_run is not None:
+        path = newest_valid(Path(a.from_run))
+        if path is None:
+            print(f"export: {a.from_run} has no valid checkpoint (see `python -m proxy status "
+                  f"--run-dir {a.from_run}`)")
+            return EXIT_INVALID
+        a.run_dir = a.run_dir or a.from_run
+    else:
+        path = Path(a.path)
+    cfg, where = find_config(path, a.run_dir)
+    if cfg is None:
+        print(f"export: {path}: cannot name the parameters: {where}; pass --run-dir DIR "
+              f"(the run that wrote it)")
+        return EXIT_USAGE
+    if a.format == "hf":
+        return _export_hf(a, path, cfg, where, out)
+    if out.exists() and not a.force:
+        print(f"export: {out} exists; pass --force to overwrite it")
+        return EXIT_USAGE
+    got = read_weights(path, cfg)
+    if got is None:
+        return EXIT_INVALID
+    step, w = got
+    tensors = {}
+    for name, shp, off in parameter_table(cfg.model, cfg.vocab_size):
+        size = int(np.prod(shp))
+        tensors[name] = w[off:off + size].reshape(shp)  # a view: contiguous, no copy
+    meta = {"format": "pt", "step": str(step), "n_params": str(cfg.n_params),
+            "preset": cfg.preset, "vocab_size": str(cfg.vocab_size), "source": path.name}
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # as --format hf and plot --out do
+    except OSError as e:
+        print(f"export: --to {out}: cannot make its folder {out.parent} ({e.strerror})")
+        return EXIT_USAGE
+    atomic_write_bytes(out, save(tensors, metadata=meta))  # tmp + fsync + rename: never torn
+    print(f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, "
+          f"{len(tensors)} tensors) to {out}")
+    return 0
+
+
+def _export_hf(a, path: Path, cfg: RunConfig, where: str, out: Path) -> int:
+    """`export --format hf`: validate the checkpoint (manifest checksum when known), then
+    `write_hf_dir`. Returns 0, 1 for a bad checkpoint, 2 for an output in the way."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not a.force:
+        print(f"export: {out} exists" + (" and is not empty" if out.is_dir() else "")
+              + "; pass --force to replace it")
+        return EXIT_USAGE
+    got = read_weights(path, cfg)
+    if got is None:
+        return EXIT_INVALID
+    step, w = got
+    run_dir = Path(where).parent  # the folder whose run.json described the checkpoint
+    try:
+        names = write_hf_dir(out, cfg, run_dir / "tokenizer.json", step, w, path.name, a.force)
+    except (HFExportError, OSError) as e:
+        print(f"export: {e}")
+        return EXIT_USAGE
+    print(f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, {cfg.preset}, "
+          f"{cfg.tokenizer} tokenizer) as a Hugging Face GPT-2 folder {out}: {', '.join(names)}\n"
+          f"load it with: AutoModelForCausalLM.from_pretrained({str(out)!r}) and "
+          f"AutoTokenizer.from_pretrained({str(out)!r})")
+    return 0

@@ -1,0 +1,285 @@
+"""`python -m proxy pivot`: ask for a polish pivot (docs/pivots.md) and follow it.
+
+The command writes `.pivot.request.json` (proxy/run_files/pivot_request.py); the live proxy serves
+the request itself (proxy/supervision/pivots.py, the state machine): the worker checkpoints B and
+exits 0, the proxy archives, records the phase and starts a new worker from step_B.bin; its pid
+never changes. On a stopped run the command runs the same steps in its own foreground and the
+next `run` trains in the new phase.
+
+What it is not: the bandit's reset (proxy/mixture/controller.py `next_phase`), the mixture
+rebuild (proxy/mixture/rebuild.py), resume planning (proxy/supervision/resume_planning.py).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from proxy.mixture.bandit import BanditConfigError, parse_arm_values, resolve_bounds
+from proxy.observation.progress import fmt_duration, wall_seconds_per_update
+from proxy.run_files.history_tail import tail_records
+from proxy.run_files.phases import read_phases
+from proxy.run_files.pivot_request import (
+    pending_request,
+    read_archived_request,
+    read_request,
+    request_path,
+    write_request,
+)
+from proxy.run_files.run_lock import RunLock, lock_is_free, owner_pid
+from proxy.run_files.status_file import read_status
+from proxy.supervision.pivots import next_boundary
+from proxy.supervision.proc_tree import pid_alive
+from proxy.supervision.resume_planning import ResumeError, plan_resume
+from shared.config import ConfigError, RunConfig, load_run_config
+from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
+from shared.loss_history import LossHistory
+from shared.run_layout import RunLayout, missing_run_json
+
+# ------------------------------------------------------------------------------ bounds
+
+def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[dict, dict]:
+    """Parse and check pivot bounds against the run's arms: (caps, floors) as given (arms not
+    named get floor 0 and cap 1). Raises BanditConfigError naming the arm, value and rule
+    (docs/bandit.md#polish-pivot)."""
+    names = [a.name for a in cfg.arms]
+    caps = parse_arm_values(caps_text, names, "--caps")
+    floors = parse_arm_values(floors_text, names, "--floors")
+    resolve_bounds(names, caps, floors)
+    return caps, floors
+
+
+# ------------------------------------------------------------------------------ proxy side
+
+# ------------------------------------------------------------------------------ the command
+
+def _last_filed(layout: RunLayout) -> int:
+    recs = tail_records(layout.loss, 8192)
+    return recs[-1]["step"] if recs else 0
+
+
+def _seconds_per_update(layout: RunLayout) -> float | None:
+    """Wall seconds per update over the history's last 50 steps (the progress line's ETA
+    window, proxy/observation/progress.py), None before two records."""
+    return wall_seconds_per_update(tail_records(layout.loss))
+
+
+def when(layout: RunLayout, togo: int) -> str:
+    """", about H:MM:SS at the recent S s per update" for `togo` steps, or "" when the rate is
+    not known yet."""
+    spu = _seconds_per_update(layout)
+    if not spu:
+        return ""
+    return f", about {fmt_duration(togo * spu)} at the recent {spu:.1f} s per update"
+
+
+def _planned_steps(layout: RunLayout, cfg: RunConfig) -> int:
+    try:
+        return int(read_status(layout)["max_steps"])
+    except (KeyError, TypeError, ValueError):
+        return cfg.max_steps
+
+
+def _fmt(bounds: dict) -> str:
+    return ",".join(f"{k}={v:g}" for k, v in sorted(bounds.items())) or "none"
+
+
+def _refuse(msg: str) -> int:
+    print(f"pivot refused: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def cmd_pivot(a) -> int:
+    """The `pivot` command: 0 the new phase is in force (live: its worker filed its first step;
+    stopped: recorded, the next `run` trains in it) or the request was accepted (--no-wait);
+    1 the pivot did not complete (the message says what state it left); 2 refused before
+    anything changed (bad bounds, a pending pivot, a finished run)."""
+    layout = RunLayout(a.run_dir)
+    if not layout.run_json.exists():
+        return _refuse(missing_run_json(layout.root))
+    given = bool(a.caps or a.floors)
+    if given + a.keep_bounds + a.no_bounds != 1:
+        try:
+            ph = read_phases(layout)[-1]
+            now = f"caps {_fmt(ph.caps)}, floors {_fmt(ph.floors)}"
+        except (ConfigError, OSError, ValueError):  # named by the run that reads it
+            now = "see `status`"
+        return _refuse(("give the new phase's bounds: --caps and/or --floors, --keep-bounds "
+                        "(a fresh bandit under the bounds in force) or --no-bounds (none at all)"
+                        if not (given or a.keep_bounds or a.no_bounds) else
+                        "--caps/--floors, --keep-bounds and --no-bounds exclude one another")
+                       + f"; the phase in force has {now}")
+    try:
+        cfg = load_run_config(layout.run_json)
+        if a.keep_bounds:
+            ph = read_phases(layout)[-1]
+            caps, floors = dict(ph.caps), dict(ph.floors)
+        else:
+            caps, floors = validated_bounds(cfg, a.caps, a.floors)
+    except (ConfigError, BanditConfigError) as e:
+        return _refuse(f"{e}")
+    label = a.label or "pivot"
+    old = pending_request(layout)
+    if old is not None:
+        return _refuse(f"a pivot is already pending ({layout.pivot_request.name}: label {old.get('label')!r}, "
+                       f"state {old.get('state')}, step {old.get('step')}); wait for it (`status` "
+                       "shows it; on a stopped run `python -m proxy run` puts it in force) and "
+                       "ask again once it is in force")
+    req = {"label": label, "caps": caps, "floors": floors, "requested_by": os.getpid(),
+           "requested_at": time.time(), "state": "requested", "step": None}
+    if lock_is_free(layout):
+        return _pivot_stopped(layout, cfg, req, a)
+    planned, last = _planned_steps(layout, cfg), _last_filed(layout)
+    if last >= planned:
+        return _refuse(f"{layout.root} already finished at step {last:,} (max steps {planned:,}); "
+                       "nothing would train under the new policy")
+    b = next_boundary(cfg, last, a.now)
+    if b >= planned:
+        return _refuse(f"the {'next step' if a.now else 'next checkpoint boundary'}, step {b}, "
+                       f"is not before the run's last step {planned} (last filed {last}, "
+                       f"checkpoints every {cfg.checkpoint_every}): nothing would train in the new "
+                       "phase; " + ("run longer (`run --max-steps N`) and pivot then" if a.now else
+                                    "use --now (checkpoint at the next step and pivot there), or "
+                                    "run longer (`run --max-steps N`)"))
+    if a.now:
+        req["now"] = True
+    pid = owner_pid(layout)
+    write_request(layout, req)
+    where = ("at the next step" if a.now else
+             f"at the next checkpoint boundary (checkpoints every {cfg.checkpoint_every} steps)")
+    print(f"pivot: request {label!r} caps {caps} floors {floors} written to "
+          f"{layout.pivot_request.name}; live proxy pid {pid} pivots {where}: about step {b}, "
+          f"{b - last} step{'' if b - last == 1 else 's'} after the last filed step {last}"
+          f"{when(layout, b - last)}"
+          + ("" if a.now else "; `pivot --now` would checkpoint at the next step and pivot there"),
+          flush=True)
+    if a.no_wait:
+        print("pivot: accepted (--no-wait); `python -m proxy status --run-dir DIR` shows its "
+              "progress", flush=True)
+        return 0
+    return _wait(layout, pid, a.timeout)
+
+
+def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
+    """Follow the live proxy through the pivot, printing each state once."""
+    end, told, b, last_togo = time.monotonic() + timeout, set(), None, None
+    while True:
+        req = read_request(layout)
+        if req is None and b is not None:  # moved into the archive: running
+            req = read_archived_request(layout, b)
+        state = (req or {}).get("state")
+        if req is not None and state == "failed":
+            print(f"pivot failed: {req.get('error')}; nothing changed, the old phase runs on",
+                  file=sys.stderr)
+            request_path(layout).unlink(missing_ok=True)
+            return EXIT_FAILED
+        if req and req.get("step") is not None:
+            if b is not None and req["step"] != b:
+                print(f"pivot: the worker was past step {b} when the request reached it; the "
+                      f"boundary is its next checkpoint, step {req['step']}", flush=True)
+                told.discard("at-boundary")
+            b = req["step"]
+        order = ["boundary", "archived", "recorded", "running"]
+        reached = order.index(state) if state in order else -1
+        if reached >= 0 and "boundary" not in told:
+            told.add("boundary")
+            if reached > 0 or (b is not None and _last_filed(layout) >= b):  # the proxy was quicker than this poll:
+                print(f"pivot: boundary step {b} reached", flush=True)  # still name the step
+                told.add("at-boundary")
+        if reached == 0 and b is not None and "at-boundary" not in told:
+            last = _last_filed(layout)
+            if last >= b:
+                print(f"pivot: boundary step {b} reached; the worker writes step_{b:06d}.bin and "
+                      f"exits", flush=True)
+                told.add("at-boundary")
+            elif b - last != last_togo:   # a line when it changes, not every poll
+                last_togo = b - last
+                print(f"pivot: waiting for boundary step {b} ({last_togo} step"
+                      f"{'' if last_togo == 1 else 's'} to go{when(layout, last_togo)})",
+                      flush=True)
+        if reached >= 1 and "archived" not in told:
+            print(f"pivot: archived to archive/pivot-{b}", flush=True)
+            told.add("archived")
+        if reached >= 2 and "recorded" not in told:
+            ph = read_phases(layout)[-1]
+            print(f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
+                  f"caps {ph.caps}, floors {ph.floors})", flush=True)
+            told.add("recorded")
+            print("pivot: waiting for the new worker's first step", flush=True)
+        if req is not None and reached == 3:
+            print(f"pivot: new worker pid {req.get('worker_pid')} filed step "
+                  f"{req.get('first_step')}; the new phase is in force", flush=True)
+            return 0
+        if pid is not None and not pid_alive(pid):
+            print(f"pivot failed: proxy pid {pid} exited during the pivot (request state "
+                  f"{state}); `python -m proxy run --run-dir {layout.root}` resumes "
+                  + ("in the new phase" if reached >= 2 else
+                     "in the old phase and serves the request again"), file=sys.stderr)
+            return EXIT_FAILED
+        if time.monotonic() > end:
+            print(f"pivot: not in force after {timeout:.0f} s (request state {state}, boundary "
+                  f"{b}); the live proxy still holds the request and will finish it (see "
+                  "`status`); nothing was undone", file=sys.stderr)
+            return EXIT_FAILED
+        time.sleep(0.2)
+
+
+def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
+    """A stopped run: the same steps in this command's foreground, under the run lock; the next
+    `run` resumes in the new phase from the newest valid checkpoint."""
+    lock = RunLock(layout, command="pivot")
+    try:
+        lock.acquire()
+    except Exception as e:  # noqa: BLE001 - a proxy started in between
+        return _refuse(f"{e}")
+    try:
+        history = LossHistory(layout.loss)
+        try:
+            last = history.last_step or 0
+            planned = a.max_steps or cfg.max_steps
+            if last >= planned:
+                return _refuse(f"{layout.root} already finished at step {last:,} (max steps "
+                               f"{planned:,}); nothing would train under the new policy. Pass "
+                               f"--max-steps N with N > {last} here and to the next `run`")
+            req.update(state="boundary", step=None)
+            try:
+                plan = plan_resume(layout, cfg, history, False, stopped_pivot=req)
+            except ResumeError as e:
+                request_path(layout).unlink(missing_ok=True)
+                print(f"pivot failed: {e}", file=sys.stderr)
+                return EXIT_FAILED
+        finally:
+            history.close()
+        ph = read_phases(layout)[-1]
+        more = f" --max-steps {a.max_steps}" if a.max_steps else ""   # not stored: pass it on
+        print(f"pivot: archived to archive/pivot-{plan.step}", flush=True)
+        print(f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
+              f"caps {ph.caps}, floors {ph.floors}); the run is stopped: `python -m proxy run "
+              f"--run-dir {layout.root}{more}` trains in it from step_{plan.step:06d}.bin",
+              flush=True)
+        return 0
+    finally:
+        lock.release()
+
+
+def add_pivot_args(p) -> None:
+    """The `pivot` command's options (docs/pivots.md)."""
+    p.add_argument("--run-dir", required=True, metavar="DIR",
+                   help="the run to pivot: live (its proxy does it in place) or stopped")
+    p.add_argument("--caps", default="", help="per-arm caps, arm=value,...")
+    p.add_argument("--floors", default="", help="per-arm floors, arm=value,...")
+    p.add_argument("--keep-bounds", action="store_true",
+                   help="the new phase keeps the caps and floors in force (a fresh bandit only)")
+    p.add_argument("--no-bounds", action="store_true",
+                   help="the new phase has no caps or floors at all")
+    p.add_argument("--label", default=None, help="the new phase's label (default 'pivot')")
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds to wait for the live pivot to be in force (%(default)g)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="return once the live proxy has the request")
+    p.add_argument("--now", action="store_true",
+                   help="live run: checkpoint at the next step and pivot there, instead of at the "
+                        "next checkpoint boundary (the default); docs/pivots.md#the-boundary")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="stopped run only, when it reached run.json's: the --max-steps to "
+                        "pass to the next `run` (checked here, and in the command printed)")

@@ -1,0 +1,364 @@
+"""`python -m proxy run`: create or resume a run and supervise it
+(docs/operations.md#start-and-resume), with the settings table it prints at the start.
+
+What it is not: the command list (proxy/cli.py), the `run` options
+(proxy/supervision/run_options.py) or the supervision (proxy/supervision/supervisor.py).
+"""
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from proxy.mixture.arm_changes import commit_arm_set, plan_arm_set
+from proxy.mixture.bandit import BanditConfigError
+from proxy.run_files.phases import read_phases
+from proxy.run_files.run_lock import RunLock, RunLockError
+from proxy.supervision.follower import follow
+from proxy.supervision.nodes import NodeRecord, NodeSetupError, wait_for_followers, write_job
+from proxy.supervision.proc_tree import EarlySignals
+from proxy.supervision.run_options import (
+    check_resume_args,
+    check_run_options,
+    config_from_args,
+    proxy_options,
+)
+from proxy.supervision.run_setup import create_run
+from proxy.supervision.supervisor import Supervisor, SupervisorError
+from shared.arm_data import read_arm_index
+from shared.arms import ArmSourceError, parse_arm_option
+from shared.config import (
+    AUDIT_BUDGET,
+    AUDIT_TOKENS,
+    DEFAULT_ARMS,
+    POLICY_BUDGET,
+    ConfigError,
+    RunConfig,
+    accumulation_steps,
+    audit_cost,
+    default_sample_every,
+    load_run_config,
+    policy_cost,
+    probe_plan,
+)
+from shared.exit_codes import EXIT_OK, EXIT_USAGE
+from shared.procfs import seconds_since_start
+from shared.run_layout import RunLayout, foreign_entries
+from shared.stop_request import StopRequested
+
+log = logging.getLogger("proxy")
+
+LOG_BYTES = 16 * 2**20   # logs/proxy.log rotates at this size ...
+LOG_BACKUPS = 4          # ... keeping this many older files (proxy.log.1 .. .4)
+
+
+def log_level() -> int:
+    """INFO, or the level named by ANDREA_LOG_LEVEL (e.g. DEBUG: the start-up stage times,
+    docs/operations.md#benchmarks), which the worker inherits and reads too."""
+    name = os.environ.get("ANDREA_LOG_LEVEL", "INFO").upper()
+    level = logging.getLevelName(name)
+    return level if isinstance(level, int) else logging.INFO
+
+
+def setup_logging(layout: RunLayout | None) -> None:
+    fmt = logging.Formatter("%(asctime)s proxy[%(process)d] %(levelname)s %(message)s")
+    root = logging.getLogger()
+    root.setLevel(log_level())
+    logging.getLogger("filelock").setLevel(max(logging.INFO, root.level))  # one line per lock
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(fmt)
+    root.handlers[:] = [h]
+    logging.captureWarnings(True)  # library warnings (e.g. a garbage manifest) as log lines
+    if layout is not None:
+        layout.logs.mkdir(parents=True, exist_ok=True)
+        # bounded: a weeks-long run's log rotates at LOG_BYTES into LOG_BACKUPS older files
+        fh = logging.handlers.RotatingFileHandler(layout.logs / "proxy.log", maxBytes=LOG_BYTES,
+                                                  backupCount=LOG_BACKUPS)
+        fh.setFormatter(fmt)
+        root.addHandler(fh)
+
+
+def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
+    """`--arm ...` on a restart is the run's new arm list, matched by name: new names
+    are tokenized and join at the resume step, names left out are retired there, names listed
+    again after a removal re-join with their statistics (proxy/mixture/arm_changes.py). Without --arm
+    the arms stay as they are. Raises ConfigError (nothing written) for a changed source under
+    an old name or bounds the arms left cannot meet."""
+    if not a.arm:
+        if a.default_arms:
+            log.warning("--default-arms without --arm ignored: the run keeps its arms (%s)",
+                        ", ".join(x.name for x in cfg.arms))
+        return cfg
+    specs = (list(DEFAULT_ARMS) if a.default_arms else []) + [parse_arm_option(t) for t in a.arm]
+    phase = read_phases(layout)[-1]
+    plan = plan_arm_set(layout, cfg, specs, phase.caps, phase.floors)
+    if not plan.changes_anything:
+        return cfg
+    return commit_arm_set(layout, cfg, plan)
+
+
+def _missing_dirs(root: Path) -> list[Path]:
+    """`root` and its ancestors that do not exist yet, deepest first (what `mkdir(parents=True)`
+    creates)."""
+    out, p = [], Path(root).absolute()
+    while not p.exists() and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def _remove_refused(layout: RunLayout, made: list[Path]) -> None:
+    """A start refused before it wrote any data leaves no directory it created: remove the run
+    directory (its lock, owner file and logs/) and the parents made for it. A directory that
+    already existed, or one that holds a tokenizer or token files (work a rerun keeps), stays."""
+    if not made or layout.tokenizer.exists() or (layout.data.is_dir() and any(layout.data.iterdir())):
+        return
+    for h in list(logging.getLogger().handlers):   # the log file inside it
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(layout.root):
+            logging.getLogger().removeHandler(h)
+            h.close()
+    shutil.rmtree(made[0], ignore_errors=True)
+    for p in made[1:]:
+        try:
+            p.rmdir()
+        except OSError:
+            break
+    log.info("%s removed: this refused start had created it", made[-1])
+
+
+def cmd_run(a) -> int:
+    EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal
+
+    setup_logging(None)
+    try:
+        check_run_options(a)
+    except ConfigError as e:
+        log.error("%s", e)
+        return EXIT_USAGE
+    layout = RunLayout(a.run_dir)
+    if not layout.run_json.exists() and (alien := foreign_entries(layout.root)):
+        log.error("--run-dir %s: holds files that are not a run's (%s%s); a new run needs a new "
+                  "or empty directory (or one whose creation was interrupted): give another "
+                  "--run-dir", layout.root, ", ".join(alien[:5]),
+                  f" and {len(alien) - 5} more" if len(alien) > 5 else "")
+        return EXIT_USAGE
+    made = _missing_dirs(layout.root)   # what a refusal below removes again
+    try:
+        layout.root.mkdir(parents=True, exist_ok=True)
+        layout.logs.mkdir(exist_ok=True)
+    except OSError as e:  # a file in the way, no permission, a read-only filesystem
+        what = ("is a file, not a directory" if layout.root.is_file()
+                else f"cannot be created ({e.strerror or e})")
+        log.error("--run-dir %s: %s; give a directory path (an existing run, or a new path "
+                  "whose parent you may write to)", layout.root, what)
+        return EXIT_USAGE
+    nodes = _nodes_of(a)
+    job = None
+    if nodes > 1:  # several nodes: the first proxy to take the lock owns the run
+        job = {"token": uuid.uuid4().hex, "rdzv_id": a.rdzv_id, "nnodes": nodes,
+               "nproc_per_node": a.nproc_per_node}
+    lock = RunLock(layout, job=job)
+    try:
+        lock.acquire()
+    except RunLockError as e:
+        if job is not None:  # the owner of this job holds it: follow (nothing written but
+            return follow(layout, a, job, e)
+        setup_logging(layout)
+        log.error("%s", e)
+        return EXIT_USAGE
+    setup_logging(layout)
+    log.debug("start-up: proxy interpreter, imports and run lock %.3f s since launch",
+              seconds_since_start() or 0.0)
+    node = None
+    try:
+        if job is not None:
+            node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
+            node.write()
+            write_job(layout, {**job, "state": "gathering", "incarnation": 0})  # not the last owner's
+            log.info("owner of %s (node rank 0 of %d, global rank 0 here): waiting up to %.0f s "
+                     "for the other node(s)", layout.root, nodes, a.rdzv_timeout)
+            try:  # before anything of the run is written: a job that cannot form writes nothing
+                if wait_for_followers(layout, job["token"], nodes, a.rdzv_timeout,
+                                      lambda: EarlySignals.stop is not None, node.heartbeat) is None:
+                    log.info("%s received while the nodes gathered: nothing started", EarlySignals.stop)
+                    return EXIT_OK
+            except NodeSetupError as e:
+                log.error("%s", e)
+                return EXIT_USAGE
+        resumed, creation_s = layout.run_json.exists(), None
+        if resumed:
+            cfg = load_run_config(layout.run_json)
+            check_resume_args(a, cfg, layout)
+            cfg = _apply_arm_list(a, cfg, layout)
+            log.info("resuming run %s (%s, %s parameters)", layout.root, cfg.preset, f"{cfg.n_params:,}")
+        else:
+            cfg = config_from_args(a)
+            log.info("creating run %s (%s)", layout.root, cfg.preset)
+            t_create = time.monotonic()
+            cfg = create_run(layout, cfg)
+            creation_s = time.monotonic() - t_create
+            log.info("created: %s parameters, vocabulary %d, checkpoint %s bytes",
+                     f"{cfg.n_params:,}", cfg.vocab_size, f"{cfg.checkpoint_bytes:,}")
+        _print_settings(cfg, a, resumed=resumed, layout=layout)
+        opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
+        sup = Supervisor(layout, cfg, opts)
+        sup.watch.creation_s = creation_s   # the summary names creation and training apart
+        sup.node = node
+        sup.install_signal_handlers()
+        code = sup.run()
+        log.info("proxy exiting with code %d at step %s", code, sup.stats.step)
+        return code
+    except (ConfigError, BanditConfigError) as e:
+        log.error("%s", e)
+        lock.release()
+        _remove_refused(layout, made)
+        return EXIT_USAGE
+    except SupervisorError as e:
+        log.error("%s", e)
+        return e.code
+    except StopRequested as e:
+        log.info("%s; nothing is lost: the same command goes on from there, keeping the "
+                 "tokenizer, every complete arm and the tokenized part of the arm in progress "
+                 "while their source files (list, sizes, modification times) are unchanged", e)
+        return EXIT_OK
+    finally:
+        if node is not None:
+            node.leave()
+        lock.release()
+
+
+def _nodes_of(a) -> int:
+    """Nodes of the job from --nnodes (checked by check_run_options)."""
+    return int(str(a.nnodes).split(":")[-1]) if a.nnodes else 1
+
+
+def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout | None = None) -> None:
+    """llm.c habit: one table of every setting the run uses, at start, with where each value
+    came from: the command line, the --config file, the default, or run.json (a resumed run's
+    creation settings; docs/configuration.md#where-a-value-came-from)."""
+    sources = getattr(a, "sources", {})
+    world = a.nproc_per_node * (int(str(a.nnodes).split(":")[-1]) if a.nnodes else 1)
+    micro = a.micro_batch_size or cfg.micro_batch_size or cfg.batch_size // world
+    accum = accumulation_steps(cfg.batch_size, micro, world)
+
+    def src(*dests: str, per_start: bool = False) -> str:
+        """Where the row's values came from: on a resume, run.json for every value fixed at
+        creation (a command-line value for one of them was ignored with a warning)."""
+        if resumed and not per_start:
+            return "run.json"
+        got = [sources.get(d, "default") for d in dests]
+        return next((g for g in got if g != "default"), "default")
+
+    def kept(dest: str, from_run_json: bool) -> str:
+        """A per-start value: the command line's when given, else on a resume run.json's (when
+        the value shown is run.json's), else the default."""
+        got = src(dest, per_start=True)
+        return "run.json" if resumed and got == "default" and from_run_json else got
+
+    micro_src = kept("micro_batch_size", not a.micro_batch_size and bool(cfg.micro_batch_size))
+    arms_src = src("arm", per_start=True)  # --arm on a resume is the run's new arm list
+    if resumed and arms_src == "default":
+        arms_src = "run.json"
+    warm_src = src("warmup_steps")
+    if not resumed and warm_src == "default" and cfg.warmup_steps != RunConfig.warmup_steps:
+        warm_src = "shortened to a tenth of max steps"  # a short run (config_from_args)
+    audit_src = src("sample_every")
+    if not resumed and audit_src == "default" and cfg.sample_every != cfg.checkpoint_every:
+        audit_src = (f"checkpoint cadence x {cfg.sample_every // cfg.checkpoint_every}, "
+                     f"to stay within {AUDIT_BUDGET:.1%}")
+    rows = [("preset", cfg.preset, src("preset")), ("parameters", f"{cfg.n_params:,}", ""),
+            ("layers/heads/width/context", f"{cfg.model.n_layer}/{cfg.model.n_head}/"
+                                           f"{cfg.model.n_embd}/{cfg.model.block_size}", src("preset")),
+            ("tokenizer", f"{cfg.tokenizer} ({cfg.vocab_size} tokens)", src("tokenizer")),
+            ("batch (sequences/update)", cfg.batch_size, src("batch_size")),
+            ("micro-batch (sequences/rank)", micro, micro_src),
+            ("micro-batches per update", f"{accum} on each of {world} rank(s)",
+             micro_src if micro_src != "default" else src("nproc_per_node", per_start=True)),
+            ("tokens per update", f"{cfg.batch_size * cfg.model.block_size:,}", src("batch_size")),
+            ("max steps", a.max_steps or cfg.max_steps, kept("max_steps", not a.max_steps)),
+            ("lr peak", cfg.lr, src("lr")),
+            ("lr warm-up / cosine end (steps)", f"{cfg.warmup_steps}/{cfg.lr_decay_steps}",
+             warm_src if warm_src == src("max_steps") else
+             f"warm-up {warm_src}, end {src('max_steps')}"),
+            ("weight decay / grad clip", f"{cfg.weight_decay}/{cfg.grad_clip}",
+             src("weight_decay", "grad_clip")),
+            ("checkpoint/sample/probe every", f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}",
+             src("checkpoint_every", "sample_every", "probe_every")),
+            ("held-out probe", _probe_row(cfg), src("probe_sequences", "probe_budget")),
+            ("sample audit", _audit_row(cfg), audit_src),
+            ("policy overhead", _policy_row(cfg), src("probe_budget", "sample_every")),
+            ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
+             src("keep_last", "keep_every", per_start=True)),
+            ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),
+            ("arms", _arms_row(cfg, layout), arms_src),
+            ("phase / caps / floors", _bounds_row(layout), "phases.json" if resumed
+             else src("caps", "floors")),
+            ("reward", cfg.reward, src("reward")), ("seed", cfg.seed, src("seed"))]
+    if getattr(a, "config", None):
+        rows.insert(0, ("config file", a.config, "command line"))
+    w = max(len(k) for k, _, _ in rows)
+    vw = max(len(str(v)) for _, v, _ in rows)
+    for k, v, where in rows:
+        log.info("  %s  %s  %s", k.ljust(w), str(v).ljust(vw), f"[{where}]" if where else "")
+
+
+def _arms_row(cfg: RunConfig, layout: RunLayout | None) -> str:
+    """The configured arms, those retired (a zombie whose source went, an arm left out) named
+    apart: run.json keeps a zombie in its list, and showing it as trained would be a lie."""
+    names = [x.name for x in cfg.arms]
+    try:
+        index = read_arm_index(layout, include_retired=True) if layout is not None else {}
+    except (ArmSourceError, OSError, ValueError):  # no data/ yet, or unreadable: the resume names it
+        index = {}
+    retired = [n for n in names if n in index and index[n].retired]
+    active = ", ".join(n for n in names if n not in retired) or "none"
+    return active + (f" (retired: {', '.join(retired)})" if retired else "")
+
+
+def _bounds_row(layout: RunLayout | None) -> str:
+    """The phase in force (the last one in phases.json: a pivot recorded on a stopped run is in
+    force from this start) with its caps and floors; "-" when there is no run directory yet."""
+    if layout is None or not layout.phases.exists():
+        return "-"
+    ph = read_phases(layout)[-1]
+
+    def fmt(d: dict, op: str) -> str:
+        return ", ".join(f"{k}{op}{v:g}" for k, v in sorted(d.items())) or "none"
+    return (f"{ph.index} {ph.label!r} (from step {ph.start_step}): caps {fmt(ph.caps, '<=')}; "
+            f"floors {fmt(ph.floors, '>=')}")
+
+
+def _probe_row(cfg: RunConfig) -> str:
+    """The probe's size and its cost in training compute (shared/config.py probe_plan)."""
+    pp = probe_plan(cfg)
+    if not pp.active:
+        return f"none: reward {cfg.reward} reads the training losses (0% of training FLOPs)"
+    return (f"{pp.sequences} x {cfg.model.block_size} tokens per arm every {pp.every} steps = "
+            f"{pp.cost:.2%} of training FLOPs (budget {cfg.probe_budget:.1%})")
+
+
+def _audit_row(cfg: RunConfig) -> str:
+    """The sample audits' size and cost (shared/config.py audit_cost)."""
+    cost = audit_cost(cfg)
+    row = (f"{len(cfg.arms)} arms x {AUDIT_TOKENS} tokens every {cfg.sample_every} steps <= "
+           f"{cost:.2%} of training FLOPs")
+    if cost > AUDIT_BUDGET + 1e-9:
+        row += f" (over {AUDIT_BUDGET:.1%}: --sample-every {default_sample_every(cfg)} keeps it within)"
+    return row
+
+
+def _policy_row(cfg: RunConfig) -> str:
+    """Probe plus audits, the compute the mixture policy spends (shared/config.py policy_cost)."""
+    plan, audits = probe_plan(cfg), audit_cost(cfg)
+    probe = f"probe {plan.cost:.2%}" if plan.active else "no probe"
+    row = f"{probe} + audits {audits:.2%} = {policy_cost(cfg):.2%} of training FLOPs"
+    if policy_cost(cfg) > POLICY_BUDGET + 1e-9:
+        row += f" (over the default {POLICY_BUDGET:.0%})"
+    return row
+
+

@@ -1,0 +1,408 @@
+"""Changes to a run's set of arms: the log in `data/arms.json` and `run --arm ...` on a restart.
+
+Arms are keyed by NAME, never by position (docs/architecture.md#arms), so a restart may list the arms in
+any order, leave some out, or name new ones, and every arm keeps its own statistics:
+  reordered  nothing changes (everything iterates names in sorted order);
+  removed    the arm is retired from the resume step on: never pulled, its statistics kept in
+             `.state.json` under "retired";
+  added      a new name is tokenized with the run's tokenizer into `data/` and joins the bandit
+             at the resume step with no statistics; a name retired earlier re-joins with its
+             statistics restored (Bandit.add_arm).
+Zombie arms (docs/architecture.md#arms) are retired through the same log: at the start of every
+incarnation each active arm of `data/arms.json` is matched to its configured source by NAME and
+fingerprint. The cheap `source_fingerprint` (file list, sizes, mtimes) is compared first; when
+it differs, the content fingerprint decides, so a touched-but-identical source is not a zombie.
+A zombie is reported by name and retired from the resume step on (`handle_zombies`): never
+pulled again, its statistics kept under "retired".
+
+The log: `data/arms.json` key "changes", a list of {"id", "step", "action": "add"|"retire",
+"arm", "reason"} in the order they were made. `step` is the checkpoint step S the change takes
+effect at (the arm set changes between updates S and S+1); it is null while pending: the proxy
+writes the request before it knows which checkpoint it resumes from, and stamps it at the start
+of the incarnation (`stamp_changes`). Replays apply the log at the same steps, so replaying
+`.loss.json` still reproduces `.state.json` exactly (docs/bandit.md#determinism). Runs made before
+the log existed have per-arm "retired" entries only; they are read as retire changes.
+
+What it is not: the bandit arithmetic of joining or leaving (proxy/mixture/bandit.py), tokenizing an
+arm (shared/arm_data.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.mixture.bandit import BanditConfigError, resolve_bounds
+from proxy.run_files.phases import read_phases
+from shared.arm_data import ArmData, prepare_arm, read_arm_index
+from shared.arms import ArmSourceError, content_fingerprint, source_fingerprint
+from shared.atomic_io import atomic_write_json
+from shared.config import ArmSpec, ConfigError, RunConfig
+from shared.run_layout import RunLayout
+from shared.stop_request import StopRequested
+from shared.tokenizer import RunTokenizer
+
+log = logging.getLogger("proxy.mixture.arm_changes")
+
+ACTIONS = ("add", "retire")
+
+
+@dataclass(frozen=True)
+class ArmChange:
+    """One entry of the arm-change log: arm `arm` joins ("add") or leaves ("retire") the bandit
+    once every record up to `step` (a checkpoint step; None while pending) is folded."""
+
+    id: int
+    step: int | None
+    action: str
+    arm: str
+    reason: str
+
+
+def _load(layout: RunLayout) -> dict:
+    read_arm_index(layout, include_retired=True)  # the missing/garbage file errors, named
+    return json.loads(layout.arms_index.read_text())
+
+
+def _changes_of(d: dict) -> list[ArmChange]:
+    if "changes" in d:
+        return [ArmChange(int(c["id"]), None if c["step"] is None else int(c["step"]),
+                          str(c["action"]), str(c["arm"]), str(c.get("reason", "")))
+                for c in d["changes"]]
+    legacy = sorted((int(a["retired"]["step"]), a["name"], str(a["retired"]["reason"]))
+                    for a in d["arms"] if a.get("retired"))
+    return [ArmChange(i, s, "retire", n, r) for i, (s, n, r) in enumerate(legacy)]
+
+
+def _store(d: dict, changes: list[ArmChange]) -> None:
+    d["changes"] = [dataclasses.asdict(c) for c in changes]
+
+
+def read_changes(layout: RunLayout) -> list[ArmChange]:
+    """The run's arm-change log, oldest first. Raises ArmSourceError naming `data/arms.json`
+    when it is missing or unreadable."""
+    try:
+        return _changes_of(_load(layout))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArmSourceError(f"{layout.arms_index}: arm-change log unreadable ({e}); "
+                             "restore the file from a backup") from e
+
+
+def append_changes(layout: RunLayout, new: Sequence[tuple[int | None, str, str, str]],
+                   d: dict | None = None) -> list[ArmChange]:
+    """Append changes (step, action, arm, reason) to the log, keeping the per-arm "retired"
+    status the worker reads in step with it; one atomic rewrite of `data/arms.json` (with `d`,
+    an already-edited copy of it, when given). Returns the whole log."""
+    d = _load(layout) if d is None else d
+    changes = _changes_of(d)
+    nxt = max((c.id for c in changes), default=-1) + 1
+    by_name = {a["name"]: a for a in d["arms"]}
+    for i, (step, action, arm, reason) in enumerate(new):
+        if action not in ACTIONS or arm not in by_name:
+            raise ValueError(f"arm change {action!r} of {arm!r}: unknown action or arm")
+        changes.append(ArmChange(nxt + i, step, action, arm, reason))
+        by_name[arm]["retired"] = {"step": step, "reason": reason} if action == "retire" else None
+    _store(d, changes)
+    atomic_write_json(layout.arms_index, d)
+    return changes
+
+
+def stamp_changes(layout: RunLayout, resume_step: int) -> list[ArmChange]:
+    """Pending changes (step null) take effect at `resume_step`; changes recorded past it are
+    moved back to it (a resume from an older checkpoint must not train on a removed arm, nor
+    without an added one, past that checkpoint). Written back when anything moved, so every
+    later replay agrees. Returns the whole log."""
+    d = _load(layout)
+    changes = _changes_of(d)
+    fixed = [c if c.step is not None and c.step <= resume_step
+             else dataclasses.replace(c, step=resume_step) for c in changes]
+    if fixed != changes or "changes" not in d:
+        for a in d["arms"]:
+            if a.get("retired") and (a["retired"]["step"] is None
+                                     or a["retired"]["step"] > resume_step):
+                a["retired"]["step"] = resume_step
+        _store(d, fixed)
+        atomic_write_json(layout.arms_index, d)
+    return fixed
+
+
+def arms_present_at(index_names: list[str], changes: list[ArmChange], step: int) -> list[str]:
+    """Arms a bandit built at `step` starts with, before the changes up to `step` are applied:
+    every arm of the index except those whose first change is an "add" after `step`."""
+    first: dict[str, ArmChange] = {}
+    for c in changes:
+        first.setdefault(c.arm, c)
+    return sorted(n for n in index_names
+                  if not (n in first and first[n].action == "add"
+                          and ((s := first[n].step) is None or s > step)))
+
+
+# ------------------------------------------------------------------- run --arm on a restart
+
+@dataclass
+class ArmSetPlan:
+    """What `--arm ...` on a restart changes: names added (new, or re-joining after a removal),
+    removed, and the new configured list (run.json's "arms", in the order given)."""
+
+    new_specs: list[ArmSpec]
+    added: list[ArmSpec]
+    rejoining: list[str]
+    removed: list[str]
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.added or self.rejoining or self.removed)
+
+
+def _norm_source(spec: ArmSpec) -> str:
+    if not spec.source:
+        return ""
+    return os.path.abspath(os.path.expanduser(spec.source))
+
+
+def _same_source(a: ArmSpec, kind: str, source: str, field: str) -> bool:
+    return (a.kind == kind and _norm_source(a) == _norm_source(ArmSpec(a.name, kind, source))
+            and (a.kind != "jsonl" or a.field == field))
+
+
+def plan_arm_set(layout: RunLayout, cfg: RunConfig, new_specs: list[ArmSpec],
+                 caps: dict[str, float], floors: dict[str, float]) -> ArmSetPlan:
+    """Compare `--arm` given on a restart with the run's configured arms (run.json) by NAME.
+
+    `caps`/`floors`: the bounds of the run's newest phase. Raises ConfigError, before anything
+    is written, when: a name is listed twice; a kept name points at a different source (its
+    statistics belong to the old one: give the new source a new name); a re-joining arm's source
+    no longer matches the fingerprint taken when it was tokenized; or the arms left cannot hold
+    a batch under the phase's floors and caps (BanditConfigError's reason, with the fix).
+    """
+    names = [s.name for s in new_specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"--arm: name(s) {', '.join(dup)} given more than once")
+    old = {s.name: s for s in cfg.arms}
+    index = read_arm_index(layout, include_retired=True)
+    for s in new_specs:
+        if s.name in old and old[s.name] != s and not _same_source(
+                s, old[s.name].kind, old[s.name].source, old[s.name].field):
+            o = old[s.name]
+            raise ConfigError(
+                f"--arm {s.name}={s.kind}:{s.source}: {layout.run_json} has arm {s.name} as "
+                f"{o.kind}:{o.source or '(embedded)'}; an arm's statistics belong to its source, "
+                f"so the source cannot change under the same name: give the new source a new "
+                f"name (e.g. --arm {s.name}-2={s.kind}:{s.source}) and leave {s.name} out to "
+                "retire it")
+    added = [s for s in new_specs if s.name not in old and s.name not in index]
+    from shared.arm_sources import check_arms
+    problems = check_arms(added)   # every new arm, all at once, before any work
+    if problems:
+        raise ConfigError(f"{len(problems)} of the {len(added)} new arms cannot be used; nothing "
+                          "was changed:\n" + "\n".join(f"  - {m}" for m in problems))
+    rejoining = []
+    for s in new_specs:
+        if s.name in old or s.name not in index:
+            continue
+        a: ArmData = index[s.name]
+        if not _same_source(s, a.kind, a.source, getattr(a, "field", "text")):
+            raise ConfigError(
+                f"--arm {s.name}={s.kind}:{s.source}: this run already had an arm {s.name} "
+                f"({a.kind}:{a.source or '(embedded)'}, retired); reuse its source to bring it "
+                f"back with its statistics, or give the new source a new name")
+        why = check_source(s, a.fingerprint, a.source_fingerprint)
+        if why:
+            raise ConfigError(f"--arm {s.name}: cannot bring arm {s.name} back: {why}; restore "
+                              f"the source it had, or train on the new one under a new name")
+        rejoining.append(s.name)
+    active_now = {n for n, a in index.items() if not a.retired}
+    # what is left out: the configured arms, and any arm active in the index that run.json does
+    # not list (a proxy killed between the two writes of commit_arm_set)
+    removed = [n for n in list(old) + sorted(active_now - set(old)) if n not in set(names)]
+    plan = ArmSetPlan(list(new_specs), added, rejoining, removed)
+    active = sorted((active_now - set(removed)) | {s.name for s in added} | set(rejoining))
+    if not active:
+        raise ConfigError("--arm: no arm would be left to train on; keep at least one")
+    try:
+        resolve_bounds(active, {n: v for n, v in caps.items() if n in active},
+                       {n: v for n, v in floors.items() if n in active})
+    except BanditConfigError as e:
+        raise ConfigError(f"--arm: with arms {', '.join(active)} the phase's bounds do not "
+                          f"work: {e}; keep more arms, or pivot to new caps/floors first") from None
+    return plan
+
+
+def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunConfig:
+    """Carry out `plan`: tokenize new arms into `data/` with the run's tokenizer (ArmSourceError
+    for a missing or too small source, before anything is recorded), record pending add/retire
+    changes in `data/arms.json` (stamped with the resume step by the supervisor), then rewrite
+    run.json's arm list. Returns the updated RunConfig."""
+    prepared: list[ArmData] = []
+    if plan.added:
+        tok = RunTokenizer.load(layout.tokenizer)
+        try:
+            for s in plan.added:
+                prepared.append(prepare_arm(s, tok, layout, cfg))
+        except StopRequested:
+            raise  # a stop, not a refusal: complete new arms are kept for the same command
+        except Exception:
+            for a in prepared:  # a later arm was refused: leave no token file of this attempt
+                if a.kind != "tokens":
+                    (layout.root / a.path).unlink(missing_ok=True)
+                (layout.data / f"{a.name}.done.json").unlink(missing_ok=True)
+            raise
+    d = _load(layout)
+    for a in prepared:
+        entry = dataclasses.asdict(a)
+        d["arms"].append(entry)
+    retired_now = {a["name"] for a in d["arms"] if a.get("retired")}
+    leaving = [n for n in plan.removed if n not in retired_now]
+    new = [(None, "add", a.name, "added to --arm on a restart") for a in prepared]
+    new += [(None, "add", n, "listed in --arm again on a restart") for n in plan.rejoining]
+    new += [(None, "retire", n, "left out of --arm on a restart") for n in leaving]
+    if "changes" not in d:
+        _store(d, _changes_of(d))
+    append_changes(layout, new, d)
+    for a in prepared:
+        log.info("arm %s added (%s:%s, %s tokens); it joins the bandit at the resume step",
+                 a.name, a.kind, a.source, f"{a.n_tokens:,}")
+    for n in plan.rejoining:
+        log.info("arm %s re-joins with its statistics", n)
+    for n in leaving:
+        log.info("arm %s removed: retired at the resume step (statistics kept in .state.json "
+                 "under 'retired')", n)
+    for n in sorted(set(plan.removed) - set(leaving)):
+        log.info("arm %s (already retired) dropped from the arm list", n)
+    cfg.arms = list(plan.new_specs)
+    atomic_write_json(layout.run_json, cfg.to_json())
+    return cfg
+
+
+def arms_as_of(d: dict, step: int) -> dict:
+    """`data/arms.json` content `d` as it was when the run reached checkpoint `step` (for an
+    audit fork from it): changes at or after `step` (a restart from `step` makes them at
+    `step`) and pending ones are dropped, arms that joined then are dropped, and each arm's
+    "retired" status follows its last remaining change."""
+    every = _changes_of(d)
+    changes = [c for c in every if c.step is not None and c.step < step]
+    present = set(arms_present_at([a["name"] for a in d["arms"]], every, step - 1))
+    out = {k: v for k, v in d.items() if k not in ("arms", "changes")}
+    out["arms"] = []
+    for a in d["arms"]:
+        if a["name"] not in present:
+            continue  # joined at or after `step`
+        a = dict(a)
+        last = [c for c in changes if c.arm == a["name"]]
+        a["retired"] = ({"step": last[-1].step, "reason": last[-1].reason}
+                        if last and last[-1].action == "retire" else None)
+        out["arms"].append(a)
+    _store(out, changes)
+    return out
+
+
+def specs_of(d: dict, configured: list[ArmSpec]) -> list[ArmSpec]:
+    """The configured arm list for `data/arms.json` content `d`: its active arms, in the order
+    of `configured` (a run.json list) first, then the rest by name, rebuilt from the index when
+    `configured` no longer has them."""
+    active = {a["name"]: a for a in d["arms"] if not a.get("retired")}
+    out = [s for s in configured if s.name in active]
+    have = {s.name for s in out}
+    for n in sorted(set(active) - have):
+        a = active[n]
+        out.append(ArmSpec(n, a["kind"], a.get("source", ""), a.get("field", "text")))
+    return out
+
+
+# ------------------------------------------------------------------------------ zombie arms
+
+def check_source(spec: ArmSpec, fingerprint: str, source_fp: str) -> str | None:
+    """Why the arm's source no longer matches (a sentence naming the arm), or None when it does.
+
+    `fingerprint`: the content fingerprint stored at creation; `source_fp`: the stored cheap one
+    ("" when the run predates it: then the content fingerprint is checked every time)."""
+    try:
+        if source_fp and source_fingerprint(spec) == source_fp:
+            return None
+        now = content_fingerprint(spec)
+    except ArmSourceError as e:
+        return f"source gone ({e})"
+    except OSError as e:
+        return f"source unreadable ({e})"
+    if now != fingerprint:
+        return f"source changed (fingerprint {fingerprint[:19]} at creation, now {now[:19]})"
+    return None
+
+
+def find_zombies(layout: RunLayout, specs: list[ArmSpec]) -> dict[str, str]:
+    """Active arms whose source is gone or changed: {name: reason}. Arms already retired are
+    not checked again. Reads `data/arms.json` (ArmSourceError when it is missing)."""
+    index = read_arm_index(layout, include_retired=True)
+    by_name = {s.name: s for s in specs}
+    out = {}
+    for name in sorted(index):
+        a = index[name]
+        if a.retired or name not in by_name:
+            continue
+        why = check_source(by_name[name], a.fingerprint, a.source_fingerprint)
+        if why:
+            out[name] = why
+    return out
+
+
+def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) -> list[ArmChange]:
+    """The start-of-incarnation check: stamp pending arm changes with `resume_step`, find new
+    zombies, report each by name (a warning), retire them at `resume_step` (proxy/mixture/arm_changes.py
+    log); returns the whole arm-change log for the MixtureController."""
+    changes = stamp_changes(layout, resume_step)
+    zombies = find_zombies(layout, specs)
+    index = read_arm_index(layout, include_retired=True)
+    left = sorted(n for n, a in index.items() if not a.retired and n not in zombies)
+    if zombies and not left:
+        raise ConfigError(
+            "every arm this run trains on has lost its source ("
+            + "; ".join(f"{n}: {why}" for n, why in zombies.items())
+            + f"); nothing was retired. Is {os.getcwd()} the directory the run was made from "
+            "(older runs keep relative source paths, resolved against the current directory)? "
+            "Restore the sources, or start from that directory")
+    for name, why in zombies.items():
+        log.warning("arm %s is a zombie: %s; it is retired from step %d on (kept in .state.json "
+                    "under 'retired', never pulled again); restore its source and list it in "
+                    "--arm again to bring it back with its statistics", name, why, resume_step)
+    back = restored_zombies(layout, specs, index, set(left), resume_step)
+    for name in back:
+        log.info("arm %s re-joins with its statistics: its source is back as it was when it was "
+                 "tokenized (it was retired as a zombie)", name)
+    if zombies or back:
+        changes = append_changes(layout, [(resume_step, "retire", n, why)
+                                          for n, why in zombies.items()]
+                                 + [(resume_step, "add", n, "source restored") for n in back])
+    return changes
+
+
+def restored_zombies(layout: RunLayout, specs: list[ArmSpec], index: dict[str, ArmData],
+                     active: set[str], resume_step: int) -> list[str]:
+    """Zombies whose source is back: arms retired while still configured (`specs`, run.json's
+    list; an arm left out of `--arm` is dropped from it) whose source matches its fingerprint
+    again, and which the phase in force at `resume_step` can hold next to the `active` arms (a
+    pivot made while it was away may leave no room: it then stays retired, with a warning).
+    A source unplugged for a while (an unmounted disk) so costs those steps, not the arm."""
+    back = []
+    for s in specs:
+        a = index.get(s.name)
+        if a is None or not a.retired or s.name in active:
+            continue
+        if check_source(s, a.fingerprint, a.source_fingerprint) is None:
+            back.append(s.name)
+    if not back:
+        return back
+    phase = [ph for ph in read_phases(layout) if ph.start_step <= resume_step][-1:] \
+        or read_phases(layout)[:1]
+    names = sorted(active | set(back))
+    try:
+        resolve_bounds(names, {n: v for n, v in phase[0].caps.items() if n in names},
+                       {n: v for n, v in phase[0].floors.items() if n in names})
+    except BanditConfigError as e:
+        log.warning("arm(s) %s: the source is back, but the phase's bounds cannot hold them "
+                    "(%s); they stay retired; pivot to bounds that fit them", ", ".join(back), e)
+        return []
+    return back

@@ -1,0 +1,140 @@
+"""The default policy's evidence and its conservative move (docs/bandit.md#the-default-policy).
+
+What it is: per arm, an online least-squares fit of the arm's mean pre-update training loss per
+policy period against ln(step) (`ArmFit`), and `conservative_mixture`, which turns the fitted
+slopes into a target mixture and the share lambda of the way from stratified to it that a lower
+confidence bound on the gain supports. What it is not: the folding of records, the repetition
+bookkeeping or the state (proxy/mixture/bandit.py), the projection (proxy/mixture/box_projection.py).
+
+Plain Python floats in a fixed order (sorted arm names, `math.fsum` for sums over arms), so a
+replay of the same records gives the same numbers bit for bit.
+
+Sources: the log-linear loss in an arm's own data, L_j = a_j - b_j ln n_j, whose mean-optimal
+mixture is p_j proportional to b_j (data mixing laws: Ye et al. 2024 "Data Mixing Laws"; Aioli,
+Chen et al. ICLR 2025, fits the same per-arm linear dynamics online); the conservative move
+between a baseline and a learnt policy from a lower confidence bound (Wu, Shariff, Lattimore,
+Szepesvari, "Conservative Bandits", ICML 2016; Kazerouni et al. 2017 "Conservative Contextual
+Linear Bandits"); training loss as the free online signal (ODM, Albalak et al. 2023; ADO, Jiang
+et al. 2025 "Adaptive Data Optimization").
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping
+
+from proxy.mixture.box_projection import project_to_box
+
+
+MIN_SHARE = 0.1   # the target keeps every arm at this fraction of its stratified share or more
+
+
+@dataclasses.dataclass
+class ArmFit:
+    """Running sums of one arm's points (x = ln step, y = mean training loss in nats) for the
+    least-squares line y = a - b x. All fields plain numbers; `to_dict`/`from_dict` exact."""
+
+    n: int = 0
+    sx: float = 0.0
+    sxx: float = 0.0
+    sy: float = 0.0
+    sxy: float = 0.0
+    syy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        """Add one point (finite floats)."""
+        self.n += 1
+        self.sx += x
+        self.sxx += x * x
+        self.sy += y
+        self.sxy += x * y
+        self.syy += y * y
+
+    def slope(self) -> tuple[float, float] | None:
+        """(b, var_b): b = minus the least-squares slope of y on x (nats of loss per e-fold of
+        steps; positive while the arm's loss falls), var_b = residual variance / Sxx, its
+        sampling variance. None with fewer than 3 points or no spread in x."""
+        if self.n < 3:
+            return None
+        sxx = self.sxx - self.sx * self.sx / self.n
+        if not sxx > 0:
+            return None
+        sxy = self.sxy - self.sx * self.sy / self.n
+        syy = self.syy - self.sy * self.sy / self.n
+        beta = sxy / sxx
+        resid = max(0.0, syy - beta * sxy) / (self.n - 2)
+        return -beta, resid / sxx
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ArmFit":
+        return cls(int(d["n"]), *(float(d[k]) for k in ("sx", "sxx", "sy", "sxy", "syy")))
+
+
+@dataclasses.dataclass
+class Move:
+    """What `conservative_mixture` decides: `target` {arm: p} (the policy pi), `lam` in [0, 1],
+    `gain` and `gain_se` (nats of mean loss over arms, the model's estimate of pi's gain over
+    stratified and its standard error), `slopes` {arm: (b, se_b)} of the arms counted as evidence."""
+
+    target: dict[str, float]
+    lam: float
+    gain: float
+    gain_se: float
+    slopes: dict[str, tuple[float, float]]
+
+
+def conservative_mixture(arms: list[str], fits: Mapping[str, ArmFit], floors: Mapping[str, float],
+                         caps: Mapping[str, float], stratified: Mapping[str, float],
+                         repeated: set[str] | frozenset[str], z: float, min_periods: int,
+                         min_share: float = MIN_SHARE) -> Move:
+    """The default policy's move (docs/bandit.md#the-default-policy).
+
+    Arms with at least `min_periods` fitted points are evidence; the rest stay at their
+    stratified share s_i. Over the evidence arms, with M their stratified mass,
+
+        pi   = M * project_to_box(b+ / sum b+, floors' / M, caps' / M)
+               floors'_i = max(floor_i, min_share s_i); caps'_i = min(cap_i, s_i) for `repeated` arms
+        G    = (1/K) sum_i b_i ln(pi_i / s_i)                           the log-linear model's gain, nats
+        SE   = (1/K) sqrt(sum_i ln(pi_i / s_i)^2 var(b_i))              arms taken as independent
+        lam  = max(0, 1 - z SE / G) when G > 0, else 0                  so lam G = G - z SE, the lower bound
+
+    b+ = max(b, 0). floors' keep every arm at min_share (a tenth) of its stratified share or
+    more, so no arm is starved and ln(pi_i / s_i) >= ln(min_share). All b+ zero, or fewer than two evidence arms, gives pi = s and lam = 0.
+    pi maximises sum_i b_i ln pi_i in the box (its KKT conditions are exactly the KL
+    projection of b / sum b), the mean-optimal mixture of the log-linear model. `stratified`
+    must lie inside floors/caps (proxy/mixture/bandit.py computes it so). Returns a Move."""
+    k = len(arms)
+    est = {}
+    for a in arms:
+        f = fits.get(a)
+        if f is not None and f.n >= min_periods:
+            s = f.slope()
+            if s is not None:
+                est[a] = s
+    target = {a: stratified[a] for a in arms}
+    none = Move(target, 0.0, 0.0, 0.0, {a: (b, math.sqrt(v)) for a, (b, v) in est.items()})
+    free = sorted(est)
+    mass = math.fsum(stratified[a] for a in free)
+    plus = {a: max(0.0, est[a][0]) for a in free}
+    total = math.fsum(plus.values())
+    if len(free) < 2 or not mass > 0 or not total > 0:
+        return none
+    cap = {a: (min(caps[a], stratified[a]) if a in repeated else caps[a]) for a in free}
+    low = {a: max(floors[a], min_share * stratified[a]) for a in free}
+    sub = project_to_box({a: plus[a] / total for a in free}, {a: min(1.0, low[a] / mass) for a in free},
+                         {a: min(1.0, cap[a] / mass) for a in free})
+    for a in free:
+        target[a] = mass * sub[a]
+    logs = {a: math.log(target[a] / stratified[a]) for a in free}
+    gain = math.fsum(est[a][0] * logs[a] for a in free) / k
+    se = math.sqrt(math.fsum(logs[a] * logs[a] * est[a][1] for a in free)) / k
+    if not gain > 0:
+        lam = 0.0
+    elif se == 0:
+        lam = 1.0
+    else:
+        lam = max(0.0, 1.0 - z * se / gain)
+    return Move(target, lam, gain, se, none.slopes)

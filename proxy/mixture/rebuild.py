@@ -1,0 +1,104 @@
+"""The one way the mixture controller is rebuilt for a step (docs/bandit.md#determinism).
+
+A resume from checkpoint S needs the controller exactly as it was after update S: the bandit of
+the phase in force at S, every policy it posted, and the arm changes up to S applied. This module
+builds it, from the newest controller snapshot at or before S plus the history's records after
+it (proxy/run_files/state_snapshots.py), or by replaying `.loss.json` from the phase start. The resume,
+the pivot and the tests that check `replay == .state.json` all call `rebuild_mixture`.
+
+What it is not: the controller's arithmetic (proxy/mixture/controller.py, proxy/mixture/bandit.py), the choice of
+the resume step (proxy/supervision/resume_planning.py) or phases.json (proxy/supervision/run_setup.py).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+from proxy.mixture.arm_changes import ArmChange, read_changes
+from proxy.mixture.controller import MixtureController
+from proxy.run_files.phases import Phase, read_phases
+from proxy.run_files.state_snapshots import find_snapshot
+
+from shared.arm_data import ArmData, arm_compression, read_arm_index
+from shared.config import RunConfig
+from shared.loss_history import iter_records, iter_records_after
+from shared.run_layout import RunLayout
+
+log = logging.getLogger("proxy")
+
+
+@dataclass
+class Rebuilt:
+    """What `rebuild_mixture` returns: the controller and how it was made."""
+
+    mix: MixtureController
+    changed: list[str]            # arms joined or retired by changes applied at the step itself
+    snapshot_step: int | None     # the snapshot it started from; None = from the phase start
+    replayed: int                 # history records folded on top
+    seconds: float
+
+
+def phase_at(layout: RunLayout, step: int) -> Phase:
+    """The phase in force after update `step`: the last one of phases.json starting at or
+    before it (the first phase when none does)."""
+    phases = read_phases(layout)
+    return ([p for p in phases if p.start_step <= step] or phases[:1])[-1]
+
+
+def new_controller(layout: RunLayout, cfg: RunConfig, phase: Phase,
+                   changes: list[ArmChange]) -> MixtureController:
+    """A controller at the start of `phase`, over every arm the run has had (retired ones
+    included, data/arms.json). Raises BanditConfigError (bounds)."""
+    arms = read_arm_index(layout, include_retired=True)
+    return MixtureController(sorted(arms), phase, cfg.reward, cfg.bandit_warmup, cfg.probe_every,
+                             changes, {n: arm_compression(layout, a) for n, a in arms.items()},
+                             {n: epoch_windows(a, cfg.model.block_size) for n, a in arms.items()})
+
+
+def epoch_windows(arm: ArmData, block_size: int) -> float:
+    """Training windows of `block_size` tokens in one epoch of `arm`: its tokens outside the
+    held-out ranges / block_size (docs/bandit.md#repetition). A window drawn counts block_size
+    tokens, so the arm's epochs are its lifetime pulls / this."""
+    held = sum(b - a for a, b in arm.heldout_ranges())
+    return max(0, arm.n_tokens - held) / block_size
+
+
+def rebuild_mixture(layout: RunLayout, cfg: RunConfig, step: int,
+                    changes: list[ArmChange] | None = None, phase: Phase | None = None,
+                    use_snapshots: bool = True) -> Rebuilt:
+    """The controller as it was after update `step` of `phase` (default: the phase in force at
+    `step`), with the arm changes up to `step` applied. `changes`: the arm-change log (default:
+    data/arms.json's). `use_snapshots=False` replays the phase from its start even when a
+    snapshot exists (what tests compare `.state.json` against). The result is the same either
+    way, bit for bit. Raises BanditConfigError (bounds) and OSError (unreadable history)."""
+    t0 = time.perf_counter()
+    if changes is None:
+        changes = read_changes(layout)
+    if phase is None:
+        phase = phase_at(layout, step)
+    mix = new_controller(layout, cfg, phase, changes)
+    snap = (find_snapshot(layout, phase.index, phase.start_step, step) if use_snapshots
+            else None)
+    n = 0
+    if snap is not None:
+        mix.restore(snap)
+        records: Iterable[dict] = iter_records_after(layout.loss, snap["step"], step)  # streamed
+    else:
+        records = iter_records(layout.loss)   # streamed: memory flat in the history's length
+    for r in records:
+        if r["step"] > step:
+            break                              # records are in step order
+        if r["step"] > phase.start_step:
+            mix.observe(r)
+            n += 1
+    changed = mix.apply_changes(step)
+    return Rebuilt(mix, changed, snap["step"] if snap else None, n, time.perf_counter() - t0)
+
+
+def replay_run(layout: RunLayout, cfg: RunConfig, step: int,
+               changes: list[ArmChange] | None = None) -> MixtureController:
+    """`rebuild_mixture` from the phase start, no snapshot: its `bandit.to_dict()` equals the
+    `.state.json` written with checkpoint `step`."""
+    return rebuild_mixture(layout, cfg, step, changes, use_snapshots=False).mix

@@ -1,0 +1,85 @@
+"""What a person watching a run sees, fed from the supervisor's call sites: the
+progress line (proxy/observation/progress.py), live TensorBoard scalars (proxy/observation/tensorboard_log.py, with
+`--tensorboard`) and the summary logged when the run stops.
+
+What it is not: supervision. The supervisor (proxy/supervision/supervisor.py) calls `on_incarnation`,
+`on_report`, `progress_line` and `close`, one line each; nothing here changes what it files.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from proxy.observation.progress import ProgressLine, format_summary
+from proxy.observation.tensorboard_log import TensorBoardLog, check_available, step_scalars
+
+log = logging.getLogger("proxy")
+
+
+def add_watch_args(ap) -> None:
+    """`run --tensorboard`."""
+    ap.add_argument("--tensorboard", action="store_true",
+                    help="write live TensorBoard scalars (loss, EMA, lr, grad norm, tokens/s, "
+                         "per-arm p and held-out loss, checkpoints) under RUN/tensorboard/; "
+                         "view with `tensorboard --logdir RUN/tensorboard`; needs the "
+                         "[tensorboard] extra (pip install -e '.[tensorboard]')")
+
+
+def check_watch_args(a) -> str | None:
+    """The error for `--tensorboard` without the package (None when fine); checked before
+    anything is created so that the run directory is not touched."""
+    return check_available() if getattr(a, "tensorboard", False) else None
+
+
+class RunWatch:
+    """The observers of one `run`. `tensorboard`: write event files under RUN/tensorboard/."""
+
+    def __init__(self, layout, cfg, max_steps: int, tensorboard: bool = False) -> None:
+        self.layout, self.cfg, self.max_steps = layout, cfg, max_steps
+        self.progress = ProgressLine(max_steps)
+        self.t0 = time.monotonic()
+        self.tb = TensorBoardLog(layout.root / "tensorboard") if tensorboard else None
+        self._last_step = 0
+        self._ema: float | None = None
+        self.creation_s: float | None = None   # set by `run` when this start created the run
+
+    def on_incarnation(self, step: int) -> None:
+        """A worker is about to start from checkpoint step `step` (0: fresh)."""
+        self.progress.on_incarnation(step)
+        self._last_step = step
+        if self.tb is not None:   # backfills what the history holds up to `step`
+            self.tb.start(step, self.layout.loss, self.layout.samples)
+
+    def on_step(self, rec: dict, ema: float | None) -> None:
+        """A step record was filed into .loss.json (`rec` as filed, `ema` after it)."""
+        self.progress.observe(rec)
+        self._last_step, self._ema = rec["step"], ema
+        if self.tb is not None:
+            self.tb.scalars(rec["step"], step_scalars(rec, ema), rec.get("time"))
+
+    def on_report(self, r: dict) -> None:
+        """Checkpoint and audit reports (step records come through `on_step`)."""
+        if self.tb is None:
+            return
+        kind = r.get("type")
+        if kind == "checkpoint" and not r.get("error"):
+            self.tb.scalars(r["step"], {"checkpoint/step": r["step"], "checkpoint/bytes": r.get("bytes"),
+                                        "checkpoint/seconds": r.get("seconds")}, r.get("time"))
+        elif kind == "audit":
+            self.tb.audit(r)   # held-out losses as scalars, the samples as text
+
+    def progress_line(self, rec: dict, stats) -> str:
+        """The progress line for `rec` (`stats`: the supervisor's LiveStats)."""
+        return self.progress.line(rec, stats.ema, stats.tok_per_s)
+
+    def close(self, last_step: int | None = None) -> None:
+        """The run stops: close the event file, log the summary."""
+        if self.tb is not None:
+            self.tb.close()
+        try:
+            log.info("%s", format_summary(self.layout, self.cfg, self.progress.start_step,
+                                          last_step or self._last_step, self._ema,
+                                          time.monotonic() - self.t0, self.max_steps,
+                                          self.creation_s))
+        except Exception as e:  # the summary must never turn a clean stop into a crash
+            log.warning("run summary unavailable: %s", e)

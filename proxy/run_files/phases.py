@@ -1,0 +1,55 @@
+"""`phases.json`: one entry per bandit life between pivots (docs/pivots.md). The only module that
+reads or writes the file.
+
+What it is not: the bandit's reset at a pivot (proxy/mixture/controller.py `next_phase`) or the
+pivot's state machine (proxy/supervision/pivots.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from proxy.run_files.json_file import read_json
+from shared.atomic_io import atomic_write_json
+from shared.config import ConfigError
+from shared.run_layout import RunLayout
+
+
+@dataclass
+class Phase:
+    """One entry of `phases.json`: a bandit life between pivots (docs/pivots.md)."""
+
+    index: int
+    label: str
+    start_step: int                      # records from start_step + 1 on belong to this phase
+    caps: dict[str, float] = field(default_factory=dict)
+    floors: dict[str, float] = field(default_factory=dict)
+    prior: dict[str, float] | None = None
+    lifetime_pulls: dict[str, int] = field(default_factory=dict)
+
+
+def read_phases(layout: RunLayout) -> list[Phase]:
+    """All phases, oldest first. Raises ConfigError naming the file when unreadable."""
+    try:
+        return [Phase(**p) for p in json.loads(layout.phases.read_text())["phases"]]
+    except FileNotFoundError:
+        raise ConfigError(f"{layout.phases}: missing; recreate it as "
+                          '{"phases": [{"index": 0, "label": "initial", "start_step": 0}]}') from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{layout.phases}: unreadable ({e}); restore it from a backup, or "
+                          "rewrite it: one entry per phase (index, label, start_step, caps, "
+                          "floors), as each record of .loss.json names its phase "
+                          "(docs/pivots.md)") from e
+
+
+def write_phases(layout: RunLayout, phases: list[Phase]) -> None:
+    atomic_write_json(layout.phases, {"phases": [dataclasses.asdict(p) for p in phases]})
+
+
+def phase_entries(layout: RunLayout) -> list[dict]:
+    """The raw entries of `phases.json`, oldest first; [] when it is missing or unreadable (for
+    readers that must not fail on it: `status`, `plot`)."""
+    d = read_json(layout.phases, {})
+    phases = d.get("phases") if isinstance(d, dict) else None
+    return [p for p in phases if isinstance(p, dict)] if isinstance(phases, list) else []

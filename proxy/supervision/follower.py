@@ -1,0 +1,295 @@
+"""A follower node's proxy (docs/architecture.md#several-nodes): launch and signal this node's ranks
+for each incarnation the owner posts, write nothing but this node's record.
+
+`python -m proxy run` with `--nnodes N > 1` on a run directory whose lock is held by the owner of
+the same job (same `--rdzv-id`, `--nnodes`, `--nproc-per-node`) becomes a follower. It takes a
+node rank in 1..N-1 (proxy/supervision/nodes.py `assign_node_rank`), then loops:
+
+- the owner posts incarnation n in `.nodes/job.json` (the worker's arguments, the address and
+  port of its static rendezvous store): the follower starts torchrun's agent with its node rank,
+  `--parent-pid` its own pid (its ranks watch it) and the parent-death signal (the agent dies
+  with the follower, even by SIGKILL);
+- SIGTERM/SIGINT/SIGHUP: the stop is written into the node record (the owner stops too, and
+  starts no new incarnation) and SIGTERM goes to this node's ranks; the ranks' step-boundary
+  agreement gives every rank of every node the same checkpoint step; exit 0 once the agent is
+  gone. SIGUSR1 goes to this node's ranks (the agreement makes it one checkpoint on all);
+- the agent exits: its code goes into the record; the follower waits for the next incarnation
+  or for the job's end ("done": exit 0);
+- the owner's incarnation ended while this node's agent still runs (a rank elsewhere died): its
+  ranks get `--stop-timeout` seconds, then SIGKILL;
+- the owner is lost (its record stale, its pid gone): exit 1, naming it; nothing here takes
+  over the run (one history, never forked).
+
+What it is not: the owner's supervision (proxy/supervision/supervisor.py) or the node files (proxy/supervision/nodes.py).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from proxy.supervision import proc_tree
+from proxy.supervision.launch import die_with_parent, rank_env, kill_ranks, local_ranks, reap_leftover_ranks, \
+    signal_pids, static_argv
+from proxy.supervision.nodes import NODE_STALE_S, NodeRecord, read_job, read_json, nodes_dir, record_alive
+from shared.exit_codes import EXIT_FAILED, EXIT_OK
+from shared.run_layout import RunLayout
+
+log = logging.getLogger("proxy")
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Follower:
+    """The follower loop of one node; `run()` returns the exit code."""
+
+    def __init__(self, layout: RunLayout, record: NodeRecord, owner: dict, nnodes: int,
+                 nproc_per_node: int, stop_timeout: float, rdzv_timeout: float) -> None:
+        self.layout, self.rec, self.owner = layout, record, owner
+        self.nnodes, self.nproc = nnodes, nproc_per_node
+        self.stop_timeout, self.rdzv_timeout = stop_timeout, rdzv_timeout
+        self.stop: str | None = None
+        self.usr1 = 0
+        self.proc: subprocess.Popen | None = None
+        self.incarnation: int | None = None
+        self.ranks: list[int] = []
+        self._ranks_t = 0.0
+        self._ended_at: float | None = None   # the owner ended our incarnation at (monotonic)
+        self._stop_sent = False
+        self._stop_at = math.inf
+        self._started = time.monotonic()
+
+    # ------------------------------------------------------------------ signals
+    def install_signal_handlers(self) -> None:
+        def on_stop(signum, frame):
+            self.stop = self.stop or signal.Signals(signum).name
+
+        def on_usr1(signum, frame):
+            self.usr1 += 1
+
+        for s in proc_tree.STOP_SIGNALS:
+            signal.signal(s, on_stop)
+        signal.signal(signal.SIGUSR1, on_usr1)
+        early_stop, early_usr1 = proc_tree.EarlySignals.take()
+        self.stop = self.stop or early_stop
+        self.usr1 += early_usr1
+        proc_tree.become_subreaper()
+
+    # ------------------------------------------------------------------ the owner
+    def _owner_alive(self) -> bool:
+        """The owner's node record is alive (its pid on this host, its heartbeat elsewhere);
+        before it has one, its owner file's pid on this host, or the benefit of the doubt for
+        NODE_STALE_S seconds."""
+        rec = read_json(nodes_dir(self.layout) / f"{self.owner['host']}-{self.owner['pid']}.json")
+        if rec is not None:
+            return record_alive(rec)
+        return time.monotonic() - self._started < NODE_STALE_S
+
+    def _owner_ended_clean(self) -> bool:
+        """After a stop whose agent exited non-zero (a scheduler signalled the agent too): wait
+        up to --stop-timeout for the owner to end the job, True when it ended it cleanly (the
+        ranks agreed and the checkpoint is written)."""
+        end = time.monotonic() + self.stop_timeout
+        while time.monotonic() < end and self._owner_alive():
+            job = read_job(self.layout)
+            if job is not None and job.get("token") == self.rec.token and job.get("state") == "done":
+                return bool(job.get("clean"))
+            self.rec.heartbeat()
+            time.sleep(0.1)
+        job = read_job(self.layout)
+        return bool(job and job.get("token") == self.rec.token and job.get("clean"))
+
+    # ------------------------------------------------------------------ the agent
+    def _launch(self, job: dict) -> None:
+        args = [*job["worker_args"], "--parent-pid", str(os.getpid())]
+        argv = static_argv(sys.executable, args, self.nproc, self.nnodes, self.rec.node_rank,
+                           job["addr"], int(job["port"]), job["run_id"], self.rdzv_timeout)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen(argv, env=rank_env(env), start_new_session=True, close_fds=True,
+                                     preexec_fn=die_with_parent)
+        self.incarnation = job["incarnation"]
+        self._ended_at, self._stop_sent, self.ranks = None, False, []
+        self.rec.write(agent_pid=self.proc.pid, incarnation=self.incarnation, agent_exit=None,
+                       ranks=[])
+        log.info("incarnation %d: started this node's agent pid %d (node rank %d of %d, store "
+                 "%s:%s)", self.incarnation, self.proc.pid, self.rec.node_rank, self.nnodes,
+                 job["addr"], job["port"])
+
+    def _refresh_ranks(self) -> None:
+        if self.proc is not None and time.monotonic() - self._ranks_t > 0.5:
+            self._ranks_t = time.monotonic()
+            now = local_ranks(self.proc.pid, str(self.layout.root))
+            if now != self.ranks:
+                self.ranks = now
+                self.rec.write(ranks=now)
+
+    def _signal_ranks(self, sig: int) -> bool:
+        """`sig` to this node's ranks; before they exist, a stop goes to the agent (it stops
+        everything, which is what a stop means) and SIGUSR1 waits. False: nothing sent."""
+        self._refresh_ranks()
+        if self.ranks:
+            signal_pids(self.ranks, sig)
+            return True
+        if sig == signal.SIGUSR1 or self.proc is None:
+            return False
+        try:
+            os.kill(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        return True
+
+    def _kill_agent(self) -> None:
+        ranks = self.ranks + local_ranks(self.proc.pid, str(self.layout.root))
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        kill_ranks(ranks)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> int:
+        try:
+            return self._loop()
+        finally:
+            if self.proc is not None and self.proc.poll() is None:
+                self._kill_agent()
+                self.proc.wait()
+            self.rec.leave()
+
+    def _loop(self) -> int:
+        said_stop = False
+        while True:
+            self.rec.heartbeat()
+            job = read_job(self.layout)
+            if job is not None and job.get("token") != self.rec.token:
+                job = None  # an earlier owner's, not yet replaced
+            if self.stop and not said_stop:
+                said_stop = True
+                log.info("%s received: asking every node to checkpoint and stop (this node's "
+                         "ranks directly, the owner through this node's record)", self.stop)
+                self.rec.write(stop_request=self.stop)
+            if self.proc is None:
+                if self.stop:
+                    return EXIT_OK
+                if job is not None and job.get("state") == "done":
+                    log.info("the owner ended the job (%s): exiting", job.get("why") or "done")
+                    return EXIT_OK
+                if not self._owner_alive():
+                    log.error("the run's owner (proxy pid %s on %s) is gone: this node stops "
+                              "(the owner's node holds rank 0 and the history; start the job "
+                              "again)", self.owner.get("pid"), self.owner.get("host"))
+                    return EXIT_FAILED
+                if (job is not None and job.get("state") == "launch"
+                        and job.get("incarnation") != self.incarnation
+                        and [self.rec.host, self.rec.pid] in job.get("members", [])):
+                    self._launch(job)  # (one this node joined after waits for the next)
+                time.sleep(0.05)
+                continue
+            # an agent of ours runs
+            if self.stop and not self._stop_sent:
+                self._stop_sent = self._signal_ranks(signal.SIGTERM)
+                if self._stop_sent:
+                    self._signal_ranks(signal.SIGCONT)
+                    self._stop_at = time.monotonic()
+            while self.usr1 and self._signal_ranks(signal.SIGUSR1):
+                self.usr1 -= 1
+                log.info("SIGUSR1 received: forwarded to this node's ranks %s", self.ranks)
+            self._refresh_ranks()
+            rc = self.proc.poll()
+            if rc is not None:
+                reap_leftover_ranks(self.ranks, str(self.layout.root))
+                log.info("incarnation %s: this node's agent exited with code %d", self.incarnation, rc)
+                self.rec.write(agent_pid=None, agent_exit=rc, ranks=[])
+                self.proc, self.ranks = None, []
+                if self.stop:
+                    return EXIT_OK if rc == 0 or self._owner_ended_clean() else EXIT_FAILED
+                continue
+            now = time.monotonic()
+            ended = (job is None or job.get("incarnation") != self.incarnation
+                     or job.get("state") != "launch" or not self._owner_alive())
+            if ended and self._ended_at is None:
+                self._ended_at = now
+                clean = job is not None and job.get("agent_exit") == 0
+                log.log(logging.INFO if clean else logging.WARNING,
+                        "incarnation %s ended on the owner's side (%s) while this node's agent "
+                        "still runs: it gets %.0f s to exit", self.incarnation,
+                        "cleanly" if clean else "its ranks failed or the owner is gone",
+                        self.stop_timeout)
+            stuck_stop = self._stop_sent and now - self._stop_at > self.stop_timeout
+            if (self._ended_at is not None and now - self._ended_at > self.stop_timeout) or stuck_stop:
+                log.error("this node's agent pid %d and ranks %s did not exit: killing them",
+                          self.proc.pid, self.ranks)
+                self._kill_agent()
+                self._ended_at = self._stop_at = math.inf
+            proc_tree.reap_orphans({self.proc.pid})
+            time.sleep(0.02 if self.stop else 0.1)
+
+
+def _owner_job_problem(owner: dict | None, job: dict) -> str | None:
+    """Why this node cannot follow the run's lock holder `owner` (its `.proxy.owner.json`) as a
+    node of `job`, or None when it is the owner of the same job."""
+    if not owner:
+        return "its owner file is unreadable"
+    ojob = owner.get("job")
+    who = f"proxy pid {owner.get('pid')} on host {owner.get('host')}"
+    if not ojob:
+        return f"it is owned by {who}, a single-node run (no --nnodes)"
+    if ojob.get("rdzv_id") != job["rdzv_id"]:
+        return (f"it is owned by {who} for the job --rdzv-id {ojob.get('rdzv_id')}, not this "
+                f"node's --rdzv-id {job['rdzv_id']}")
+    if ojob.get("nnodes") != job["nnodes"]:
+        return (f"mismatched --nnodes: its owner ({who}) runs --nnodes {ojob.get('nnodes')}, this "
+                f"node --nnodes {job['nnodes']}; give every node the same --nnodes")
+    if ojob.get("nproc_per_node") != job["nproc_per_node"]:
+        return (f"mismatched --nproc-per-node: its owner ({who}) runs {ojob.get('nproc_per_node')} "
+                f"rank(s) per node, this node {job['nproc_per_node']}; give every node the same")
+    return None
+
+
+def follow(layout: RunLayout, a, job: dict, err) -> int:
+    """`run` on a run directory whose lock another proxy holds, with --nnodes > 1: join it as a
+    follower when it is the owner of the same job, else refuse (exit 2) naming the mismatch,
+    before anything is written. Returns the exit code."""
+    from proxy.supervision.nodes import NodeSetupError, assign_node_rank
+    from shared.exit_codes import EXIT_USAGE
+    import json
+    owner = err.owner
+    why = _owner_job_problem(owner, job)
+    end = time.monotonic() + 3.0
+    # a new owner may be writing its file (the old one's, without a job, is still there)
+    while why is not None and not (owner or {}).get("job") and time.monotonic() < end:
+        time.sleep(0.1)
+        try:
+            owner = json.loads(layout.proxy_owner.read_text())
+        except (OSError, ValueError):
+            owner = None
+        why = _owner_job_problem(owner, job)
+    if why is not None:
+        log.error("%s: this node cannot join: %s. Every node of one job runs the same command "
+                  "(--run-dir on a shared filesystem, --nnodes, --nproc-per-node, --rdzv-id)",
+                  layout.root, why)
+        return EXIT_USAGE
+    if a.node_rank is not None:
+        log.info("--node-rank %d ignored: the run's owner is node rank 0 and followers take 1..%d "
+                 "in the order they join (docs/architecture.md#several-nodes)", a.node_rank,
+                 job["nnodes"] - 1)
+    try:
+        rec = assign_node_rank(layout, owner["job"]["token"], job["nnodes"], job["nproc_per_node"])
+    except NodeSetupError as e:
+        log.error("%s", e)
+        return EXIT_USAGE
+    log.info("following the run %s as node rank %d of %d (owner: proxy pid %s on %s); this node "
+             "writes only %s", layout.root, rec.node_rank, job["nnodes"], owner["pid"],
+             owner["host"], rec.path.name)
+    f = Follower(layout, rec, owner, job["nnodes"], job["nproc_per_node"], a.stop_timeout,
+                 a.rdzv_timeout)
+    f.install_signal_handlers()
+    code = f.run()
+    log.info("follower exiting with code %d", code)
+    return code

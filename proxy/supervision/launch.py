@@ -1,0 +1,218 @@
+"""Launching the worker with torchrun and reaching its ranks (docs/signals.md#several-ranks,
+docs/architecture.md#processes).
+
+With `--nproc-per-node N > 1` or any rendezvous option the proxy starts
+`python -m torch.distributed.run --nproc-per-node N ... -m worker ARGS` instead of
+`python -m worker ARGS`. torchrun's elastic agent treats every signal it handles as "stop
+everything" (it forwards SIGTERM to the ranks and SIGKILLs them after its own 30 s shutdown
+timeout), and it starts each rank in its own session. So the proxy never signals the agent while
+the ranks are known: every rank adds its pid to the handshake's `worker.pids` when it starts
+(worker/trainer.py `announce`), and SIGUSR1/SIGTERM go to those pids directly. The agent exits by
+itself once all ranks have exited. Restarts are the proxy's job (`--max-restarts 0` for the
+agent), so a rank that dies takes the whole group down and the proxy resumes all ranks from the
+newest valid checkpoint.
+
+What it is not: the supervision loop (proxy/supervision/supervisor.py) or process-group set-up inside the
+worker (worker/distributed.py). No torch import here: the proxy stays light.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from proxy.supervision.proc_tree import pid_alive
+from shared.handshake import read_handshake
+from shared.run_layout import RunLayout
+
+log = logging.getLogger("proxy.supervision.launch")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """torchrun options passed through from `python -m proxy run` (torchrun's own names)."""
+
+    nproc_per_node: int = 1
+    nnodes: str | None = None          # "N" or "MIN:MAX"
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None   # host:port of the rendezvous
+    rdzv_id: str | None = None
+    rdzv_backend: str | None = None    # default c10d when an endpoint is given
+    rdzv_timeout: float = 600.0        # seconds the owner waits for every node to join
+
+    @property
+    def nodes(self) -> int:
+        """Nodes of the job: --nnodes N (MIN:MAX counts MAX); 1 without --nnodes."""
+        return int(str(self.nnodes).split(":")[-1]) if self.nnodes else 1
+
+    @property
+    def multi_node(self) -> bool:
+        """More than one node: the owner/follower split (proxy/supervision/nodes.py) and the static
+        rendezvous, whatever --rdzv-backend says."""
+        return self.nodes > 1
+
+    @property
+    def uses_torchrun(self) -> bool:
+        return self.nproc_per_node > 1 or any(
+            v is not None for v in (self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id,
+                                    self.rdzv_backend))
+
+    def world_size(self) -> int:
+        """Ranks in the whole job (nproc_per_node x the maximum number of nodes)."""
+        return self.nproc_per_node * self.nodes
+
+
+def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> list[str]:
+    """argv that runs `python -m worker worker_args` under torchrun with `opts`.
+
+    Single node without a rendezvous endpoint: `--standalone` (a private store on a free port,
+    so several runs on one box never collide)."""
+    argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(opts.nproc_per_node),
+            "--max-restarts", "0", "--monitor-interval", "0.5"]
+    if opts.rdzv_endpoint is None and opts.nnodes in (None, "1", "1:1"):
+        argv.append("--standalone")
+    else:
+        if opts.nnodes is not None:
+            argv += ["--nnodes", str(opts.nnodes)]
+        if opts.node_rank is not None:
+            argv += ["--node-rank", str(opts.node_rank)]
+        argv += ["--rdzv-backend", opts.rdzv_backend or "c10d"]
+        if opts.rdzv_endpoint is not None:
+            argv += ["--rdzv-endpoint", opts.rdzv_endpoint]
+        if opts.rdzv_id is not None:
+            argv += ["--rdzv-id", opts.rdzv_id]
+    return argv + ["-m", "worker", *worker_args]
+
+
+def static_argv(python: str, worker_args: list[str], nproc_per_node: int, nnodes: int,
+                node_rank: int, addr: str, port: int, run_id: str, timeout: float) -> list[str]:
+    """argv of torchrun with the static rendezvous (docs/architecture.md#several-nodes): node
+    `node_rank` of `nnodes`, the store served by node rank 0's agent at `addr`:`port`, so the
+    global rank of local rank l is node_rank x nproc_per_node + l; `timeout` seconds for every
+    node's agent to reach the store."""
+    return [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
+            "--max-restarts", "0", "--monitor-interval", "0.5", "--nnodes", str(nnodes),
+            "--node-rank", str(node_rank), "--rdzv-backend", "static", "--master-addr", addr,
+            "--master-port", str(port), "--rdzv-id", run_id,
+            "--rdzv-conf", f"timeout={max(1, int(timeout))}", "-m", "worker", *worker_args]
+
+
+def rank_env(env: dict) -> dict:
+    """The environment of a multi-node agent: OMP_NUM_THREADS=1 unless the user set it, as
+    torchrun itself sets for more than one rank per node. So a rank's intra-op threads, and
+    with them the float rounding of its CPU kernels, do not depend on how the ranks are spread
+    over nodes: two nodes x one rank train bit for bit like one node x two ranks
+    (docs/architecture.md#several-nodes)."""
+    env = dict(env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn of the torchrun agent: prctl(PR_SET_PDEATHSIG, SIGTERM), so the agent gets
+    SIGTERM when the proxy dies, even by SIGKILL; it then stops its ranks (they checkpoint)
+    and exits, also while it still waits for a rendezvous (docs/signals.md#parent-death).
+    The kernel sends it when the spawning thread exits: the proxy spawns from its main thread."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def local_ranks(agent_pid: int, run_dir: str) -> list[int]:
+    """This node's ranks: the processes below the torchrun agent `agent_pid` that run `-m worker`
+    on `run_dir` (the handshake's `worker.pids` holds every node's pids, which mean nothing on
+    another host)."""
+    return [p for p in agent_descendants(agent_pid) if _is_our_rank(p, run_dir)]
+
+
+def rank_pids(layout: RunLayout) -> list[int]:
+    """The pids the ranks of the current incarnation announced (`worker.pids`), maybe partial
+    while ranks are still starting; [] before the first announces."""
+    w = read_handshake(layout).get("worker") or {}
+    return [int(p) for p in w.get("pids") or [] if isinstance(p, int) and p > 0]
+
+
+def signal_pids(pids: list[int], sig: int) -> int:
+    """Send `sig` to each pid that still exists; returns how many were signalled."""
+    n = 0
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            n += 1
+        except ProcessLookupError:
+            pass
+    return n
+
+
+def kill_ranks(pids: list[int]) -> None:
+    """SIGKILL each rank and its session's process group (torchrun starts each rank as a
+    session leader, so the agent's group does not contain them)."""
+    for pid in pids:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def agent_descendants(agent_pid: int) -> list[int]:
+    """Pids of every process below the torchrun agent (ranks that may not have announced yet)."""
+    try:
+        return [c.pid for c in psutil.Process(agent_pid).children(recursive=True)]
+    except Exception:  # noqa: BLE001 - the agent is gone or psutil cannot see it: nothing to add
+        return []
+
+
+def _is_our_rank(pid: int, run_dir: str) -> bool:
+    """Guard against pid reuse: the process's command line names `-m worker` and our run dir."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"worker" in argv and os.fsencode(run_dir) in argv
+
+
+def wait_for_earlier_workers(layout: RunLayout, grace: float) -> list[int]:
+    """A proxy killed by SIGKILL leaves its worker running: it notices the parent's death,
+    checkpoints and exits by itself (docs/signals.md#kill--9), which can take a while on a busy
+    machine. A new proxy must not plan its resume while that worker may still write a checkpoint
+    or reports. Waits up to `grace` seconds for every worker the handshake names (this run's
+    only, checked by command line), then SIGKILLs what is left. Returns the pids waited for."""
+    ours = [p for p in rank_pids(layout) if p != os.getpid() and _is_our_rank(p, str(layout.root))]
+    if not ours:
+        return []
+    log.warning("worker pid(s) %s of an earlier proxy still run on %s: waiting up to %.0f s for "
+                "their checkpoint and exit before resuming", ours, layout.root, grace)
+    _wait_then_kill(ours, grace, "worker pid(s) %s did not exit within %.0f s: killing them")
+    return ours
+
+
+def _wait_then_kill(pids: list[int], grace: float, why: str) -> list[int]:
+    """Wait up to `grace` seconds for `pids` to exit, then SIGKILL (and log `why` % (left,
+    grace)) those still alive; returns them."""
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(pid_alive(p) for p in pids):
+        time.sleep(0.05)
+    left = [p for p in pids if pid_alive(p)]
+    if left:
+        log.error(why, left, grace)
+        kill_ranks(left)
+    return left
+
+
+def reap_leftover_ranks(pids: list[int], run_dir: str, grace: float = 10.0) -> list[int]:
+    """After the agent exited: wait up to `grace` seconds for ranks still running (this run's
+    only), then SIGKILL them. Returns the pids that had to be killed (logged: nothing may be
+    left holding a GPU)."""
+    ours = [p for p in pids if _is_our_rank(p, run_dir)]
+    return _wait_then_kill(ours, grace, "ranks %s outlived the torchrun agent by %.0f s: killing them")

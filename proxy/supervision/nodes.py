@@ -1,0 +1,243 @@
+"""Several nodes, one run (docs/architecture.md#several-nodes): the owner/follower split and the files
+that carry it, all under `DIR/.nodes/` on the run directory's shared filesystem.
+
+The first proxy of a multi-node job to take the run lock is the OWNER: it does everything a
+single-node proxy does (creation, the bandit, the history, the sidecars, checkpoints and their
+retention) and its node is node rank 0, so global rank 0, the one rank that writes checkpoints and
+reports, is always on the owner's node. A proxy that finds the lock held by the owner of the same
+job (the same `--rdzv-id` and `--nnodes`, read from `.proxy.owner.json`) becomes a FOLLOWER
+(proxy/supervision/follower.py): it launches and signals its own node's ranks and writes nothing but its
+node record.
+
+    .nodes/job.json            owner: the job (token, nnodes, nproc per node) and the current
+                               incarnation: its number, state ("launch", "ended", "done"),
+                               the static rendezvous' address and port, the worker's arguments
+    .nodes/<host>-<pid>.json   every node's proxy: node rank, role, token of the job it
+                               joined, its agent's pid, its ranks' pids, the incarnation it
+                               runs, its agent's exit code, a stop request, a heartbeat
+    .nodes/.lock               filelock around the node-rank counter
+
+Why the static rendezvous (torchrun `--rdzv-backend static`) and not c10d: c10d numbers the
+nodes in the order their agents arrive and ignores `--node-rank`, so global rank 0 could land on
+any node. With the static backend the agent of node rank 0 hosts the TCP store and the global
+rank is node_rank x nproc_per_node + local_rank; the owner announces the address and a fresh
+port of its store in job.json for every incarnation, and followers take node ranks 1..N-1
+from the counter here. Elastic membership (`--nnodes MIN:MAX`) is given up: the job is N nodes.
+
+What it is not: the supervision of the owner's incarnations (proxy/supervision/supervisor.py) or the
+follower's loop (proxy/supervision/follower.py); the launch argv is built in proxy/supervision/launch.py.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from shared.atomic_io import atomic_write_json
+from shared.procfs import process_state
+from shared.run_layout import RunLayout
+
+log = logging.getLogger("proxy")
+
+HEARTBEAT_S = 1.0        # every node's proxy rewrites its record this often (seconds)
+NODE_STALE_S = 15.0      # a record on another host older than this is a lost node (seconds)
+
+
+class NodeSetupError(RuntimeError):
+    """A multi-node set-up that cannot work (mismatched --nnodes, too many nodes, a rendezvous
+    that never completes); the message names the values and the fix. Exit 2 when raised before
+    anything was written."""
+
+
+def nodes_dir(layout: RunLayout) -> Path:
+    return layout.root / ".nodes"
+
+
+def job_path(layout: RunLayout) -> Path:
+    return nodes_dir(layout) / "job.json"
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def read_job(layout: RunLayout) -> dict | None:
+    """The owner's job.json, or None before the owner wrote it."""
+    return read_json(job_path(layout))
+
+
+def write_job(layout: RunLayout, job: dict) -> None:
+    nodes_dir(layout).mkdir(exist_ok=True)
+    atomic_write_json(job_path(layout), job)
+
+
+def _pid_alive(pid) -> bool:
+    return isinstance(pid, int) and process_state(pid) not in (None, "Z", "X")
+
+
+def record_alive(rec: dict, stale_s: float = NODE_STALE_S) -> bool:
+    """A node record's proxy is alive: on this host, its pid exists; on another host, its
+    heartbeat is younger than `stale_s` seconds."""
+    if rec.get("left"):
+        return False
+    if rec.get("host") == socket.gethostname():
+        return _pid_alive(rec.get("pid"))
+    return time.time() - float(rec.get("heartbeat") or 0) < stale_s
+
+
+def node_records(layout: RunLayout) -> list[dict]:
+    """Every node record in `.nodes/` (live or not), sorted by node rank."""
+    out = []
+    d = nodes_dir(layout)
+    if not d.is_dir():
+        return out
+    for p in sorted(d.glob("*.json")):
+        if p.name == "job.json":
+            continue
+        rec = read_json(p)
+        if rec is not None:
+            rec["file"] = p.name
+            out.append(rec)
+    return sorted(out, key=lambda r: (r.get("node_rank") is None, r.get("node_rank") or 0))
+
+
+@dataclass
+class NodeRecord:
+    """This proxy's own record `.nodes/<host>-<pid>.json`, the one file a follower writes."""
+
+    layout: RunLayout
+    role: str            # "owner" | "follower"
+    node_rank: int
+    token: str           # the job (owner proxy's life) this node belongs to
+    nproc_per_node: int
+
+    def __post_init__(self) -> None:
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.path = nodes_dir(self.layout) / f"{self.host}-{self.pid}.json"
+        self.fields: dict = {"agent_pid": None, "ranks": [], "incarnation": None,
+                             "agent_exit": None, "stop_request": None}
+        self._t = 0.0
+
+    def write(self, **changes) -> None:
+        """Update fields and rewrite the record now (atomic; readers never see half of it)."""
+        self.fields.update(changes)
+        nodes_dir(self.layout).mkdir(exist_ok=True)
+        atomic_write_json(self.path, {"host": self.host, "pid": self.pid, "role": self.role,
+                                      "node_rank": self.node_rank, "token": self.token,
+                                      "nproc_per_node": self.nproc_per_node,
+                                      "heartbeat": time.time(), **self.fields})
+        self._t = time.monotonic()
+
+    def heartbeat(self, **changes) -> None:
+        """Rewrite the record if HEARTBEAT_S passed or something changed."""
+        if changes or time.monotonic() - self._t >= HEARTBEAT_S:
+            self.write(**changes)
+
+    def leave(self) -> None:
+        """Mark the record as left (kept for `status`: which node ran what, last)."""
+        try:
+            self.write(left=True, ranks=[], agent_pid=None)
+        except OSError:
+            pass
+
+
+def live_followers(layout: RunLayout, token: str) -> list[dict]:
+    """Records of live followers that joined the job `token`."""
+    return [r for r in node_records(layout)
+            if r.get("role") == "follower" and r.get("token") == token and record_alive(r)]
+
+
+def assign_node_rank(layout: RunLayout, token: str, nnodes: int, nproc: int) -> NodeRecord:
+    """Register this proxy as a follower of job `token`: the lowest node rank in 1..nnodes-1 that
+    no live follower holds, taken under `.nodes/.lock` so two nodes arriving together never
+    share one. Raises NodeSetupError when every rank is held (more nodes than --nnodes)."""
+    nodes_dir(layout).mkdir(exist_ok=True)
+    with FileLock(str(nodes_dir(layout) / ".lock"), timeout=30):
+        held = {r.get("node_rank"): r for r in live_followers(layout, token)}
+        free = [r for r in range(1, nnodes) if r not in held]
+        if not free:
+            who = ", ".join(f"{r}: {h['host']} pid {h['pid']}" for r, h in sorted(held.items()))
+            raise NodeSetupError(
+                f"{layout.root}: the job already has its {nnodes} nodes (owner, and node ranks "
+                f"{who}); this node would be one too many: give every node the same --nnodes, "
+                f"or stop the extra launch")
+        rec = NodeRecord(layout, "follower", free[0], token, nproc)
+        rec.write()
+    return rec
+
+
+def wait_for_followers(layout: RunLayout, token: str, nnodes: int, timeout: float,
+                       stopping=lambda: False, idle=lambda: None,
+                       busy_ok: bool = False) -> list[dict] | None:
+    """Wait until nnodes-1 live followers of job `token` have joined and none still runs an
+    agent of an earlier incarnation (unless `busy_ok`). Returns their records, or None when
+    `stopping()` turned true. Raises NodeSetupError after `timeout` seconds, naming the node
+    ranks that are missing and the ones present. `idle()` is called between polls."""
+    end = time.monotonic() + timeout
+    said = 0.0
+    while True:
+        fol = live_followers(layout, token)
+        ranks = sorted(r["node_rank"] for r in fol)
+        busy = [r for r in fol if _agent_running(r)]
+        if len(ranks) >= nnodes - 1 and (busy_ok or not busy):
+            return fol
+        if stopping():
+            return None
+        now = time.monotonic()
+        if now > end:
+            missing = [r for r in range(1, nnodes) if r not in ranks]
+            present = ", ".join(f"{r['node_rank']} ({r['host']} pid {r['pid']})" for r in fol) or "none"
+            raise NodeSetupError(
+                f"rendezvous incomplete after {timeout:.0f} s: node rank(s) "
+                f"{', '.join(map(str, missing)) or '-'} of --nnodes {nnodes} never joined "
+                f"{layout.root} (joined: owner {socket.gethostname()} pid {os.getpid()}, "
+                f"followers {present}"
+                + (f"; still running an earlier incarnation: "
+                   f"{', '.join(str(r['node_rank']) for r in busy)}" if busy else "")
+                + "). Start the same command on the missing node(s), with --run-dir on the "
+                  "filesystem every node shares (a node whose --run-dir is another directory "
+                  "becomes the owner of that one and waits in vain), or raise --rdzv-timeout")
+        if now - said > 10:
+            log.info("waiting for %d node(s) to join %s (have node ranks %s of %d)",
+                     nnodes - 1 - len(ranks), layout.root, ranks or "none", nnodes)
+            said = now
+        idle()
+        time.sleep(0.05)
+
+
+def _agent_running(rec: dict) -> bool:
+    """The record says its agent runs (the follower clears agent_pid when its agent exits)."""
+    return rec.get("agent_pid") is not None
+
+
+def store_address(rdzv_endpoint: str | None) -> str:
+    """The address the owner's agent serves the static rendezvous store on: the host of
+    `--rdzv-endpoint` when it is an address of this machine (127.0.0.1 in the tests, the first
+    node's name under Slurm when the owner runs there), else this machine's host name, which
+    the other nodes must be able to resolve (the case on any cluster)."""
+    host = (rdzv_endpoint or "").rpartition(":")[0].strip("[]")
+    if host:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))  # succeeds only for an address of this machine
+            return host
+        except OSError:
+            pass
+    return socket.gethostname()
+
+
+def free_port(addr: str) -> int:
+    """A TCP port free on `addr` now (the store of one incarnation binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr if addr != socket.gethostname() else "", 0))
+        return s.getsockname()[1]

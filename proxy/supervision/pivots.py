@@ -1,0 +1,203 @@
+"""The live side of a polish pivot (docs/pivots.md): the state machine the supervisor runs on
+`.pivot.request.json` = {label, caps, floors, requested_by, requested_at, state, step, ...};
+`state` moves requested -> boundary (step B chosen, handshake control stop_at_step = B posted)
+-> archived (archive/pivot-B/ complete) -> recorded (phase in phases.json: the commit point) ->
+running (the new worker filed step B+1; the file then moves to archive/pivot-B/). A refused
+request gets state "failed" and an "error".
+
+What it is not: the request file's reader and writer (proxy/run_files/pivot_request.py), the
+phase record (proxy/supervision/resume_planning.py `start_pivot_phase`), the `pivot` command
+(proxy/commands/pivot.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from proxy.run_files.pivot_request import (
+    archive_request,
+    pending_request,
+    read_request,
+    write_request,
+)
+from shared.atomic_io import fsync_dir
+from shared.config import RunConfig
+from shared.handshake import update_handshake
+from shared.run_layout import RunLayout
+
+log = logging.getLogger("proxy.commands.pivot")
+
+
+FAULT_ENV = "ANDREA_FAULT_PIVOT"          # test hook: the proxy SIGKILLs itself at that moment
+
+
+def fault_point(moment: str) -> None:
+    """Test hook (docs/pivots.md#crash-safety): SIGKILL this process when the environment
+    variable ANDREA_FAULT_PIVOT names `moment`. Off unless set; production never sets it."""
+    if os.environ.get(FAULT_ENV) == moment:
+        log.warning("%s=%s: killing this proxy (SIGKILL) for a crash test", FAULT_ENV, moment)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int,
+                       max_steps: int) -> int | None:
+    """Called by the live proxy's watch loop. A request in state "requested" gets its boundary
+    B = the next multiple of the checkpoint cadence after `filed_step` + 1 (the worker may be a
+    step ahead of what is filed): handshake control stop_at_step = B (reason "pivot") is posted
+    and the request moves to state "boundary". Returns B, or None when there is nothing to do.
+    A request that can no longer be served (B would not be before `max_steps`) gets state
+    "failed" with the reason; nothing else changes."""
+    req = read_request(layout)
+    if not req or req.get("state") != "requested":
+        return None
+    now = bool(req.get("now"))
+    b = next_boundary(cfg, filed_step, now)
+    if b >= max_steps:
+        _fail(layout, req, (f"the next step, {b}," if now else
+                            f"the next checkpoint boundary, step {b},")
+              + f" is not before the last step {max_steps}")
+        return None
+    posted = update_handshake(layout, lambda d: _post_pivot_stop(d["control"], b, now))["control"]
+    if posted.get("reason") != "pivot":  # a collapse alarm's stop is pending: it goes first
+        if req.get("waiting_for") != "alarm":
+            req.update(waiting_for="alarm")
+            write_request(layout, req)
+            log.warning("pivot %r waits: a collapse alarm is stopping the run at step %s; the "
+                        "request stays pending and is served at the next start (`python -m "
+                        "proxy run --run-dir %s`)", req.get("label"), posted.get("stop_at_step"),
+                        layout.root)
+        return None
+    req.pop("waiting_for", None)
+    req.update(state="boundary", step=b, proxy_pid=os.getpid(), posted_at=time.time())
+    write_request(layout, req)
+    log.info("pivot requested (by pid %s, label %r%s): the worker checkpoints and stops at step %d",
+             req.get("requested_by"), req.get("label"), ", --now" if now else "", b)
+    fault_point("before-boundary")
+    return b
+
+
+def next_boundary(cfg: RunConfig, filed_step: int, now: bool = False) -> int:
+    """The step a pivot requested after `filed_step` (the last step the proxy filed) happens at:
+    the next multiple of the checkpoint cadence after filed_step + 1 (the worker may be a step
+    ahead of what is filed), or with `now` (`pivot --now`) filed_step + 1, the step the worker
+    is at or will reach next (docs/pivots.md#the-boundary)."""
+    if now:
+        return filed_step + 1
+    every = cfg.checkpoint_every
+    return ((filed_step + 1) // every + 1) * every
+
+
+def _post_pivot_stop(control: dict, b: int, now: bool = False) -> None:
+    """Post the pivot's stop at B into the handshake's `control`, unless a collapse alarm's stop
+    is pending there: the alarm stops the run now, and replacing it would turn that stop into a
+    pivot at a later boundary after which training goes on (docs/pivots.md#the-boundary)."""
+    if control.get("reason") == "alarm" and control.get("stop_at_step") is not None:
+        return
+    control.update(stop_at_step=b, reason="pivot", now=now)
+
+
+def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:
+    """The worker started its pivot checkpoint at `step`. B was chosen from the last step the
+    proxy had filed, and the worker may already have been past it when the control request
+    reached it; it then stops at its next checkpoint boundary instead (shared/handshake.py
+    `control_stops_at`). The request's B becomes that step, so the pivot happens where the
+    worker really stopped (docs/pivots.md#the-boundary). Returns the new B when it moved, else
+    None."""
+    req = read_request(layout)
+    if not req or req.get("state") != "boundary" or req.get("step") == step:
+        return None
+    old = req.get("step")
+    req.update(step=step, planned_step=old)
+    write_request(layout, req)
+    log.info("pivot %r: the worker was past step %s when the request reached it; it stops at the "
+             "next checkpoint boundary, step %d, and the pivot happens there", req.get("label"),
+             old, step)
+    return step
+
+
+def fail_unserved(layout: RunLayout, last_step: int, max_steps: int) -> bool:
+    """The run ended at its last step (`last_step` >= `max_steps`) with a pivot's boundary still
+    ahead: nothing would train in the new phase, so the request gets state "failed" with the
+    reason (the `pivot` command prints it). Returns True when it did."""
+    req = pending_request(layout)
+    if not req or req.get("state") != "boundary" or last_step < max_steps:
+        return False
+    _fail(layout, req, f"the run reached its last step {max_steps} before the pivot's "
+                       f"boundary (step {req.get('step')})")
+    return True
+
+
+def _fail(layout: RunLayout, req: dict, why: str) -> None:
+    """Give the request state "failed" with `why` and the remedy; nothing else changes."""
+    req.update(state="failed", error=f"{why}: nothing would train in the new phase; run longer "
+               "(run --max-steps N) and pivot again")
+    write_request(layout, req)
+    log.warning("pivot %r not served: %s", req.get("label"), req["error"])
+
+
+def pivot_due(layout: RunLayout, step: int) -> dict | None:
+    """The request when the pivot must happen at `step` now (state boundary or archived, at
+    that step); a boundary/archived request for another step (the worker stopped before B: a
+    kill, a SIGTERM) is put back to "requested" with a log line, so the live proxy serves it
+    again, and a half-made archive of it is removed."""
+    req = pending_request(layout)
+    if not req or req.get("state") not in ("boundary", "archived"):
+        return None
+    if req.get("step") == step:
+        return req
+    b = req.get("step")
+    if b is not None:  # a half-made archive of B
+        shutil.rmtree(_tmp_archive(layout, b), ignore_errors=True)
+        shutil.rmtree(layout.pivot_archive(b), ignore_errors=True)
+    log.warning("pivot %r was to happen at step %s but the run resumes from step %d: the old "
+                "phase goes on and the request is served again at the next boundary",
+                req.get("label"), b, step)
+    req.update(state="requested", step=None)
+    write_request(layout, req)
+    return None
+
+
+def _tmp_archive(layout: RunLayout, step) -> Path:
+    return layout.archive / f"pivot-{step}.tmp"
+
+
+def archive_sidecars(layout: RunLayout, step: int) -> Path:
+    """Copy `.samples.json` and `.state.json` into archive/pivot-<step>/ via pivot-<step>.tmp/
+    and one rename, so the archive is complete or absent (docs/pivots.md#crash-safety). The
+    originals stay until the phase is recorded. Idempotent: an existing archive is kept."""
+    dest = layout.pivot_archive(step)
+    if dest.exists():
+        return dest
+    tmp = _tmp_archive(layout, step)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for p in (layout.samples, layout.state):
+        if p.exists():
+            shutil.copyfile(p, tmp / p.name)
+            with open(tmp / p.name, "rb") as f:
+                os.fsync(f.fileno())
+    fsync_dir(tmp)
+    tmp.replace(dest)
+    fsync_dir(layout.archive)
+    log.info("archived .samples.json and .state.json to %s", dest.relative_to(layout.root))
+    return dest
+
+
+def mark_running(layout: RunLayout, step: int, worker_pid: int | None, first_step: int) -> bool:
+    """The new worker filed `first_step` after the pivot at `step`: state "running", and the
+    request moves into archive/pivot-<step>/ (the record of what was asked). True if done."""
+    req = read_request(layout)
+    if not req or req.get("state") != "recorded" or req.get("step") != step:
+        return False
+    req.update(state="running", worker_pid=worker_pid, first_step=first_step,
+               running_at=time.time())
+    write_request(layout, req)
+    archive_request(layout, step)
+    log.info("pivot %r: new worker pid %s filed step %d; phase in force", req.get("label"),
+             worker_pid, first_step)
+    return True

@@ -1,0 +1,143 @@
+"""The proxy's process-tree duties (docs/signals.md): signals before the supervisor is
+ready, spawning the worker with its signals blocked, reaping orphans (PID 1 in a container, or
+a child subreaper), and naming a process that does not answer.
+
+What it is not: the supervision loop itself (proxy/supervision/supervisor.py) or the worker's own signal
+handling (worker/signals.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+
+from shared import stop_request
+from shared.procfs import all_pids, process_state, read_stat
+
+log = logging.getLogger("proxy")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+WORKER_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1)
+PR_SET_CHILD_SUBREAPER = 36
+STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O (D)", "T": "stopped (SIGSTOP?)",
+          "t": "stopped by a tracer", "Z": "zombie", "X": "dead", "I": "idle"}
+
+
+class EarlySignals:
+    """Signals that reach the proxy before the supervisor's handlers exist (run creation, arm
+    tokenization, lock, config checks). Installed first thing in `python -m proxy`'s main():
+    a stop signal is remembered (the supervisor then starts no worker and exits 0) and SIGUSR1s
+    are counted (forwarded once a worker is up), instead of the default action killing the
+    proxy. As PID 1 in a container, default actions do nothing at all, so explicit handlers
+    are what makes `docker stop` work."""
+
+    stop: str | None = None
+    usr1 = 0
+
+    @classmethod
+    def install(cls) -> None:
+        def on_stop(signum, frame):
+            cls.stop = cls.stop or signal.Signals(signum).name
+            stop_request.request(cls.stop)  # long creation work stops at its next piece
+
+        def on_usr1(signum, frame):
+            cls.usr1 += 1
+
+        for s in STOP_SIGNALS:
+            signal.signal(s, on_stop)
+        signal.signal(signal.SIGUSR1, on_usr1)
+
+    @classmethod
+    def take(cls) -> tuple[str | None, int]:
+        """(first stop signal's name or None, SIGUSR1 count) received so far; resets both."""
+        out = (cls.stop, cls.usr1)
+        cls.stop, cls.usr1 = None, 0
+        return out
+
+
+@contextlib.contextmanager
+def signals_blocked(enabled: bool = True):
+    """Block SIGTERM/SIGINT/SIGHUP/SIGUSR1 in the proxy while it spawns the worker: the child
+    inherits the mask across exec, so a signal sent to the worker during its interpreter
+    start-up stays pending until `worker.signals.SignalFlags.install()` unblocks it (instead of
+    the default action killing it). The proxy's own pending signals arrive when this exits."""
+    if not enabled:
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def become_subreaper() -> bool:
+    """prctl(PR_SET_CHILD_SUBREAPER): orphans of the worker's tree are re-parented to the proxy
+    (not to init), so the proxy can reap them and none outlives the run. False if unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_orphans(keep: set[int]) -> list[int]:
+    """Reap every exited child except those in `keep` (the worker, whose status belongs to its
+    Popen), without blocking. Peeks with waitid(WNOWAIT) so the worker's status is never
+    stolen; returns the pids reaped. Cost: one syscall when nothing is waiting."""
+    reaped: list[int] = []
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if info is None or info.si_pid == 0 or info.si_pid in keep:
+            return reaped  # nothing waiting, or the worker first (Popen.poll reaps it next)
+        try:
+            os.waitpid(info.si_pid, os.WNOHANG)
+            reaped.append(info.si_pid)
+        except ChildProcessError:
+            return reaped
+
+
+def pid_alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie (a zombie has exited: only its status is left)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return process_state(pid) not in (None, "Z")
+
+
+def describe(pid: int) -> str:
+    """'pid 123 (python -m worker ..., stopped (SIGSTOP?))' from /proc; for log lines that say
+    which process did not answer."""
+    state = process_state(pid)
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (FileNotFoundError, ProcessLookupError):
+        state = None
+    if state is None:
+        return f"pid {pid} (gone)"
+    if len(cmd) > 60:
+        cmd = cmd[:57] + "..."
+    return f"pid {pid} ({cmd}, {STATES.get(state, state)})"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids whose process group is `pgid` (the worker's session), from /proc."""
+    stats = (read_stat(pid) for pid in all_pids())
+    return [st.pid for st in stats if st is not None and st.pgrp == pgid]
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """killpg, ignoring a group that is already gone."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass

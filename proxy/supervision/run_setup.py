@@ -1,0 +1,137 @@
+"""Creating a run directory and reading its phases (docs/architecture.md#the-run-directory,
+docs/data.md, docs/pivots.md).
+
+Creation trains the run's tokenizer (BPE on a bounded sample drawn from across every text arm,
+or bytes, or a given tokenizer.json), streams every arm whole through it into `data/`
+(shared/arm_data.prepare_arm), writes `data/arms.json`, `phases.json` (phase 0) and finally
+`run.json`: its presence marks a complete run. An interrupted creation is resumed by the same
+command: the tokenizer is reused when it was made from the same recipe, arms already complete
+(their `data/<arm>.done.json` key matches) are kept, the rest are done
+(docs/data.md#crash-safe-creation).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from proxy.mixture.bandit import resolve_bounds
+from proxy.run_files.phases import Phase, write_phases
+from shared import stop_request
+from shared.arm_data import prepare_arm, write_arm_index
+from shared.arm_sources import check_arms, open_arm, sample_text
+from shared.arm_tokenize import pin_mmap_threshold, release_free_memory
+from shared.arms import ArmSourceError, source_fingerprint
+from shared.atomic_io import atomic_write_json, read_json
+from shared.config import ConfigError, RunConfig
+from shared.run_layout import RunLayout
+from shared.tokenizer import RunTokenizer
+
+log = logging.getLogger("proxy.supervision.run_setup")
+
+
+def _recipe(cfg: RunConfig, text_arms: list) -> dict:
+    """What the tokenizer is a function of; a stored tokenizer with the same recipe is reused."""
+    src = cfg.tokenizer
+    if cfg.tokenizer not in ("bpe", "bytes"):
+        src = str(Path(cfg.tokenizer).expanduser().resolve())
+    return {"tokenizer": src, "vocab_size": cfg.vocab_size, "bpe_sample_bytes": cfg.bpe_sample_bytes,
+            "arms": [[a.name, a.kind, a.source, a.field, source_fingerprint(a)]
+                     for a in sorted(text_arms, key=lambda a: a.name)]}
+
+
+def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
+    """The run's tokenizer, saved as `tokenizer.json` (docs/data.md#the-tokenizer): bytes, a
+    copy of the given tokenizer.json, or a BPE trained on a deterministic sample of at most
+    `cfg.bpe_sample_bytes` characters spread evenly over the text arms (each arm's share drawn
+    from across the whole arm). Reused as it is when `data/tokenizer.recipe.json` matches.
+    Raises ConfigError."""
+    text_arms = [a for a in cfg.arms if a.kind != "tokens"]
+    for a in text_arms:
+        open_arm(a)  # missing files, a Parquet file without the column: refused before any work
+    recipe = _recipe(cfg, text_arms)
+    recipe_file = layout.data / "tokenizer.recipe.json"
+    if layout.tokenizer.exists() and read_json(recipe_file) == recipe:
+        tok = RunTokenizer.load(layout.tokenizer)
+        log.info("tokenizer: kept %s from an interrupted creation (%d tokens)",
+                 layout.tokenizer, tok.vocab_size)
+        return tok
+    if cfg.tokenizer == "bytes":
+        tok = RunTokenizer.bytes()
+        tok.save(layout.tokenizer)
+    elif cfg.tokenizer != "bpe":
+        src = Path(cfg.tokenizer).expanduser()
+        tok = RunTokenizer.from_file(src)
+        shutil.copyfile(src, layout.tokenizer)
+        log.info("tokenizer: %s (%d tokens), used as given", src, tok.vocab_size)
+    else:
+        if not text_arms:
+            raise ConfigError("--tokenizer bpe needs at least one text arm to train on; "
+                              "use --tokenizer bytes with pre-tokenized arms")
+        t0 = time.perf_counter()
+        share = cfg.bpe_sample_bytes // len(text_arms)
+        texts = []
+        for a in sorted(text_arms, key=lambda a: a.name):
+            stop_request.check(f"the BPE sample of arm {a.name}")
+            texts += sample_text(a, share)
+        n = sum(len(t) for t in texts)
+        log.info("BPE sample: %s characters from %d arms (at most %s per arm, drawn from across "
+                 "each arm; --bpe-sample-bytes %s) in %.1f s", f"{n:,}", len(text_arms),
+                 f"{share:,}", f"{cfg.bpe_sample_bytes:,}", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        tok = RunTokenizer.train_bpe(texts, cfg.vocab_size)
+        del texts
+        release_free_memory()  # the trainer's working set, before the arms are tokenized
+        log.info("trained BPE tokenizer: %d tokens in %.1f s", tok.vocab_size,
+                 time.perf_counter() - t0)
+        tok.save(layout.tokenizer)
+    atomic_write_json(recipe_file, recipe)
+    # BPE training is one call into the tokenizers library: a stop that came during it acts
+    # here, with the tokenizer saved and its recipe recorded, so the next attempt keeps it
+    stop_request.check("the tokenizer's creation (kept for the next attempt)")
+    return tok
+
+
+def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
+    """Build (or finish building) the run directory for `cfg`; returns cfg with the tokenizer's
+    vocab_size.
+
+    Raises ConfigError (bad numbers, infeasible caps/floors, missing, corrupt or tiny arm
+    sources) before the run directory holds a run.json; arms already complete are kept. Every
+    arm is checked before anything is written (shared/arm_sources.check_arms): all problems in
+    one ArmSourceError (docs/data.md#checks-before-any-work)."""
+    cfg.validate()
+    pin_mmap_threshold()  # before BPE training too: peak memory that does not grow with the corpus
+    names = [a.name for a in cfg.arms]
+    resolve_bounds(names, cfg.caps, cfg.floors)  # infeasible boxes refused before any work
+    problems = check_arms(cfg.arms)   # every arm, all at once, before anything is written
+    if problems:
+        raise ArmSourceError(
+            f"{len(problems)} of the {len(cfg.arms)} arms cannot be used; nothing was written:\n"
+            + "\n".join(f"  - {m}" for m in problems))
+    seen: dict[tuple, str] = {}
+    for a in cfg.arms:
+        fp = source_fingerprint(a)   # every missing source refused before anything is written
+        key = (a.kind, a.field, fp)
+        if key in seen:
+            log.warning("arms %s and %s read the same source (%s %s): its data counts twice in "
+                        "the mixture; remove one, or give them different sources",
+                        seen[key], a.name, a.kind, a.source or "(embedded)")
+        seen.setdefault(key, a.name)
+    layout.ensure()
+    tok = make_tokenizer(layout, cfg)
+    cfg.vocab_size = tok.vocab_size
+    cfg.validate()
+    log.info("model: %s, %s parameters, checkpoint %s bytes with %d tokens", cfg.preset,
+             f"{cfg.n_params:,}", f"{cfg.checkpoint_bytes:,}", cfg.vocab_size)
+    t0 = time.perf_counter()
+    arms = [prepare_arm(a, tok, layout, cfg) for a in cfg.arms]
+    write_arm_index(layout, arms)
+    log.info("arms: %s in %.1f s", ", ".join(f"{a.name} {a.n_tokens:,} tokens" for a in arms),
+             time.perf_counter() - t0)
+    write_phases(layout, [Phase(0, "initial", 0, dict(cfg.caps), dict(cfg.floors))])
+    atomic_write_json(layout.run_json, cfg.to_json())
+    return cfg
+
+

@@ -1,0 +1,144 @@
+"""The embedded default arms, built from the running Python installation's own files with
+nothing downloaded (docs/architecture.md#arms):
+  repo-docstrings  docstrings extracted (with `ast`) from standard-library modules
+  repo-code        the source code of those modules
+  python-docs      the reference documentation text that ships with Python (`pydoc_data`)
+Each keeps its documented size (MAX_ARM_BYTES characters) and is deterministic for a Python
+installation.
+
+What it is not: user arms (shared/arm_sources.py), fingerprints and the `--arm` option
+(shared/arms.py). Standard library only.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import sysconfig
+from pathlib import Path
+
+from shared.atomic_io import atomic_write_bytes
+from shared.config import ArmSourceError, ArmSpec
+
+MAX_ARM_BYTES = 2_000_000  # the embedded defaults' documented size, characters (never user arms)
+
+
+_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3", "turtledemo"}
+
+
+def _stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        out += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
+    return out
+
+
+def _docstrings(source: str) -> list[str]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    docs = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc and len(doc) > 20:
+                docs.append(doc)
+    return docs
+
+
+def _take(chunks, limit: int) -> str:
+    parts, total = [], 0
+    for c in chunks:
+        parts.append(c)
+        total += len(c) + 2
+        if total >= limit:
+            break
+    return "\n\n".join(parts)[:limit]
+
+
+def cache_dir() -> Path:
+    """Where derived data that is slow to rebuild is cached: $ANDREA_CACHE_DIR, else
+    $XDG_CACHE_HOME/andrea, else ~/.cache/andrea."""
+    env = os.environ.get("ANDREA_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "andrea"
+
+
+def _python_docstrings(limit: int) -> str:
+    """Docstrings of the standard library. Parsing every module takes seconds, so the text is
+    cached per installation, keyed by the modules' names, sizes and mtimes (a changed stdlib
+    misses the cache and is parsed again); an unwritable cache is simply skipped."""
+    import sys
+    files = _stdlib_files()
+    key = hashlib.sha256(f"{_stat_digest(files, sys.version)}\0{limit}".encode()).hexdigest()[:24]
+    cached = cache_dir() / f"python-docstrings-{key}.txt"
+    try:
+        return cached.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass
+
+    def gen():
+        for f in files:
+            for d in _docstrings(f.read_text(encoding="utf-8", errors="replace")):
+                yield d
+    text = _take(gen(), limit)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cached, text.encode("utf-8"))
+    except OSError:
+        pass
+    return text
+
+
+def _python_code(limit: int) -> str:
+    return _take((f.read_text(encoding="utf-8", errors="replace") for f in _stdlib_files()), limit)
+
+
+def _python_docs(limit: int) -> str:
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:
+        raise ArmSourceError("arm python-docs: this Python has no pydoc_data (reference docs); "
+                             "remove the arm or install a full Python") from e
+    return _take((topics[k] for k in sorted(topics)), limit)
+
+
+def embedded_files(arm: ArmSpec) -> list[Path]:
+    """The files an embedded default arm is built from (for its "of total" size)."""
+    if arm.kind in ("python-docstrings", "python-code"):
+        return _stdlib_files()
+    try:
+        import pydoc_data.topics as t
+    except ImportError as e:
+        raise ArmSourceError("arm python-docs: this Python has no pydoc_data (reference docs); "
+                             "remove the arm or install a full Python") from e
+    return [Path(t.__file__)]
+
+
+def _stat_digest(files: list[Path], extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode("utf-8"))
+    for f in files:
+        st = f.stat()
+        h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+    return "stat:" + h.hexdigest()
+
+
+def embedded_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
+    """The text of an embedded default arm, at most `limit` characters, deterministic for a
+    Python installation. Raises ArmSourceError when the source is missing or yields no text."""
+    if arm.kind == "python-docstrings":
+        text = _python_docstrings(limit)
+    elif arm.kind == "python-code":
+        text = _python_code(limit)
+    elif arm.kind == "python-docs":
+        text = _python_docs(limit)
+    else:
+        raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} is not an embedded default; "
+                             "kinds: python-docstrings, python-code, python-docs")
+    if not text.strip():
+        raise ArmSourceError(f"arm {arm.name}: source {arm.source or arm.kind!r} gave no text")
+    return text
