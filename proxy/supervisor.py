@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 from proxy import proc_tree
-from proxy.launch import agent_descendants, die_with_parent, rank_env, kill_ranks, local_ranks, rank_pids, \
-    reap_leftover_ranks, signal_pids, static_argv, torchrun_argv, wait_for_earlier_workers
+from proxy.launch import agent_descendants, die_with_parent, kill_ranks, local_ranks, rank_env, \
+    rank_pids, reap_leftover_ranks, signal_pids, static_argv, torchrun_argv, \
+    wait_for_earlier_workers
 from proxy.nodes import NodeRecord, NodeSetupError, free_port, node_records, record_alive, \
     store_address, wait_for_followers, write_job
 from proxy.mixture import MixtureController

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sysconfig
-import time
 from pathlib import Path
 
 import psutil
