@@ -118,6 +118,9 @@ def cmd_run(a) -> int:
         if job is not None:
             from proxy.nodes import NodeRecord, NodeSetupError, wait_for_followers
             from proxy.nodes import write_job
+            idle = _owner_checks(a, job, layout)
+            if idle is None:
+                return EXIT_USAGE
             node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
             node.write()
             write_job(layout, {**job, "state": "gathering", "incarnation": 0})  # not the last owner's
@@ -125,7 +128,8 @@ def cmd_run(a) -> int:
                      "for the other node(s)", layout.root, nodes, a.rdzv_timeout)
             try:  # before anything of the run is written: a job that cannot form writes nothing
                 if wait_for_followers(layout, job["token"], nodes, a.rdzv_timeout,
-                                      lambda: EarlySignals.stop is not None, node.heartbeat) is None:
+                                      lambda: EarlySignals.stop is not None,
+                                      lambda: (node.heartbeat(), idle())) is None:
                     log.info("%s received while the nodes gathered: nothing started", EarlySignals.stop)
                     return EXIT_OK
             except NodeSetupError as e:
@@ -166,6 +170,35 @@ def cmd_run(a) -> int:
         if node is not None:
             node.leave()
         lock.release()
+
+
+def _owner_checks(a, job: dict, layout: RunLayout):
+    """The owner of a multi-node job serves the job beacon at --rdzv-endpoint when that is its
+    host (proxy/beacon.py), else asks it: a beacon of the same job id for another owner means
+    this --run-dir is not the job's directory. Returns None (refused, logged) or the check to
+    repeat while the nodes gather (it raises NodeSetupError)."""
+    import os
+    import socket
+    import time
+    from proxy import beacon
+    from proxy.nodes import NodeSetupError
+    info = {"rdzv_id": a.rdzv_id, "token": job["token"], "run_dir": str(layout.root),
+            "host": socket.gethostname(), "pid": os.getpid()}
+    if beacon.serve(a.rdzv_endpoint, info):
+        return lambda: None
+    why = beacon.second_owner(a.rdzv_endpoint, a.rdzv_id, job["token"], layout.root)
+    if why:
+        log.error("%s", why)
+        return None
+    last = [time.monotonic()]
+
+    def again() -> None:  # the endpoint's node may start later
+        if time.monotonic() - last[0] > 2.0:
+            last[0] = time.monotonic()
+            why = beacon.second_owner(a.rdzv_endpoint, a.rdzv_id, job["token"], layout.root)
+            if why:
+                raise NodeSetupError(why)
+    return again
 
 
 def _nodes_of(a) -> int:

@@ -275,6 +275,10 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
                   "(--run-dir on a shared filesystem, --nnodes, --nproc-per-node, --rdzv-id)",
                   layout.root, why)
         return EXIT_USAGE
+    from proxy import beacon  # this node on the endpoint's host answers for the job
+    beacon.serve(a.rdzv_endpoint, {"rdzv_id": job["rdzv_id"], "token": owner["job"]["token"],
+                                   "run_dir": str(layout.root), "host": owner["host"],
+                                   "pid": owner["pid"]})
     if a.node_rank is not None:
         log.info("--node-rank %d ignored: the run's owner is node rank 0 and followers take 1..%d "
                  "in the order they join (docs/architecture.md#several-nodes)", a.node_rank,
