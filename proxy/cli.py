@@ -123,6 +123,7 @@ def cmd_run(a) -> int:
                 return EXIT_USAGE
             node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
             node.write()
+            node.start_heartbeat()  # also through creation, resume planning, back-off
             write_job(layout, {**job, "state": "gathering", "incarnation": 0})  # not the last owner's
             log.info("owner of %s (node rank 0 of %d, global rank 0 here): waiting up to %.0f s "
                      "for the other node(s)", layout.root, nodes, a.rdzv_timeout)

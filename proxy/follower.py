@@ -291,6 +291,7 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
     log.info("following the run %s as node rank %d of %d (owner: proxy pid %s on %s); this node "
              "writes only %s", layout.root, rec.node_rank, job["nnodes"], owner["pid"],
              owner["host"], rec.path.name)
+    rec.start_heartbeat()
     f = Follower(layout, rec, owner, job["nnodes"], job["nproc_per_node"], a.stop_timeout,
                  a.rdzv_timeout)
     f.install_signal_handlers()
