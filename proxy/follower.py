@@ -213,6 +213,8 @@ class Follower:
             now = time.monotonic()
             ended = (job is None or job.get("incarnation") != self.incarnation
                      or job.get("state") != "launch" or not self._owner_alive())
+            if not ended and self._ended_at is not None and self._ended_at != math.inf:
+                self._ended_at = None  # job.json unreadable for a moment (a network filesystem)
             if ended and self._ended_at is None:
                 self._ended_at = now
                 clean = job is not None and job.get("agent_exit") == 0
