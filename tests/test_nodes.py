@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sysconfig
-import time
+import zlib
 from pathlib import Path
 
 import psutil
@@ -29,8 +29,11 @@ PLAN = ["--max-steps", str(FINAL), "--checkpoint-every", "10", "--probe-every", 
 
 
 def node_cmd(run, *args, nnodes="2", rdzv_id="job1"):
+    """One node's command; the endpoint's port (the job beacon's) is one per test directory, so
+    tests run side by side (pytest-xdist) never meet."""
+    port = 20000 + zlib.crc32(str(Path(run).parent).encode()) % 20000
     return [*cmd(run, *args), "--nnodes", nnodes, "--nproc-per-node", "1",
-            "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", rdzv_id]
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", rdzv_id]
 
 
 def launch(run, name, *args, env=None, **kw) -> subprocess.Popen:
@@ -137,10 +140,42 @@ def test_the_store_is_served_at_the_endpoint_host_only_when_it_is_this_machine()
     assert store_address(None) == socket.gethostname()
 
 
+def test_a_node_record_keeps_beating_while_its_proxy_is_busy(tmp_path):
+    """Other hosts judge a node by its heartbeat; the owner's main thread may be busy for
+    minutes (creating the run, replaying the history), so a thread keeps the record fresh."""
+    import time
+    from proxy.supervision.nodes import NodeRecord, node_records, record_alive
+    from shared.run_layout import RunLayout
+    rec = NodeRecord(RunLayout(tmp_path), "owner", 0, "tok", 1)
+    rec.write()
+    first = node_records(RunLayout(tmp_path))[0]["heartbeat"]
+    rec.start_heartbeat()
+    time.sleep(1.3)  # busy
+    now = node_records(RunLayout(tmp_path))[0]
+    assert now["heartbeat"] > first
+    rec.leave()
+    assert not record_alive(node_records(RunLayout(tmp_path))[0]), "a node that left is gone"
+
+
+def test_the_job_beacon_tells_a_second_owner_of_the_same_job_apart(tmp_path):
+    from proxy.supervision.beacon import second_owner, serve
+    from proxy.supervision.nodes import free_port
+    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
+    assert second_owner(endpoint, "j", "mine", tmp_path) is None, "nobody listening"
+    assert serve(endpoint, {"rdzv_id": "j", "token": "first", "run_dir": "/shared/run",
+                            "host": "h", "pid": 7})
+    assert not serve(endpoint, {"token": "x"}), "one beacon per endpoint"
+    assert second_owner(endpoint, "j", "first", tmp_path) is None, "the owner itself"
+    assert second_owner(endpoint, "another-job", "mine", tmp_path) is None
+    why = second_owner(endpoint, "j", "mine", tmp_path)
+    assert "two owners of job --rdzv-id j" in why and "/shared/run" in why and str(tmp_path) in why
+    assert not serve("192.0.2.7:29400", {"token": "x"}), "not this machine's address"
+
+
 # ---------------------------------------------------------------- bad set-ups (no worker starts)
 
 @pytest.mark.slow
-def test_a_node_with_another_nnodes_or_job_id_is_refused_before_it_writes_anything(tmp_path):
+def test_a_node_with_another_nnodes_job_id_or_run_dir_is_refused_before_it_writes_anything(tmp_path):
     run = tmp_path / "run"
     owner = launch(run, "owner", *ARMS, "--rdzv-timeout", "60")
     try:
@@ -155,6 +190,12 @@ def test_a_node_with_another_nnodes_or_job_id_is_refused_before_it_writes_anythi
         r = subprocess.run(node_cmd(run, *ARMS, nnodes="1:2"), cwd=ROOT, env=_env(None),
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "a run trains on a fixed number of nodes" in r.stderr
+        other = tmp_path / "not-shared"  # a node whose --run-dir is another directory
+        r = subprocess.run(node_cmd(other, *ARMS), cwd=ROOT, env=_env(None),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert "two owners of job --rdzv-id job1" in r.stderr and str(run) in r.stderr, r.stderr
+        assert not (other / ".nodes").exists() and not (other / "run.json").exists()
         owner.send_signal(signal.SIGTERM)  # a stop while the nodes gather: nothing started
         assert owner.wait(30) == 0
     finally:

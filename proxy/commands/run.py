@@ -10,6 +10,7 @@ import logging
 import logging.handlers
 import os
 import shutil
+import socket
 import sys
 import time
 import uuid
@@ -19,6 +20,7 @@ from proxy.mixture.arm_changes import commit_arm_set, plan_arm_set
 from proxy.mixture.bandit import BanditConfigError
 from proxy.run_files.phases import read_phases
 from proxy.run_files.run_lock import RunLock, RunLockError
+from proxy.supervision import beacon
 from proxy.supervision.follower import follow
 from proxy.supervision.nodes import NodeRecord, NodeSetupError, wait_for_followers, write_job
 from proxy.supervision.proc_tree import EarlySignals
@@ -177,14 +179,19 @@ def cmd_run(a) -> int:
     node = None
     try:
         if job is not None:
+            idle = _owner_checks(a, job, layout)
+            if idle is None:
+                return EXIT_USAGE
             node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
             node.write()
+            node.start_heartbeat()  # also through creation, resume planning, back-off
             write_job(layout, {**job, "state": "gathering", "incarnation": 0})  # not the last owner's
             log.info("owner of %s (node rank 0 of %d, global rank 0 here): waiting up to %.0f s "
                      "for the other node(s)", layout.root, nodes, a.rdzv_timeout)
             try:  # before anything of the run is written: a job that cannot form writes nothing
                 if wait_for_followers(layout, job["token"], nodes, a.rdzv_timeout,
-                                      lambda: EarlySignals.stop is not None, node.heartbeat) is None:
+                                      lambda: EarlySignals.stop is not None,
+                                      lambda: (node.heartbeat(), idle())) is None:
                     log.info("%s received while the nodes gathered: nothing started", EarlySignals.stop)
                     return EXIT_OK
             except NodeSetupError as e:
@@ -230,6 +237,30 @@ def cmd_run(a) -> int:
         if node is not None:
             node.leave()
         lock.release()
+
+
+def _owner_checks(a, job: dict, layout: RunLayout):
+    """The owner of a multi-node job serves the job beacon at --rdzv-endpoint when that is its
+    host (proxy/supervision/beacon.py), else asks it: a beacon of the same job id for another
+    owner means this --run-dir is not the job's directory. Returns None (refused, logged) or the
+    check to repeat while the nodes gather (it raises NodeSetupError)."""
+    info = {"rdzv_id": a.rdzv_id, "token": job["token"], "run_dir": str(layout.root),
+            "host": socket.gethostname(), "pid": os.getpid()}
+    if beacon.serve(a.rdzv_endpoint, info):
+        return lambda: None
+    why = beacon.second_owner(a.rdzv_endpoint, a.rdzv_id, job["token"], layout.root)
+    if why:
+        log.error("%s", why)
+        return None
+    last = [time.monotonic()]
+
+    def again() -> None:  # the endpoint's node may start later
+        if time.monotonic() - last[0] > 2.0:
+            last[0] = time.monotonic()
+            why = beacon.second_owner(a.rdzv_endpoint, a.rdzv_id, job["token"], layout.root)
+            if why:
+                raise NodeSetupError(why)
+    return again
 
 
 def _nodes_of(a) -> int:

@@ -213,6 +213,8 @@ class Follower:
             now = time.monotonic()
             ended = (job is None or job.get("incarnation") != self.incarnation
                      or job.get("state") != "launch" or not self._owner_alive())
+            if not ended and self._ended_at is not None and self._ended_at != math.inf:
+                self._ended_at = None  # job.json unreadable for a moment (a network filesystem)
             if ended and self._ended_at is None:
                 self._ended_at = now
                 clean = job is not None and job.get("agent_exit") == 0
@@ -275,6 +277,10 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
                   "(--run-dir on a shared filesystem, --nnodes, --nproc-per-node, --rdzv-id)",
                   layout.root, why)
         return EXIT_USAGE
+    from proxy.supervision import beacon  # this node on the endpoint's host answers for the job
+    beacon.serve(a.rdzv_endpoint, {"rdzv_id": job["rdzv_id"], "token": owner["job"]["token"],
+                                   "run_dir": str(layout.root), "host": owner["host"],
+                                   "pid": owner["pid"]})
     if a.node_rank is not None:
         log.info("--node-rank %d ignored: the run's owner is node rank 0 and followers take 1..%d "
                  "in the order they join (docs/architecture.md#several-nodes)", a.node_rank,
@@ -287,6 +293,7 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
     log.info("following the run %s as node rank %d of %d (owner: proxy pid %s on %s); this node "
              "writes only %s", layout.root, rec.node_rank, job["nnodes"], owner["pid"],
              owner["host"], rec.path.name)
+    rec.start_heartbeat()
     f = Follower(layout, rec, owner, job["nnodes"], job["nproc_per_node"], a.stop_timeout,
                  a.rdzv_timeout)
     f.install_signal_handlers()

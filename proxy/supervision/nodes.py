@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,16 +128,37 @@ class NodeRecord:
         self.fields: dict = {"agent_pid": None, "ranks": [], "incarnation": None,
                              "agent_exit": None, "stop_request": None}
         self._t = 0.0
+        self._lock = threading.Lock()
+        self._beating: threading.Event | None = None
 
     def write(self, **changes) -> None:
         """Update fields and rewrite the record now (atomic; readers never see half of it)."""
-        self.fields.update(changes)
-        nodes_dir(self.layout).mkdir(exist_ok=True)
-        atomic_write_json(self.path, {"host": self.host, "pid": self.pid, "role": self.role,
-                                      "node_rank": self.node_rank, "token": self.token,
-                                      "nproc_per_node": self.nproc_per_node,
-                                      "heartbeat": time.time(), **self.fields})
-        self._t = time.monotonic()
+        with self._lock:
+            self.fields.update(changes)
+            nodes_dir(self.layout).mkdir(exist_ok=True)
+            atomic_write_json(self.path, {"host": self.host, "pid": self.pid, "role": self.role,
+                                          "node_rank": self.node_rank, "token": self.token,
+                                          "nproc_per_node": self.nproc_per_node,
+                                          "heartbeat": time.time(), **self.fields})
+            self._t = time.monotonic()
+
+    def start_heartbeat(self) -> None:
+        """Rewrite the record every HEARTBEAT_S from a daemon thread, so that the other hosts
+        see this proxy alive also while its main thread is busy for long (creating the run,
+        replaying the history, a restart's back-off). Stopped by leave()."""
+        if self._beating is not None:
+            return
+        self._beating = stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_S):
+                try:
+                    if time.monotonic() - self._t >= HEARTBEAT_S * 0.9:
+                        self.write()
+                except OSError as e:  # a full or unreachable filesystem: say so, keep trying
+                    log.warning("node record %s: %s", self.path, e)
+
+        threading.Thread(target=beat, name="node-heartbeat", daemon=True).start()
 
     def heartbeat(self, **changes) -> None:
         """Rewrite the record if HEARTBEAT_S passed or something changed."""
@@ -145,6 +167,8 @@ class NodeRecord:
 
     def leave(self) -> None:
         """Mark the record as left (kept for `status`: which node ran what, last)."""
+        if self._beating is not None:
+            self._beating.set()
         try:
             self.write(left=True, ranks=[], agent_pid=None)
         except OSError:
