@@ -77,6 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=10, help="--cost: steps between checkpoints")
     ap.add_argument("--cost-rounds", type=int, default=8, help="--cost: paired rounds")
     ap.add_argument("--cost-only", action="store_true", help="measure --cost alone")
+    ap.add_argument("--profile", action="store_true",
+                    help="CPU time of each stage of a background checkpoint, per thread")
     ap.add_argument("--diagnose", default="", help="--cost: extra sides, comma-separated: "
                     "plain (writer at normal priority, buffer kept), sync_copy (copy in the "
                     "training thread)")
@@ -90,6 +92,9 @@ def main(argv=None) -> int:
         d = pathlib.Path(d)
         print(f"checkpoint benchmark: n_params {n:,}, file {cf.expected_size(n):,} bytes, "
               f"{a.repeats} repeats, in {d}")
+        if a.profile:
+            profile_stages(d, n)
+            return 0
         if not a.cost_only:
             bench_write(d, a, header, buf, w, m, v)
             bench_load(d, a)
@@ -224,6 +229,64 @@ def bench_stall(d: pathlib.Path, a, w, m, v) -> None:
           f"{t_def:.4f} s   ratio to synchronous write {t_def / t_sync:.3f}  (target <= 0.10)")
     print(result_line("checkpoint_stall_vs_synchronous_write",
                       [h / y for h, y in zip(deferred, sync)], 0.10))
+
+
+def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
+    """Where a background checkpoint's CPU goes: thread CPU time (time.thread_time, not wall
+    time, so other processes' load does not change it) of each stage in the thread that runs
+    it, wrapped around the real functions; the crc32 thread's share as the crc32 of the same
+    bytes alone; the process's total CPU per checkpoint. The first (cold) round is dropped."""
+    import collections
+    import torch
+    from worker import checkpointer as ck
+    rows: list[tuple[str, float, float]] = []
+
+    def timed(name, fn):
+        def f(*args, **kw):
+            c0, t0 = time.thread_time(), time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                rows.append((name, time.thread_time() - c0, time.perf_counter() - t0))
+        return f
+    C = ck.Checkpointer
+    saved = {k: getattr(C, k) for k in ("_copy", "_release_host_buffer", "apply_retention")}
+    saved_mod = {k: getattr(ck, k) for k in ("write_checkpoint_image", "record_checkpoint")}
+    C._copy = timed("copy into the host buffer", C._copy)
+    C._release_host_buffer = timed("host buffer marked free", C._release_host_buffer)
+    C.apply_retention = timed("retention", C.apply_retention)
+    ck.write_checkpoint_image = timed("write + fsync + rename (waits for the crc32)",
+                                      ck.write_checkpoint_image)
+    ck.record_checkpoint = timed("manifest", ck.record_checkpoint)
+    try:
+        g = torch.Generator().manual_seed(0)
+        w, m, v = (torch.randn(n, generator=g) for _ in range(3))
+        c = C(d, n, keep_last=2, keep_every=0)
+        for step in range(1, rounds + 1):
+            p0 = os.times()
+            c.snapshot(step, w, m, v, "cadence", defer_copy=True)
+            c.wait()
+            p1 = os.times()
+            rows.append(("process CPU per checkpoint", (p1.user + p1.system)
+                         - (p0.user + p0.system), 0.0))
+    finally:
+        for k, f in saved.items():
+            setattr(C, k, f)
+        for k, f in saved_mod.items():
+            setattr(ck, k, f)
+    agg: dict[str, list] = collections.defaultdict(list)
+    for name, cpu, wall in rows:
+        agg[name].append((cpu, wall))
+    print(f"profile of {rounds - 1} background checkpoints (median; load average "
+          f"{os.getloadavg()[0]:.1f}):")
+    for name, xs in agg.items():
+        xs = xs[1:] or xs
+        print(f"  {name:<46} CPU {statistics.median(x[0] for x in xs):.3f} s   wall "
+              f"{statistics.median(x[1] for x in xs):.3f} s")
+    buf = bytearray(cf.expected_size(n))
+    c0 = time.thread_time()
+    zlib.crc32(buf)
+    print(f"  {'crc32 of the same bytes (its own thread)':<46} CPU {time.thread_time() - c0:.3f} s")
 
 
 COST_CHILD = r"""

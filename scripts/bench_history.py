@@ -9,7 +9,7 @@ and the file pages mapped in) and its time, `--repeats` times; the target is 150
 (docs/history.md#cost).
 
     python scripts/bench_history.py [--records 200000] [--dir /tmp]
-    python scripts/bench_history.py --memory [--records 200000] [--repeats 3]
+    python scripts/bench_history.py --memory [--records 200000] [--repeats 6]
 """
 
 import argparse
@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=200_000)   # history length at the end
     ap.add_argument("--dir", default=None)                    # where the temporary history goes
     ap.add_argument("--memory", action="store_true", help="peak RSS of the resume steps")
-    ap.add_argument("--repeats", type=int, default=3, help="--memory: processes per step")
+    ap.add_argument("--repeats", type=int, default=6, help="--memory: processes per step")
     args = ap.parse_args()
     if args.memory:
         memory(args)

@@ -10,7 +10,8 @@ enough rounds). A decision against a target uses a 95 % confidence interval of t
 (order statistics of the paired ratios, a distribution-free interval: Conover, "Practical
 Nonparametric Statistics", 3rd ed., section 3.2): met when the whole interval is on the right
 side of the target, not met when it is all on the wrong side, "cannot decide" when it straddles
-the target. With fewer than 6 rounds the interval is the whole range.
+the target. Fewer than MIN_ROUNDS (6) rounds cannot reach 95 % (the whole range of 5 covers the
+median with 94 %, of 2 with 50 %), so they never decide.
 
 Every benchmark ends with one line per figure (`result_line`):
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIN_ROUNDS = 6   # the fewest paired rounds whose range is a 95 % interval of the median
 
 
 def median_ci(values: Sequence[float], conf: float = 0.95) -> tuple[float, float]:
@@ -68,9 +70,11 @@ def decide(low: float, high: float, target: float, lower_is_better: bool = True)
 def result_line(figure: str, ratios: Sequence[float], target: float | None,
                 lower_is_better: bool = True) -> str:
     """The `RESULT {...}` line for one figure: the median of `ratios`, its 95 % interval
-    (`median_ci`), the target and the verdict (`decide`; null without a target)."""
+    (`median_ci`), the target and the verdict (`decide`; null without a target or with fewer
+    than MIN_ROUNDS ratios)."""
     low, high = median_ci(ratios)
-    met = None if target is None else decide(low, high, target, lower_is_better)
+    met = None if target is None or len(ratios) < MIN_ROUNDS else \
+        decide(low, high, target, lower_is_better)
     return "RESULT " + json.dumps({"figure": figure, "ratio": round(statistics.median(ratios), 4),
                                    "low": round(low, 4), "high": round(high, 4),
                                    "target": target, "met": met, "rounds": len(ratios)})
@@ -79,6 +83,9 @@ def result_line(figure: str, ratios: Sequence[float], target: float | None,
 def verdict_text(ratios: Sequence[float], target: float, lower_is_better: bool = True) -> str:
     """'meets the target', 'misses the target' or 'cannot decide (...)' in words."""
     low, high = median_ci(ratios)
+    if len(ratios) < MIN_ROUNDS:
+        return (f"cannot decide: {len(ratios)} rounds (at least {MIN_ROUNDS} are needed for a "
+                f"95 % interval; range {low:.3f}..{high:.3f}, target {target})")
     met = decide(low, high, target, lower_is_better)
     if met is None:
         return (f"cannot decide: the 95 % interval {low:.3f}..{high:.3f} straddles the target "
