@@ -494,7 +494,11 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
               f"left out: it cannot be learnt / is the trap) is what the targets judge; the mean over "
               f"every arm is the table's 'mean held-out'")
     sm = None
-    if grid_labels and len(res[grid_labels[0]]["runs"]) > 2:
+    n_coef = 1 + (len(names) - 1) + (len(names) - 1) * len(names) // 2   # the quadratic's coefficients
+    if grid_labels and len(grid_labels) < n_coef:
+        print(f"\noracle: {len(grid_labels)} cells (with stratified) cannot fit the {n_coef} coefficients of "
+              f"the quadratic surface: no smoothed oracle, so 'mixing matters' is not decided here")
+    elif grid_labels and len(res[grid_labels[0]]["runs"]) > 2:
         sm = smoothed_oracle(res, grid_rows, names, judged, a.seeds[:len(res[grid_labels[0]]["runs"])])
         print(f"\noracle ({len(grid_labels)} fixed mixtures, {a.oracle_design}, seeds "
               f"{' '.join(map(str, a.seeds[:len(res[best]['runs'])]))}), best cell {best}: "
