@@ -502,7 +502,8 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
         sm = smoothed_oracle(res, grid_rows, names, judged, a.seeds[:len(res[grid_labels[0]]["runs"])])
         print(f"\noracle ({len(grid_labels)} fixed mixtures, {a.oracle_design}, seeds "
               f"{' '.join(map(str, a.seeds[:len(res[best]['runs'])]))}), best cell {best}: "
-              f"{ref['lmean'] - res[best]['lmean']:+.4f} below stratified (learnable mean); noise alone "
+              f"{-paired_stats(res[best]['lmeans'], ref['lmeans'])['mean']:+.4f} below stratified (learnable mean, "
+              f"paired over those seeds); noise alone "
               f"would give the best of {len(grid_labels)} cells about {sm['null_max']:.4f}")
         print(f"smoothed oracle (quadratic surfaces + seed offsets, residual sd {sm['resid_sd']:.4f}): "
               f"unconstrained gain {sm['gain']:.4f} at {mix_label(sm['mix'], names, 2)[5:]}; within the "
@@ -533,8 +534,7 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
                   "oracle_gain_unconstrained": round(sm["gain"], 5), "mixing_matters": sm["matters"],
                   "captured": (round((ref["lmean"] - r["lmean"]) / sm["gain_lim"], 3)
                                if sm["gain_lim"] > 0 else None)}
-            if sm["matters"]:
-                s["role"] = "matters"
+            s["role"] = "matters" if sm["matters"] else "alike"
         if TRAP in names:
             s |= {"trap_p_start": round(r["pstart_all"][TRAP], 4),
                   "trap_p_max_after_warmup": round(r["pmax_all"][TRAP], 4),
@@ -555,6 +555,7 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
 
 
 SET_ROLE = {"A": "alike", "B": "alike", "C": "alike", "trap": "trap", "D": "candidate", "F": "candidate"}
+MATERIAL_GAIN = 0.005  # an oracle gain below this (nats) does not make a "mixing matters" set
 NI_MARGIN = 0.001   # non-inferiority margin, nats of mean held-out loss (docs/bandit.md#targets)
 
 
@@ -693,7 +694,9 @@ def smoothed_oracle(res: dict, grid_rows: list, names, judged, seeds, boots: int
     a 0.01 (K=3; 0.02 for K>3) lattice of the box: "gain" without constraint, "gain_lim" within
     the limits (every judged arm's surface at most WORST_LIMIT above its value at stratified).
     "gain_lim_se": the standard deviation of gain_lim over `boots` bootstrap resamples of the
-    seeds (fixed generator, so reproducible); "matters": gain_lim >= 3 gain_lim_se. Also
+    seeds (fixed generator, so reproducible); "matters": gain_lim >= 3 gain_lim_se and at least
+    MATERIAL_GAIN (a gain pinned next to stratified has a bootstrap spread near 0, which alone
+    would make a trivial gain "significant"). Also
     "resid_sd", "cell_se" (median standard error of a cell's paired difference to stratified)
     and "null_max" (what the best of that many cells gains from noise alone)."""
     K = len(names)
@@ -741,7 +744,8 @@ def smoothed_oracle(res: dict, grid_rows: list, names, judged, seeds, boots: int
     cell_se = float(np.median(ses)) if ses else float("nan")
     m = len(grid_rows)  # E[max of m standard normals], by Blom's approximation
     emax = float(statistics.NormalDist().inv_cdf((m - 0.375) / (m + 0.25)))
-    return base | {"gain_lim_se": se, "matters": base["gain_lim"] >= 3 * se and se > 0,
+    return base | {"gain_lim_se": se,
+                   "matters": base["gain_lim"] >= 3 * se and base["gain_lim"] >= MATERIAL_GAIN,
                    "cell_se": cell_se, "null_max": cell_se * emax}
 
 
