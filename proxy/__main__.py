@@ -1,4 +1,5 @@
 """`python -m proxy ...`: see proxy/cli.py."""
+
 import os
 import sys
 

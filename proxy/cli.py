@@ -4,6 +4,7 @@ The commands are listed in COMMANDS below, once; each module of proxy/commands/ 
 command's options (`add_*_args`) and its `cmd_*` function. This is the top of the proxy's layers
 (docs/architecture.md#the-proxys-layers): nothing imports it but `python -m proxy`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,11 @@ COMMANDS = (  # name, one line of help; each command's options are defined by it
     ("status", "step, loss and EMA, tokens/s, last checkpoint, arm probabilities, worker health"),
     ("inspect", "check and describe a checkpoint: header, validity, checksum, parameters, norms"),
     ("sample", "generate text from a checkpoint"),
-    ("pivot", "polish pivot in place: new caps and floors, a fresh bandit, same weights, "
-              "history and proxy"),
+    (
+        "pivot",
+        "polish pivot in place: new caps and floors, a fresh bandit, same weights, "
+        "history and proxy",
+    ),
     ("fork", "audit fork: a new run from another run's checkpoint and its history"),
     ("plot", "PNG of loss and EMA, pivots, held-out loss per arm, the arm mixture"),
     ("export", "a checkpoint as safetensors, or as a Hugging Face model folder (--format hf)"),
@@ -38,17 +42,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m proxy",
         description="ANDREA's training system: the supervising proxy and its tools "
-                    "(docs/README.md).")
+        "(docs/README.md).",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     helps = dict(COMMANDS)
-    setup = {"run": (add_run_args, run.cmd_run),
-             "status": (status.add_status_args, status.cmd_status),
-             "inspect": (inspect.add_inspect_args, inspect.cmd_inspect),
-             "sample": (sample.add_sample_args, sample.cmd_sample),
-             "pivot": (pivot.add_pivot_args, pivot.cmd_pivot),
-             "fork": (fork.add_fork_args, fork.cmd_fork),
-             "plot": (plot.add_plot_args, plot.cmd_plot),
-             "export": (export.add_export_args, export.cmd_export)}
+    setup = {
+        "run": (add_run_args, run.cmd_run),
+        "status": (status.add_status_args, status.cmd_status),
+        "inspect": (inspect.add_inspect_args, inspect.cmd_inspect),
+        "sample": (sample.add_sample_args, sample.cmd_sample),
+        "pivot": (pivot.add_pivot_args, pivot.cmd_pivot),
+        "fork": (fork.add_fork_args, fork.cmd_fork),
+        "plot": (plot.add_plot_args, plot.cmd_plot),
+        "export": (export.add_export_args, export.cmd_export),
+    }
     for name, _ in COMMANDS:
         add_args, func = setup[name]
         p = sub.add_parser(name, help=helps[name], description=helps[name])

@@ -10,15 +10,17 @@ Weights, optimizer state and allocator slack come on top and are not counted.
 
 What it is not: a profiler. No torch here; the worker supplies the device's memory.
 """
+
 from __future__ import annotations
 
 from shared.config import ConfigError, ModelShape
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
-def activation_bytes(shape: ModelShape, vocab_size: int, micro_batch: int, precision: str,
-                     compiled: bool = False) -> int:
+def activation_bytes(
+    shape: ModelShape, vocab_size: int, micro_batch: int, precision: str, compiled: bool = False
+) -> int:
     """Lower bound, in bytes, of the activations of one forward/backward of `micro_batch`
     sequences of `shape.block_size` tokens; `precision` "bf16" (16-bit activations) or "fp32".
     `compiled` (torch.compile): 24 instead of 34 x d per token and layer, since inductor
@@ -29,9 +31,16 @@ def activation_bytes(shape: ModelShape, vocab_size: int, micro_batch: int, preci
     return tokens * (shape.n_layer * per_layer + 2 * vocab_size * 4)
 
 
-def check_micro_batch_fits(shape: ModelShape, vocab_size: int, micro_batch: int, rank_slice: int,
-                           precision: str, device_bytes: int | None, device: str,
-                           compiled: bool = False) -> None:
+def check_micro_batch_fits(
+    shape: ModelShape,
+    vocab_size: int,
+    micro_batch: int,
+    rank_slice: int,
+    precision: str,
+    device_bytes: int | None,
+    device: str,
+    compiled: bool = False,
+) -> None:
     """Raise ConfigError when even the lower bound of `activation_bytes` for `micro_batch`
     exceeds `device_bytes` (the device's total memory; None: unknown, nothing checked). The
     message names the sizes and the largest micro-batch dividing `rank_slice` (the rank's
@@ -45,10 +54,14 @@ def check_micro_batch_fits(shape: ModelShape, vocab_size: int, micro_batch: int,
     per_sequence = activation_bytes(shape, vocab_size, 1, precision, compiled)  # linear in it
     top = min(rank_slice, (device_bytes // 2) // per_sequence)
     best = next((m for m in range(top, 0, -1) if rank_slice % m == 0), None)
-    fix = (f"pass --micro-batch-size {best} (the same batch of {rank_slice:,} sequences per "
-           "rank, by gradient accumulation)" if best else
-           "not even one sequence fits: use a smaller preset or context")
+    fix = (
+        f"pass --micro-batch-size {best} (the same batch of {rank_slice:,} sequences per "
+        "rank, by gradient accumulation)"
+        if best
+        else "not even one sequence fits: use a smaller preset or context"
+    )
     raise ConfigError(
         f"a micro-batch of {micro_batch:,} sequences x {shape.block_size} tokens needs at least "
         f"{need / GIB:,.1f} GiB of activations ({precision}), more than the {device_bytes / GIB:,.1f} "
-        f"GiB of {device}; {fix}")
+        f"GiB of {device}; {fix}"
+    )

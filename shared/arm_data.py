@@ -22,6 +22,7 @@ with: spec, source fingerprint, tokenizer sha256, cap, context) once its token f
 under its final name; an interrupted creation or arm addition re-run keeps every arm whose key
 still matches and redoes only the rest (docs/data.md#crash-safe-creation).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,10 @@ from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
 
 # what to do about a token file that changed under a run (ArmData.tokens, worker/data.py)
-TOKEN_FILE_REMEDY = ("restore it from a backup, or retire the arm: restart with --arm options "
-                     "that leave it out (docs/operations.md#changing-the-arms)")
+TOKEN_FILE_REMEDY = (
+    "restore it from a backup, or retire the arm: restart with --arm options "
+    "that leave it out (docs/operations.md#changing-the-arms)"
+)
 
 
 @dataclass
@@ -61,21 +64,21 @@ class ArmData:
     kind: str
     source: str
     fingerprint: str
-    path: str           # absolute, or relative to the run directory
+    path: str  # absolute, or relative to the run directory
     n_tokens: int
     heldout_start: int
-    source_fingerprint: str = ""      # "stat:<hex>" at creation ("" in runs made before it)
-    retired: dict | None = None       # {"step", "reason"} while retired (zombie or removed)
-    field: str = "text"               # the JSON Lines field / Parquet column
-    dtype: str = "uint16"             # of the token file: "uint16" or "uint32"
-    heldout: list | None = None       # held-out ranges [[a, b), ...]; None: [heldout_start, n)
-    documents: int = 0                # documents read (0 for tokens arms and older runs)
-    empty_documents: int = 0          # documents with no text, skipped (empty file, record, row)
-    source_bytes: int = 0             # source bytes used of the source's total
-    bad_records: int = 0              # records skipped (invalid JSON, missing field, ...)
-    first_bad: str = ""               # "file:line: reason" of the first
-    compression: float = 0.0          # zstd ratio of its tokens (shared/arm_redundancy.py); 0: not
-                                      # measured (older runs)
+    source_fingerprint: str = ""  # "stat:<hex>" at creation ("" in runs made before it)
+    retired: dict | None = None  # {"step", "reason"} while retired (zombie or removed)
+    field: str = "text"  # the JSON Lines field / Parquet column
+    dtype: str = "uint16"  # of the token file: "uint16" or "uint32"
+    heldout: list | None = None  # held-out ranges [[a, b), ...]; None: [heldout_start, n)
+    documents: int = 0  # documents read (0 for tokens arms and older runs)
+    empty_documents: int = 0  # documents with no text, skipped (empty file, record, row)
+    source_bytes: int = 0  # source bytes used of the source's total
+    bad_records: int = 0  # records skipped (invalid JSON, missing field, ...)
+    first_bad: str = ""  # "file:line: reason" of the first
+    compression: float = 0.0  # zstd ratio of its tokens (shared/arm_redundancy.py); 0: not
+    # measured (older runs)
 
     def token_path(self, run_dir: Path) -> Path:
         """The token file: `path`, relative to the run directory unless absolute."""
@@ -95,14 +98,16 @@ class ArmData:
         try:
             have = p.stat().st_size
         except OSError as e:
-            raise ArmSourceError(f"arm {self.name!r}: token file {p} cannot be read ({e}); "
-                                 f"{TOKEN_FILE_REMEDY}") from None
+            raise ArmSourceError(
+                f"arm {self.name!r}: token file {p} cannot be read ({e}); {TOKEN_FILE_REMEDY}"
+            ) from None
         in_place = Path(self.path).is_absolute()  # a single tokens file used where it lies,
         if have < want or (have != want and not in_place):  # maybe capped: only its head is ours
             raise ArmSourceError(
                 f"arm {self.name!r}: token file {p} has {have:,} bytes, but data/arms.json "
                 f"records {self.n_tokens:,} {self.dtype} tokens ({want:,} bytes): it was changed "
-                f"after the run was created; {TOKEN_FILE_REMEDY}")
+                f"after the run was created; {TOKEN_FILE_REMEDY}"
+            )
         return np.memmap(p, dtype=np.dtype(self.dtype), mode="r", shape=(self.n_tokens,))
 
     def heldout_ranges(self) -> list[tuple[int, int]]:
@@ -152,9 +157,14 @@ def done_marker(layout: RunLayout, name: str) -> Path:
 
 
 def _key(arm: ArmSpec, sfp: str, layout: RunLayout, cfg: RunConfig) -> dict:
-    return {"spec": asdict(arm), "source_fingerprint": sfp, "tokenizer": _tokenizer_sha(layout),
-            "arm_max_tokens": cfg.arm_max_tokens, "block_size": cfg.model.block_size,
-            "probe_sequences": cfg.probe_sequences}
+    return {
+        "spec": asdict(arm),
+        "source_fingerprint": sfp,
+        "tokenizer": _tokenizer_sha(layout),
+        "arm_max_tokens": cfg.arm_max_tokens,
+        "block_size": cfg.model.block_size,
+        "probe_sequences": cfg.probe_sequences,
+    }
 
 
 def _completed(arm: ArmSpec, key: dict, layout: RunLayout) -> ArmData | None:
@@ -175,8 +185,9 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
-def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConfig,
-                text: str | None = None) -> ArmData:
+def prepare_arm(
+    arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConfig, text: str | None = None
+) -> ArmData:
     """Tokenize one arm whole into `data/<name>.u16` (`.u32` above 65,536 tokens), streamed
     (shared/arm_tokenize.py), or check a `tokens` arm's file(s); record completion in
     `data/<name>.done.json`. An arm already complete with the same key is kept as it is (not
@@ -188,12 +199,16 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
     source, an arm too small for the context, a token file with ids outside the vocabulary or a
     size that is not a whole number of tokens; ConfigError for an unsafe name."""
     check_arm_name(arm.name)
-    sfp = source_fingerprint(arm)   # a missing source fails here, before any work
+    sfp = source_fingerprint(arm)  # a missing source fails here, before any work
     key = _key(arm, sfp, layout, cfg)
     done = _completed(arm, key, layout)
     if done is not None:
-        _log.info("arm %s: already complete (%s, fingerprint %s), kept", arm.name,
-                  f"{done.n_tokens:,} tokens", done.fingerprint[:19])
+        _log.info(
+            "arm %s: already complete (%s, fingerprint %s), kept",
+            arm.name,
+            f"{done.n_tokens:,} tokens",
+            done.fingerprint[:19],
+        )
         return done
     layout.data.mkdir(parents=True, exist_ok=True)
     cap = cfg.arm_max_tokens
@@ -225,7 +240,13 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
         else:
             assert tmp is not None  # set above for every arm that is tokenized
             fp, st = tokenize_stream(arm, tok, tmp, cap, key=key)
-            n, docs, used, total, capped = st.tokens, st.documents, st.bytes_used, st.bytes_total, st.capped
+            n, docs, used, total, capped = (
+                st.tokens,
+                st.documents,
+                st.bytes_used,
+                st.bytes_total,
+                st.capped,
+            )
             empty = st.empty
             bad, first_bad = st.bad.count, st.bad.first
             if arm.kind in ("python-docstrings", "python-code", "python-docs"):
@@ -237,13 +258,15 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
             if capped:
                 fix = f"raise --arm-max-tokens (now {cap:,}), or leave it out to use the whole arm"
             elif arm.kind != "tokens" and bad and not docs:
-                fix = (f"every record was skipped ({st.bad.summary()})"
-                       + (f"; {st.bad.hint}" if st.bad.hint else ""))
+                fix = f"every record was skipped ({st.bad.summary()})" + (
+                    f"; {st.bad.hint}" if st.bad.hint else ""
+                )
             else:
                 fix = "give it more text"
             raise ArmSourceError(
                 f"arm {arm.name}: {n:,} tokens is too small for context {cfg.model.block_size} "
-                f"plus {hold:,} held-out tokens; {fix}")
+                f"plus {hold:,} held-out tokens; {fix}"
+            )
         if tmp is not None and final is not None:  # set together
             publish(tmp, final)
             progress_path(tmp).unlink(missing_ok=True)
@@ -255,14 +278,31 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
             progress_path(tmp).unlink(missing_ok=True)
         raise
     ranges = heldout_ranges(n, cfg)
-    a = ArmData(arm.name, arm.kind, arm.source, fp, path, n, ranges[0][0], sfp, field=arm.field,
-                dtype=dt.name, heldout=[list(r) for r in ranges], documents=docs,
-                source_bytes=used, bad_records=bad, first_bad=first_bad, empty_documents=empty)
+    a = ArmData(
+        arm.name,
+        arm.kind,
+        arm.source,
+        fp,
+        path,
+        n,
+        ranges[0][0],
+        sfp,
+        field=arm.field,
+        dtype=dt.name,
+        heldout=[list(r) for r in ranges],
+        documents=docs,
+        source_bytes=used,
+        bad_records=bad,
+        first_bad=first_bad,
+        empty_documents=empty,
+    )
     a.compression = compression_ratio(a.tokens(layout.root))
     atomic_write_json(done_marker(layout, arm.name), {"key": key, "arm": asdict(a)})
     if arm.kind in ("python-docstrings", "python-code", "python-docs"):
-        of = (f"used {used:,} characters (default arms stop at {MAX_ARM_BYTES:,}) from "
-              f"{_mb(total)} of source files")
+        of = (
+            f"used {used:,} characters (default arms stop at {MAX_ARM_BYTES:,}) from "
+            f"{_mb(total)} of source files"
+        )
     elif arm.kind == "tokens":
         of = f"used {used:,} of {total:,} bytes of {len(files)} token file(s)"
     else:
@@ -271,11 +311,22 @@ def prepare_arm(arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConf
             of += f" ({empty:,} empty document{'s' if empty != 1 else ''} skipped)"
     if capped:
         of += f" (capped by --arm-max-tokens {cap:,})"
-    _log.info("arm %s (%s): %s, %s tokens (%s), %s held out in %d ranges; %s; compresses %.1fx%s",
-              arm.name, arm.kind, of, f"{n:,}", dt.name, f"{sum(b - a for a, b in ranges):,}",
-              len(ranges), f"{bad:,} bad records (first {first_bad})" if bad else "no bad records",
-              a.compression, f" (>= {REPETITIVE_RATIO:g}x: repetitive, the bandit will not raise its "
-                             f"share after the warm-up)" if a.compression >= REPETITIVE_RATIO else "")
+    _log.info(
+        "arm %s (%s): %s, %s tokens (%s), %s held out in %d ranges; %s; compresses %.1fx%s",
+        arm.name,
+        arm.kind,
+        of,
+        f"{n:,}",
+        dt.name,
+        f"{sum(b - a for a, b in ranges):,}",
+        len(ranges),
+        f"{bad:,} bad records (first {first_bad})" if bad else "no bad records",
+        a.compression,
+        f" (>= {REPETITIVE_RATIO:g}x: repetitive, the bandit will not raise its "
+        f"share after the warm-up)"
+        if a.compression >= REPETITIVE_RATIO
+        else "",
+    )
     return a
 
 
@@ -305,8 +356,12 @@ def read_arm_index(layout: RunLayout, include_retired: bool = False) -> dict[str
         arms = {a["name"]: ArmData(**a) for a in d["arms"]}
         return arms if include_retired else {n: a for n, a in arms.items() if not a.retired}
     except FileNotFoundError:
-        raise ArmSourceError(f"{layout.arms_index}: missing; the run directory is incomplete "
-                             "(was creation interrupted? remove the directory and start again)") from None
+        raise ArmSourceError(
+            f"{layout.arms_index}: missing; the run directory is incomplete "
+            "(was creation interrupted? remove the directory and start again)"
+        ) from None
     except (ValueError, KeyError, TypeError) as e:
-        raise ArmSourceError(f"{layout.arms_index}: unreadable ({e}); restore it from a backup: "
-                             "it maps the run's arms to their token files in data/ (docs/data.md)") from e
+        raise ArmSourceError(
+            f"{layout.arms_index}: unreadable ({e}); restore it from a backup: "
+            "it maps the run's arms to their token files in data/ (docs/data.md)"
+        ) from e

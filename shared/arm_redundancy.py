@@ -11,15 +11,16 @@ Measured on this machine (64 Ki-token chunks; bytes tokenizer | a BPE of 8,000):
 2.6 | 1.6, Python code 3.5 | 2.2, C headers 4.0 | 2.6, CSV 3.2 | 2.5, HTML 9.5 | 4.4, JSON 9.5 | 12,
 the benchmark's list-like trap arm (`- item 3: region region region`) 183 | 238.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import zstandard
 
-SAMPLE_CHUNKS = 16          # chunks evenly spaced over the arm
-CHUNK_TOKENS = 65536        # tokens per chunk (each compressed on its own)
+SAMPLE_CHUNKS = 16  # chunks evenly spaced over the arm
+CHUNK_TOKENS = 65536  # tokens per chunk (each compressed on its own)
 ZSTD_LEVEL = 3
-REPETITIVE_RATIO = 20.0     # the guard's default threshold (BanditConfig.repetitive_ratio)
+REPETITIVE_RATIO = 20.0  # the guard's default threshold (BanditConfig.repetitive_ratio)
 
 
 def _width(sample_max: int) -> np.dtype:
@@ -44,7 +45,7 @@ def compression_ratio(tokens: np.ndarray) -> float:
     w = min(CHUNK_TOKENS, n)
     k = SAMPLE_CHUNKS if n >= 2 * w else 1
     starts = np.linspace(0, n - w, k).round().astype(np.int64)
-    chunks = [np.asarray(tokens[s:s + w]) for s in starts]
+    chunks = [np.asarray(tokens[s : s + w]) for s in starts]
     dt = _width(max(int(c.max()) for c in chunks))
     z = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     ratios = []

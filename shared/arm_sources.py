@@ -12,6 +12,7 @@ Bad records (invalid JSON, a missing or non-text field, undecodable bytes) are c
 What it is not: tokenization (`shared/arm_tokenize.py`) or pre-tokenized `tokens` arms (read
 directly as memory maps there).
 """
+
 from __future__ import annotations
 
 import glob
@@ -26,18 +27,18 @@ from typing import Any, Iterator
 from shared.config import ArmSourceError, ArmSpec
 from shared.embedded_arms import embedded_files, embedded_text
 
-SEPARATOR = "\n\n"            # between documents of an arm (not after the last)
-READ_CHUNK = 1 << 20          # bytes read per step from a text file
-PARQUET_BATCH = 1024          # rows per Parquet record batch
+SEPARATOR = "\n\n"  # between documents of an arm (not after the last)
+READ_CHUNK = 1 << 20  # bytes read per step from a text file
+PARQUET_BATCH = 1024  # rows per Parquet record batch
 DEFAULT_ARM_CHARS = 2_000_000  # the embedded defaults' documented size (characters)
 _COMPRESSED = (".gz", ".zst", ".zstd")
 
 
 @dataclass
 class Piece:
-    text: str       # a piece of one document (never empty)
-    new_doc: bool   # the first piece of a document
-    done: int       # source bytes consumed so far
+    text: str  # a piece of one document (never empty)
+    new_doc: bool  # the first piece of a document
+    done: int  # source bytes consumed so far
 
 
 @dataclass
@@ -45,11 +46,11 @@ class BadRecords:
     """Records skipped while reading an arm: how many, why (first reason) and where (first)."""
 
     count: int = 0
-    first: str = ""        # "file:line: reason"
+    first: str = ""  # "file:line: reason"
     by_reason: dict = field(default_factory=dict)
-    hint: str = ""         # what the first record missing its field had instead (the likely fix)
+    hint: str = ""  # what the first record missing its field had instead (the likely fix)
 
-    replaced: int = 0      # undecodable bytes of text files, replaced by U+FFFD (kept, not skipped)
+    replaced: int = 0  # undecodable bytes of text files, replaced by U+FFFD (kept, not skipped)
     replaced_first: str = ""
 
     def add(self, where: str, reason: str) -> None:
@@ -70,8 +71,10 @@ class BadRecords:
             kinds = ", ".join(f"{n} {r}" for r, n in sorted(self.by_reason.items()))
             parts.append(f"{self.count:,} bad records skipped ({kinds}; first at {self.first})")
         if self.replaced:
-            parts.append(f"{self.replaced:,} undecodable bytes replaced by U+FFFD (first at "
-                         f"{self.replaced_first}; a binary file in a text arm?)")
+            parts.append(
+                f"{self.replaced:,} undecodable bytes replaced by U+FFFD (first at "
+                f"{self.replaced_first}; a binary file in a text arm?)"
+            )
         return "; ".join(parts) or "no bad records"
 
 
@@ -99,24 +102,35 @@ def resolve_files(arm: ArmSpec) -> list[Path]:
     if p.is_dir():
         files = _dir_files(p)
         if not files:
-            raise ArmSourceError(f"arm {arm.name}: directory {p} holds no file; "
-                                 "put the arm's files there or remove the arm")
+            raise ArmSourceError(
+                f"arm {arm.name}: directory {p} holds no file; "
+                "put the arm's files there or remove the arm"
+            )
         return files
     matches = [Path(x) for x in glob.glob(str(p), recursive=True)]
     # a matched directory stands for its files, as a directory named alone does
-    files = sorted({f for m in matches for f in ([m] if m.is_file() else _dir_files(m) if m.is_dir() else [])})
+    files = sorted(
+        {f for m in matches for f in ([m] if m.is_file() else _dir_files(m) if m.is_dir() else [])}
+    )
     if not files:
-        what = (f"matches only directories with no file ({', '.join(map(str, sorted(matches)[:3]))})"
-                if matches else "matches no file")
-        raise ArmSourceError(f"arm {arm.name}: source {arm.source!r} {what}; "
-                             "fix the path or remove the arm")
+        what = (
+            f"matches only directories with no file ({', '.join(map(str, sorted(matches)[:3]))})"
+            if matches
+            else "matches no file"
+        )
+        raise ArmSourceError(
+            f"arm {arm.name}: source {arm.source!r} {what}; fix the path or remove the arm"
+        )
     return files
 
 
 def _dir_files(p: Path) -> list[Path]:
     """The files under directory `p`, recursive and sorted, hidden files and folders skipped."""
-    return sorted(q for q in p.rglob("*") if q.is_file()
-                  and not any(part.startswith(".") for part in q.relative_to(p).parts))
+    return sorted(
+        q
+        for q in p.rglob("*")
+        if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)
+    )
 
 
 def _open_binary(path: Path):
@@ -137,6 +151,7 @@ class ZstdFrames(io.RawIOBase):
 
     def __init__(self, raw, chunk: int = 1 << 20) -> None:
         import zstandard
+
         self._raw, self._chunk, self._zstd = raw, chunk, zstandard
         self._dobj: Any = None  # the current frame's zstandard decompressobj
         self._fed, self._buf = False, b""
@@ -169,8 +184,10 @@ class ZstdFrames(io.RawIOBase):
 
 
 def _corrupt(arm: ArmSpec, path: Path, e: Exception) -> ArmSourceError:
-    return ArmSourceError(f"arm {arm.name}: {path} is corrupt or truncated ({type(e).__name__}: "
-                          f"{e}); re-download or recompress it, or remove it from the arm")
+    return ArmSourceError(
+        f"arm {arm.name}: {path} is corrupt or truncated ({type(e).__name__}: "
+        f"{e}); re-download or recompress it, or remove it from the arm"
+    )
 
 
 class ArmReader:
@@ -215,7 +232,9 @@ class TextReader(ArmReader):
                         cut = data.rfind(b"\n") + 1
                         if cut == 0:
                             cut = len(data)
-                            while cut > 0 and len(data) - cut < 4 and (data[cut - 1] & 0xC0) == 0x80:
+                            while (
+                                cut > 0 and len(data) - cut < 4 and (data[cut - 1] & 0xC0) == 0x80
+                            ):
                                 cut -= 1
                             if cut > 0 and data[cut - 1] >= 0xC0:
                                 cut -= 1
@@ -226,7 +245,7 @@ class TextReader(ArmReader):
                     try:
                         text = data.decode("utf-8")
                     except UnicodeDecodeError as e:
-                        bad_line = line + data[:e.start].count(b"\n")
+                        bad_line = line + data[: e.start].count(b"\n")
                         self.bad.add_replaced(f"{f}:{bad_line}", undecodable_bytes(data))
                         text = data.decode("utf-8", errors="replace")
                     line += data.count(b"\n")
@@ -268,7 +287,8 @@ class JsonlReader(ArmReader):
                                 self.bad.hint = (
                                     f"the records have fields {', '.join(map(repr, names[:12]))}"
                                     f"{' ...' if len(names) > 12 else ''}; name the text's "
-                                    f"field: {self.arm.name}=jsonl:{self.arm.source}:FIELD")
+                                    f"field: {self.arm.name}=jsonl:{self.arm.source}:FIELD"
+                                )
                             continue
                         text = obj[key]
                         if not isinstance(text, str):
@@ -293,20 +313,25 @@ class ParquetReader(ArmReader):
 
     def check(self) -> None:
         import pyarrow.parquet as pq
+
         for f in self.files:
             try:
                 schema = pq.read_schema(f)
             except Exception as e:
-                raise ArmSourceError(f"arm {self.arm.name}: {f} is not a readable Parquet file "
-                                     f"({e}); fix or remove it") from e
+                raise ArmSourceError(
+                    f"arm {self.arm.name}: {f} is not a readable Parquet file "
+                    f"({e}); fix or remove it"
+                ) from e
             if self.arm.field not in schema.names:
                 raise ArmSourceError(
                     f"arm {self.arm.name}: {f} has no column {self.arm.field!r} (columns: "
                     f"{', '.join(schema.names)}); name the text column as "
-                    f"--arm {self.arm.name}=parquet:{self.arm.source}:COLUMN")
+                    f"--arm {self.arm.name}=parquet:{self.arm.source}:COLUMN"
+                )
 
     def pieces(self) -> Iterator[Piece]:
         import pyarrow.parquet as pq
+
         self.check()
         base = 0
         for f in self.files:
@@ -341,9 +366,14 @@ class EmbeddedReader(ArmReader):
         yield Piece(text, True, self.total)
 
 
-READERS = {"text": TextReader, "jsonl": JsonlReader, "parquet": ParquetReader,
-           "python-docstrings": EmbeddedReader, "python-code": EmbeddedReader,
-           "python-docs": EmbeddedReader}
+READERS = {
+    "text": TextReader,
+    "jsonl": JsonlReader,
+    "parquet": ParquetReader,
+    "python-docstrings": EmbeddedReader,
+    "python-code": EmbeddedReader,
+    "python-docs": EmbeddedReader,
+}
 
 
 def open_arm(arm: ArmSpec) -> ArmReader:
@@ -383,8 +413,9 @@ def sample_text(arm: ArmSpec, budget: int, piece: int = 1 << 16) -> list[str]:
     if isinstance(r, EmbeddedReader):  # whole (the defaults are bounded already)
         parts = list(iter_text(arm))
         return ["".join(parts)] if parts else []
-    packed = isinstance(r, ParquetReader) or any(f.name.lower().endswith(_COMPRESSED)
-                                                 for f in r.files)
+    packed = isinstance(r, ParquetReader) or any(
+        f.name.lower().endswith(_COMPRESSED) for f in r.files
+    )
     if packed or r.total <= budget:
         parts, n = [], 0
         for t in iter_text(arm):
@@ -395,7 +426,7 @@ def sample_text(arm: ArmSpec, budget: int, piece: int = 1 << 16) -> list[str]:
         else:
             return ["".join(parts)] if parts else []
         del parts
-        r = open_arm(arm)   # over the budget: sampled by marks from a fresh reader
+        r = open_arm(arm)  # over the budget: sampled by marks from a fresh reader
     piece = max(1, min(piece, budget))
     n = max(1, budget // piece)
     marks = [r.total * j // n for j in range(n)]
@@ -416,7 +447,7 @@ def sample_text(arm: ArmSpec, budget: int, piece: int = 1 << 16) -> list[str]:
             # the mark's place inside this piece, by source bytes (pieces are contiguous)
             off = max(at, min(len(text), (marks[j] - prev) * len(text) // span))
             j += 1
-            take = text[off:off + piece]
+            take = text[off : off + piece]
             at = off + len(take)
             if len(take) < piece:
                 cur, need = [take], piece - len(take)
@@ -430,9 +461,9 @@ def sample_text(arm: ArmSpec, budget: int, piece: int = 1 << 16) -> list[str]:
     return out
 
 
-HEAD_RECORDS = 100      # JSON Lines records looked at by the up-front check
-HEAD_BYTES = 1 << 20    # at most this much (decompressed) read by it
-BINARY_PROBE = 8000     # bytes of a single-file text arm looked at for NUL (git's rule)
+HEAD_RECORDS = 100  # JSON Lines records looked at by the up-front check
+HEAD_BYTES = 1 << 20  # at most this much (decompressed) read by it
+BINARY_PROBE = 8000  # bytes of a single-file text arm looked at for NUL (git's rule)
 
 
 def _describe(arm: ArmSpec, files: list[Path]) -> str:
@@ -455,7 +486,7 @@ def _check_jsonl_head(arm: ArmSpec, files: list[Path]) -> list[str]:
                     lines += 1
                     try:
                         obj = json.loads(line)
-                    except ValueError:   # UnicodeDecodeError included
+                    except ValueError:  # UnicodeDecodeError included
                         first_bad = first_bad or f"{f}:{lineno}"
                     else:
                         parsed += 1
@@ -475,17 +506,33 @@ def _check_jsonl_head(arm: ArmSpec, files: list[Path]) -> list[str]:
         if lines >= HEAD_RECORDS or seen >= HEAD_BYTES:
             break
     if not lines:
-        return [(f"arm {arm.name}: {_describe(arm, files)} holds no records; give it JSON Lines "
-                 "(one object per line) or remove the arm")]
+        return [
+            (
+                f"arm {arm.name}: {_describe(arm, files)} holds no records; give it JSON Lines "
+                "(one object per line) or remove the arm"
+            )
+        ]
     if not parsed:
-        return [(f"arm {arm.name}: none of the first {lines:,} lines is JSON (first at "
-                 f"{first_bad}); is it JSON Lines? use kind text for plain text")]
+        return [
+            (
+                f"arm {arm.name}: none of the first {lines:,} lines is JSON (first at "
+                f"{first_bad}); is it JSON Lines? use kind text for plain text"
+            )
+        ]
     if not with_field:
-        has = (f"they have fields {', '.join(map(repr, fields[:12]))}"
-               f"{' ...' if len(fields) > 12 else ''}" if fields else "they are not objects")
-        return [(f"arm {arm.name}: none of the first {parsed:,} records has a text field "
-                 f"{arm.field!r} ({has}); name the text's field: "
-                 f"--arm {arm.name}=jsonl:{arm.source}:FIELD")]
+        has = (
+            f"they have fields {', '.join(map(repr, fields[:12]))}"
+            f"{' ...' if len(fields) > 12 else ''}"
+            if fields
+            else "they are not objects"
+        )
+        return [
+            (
+                f"arm {arm.name}: none of the first {parsed:,} records has a text field "
+                f"{arm.field!r} ({has}); name the text's field: "
+                f"--arm {arm.name}=jsonl:{arm.source}:FIELD"
+            )
+        ]
     return []
 
 
@@ -497,54 +544,84 @@ def check_arm(arm: ArmSpec) -> list[str]:
     bytes). Returns the problems as messages naming the arm, the file and the fix ([] when it is
     usable); raises nothing for a bad arm."""
     from shared.arms import EMBEDDED_KINDS, source_fingerprint, token_files
+
     try:
-        source_fingerprint(arm)   # the source exists and names files
+        source_fingerprint(arm)  # the source exists and names files
         if arm.kind in EMBEDDED_KINDS:
             return []
         files = token_files(arm) if arm.kind == "tokens" else resolve_files(arm)
     except ArmSourceError as e:
         return [str(e)]
     except OSError as e:
-        return [(f"arm {arm.name}: source {arm.source!r} cannot be read ({e}); fix the path or "
-                 "its permissions, or remove the arm")]
+        return [
+            (
+                f"arm {arm.name}: source {arm.source!r} cannot be read ({e}); fix the path or "
+                "its permissions, or remove the arm"
+            )
+        ]
     try:
         total = sum(f.stat().st_size for f in files)
     except OSError as e:
         return [f"arm {arm.name}: {e}; fix the path or remove the arm"]
     if total == 0:
-        return [(f"arm {arm.name}: {_describe(arm, files)} is empty (0 bytes); give it data or "
-                 "remove the arm")]
+        return [
+            (
+                f"arm {arm.name}: {_describe(arm, files)} is empty (0 bytes); give it data or "
+                "remove the arm"
+            )
+        ]
     if arm.kind == "jsonl":
         return _check_jsonl_head(arm, files)
     if arm.kind == "parquet":
         try:
             ParquetReader(arm).check()
             import pyarrow.parquet as pq
+
             rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
         except ArmSourceError as e:
             return [str(e)]
         except Exception as e:  # noqa: BLE001 - pyarrow's own errors, named in the message
-            return [(f"arm {arm.name}: {files[0]} is not a readable Parquet file ({e}); fix or "
-                     "remove it")]
+            return [
+                (
+                    f"arm {arm.name}: {files[0]} is not a readable Parquet file ({e}); fix or "
+                    "remove it"
+                )
+            ]
         if not rows:
-            return [(f"arm {arm.name}: {_describe(arm, files)} holds no rows; give it data or "
-                     "remove the arm")]
+            return [
+                (
+                    f"arm {arm.name}: {_describe(arm, files)} holds no rows; give it data or "
+                    "remove the arm"
+                )
+            ]
     if arm.kind == "text" and len(files) == 1:
         try:
             with open(files[0], "rb") as fh:
                 head = fh.read(BINARY_PROBE)
         except OSError as e:
-            return [(f"arm {arm.name}: {files[0]} cannot be read ({e}); fix its permissions or "
-                     "remove the arm")]
+            return [
+                (
+                    f"arm {arm.name}: {files[0]} cannot be read ({e}); fix its permissions or "
+                    "remove the arm"
+                )
+            ]
         if b"\0" in head:
-            return [(f"arm {arm.name}: {files[0]} is binary (NUL bytes in its first "
-                     f"{BINARY_PROBE:,} bytes), not text; for token ids use "
-                     f"--arm {arm.name}=tokens:{arm.source}, else remove the arm")]
+            return [
+                (
+                    f"arm {arm.name}: {files[0]} is binary (NUL bytes in its first "
+                    f"{BINARY_PROBE:,} bytes), not text; for token ids use "
+                    f"--arm {arm.name}=tokens:{arm.source}, else remove the arm"
+                )
+            ]
         if not head.strip():
             with open(files[0], "rb") as fh:
                 if not any(chunk.strip() for chunk in iter(lambda: fh.read(1 << 20), b"")):
-                    return [(f"arm {arm.name}: {files[0]} holds only whitespace; give it text "
-                             "or remove the arm")]
+                    return [
+                        (
+                            f"arm {arm.name}: {files[0]} holds only whitespace; give it text "
+                            "or remove the arm"
+                        )
+                    ]
     return []
 
 

@@ -14,6 +14,7 @@ the whole arm.
 
 What it is not: the arm index and held-out split (`shared/arm_data.py`), the readers.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -36,10 +37,10 @@ from shared.config import ArmSpec
 from shared.progress import Progress
 from shared.tokenizer import RunTokenizer
 
-ITEM_CHARS = 1 << 16        # characters per encode item (the unit of parallel work)
-ITEMS_PER_THREAD = 2        # items per encoder thread in one batch (load balance at its end)
+ITEM_CHARS = 1 << 16  # characters per encode item (the unit of parallel work)
+ITEMS_PER_THREAD = 2  # items per encoder thread in one batch (load balance at its end)
 MIN_BATCH_ITEMS = 8
-SCAN_TOKENS = 1 << 24       # tokens per chunk when scanning a token file's ids
+SCAN_TOKENS = 1 << 24  # tokens per chunk when scanning a token file's ids
 
 
 def encoder_threads() -> int:
@@ -68,12 +69,12 @@ class ArmStats:
     """What creation used of an arm: documents, source bytes used/total, tokens, bad records."""
 
     documents: int = 0
-    empty: int = 0                 # documents with no text, skipped (ArmReader.empty)
+    empty: int = 0  # documents with no text, skipped (ArmReader.empty)
     bytes_used: int = 0
     bytes_total: int = 0
     tokens: int = 0
-    chars: int = 0                 # characters tokenized (separators included)
-    capped: bool = False           # stopped at an explicit --arm-max-tokens
+    chars: int = 0  # characters tokenized (separators included)
+    capped: bool = False  # stopped at an explicit --arm-max-tokens
     bad: BadRecords = field(default_factory=BadRecords)
     seconds: float = 0.0
 
@@ -87,7 +88,7 @@ def _write_all(fh, arr: np.ndarray) -> None:
 
 
 MMAP_THRESHOLD = 128 * 1024  # bytes: glibc's default before it starts adjusting it
-_M_MMAP_THRESHOLD = -3       # glibc mallopt parameter
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
 
 def pin_mmap_threshold() -> bool:
@@ -114,7 +115,7 @@ def release_free_memory() -> bool:
 
 
 PROGRESS_SUFFIX = ".progress.json"
-DELAY_ENV = "ANDREA_TOKENIZE_DELAY"   # test hook: seconds to sleep after each recorded batch
+DELAY_ENV = "ANDREA_TOKENIZE_DELAY"  # test hook: seconds to sleep after each recorded batch
 
 _log = logging.getLogger("andrea.data")
 
@@ -147,8 +148,14 @@ def _resume_point(tmp: Path, key: dict | None) -> dict | None:
         return None
 
 
-def tokenize_stream(arm: ArmSpec, tok: RunTokenizer, tmp: Path, max_tokens: int = 0,
-                    label: str | None = None, key: dict | None = None) -> tuple[str, ArmStats]:
+def tokenize_stream(
+    arm: ArmSpec,
+    tok: RunTokenizer,
+    tmp: Path,
+    max_tokens: int = 0,
+    label: str | None = None,
+    key: dict | None = None,
+) -> tuple[str, ArmStats]:
     """Tokenize the whole text of `arm` into `tmp` (flat `tok.dtype`, no header), fsynced.
 
     Returns (content fingerprint "sha256:<hex>" of the text as streamed, stats). With
@@ -185,19 +192,28 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
     batch_chars = batch_items() * ITEM_CHARS
     batch: list[str] = []
     size, first, written, done_at_cap = 0, True, 0, None
-    skip = 0                    # pieces already in tmp (a resume)
+    skip = 0  # pieces already in tmp (a resume)
     delay = float(os.environ.get(DELAY_ENV) or 0)
     if resume is not None:
         skip, written = int(resume["pieces"]), int(resume["tokens"])
         done_at_cap = resume.get("capped_at")
         stats.capped = done_at_cap is not None
-        _log.info("arm %s: resuming its tokenization after %s of %s (%s tokens kept from the "
-                  "interrupted attempt)", arm.name, f"{int(resume['done']) / 1e6:,.1f} MB",
-                  f"{reader.total / 1e6:,.1f} MB", f"{written:,}")
+        _log.info(
+            "arm %s: resuming its tokenization after %s of %s (%s tokens kept from the "
+            "interrupted attempt)",
+            arm.name,
+            f"{int(resume['done']) / 1e6:,.1f} MB",
+            f"{reader.total / 1e6:,.1f} MB",
+            f"{written:,}",
+        )
 
     def mark(pieces: int, done: int) -> dict:
-        return {"pieces": pieces, "done": done, "chars": stats.chars,
-                "text_sha256": h.copy().hexdigest()}
+        return {
+            "pieces": pieces,
+            "done": done,
+            "chars": stats.chars,
+            "text_sha256": h.copy().hexdigest(),
+        }
 
     def record(fh, at: dict) -> None:
         """Make the ids written so far durable, then say so (in that order: kill -9 safe)."""
@@ -205,8 +221,10 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
             return
         fh.flush()
         os.fsync(fh.fileno())
-        atomic_write_json(progress_path(tmp), {
-            "key": key, **at, "bytes": fh.tell(), "tokens": written, "capped_at": done_at_cap})
+        atomic_write_json(
+            progress_path(tmp),
+            {"key": key, **at, "bytes": fh.tell(), "tokens": written, "capped_at": done_at_cap},
+        )
         if delay:
             time.sleep(delay)
 
@@ -217,7 +235,7 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
         if done_at_cap is not None:
             return  # a batch read before the cap was reached: none of it is the arm's
         if max_tokens and written + len(ids) >= max_tokens:
-            ids = ids[:max_tokens - written]
+            ids = ids[: max_tokens - written]
             done_at_cap, stats.capped = at["done"], True
         _write_all(fh, ids)
         written += len(ids)
@@ -225,7 +243,7 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
 
     at_batch, n = None, 0
     if resume is None:
-        progress_path(tmp).unlink(missing_ok=True)   # another key's: never to be used
+        progress_path(tmp).unlink(missing_ok=True)  # another key's: never to be used
     try:
         with open(tmp, "r+b" if resume is not None else "wb") as fh:
             if resume is not None:
@@ -236,23 +254,27 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
                 if p.new_doc and not first:
                     text = SEPARATOR + text
                 first = False
-                if n <= skip:   # in tmp already: hashed and counted, not encoded
+                if n <= skip:  # in tmp already: hashed and counted, not encoded
                     h.update(text.encode("utf-8"))
                     stats.chars += len(text)
                     prog.update(p.done)
                     stop_request.check(f"tokenization of arm {arm.name}")
-                    if n == skip and (p.done != int(resume["done"]) or
-                                      h.hexdigest() != resume.get("text_sha256")
-                                      or stats.chars != int(resume["chars"])):
-                        raise _Diverged("its source no longer gives the text the partial token "
-                                        "file was made from")
+                    if n == skip and (
+                        p.done != int(resume["done"])
+                        or h.hexdigest() != resume.get("text_sha256")
+                        or stats.chars != int(resume["chars"])
+                    ):
+                        raise _Diverged(
+                            "its source no longer gives the text the partial token "
+                            "file was made from"
+                        )
                     if n == skip:
-                        prog.restart_rate()   # the rate and ETA of the encoding that is left
+                        prog.restart_rate()  # the rate and ETA of the encoding that is left
                     continue
                 try:
                     stop_request.check(f"tokenization of arm {arm.name}")
                 except stop_request.StopRequested:
-                    if pending is not None:   # keep what was read: written and recorded
+                    if pending is not None:  # keep what was read: written and recorded
                         flush(fh, pending)
                         pending = None
                     if batch and done_at_cap is None:
@@ -264,7 +286,7 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
                     continue  # capped: read on only for the fingerprint and the total
                 stats.chars += len(text)
                 for i in range(0, len(text), ITEM_CHARS):
-                    batch.append(text[i:i + ITEM_CHARS])
+                    batch.append(text[i : i + ITEM_CHARS])
                 size += len(text)
                 at_batch = mark(n, p.done)
                 if size >= batch_chars:
@@ -273,8 +295,9 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
                     pending = (pool.submit(tok.encode_pieces, batch), at_batch)
                     batch, size = [], 0
             if n < skip:
-                raise _Diverged(f"its source now ends before piece {skip:,} of the partial "
-                                "token file")
+                raise _Diverged(
+                    f"its source now ends before piece {skip:,} of the partial token file"
+                )
             if pending is not None:
                 flush(fh, pending)
             if batch and done_at_cap is None:
@@ -317,7 +340,8 @@ def token_dtype(arm: ArmSpec, tok: RunTokenizer, files: list[Path] | None = None
         one = {k: next(f for f, v in said.items() if v == k) for k in kinds}
         raise ArmSourceError(
             f"arm {arm.name}: its token files have different widths by their names "
-            f"({', '.join(f'{one[k]} is {k}' for k in kinds)}); give each width its own arm")
+            f"({', '.join(f'{one[k]} is {k}' for k in kinds)}); give each width its own arm"
+        )
     if arm.dtype:
         given = np.dtype(arm.dtype)
         if kinds and kinds[0] != given.name:
@@ -325,7 +349,8 @@ def token_dtype(arm: ArmSpec, tok: RunTokenizer, files: list[Path] | None = None
             raise ArmSourceError(
                 f"arm {arm.name}: dtype {given.name} was given but {f} is named {f.suffix} "
                 f"({kinds[0]}); give the dtype its name says (tokens:{arm.source}:"
-                f"{'u32' if kinds[0] == 'uint32' else 'u16'}) or rename the file")
+                f"{'u32' if kinds[0] == 'uint32' else 'u16'}) or rename the file"
+            )
         return given
     return np.dtype(kinds[0]) if kinds else np.dtype(tok.dtype)
 
@@ -343,20 +368,22 @@ def check_token_files(arm: ArmSpec, tok: RunTokenizer) -> tuple[list[Path], np.d
             raise ArmSourceError(
                 f"arm {arm.name}: {f} is {size:,} bytes, not a whole number of {dt.name} tokens "
                 f"({dt.itemsize} bytes each); a truncated copy, or the wrong dtype (give "
-                f"tokens:{arm.source}:u16 or :u32)")
+                f"tokens:{arm.source}:u16 or :u32)"
+            )
         n = size // dt.itemsize
         if n:
             ids = np.memmap(f, dtype=dt, mode="r", shape=(n,))
             for i in range(0, n, SCAN_TOKENS):
                 stop_request.check(f"the check of arm {arm.name}'s token file {f.name}")
-                chunk = ids[i:i + SCAN_TOKENS]
+                chunk = ids[i : i + SCAN_TOKENS]
                 top = int(chunk.max())
                 if top >= tok.vocab_size:
                     at = i + int(np.argmax(chunk >= tok.vocab_size))
                     raise ArmSourceError(
                         f"arm {arm.name}: {f} holds token id {int(ids[at])} at token {at:,} but "
                         f"the run's vocabulary has {tok.vocab_size:,} ids; tokenize it with the "
-                        f"run's tokenizer.json (or check the dtype: {dt.name})")
+                        f"run's tokenizer.json (or check the dtype: {dt.name})"
+                    )
             del ids
         total += n
     return files, dt, total
@@ -372,11 +399,9 @@ def concat_token_files(files: list[Path], dtype, tmp: Path, max_tokens: int = 0)
                 for chunk in iter(lambda: fh.read(1 << 24), b""):
                     stop_request.check(f"the copy of token file {f.name}")
                     if limit is not None:
-                        chunk = chunk[:max(0, limit - written * itemsize)]
+                        chunk = chunk[: max(0, limit - written * itemsize)]
                     out.write(chunk)
                     written += len(chunk) // itemsize
         out.flush()
         os.fsync(out.fileno())
     return written
-
-

@@ -10,6 +10,7 @@ or pre-tokenized uint16/uint32 token files (nanoGPT's format); user arms are alw
 
 What it is not: tokenization and batching (`shared/arm_tokenize.py`, `worker/data.py`).
 """
+
 from __future__ import annotations
 
 import glob
@@ -43,8 +44,10 @@ def read_arm_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
     if arm.kind in ("text", "jsonl", "parquet"):
         text = "".join(iter_text(arm))  # whole; small arms and tests only
     else:
-        raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} has no text; kinds: "
-                             "python-docstrings, python-code, python-docs, text, jsonl, parquet, tokens")
+        raise ArmSourceError(
+            f"arm {arm.name}: kind {arm.kind!r} has no text; kinds: "
+            "python-docstrings, python-code, python-docs, text, jsonl, parquet, tokens"
+        )
     if not text.strip():
         raise ArmSourceError(f"arm {arm.name}: source {arm.source or arm.kind!r} gave no text")
     return text
@@ -91,9 +94,11 @@ def parse_arm_option(text: str) -> ArmSpec:
         check_arm_name(name, f"--arm {text!r}")
         return ArmSpec(name=name, kind=kind)
     if not sep or not sep2 or not name or not source:
-        raise ConfigError(f"--arm {text!r}: expected NAME=KIND:SOURCE[:FIELD] with KIND one of "
-                          f"{', '.join(USER_KINDS)}, or NAME=KIND with KIND one of "
-                          f"{', '.join(EMBEDDED_KINDS)} (the defaults)")
+        raise ConfigError(
+            f"--arm {text!r}: expected NAME=KIND:SOURCE[:FIELD] with KIND one of "
+            f"{', '.join(USER_KINDS)}, or NAME=KIND with KIND one of "
+            f"{', '.join(EMBEDDED_KINDS)} (the defaults)"
+        )
     check_arm_name(name, f"--arm {text!r}")
     if kind not in USER_KINDS:
         raise ConfigError(f"--arm {text!r}: kind {kind!r} unknown; use {', '.join(USER_KINDS)}")
@@ -106,8 +111,10 @@ def parse_arm_option(text: str) -> ArmSpec:
         if tail is not None and tail.lower() in TOKEN_DTYPES:
             source, dtype = src, TOKEN_DTYPES[tail.lower()]
         elif tail is not None and not Path(source).expanduser().exists():
-            raise ConfigError(f"--arm {text!r}: token dtype {tail!r} unknown; use u16 or u32 "
-                              "(or leave it out: it is read from a .u16/.u32 name, else the vocabulary)")
+            raise ConfigError(
+                f"--arm {text!r}: token dtype {tail!r} unknown; use u16 or u32 "
+                "(or leave it out: it is read from a .u16/.u32 name, else the vocabulary)"
+            )
     # stored as an absolute path: a run resumed from another directory (a systemd unit's
     # WorkingDirectory=, a batch script's cd) must find the same files (docs/data.md#sources)
     source = os.path.abspath(os.path.expanduser(source))
@@ -125,11 +132,14 @@ def source_fingerprint(arm: ArmSpec) -> str:
     Raises ArmSourceError (a ConfigError) when the source is gone or matches no file.
     """
     import sys
+
     if arm.kind in ("python-docstrings", "python-code"):
         files = _stdlib_files()
         if not files:
-            raise ArmSourceError(f"arm {arm.name}: no standard-library sources under "
-                                 f"{sysconfig.get_paths()['stdlib']}")
+            raise ArmSourceError(
+                f"arm {arm.name}: no standard-library sources under "
+                f"{sysconfig.get_paths()['stdlib']}"
+            )
         return _stat_digest(files, f"{sys.version}\0{sysconfig.get_paths()['stdlib']}")
     if arm.kind == "python-docs":
         try:
@@ -148,8 +158,9 @@ def token_files(arm: ArmSpec) -> list[Path]:
     """The file(s) of a `tokens` arm (a file, directory or glob). Raises ArmSourceError."""
     p = Path(arm.source).expanduser()
     if not p.is_file() and not p.is_dir() and not glob.glob(str(p)):
-        raise ArmSourceError(f"arm {arm.name}: token file {p} not found; fix the path or "
-                             "remove the arm")
+        raise ArmSourceError(
+            f"arm {arm.name}: token file {p} not found; fix the path or remove the arm"
+        )
     return _text_files(arm)
 
 

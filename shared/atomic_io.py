@@ -15,7 +15,13 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["fsync_dir", "atomic_write_bytes", "atomic_write_json", "read_json", "clean_stale_writes"]
+__all__ = [
+    "fsync_dir",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "read_json",
+    "clean_stale_writes",
+]
 
 
 # errno of a file system that cannot fsync a directory at all (procfs, some FUSE and network
@@ -60,8 +66,9 @@ def atomic_write_bytes(path, data: bytes) -> None:
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
+    fd, tmp = tempfile.mkstemp(
+        prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory
+    )
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
@@ -98,17 +105,21 @@ def read_json(path, default: Any = None) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 at byte {e.start} ({len(raw)} bytes in file); "
-                         f"restore it from a backup or move it aside") from None
+        raise ValueError(
+            f"{path}: not UTF-8 at byte {e.start} ({len(raw)} bytes in file); "
+            f"restore it from a backup or move it aside"
+        ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        offset = len(text[:e.pos].encode("utf-8"))
-        raise ValueError(f"{path}: invalid JSON at byte {offset} of {len(raw)} ({e.msg}); "
-                         f"restore it from a backup or move it aside") from None
+        offset = len(text[: e.pos].encode("utf-8"))
+        raise ValueError(
+            f"{path}: invalid JSON at byte {offset} of {len(raw)} ({e.msg}); "
+            f"restore it from a backup or move it aside"
+        ) from None
 
 
-_TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")   # tempfile.mkstemp in atomic_write_bytes
+_TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")  # tempfile.mkstemp in atomic_write_bytes
 STALE_WRITE_S = 60.0
 
 
@@ -133,4 +144,3 @@ def clean_stale_writes(directory, older_than_s: float = STALE_WRITE_S) -> list[s
         except FileNotFoundError:
             continue
     return sorted(out)
-

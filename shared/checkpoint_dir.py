@@ -17,14 +17,27 @@ import os
 import pathlib
 
 from shared.atomic_io import fsync_dir
-from shared.checkpoint_format import CheckpointError, CheckpointInfo, _check_expected_n, \
-    is_temporary_name, parse_checkpoint_name, validate_checkpoint
+from shared.checkpoint_format import (
+    CheckpointError,
+    CheckpointInfo,
+    _check_expected_n,
+    is_temporary_name,
+    parse_checkpoint_name,
+    validate_checkpoint,
+)
 
-__all__ = ["QUARANTINE_DIR", "clean_stale_temporaries", "find_latest_valid", "list_checkpoints",
-           "quarantine_checkpoint", "scan_for_resume"]
+__all__ = [
+    "QUARANTINE_DIR",
+    "clean_stale_temporaries",
+    "find_latest_valid",
+    "list_checkpoints",
+    "quarantine_checkpoint",
+    "scan_for_resume",
+]
 
 
 # ---------------------------------------------------------------------------- directories
+
 
 def _scan(directory: pathlib.Path):
     try:
@@ -32,14 +45,18 @@ def _scan(directory: pathlib.Path):
     except OSError as exc:
         raise CheckpointError(
             f"{directory}: cannot list the checkpoint directory ({exc.strerror or exc}): "
-            f"check the --run-dir path", path=directory, rule="io") from exc
+            f"check the --run-dir path",
+            path=directory,
+            rule="io",
+        ) from exc
 
 
 def clean_stale_temporaries(directory: os.PathLike | str) -> list[pathlib.Path]:
     """Delete leftover checkpoint temporaries (``.step_*.bin.tmp-*``) in ``directory``.
 
-    Call at start, before this process's writer runs (docs/checkpoint-format.md#atomic-write: "Stale temporaries are cleaned
-    at start"; one owner per run directory, docs/architecture.md#one-proxy-per-run-directory). Only regular files and links whose name
+    Call at start, before this process's writer runs (docs/checkpoint-format.md#atomic-write:
+    "Stale temporaries are cleaned at start"; one owner per run directory,
+    docs/architecture.md#one-proxy-per-run-directory). Only regular files and links whose name
     matches are removed; ``step_*.bin`` files are never touched.
     Returns the removed paths, sorted. Raises CheckpointError (rule "io") if the directory
     cannot be listed; a temporary that vanished meanwhile is ignored.
@@ -75,9 +92,9 @@ def list_checkpoints(directory: os.PathLike | str) -> list[tuple[int, pathlib.Pa
     return found
 
 
-def scan_for_resume(directory: os.PathLike | str, n_params: int | None,
-                    checksums: dict[int, str] | None = None
-                    ) -> tuple[CheckpointInfo | None, list[CheckpointError]]:
+def scan_for_resume(
+    directory: os.PathLike | str, n_params: int | None, checksums: dict[int, str] | None = None
+) -> tuple[CheckpointInfo | None, list[CheckpointError]]:
     """Like ``find_latest_valid`` but each rejection is the CheckpointError itself (docs/checkpoint-format.md#validity).
 
     Returns (info, rejected): rejected lists, newest first, one CheckpointError per newer file
@@ -99,9 +116,9 @@ def scan_for_resume(directory: os.PathLike | str, n_params: int | None,
     return None, rejected
 
 
-def find_latest_valid(directory: os.PathLike | str, n_params: int | None,
-                      checksums: dict[int, str] | None = None
-                      ) -> tuple[CheckpointInfo | None, list[tuple[pathlib.Path, str]]]:
+def find_latest_valid(
+    directory: os.PathLike | str, n_params: int | None, checksums: dict[int, str] | None = None
+) -> tuple[CheckpointInfo | None, list[tuple[pathlib.Path | None, str]]]:
     """The newest valid checkpoint in ``directory`` and the newer ones rejected (docs/checkpoint-format.md#validity).
 
     n_params: the model's parameter count (None: not checked). checksums: step -> the
@@ -117,11 +134,10 @@ def find_latest_valid(directory: os.PathLike | str, n_params: int | None,
     return info, [(err.path, str(err)) for err in rejected]
 
 
-QUARANTINE_DIR = "rejected"   # run-directory subfolder for checkpoints resume rejected
+QUARANTINE_DIR = "rejected"  # run-directory subfolder for checkpoints resume rejected
 
 
-def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR
-                          ) -> pathlib.Path:
+def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR) -> pathlib.Path:
     """Move a rejected checkpoint into ``<its directory>/<folder>/``, keeping it (docs/checkpoint-format.md#validity).
 
     Why: a rejected ``step_000300.bin`` left in place would be overwritten when training
@@ -147,5 +163,7 @@ def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR
         raise CheckpointError(
             f"{path.name}: cannot move it to {dest_dir} ({exc.strerror or exc}): it stays "
             f"where it is; move it aside by hand before training reaches its step",
-            path=path, rule="io") from exc
+            path=path,
+            rule="io",
+        ) from exc
     return dest

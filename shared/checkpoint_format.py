@@ -39,13 +39,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-HEADER_BYTES = 8                     # int32 step + int32 n_params
-INT32_MAX = 2**31 - 1                # largest step / n_params the header can hold
-CHECKSUM_CHUNK = 8 * 1024 * 1024     # bytes per zlib.crc32 call in file_checksum
-_HEADER = struct.Struct("<ii")       # little-endian step, n_params
-_F32 = np.dtype("<f4")               # on-disk element type
-_NAME_RE = re.compile(r"step_([0-9]{6,})\.bin")            # ASCII digits only
-_TEMP_RE = re.compile(r"\.step_[^/]*\.bin\.tmp-[^/]*")     # the glob ".step_*.bin.tmp-*"
+HEADER_BYTES = 8  # int32 step + int32 n_params
+INT32_MAX = 2**31 - 1  # largest step / n_params the header can hold
+CHECKSUM_CHUNK = 8 * 1024 * 1024  # bytes per zlib.crc32 call in file_checksum
+_HEADER = struct.Struct("<ii")  # little-endian step, n_params
+_F32 = np.dtype("<f4")  # on-disk element type
+_NAME_RE = re.compile(r"step_([0-9]{6,})\.bin")  # ASCII digits only
+_TEMP_RE = re.compile(r"\.step_[^/]*\.bin\.tmp-[^/]*")  # the glob ".step_*.bin.tmp-*"
 
 
 class CheckpointError(ValueError):
@@ -57,8 +57,9 @@ class CheckpointError(ValueError):
     "shape", "io", "disk".
     """
 
-    def __init__(self, message: str, *, path: os.PathLike | str | None = None,
-                 rule: str | None = None):
+    def __init__(
+        self, message: str, *, path: os.PathLike | str | None = None, rule: str | None = None
+    ):
         super().__init__(message)
         self.path = pathlib.Path(path) if path is not None else None
         self.rule = rule
@@ -80,14 +81,16 @@ class CheckpointInfo:
 
 # ---------------------------------------------------------------------------- names, limits
 
+
 def _as_int(value, what: str) -> int:
     if isinstance(value, bool):
         raise CheckpointError(f"{what} {value!r} is a bool, not an integer", rule="limits")
     try:
         return operator.index(value)
     except TypeError:
-        raise CheckpointError(f"{what} {value!r} is not an integer "
-                              f"({type(value).__name__})", rule="limits") from None
+        raise CheckpointError(
+            f"{what} {value!r} is not an integer ({type(value).__name__})", rule="limits"
+        ) from None
 
 
 def check_int32_limits(step: int, n_params: int) -> None:
@@ -103,12 +106,16 @@ def check_int32_limits(step: int, n_params: int) -> None:
         raise CheckpointError(
             f"step {step:,} does not fit the checkpoint header (int32, 0..{INT32_MAX:,}): "
             f"a step count this large means a bad resume or a runaway counter; check the "
-            f"run's history", rule="limits")
+            f"run's history",
+            rule="limits",
+        )
     if not 1 <= n_params <= INT32_MAX:
         raise CheckpointError(
             f"n_params {n_params:,} is outside 1..{INT32_MAX:,} (the header stores it as "
             f"int32, docs/checkpoint-format.md#limits): choose an architecture with at most {INT32_MAX:,} "
-            f"parameters", rule="limits")
+            f"parameters",
+            rule="limits",
+        )
 
 
 def checkpoint_name(step: int) -> str:
@@ -121,7 +128,9 @@ def checkpoint_name(step: int) -> str:
     if not 0 <= step <= INT32_MAX:
         raise CheckpointError(
             f"step {step:,} cannot name a checkpoint: it must be in 0..{INT32_MAX:,} "
-            f"(int32 header, docs/checkpoint-format.md#limits)", rule="limits")
+            f"(int32 header, docs/checkpoint-format.md#limits)",
+            rule="limits",
+        )
     return f"step_{step:06d}.bin"
 
 
@@ -164,15 +173,20 @@ def is_temporary_name(name: str) -> bool:
 
 # ---------------------------------------------------------------------------- reading
 
+
 def _describe_size(name: str, size: int, n: int) -> str:
     want = expected_size(n)
     if size < want:
-        hint = ("truncated write? (killed mid-write or disk full); the file is kept, "
-                "resume from an older checkpoint")
+        hint = (
+            "truncated write? (killed mid-write or disk full); the file is kept, "
+            "resume from an older checkpoint"
+        )
     else:
-        hint = ("trailing bytes: not written by this format's writer, or appended to; "
-                "the file is kept, resume from an older checkpoint")
-    return (f"{name}: {size:,} bytes, expected {want:,} (8 + 12 x {n:,}): {hint}")
+        hint = (
+            "trailing bytes: not written by this format's writer, or appended to; "
+            "the file is kept, resume from an older checkpoint"
+        )
+    return f"{name}: {size:,} bytes, expected {want:,} (8 + 12 x {n:,}): {hint}"
 
 
 def _header_from(f, path: pathlib.Path, size: int) -> tuple[int, int]:
@@ -181,20 +195,28 @@ def _header_from(f, path: pathlib.Path, size: int) -> tuple[int, int]:
         raise CheckpointError(
             f"{name}: 0 bytes (zero-length file), expected at least {HEADER_BYTES} header "
             f"bytes: the write never completed; the file is kept, resume from an older "
-            f"checkpoint", path=path, rule="empty")
+            f"checkpoint",
+            path=path,
+            rule="empty",
+        )
     head = f.read(HEADER_BYTES)
     if size < HEADER_BYTES or len(head) < HEADER_BYTES:
         raise CheckpointError(
             f"{name}: {max(size, len(head)):,} bytes, shorter than the {HEADER_BYTES}-byte "
             f"header: truncated write? the file is kept, resume from an older checkpoint",
-            path=path, rule="short-header")
+            path=path,
+            rule="short-header",
+        )
     return _HEADER.unpack(head)
 
 
 def _open_error(path: pathlib.Path, exc: OSError) -> CheckpointError:
     err = CheckpointError(
         f"{path.name}: cannot read ({exc.strerror or exc}): check that {path} is a readable "
-        f"regular file", path=path, rule="io")
+        f"regular file",
+        path=path,
+        rule="io",
+    )
     err.__cause__ = exc
     return err
 
@@ -222,27 +244,41 @@ def _check_structure(f, path: pathlib.Path, n_params: int | None) -> CheckpointI
         raise CheckpointError(
             f"{name}: not a checkpoint name (expected step_NNNNNN.bin with at least six "
             f"digits, e.g. {checkpoint_name(100)}): rename it or move it out of the run "
-            f"directory", path=path, rule="name")
+            f"directory",
+            path=path,
+            rule="name",
+        )
     size = os.fstat(f.fileno()).st_size
     step, n = _header_from(f, path, size)
     if n <= 0:
         raise CheckpointError(
             f"{name}: header n_params = {n:,}, must be >= 1: corrupt header or not a "
             f"checkpoint file; the file is kept, resume from an older checkpoint",
-            path=path, rule="header-n")
+            path=path,
+            rule="header-n",
+        )
     if size != expected_size(n):
         raise CheckpointError(_describe_size(name, size, n), path=path, rule="size")
     if step != name_step:
-        fix = (f"rename it to {checkpoint_name(step)} if the header is right" if step >= 0
-               else "the header is corrupt")
+        fix = (
+            f"rename it to {checkpoint_name(step)} if the header is right"
+            if step >= 0
+            else "the header is corrupt"
+        )
         raise CheckpointError(
             f"{name}: header step {step:,} differs from the name's step {name_step:,}: "
-            f"renamed or copied by hand? {fix}; the file is kept", path=path, rule="step")
+            f"renamed or copied by hand? {fix}; the file is kept",
+            path=path,
+            rule="step",
+        )
     if n_params is not None and n != n_params:
         raise CheckpointError(
             f"{name}: the model has {n_params:,} parameters, the file has {n:,}; the "
             f"architecture differs: resume with the architecture in run.json, or start a "
-            f"new run directory", path=path, rule="n_params")
+            f"new run directory",
+            path=path,
+            rule="n_params",
+        )
     return CheckpointInfo(path=path, step=step, n_params=n, nbytes=size)
 
 
@@ -252,7 +288,9 @@ def _normalise_checksum(checksum: str, path: pathlib.Path) -> str:
         raise CheckpointError(
             f"{path.name}: expected checksum {checksum!r} is not of the form crc32:xxxxxxxx: "
             f"the manifest entry is damaged; drop it to load the file unchecked",
-            path=path, rule="checksum")
+            path=path,
+            rule="checksum",
+        )
     return want
 
 
@@ -260,7 +298,10 @@ def _checksum_mismatch(path: pathlib.Path, got: str, want: str) -> CheckpointErr
     return CheckpointError(
         f"{path.name}: checksum {got}, the manifest records {want}: the file changed after "
         f"it was written (bit rot, partial copy, another writer); the file is kept, resume "
-        f"from an older checkpoint", path=path, rule="checksum")
+        f"from an older checkpoint",
+        path=path,
+        rule="checksum",
+    )
 
 
 def _check_expected_n(n_params: int | None) -> int | None:
@@ -272,8 +313,9 @@ def _check_expected_n(n_params: int | None) -> int | None:
     return n_params
 
 
-def validate_checkpoint(path: os.PathLike | str, n_params: int | None,
-                        checksum: str | None = None) -> CheckpointInfo:
+def validate_checkpoint(
+    path: os.PathLike | str, n_params: int | None, checksum: str | None = None
+) -> CheckpointInfo:
     """Check one checkpoint file against every rule of docs/checkpoint-format.md#validity, reading no weights.
 
     path: the ``step_NNNNNN.bin`` file. n_params: the model's parameter count, or None to
@@ -301,8 +343,13 @@ def validate_checkpoint(path: os.PathLike | str, n_params: int | None,
     return info
 
 
-def _readinto_exact(f, view: memoryview, path: pathlib.Path, info: CheckpointInfo,
-                    crc: "BackgroundCrc | None" = None) -> None:
+def _readinto_exact(
+    f,
+    view: memoryview,
+    path: pathlib.Path,
+    info: CheckpointInfo,
+    crc: "BackgroundCrc | None" = None,
+) -> None:
     # Raw reads may be short (Linux caps one read at ~2 GiB); loop until the buffer is full.
     # With a crc, read in CHECKSUM_CHUNK pieces and checksum each read piece in the helper
     # thread while the next one is read.
@@ -311,18 +358,20 @@ def _readinto_exact(f, view: memoryview, path: pathlib.Path, info: CheckpointInf
         end = total if crc is None else min(total, done + CHECKSUM_CHUNK)
         got = f.readinto(view[done:end])
         if got and crc is not None:
-            crc.feed(view[done:done + got])
+            crc.feed(view[done : done + got])
         if not got:
             raise CheckpointError(
                 f"{path.name}: ended after {HEADER_BYTES + done:,} of {info.nbytes:,} bytes "
                 f"while loading: the file shrank during the read (another writer?); retry",
-                path=path, rule="size")
+                path=path,
+                rule="size",
+            )
         done += got
 
 
-def load_checkpoint(path: os.PathLike | str, n_params: int | None,
-                    checksum: str | None = None
-                    ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+def load_checkpoint(
+    path: os.PathLike | str, n_params: int | None, checksum: str | None = None
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     """Validate and read a checkpoint: (step, weights, m, v) (docs/checkpoint-format.md#validity).
 
     Same arguments and CheckpointError rules as ``validate_checkpoint``, checked on the same
@@ -340,8 +389,9 @@ def load_checkpoint(path: os.PathLike | str, n_params: int | None,
             n = info.n_params
             buf = np.empty(3 * n, dtype=_F32)
             f.seek(HEADER_BYTES)
-            crc = (BackgroundCrc(zlib.crc32(_HEADER.pack(info.step, n)))
-                   if want is not None else None)
+            crc = (
+                BackgroundCrc(zlib.crc32(_HEADER.pack(info.step, n))) if want is not None else None
+            )
             try:
                 _readinto_exact(f, memoryview(buf).cast("B"), path, info, crc)  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
             finally:
@@ -349,16 +399,17 @@ def load_checkpoint(path: os.PathLike | str, n_params: int | None,
                     crc.close()
     except OSError as exc:
         raise _open_error(path, exc) from exc
-    if crc is not None:
+    if crc is not None and want is not None:  # crc runs only when there is a checksum
         got = format_crc(crc.result())
         if got != want:
             raise _checksum_mismatch(path, got, want)
     if sys.byteorder != "little":
         buf = buf.astype(np.float32)  # big-endian host only: native order for callers
-    return info.step, buf[:n], buf[n:2 * n], buf[2 * n:]
+    return info.step, buf[:n], buf[n : 2 * n], buf[2 * n :]
 
 
 # ---------------------------------------------------------------------------- checksums
+
 
 def format_crc(crc: int) -> str:
     return "crc32:%08x" % (crc & 0xFFFFFFFF)
@@ -434,12 +485,29 @@ def file_checksum(path: os.PathLike | str) -> str:
 # ---------------------------------------------------------------------------- former names
 
 _MOVED = {  # name -> module, for callers written when this file held all three layers
-    **dict.fromkeys(("write_checkpoint", "write_checkpoint_image", "alloc_checkpoint_image",
-                     "image_arrays", "image_offset", "DIRECT_ALIGN", "fsync_dir"),
-                    "shared.checkpoint_write"),
-    **dict.fromkeys(("clean_stale_temporaries", "list_checkpoints", "scan_for_resume",
-                     "find_latest_valid", "quarantine_checkpoint", "QUARANTINE_DIR"),
-                    "shared.checkpoint_dir"),
+    **dict.fromkeys(
+        (
+            "write_checkpoint",
+            "write_checkpoint_image",
+            "alloc_checkpoint_image",
+            "image_arrays",
+            "image_offset",
+            "DIRECT_ALIGN",
+            "fsync_dir",
+        ),
+        "shared.checkpoint_write",
+    ),
+    **dict.fromkeys(
+        (
+            "clean_stale_temporaries",
+            "list_checkpoints",
+            "scan_for_resume",
+            "find_latest_valid",
+            "quarantine_checkpoint",
+            "QUARANTINE_DIR",
+        ),
+        "shared.checkpoint_dir",
+    ),
 }
 
 
@@ -450,4 +518,5 @@ def __getattr__(name: str):
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
+
     return getattr(importlib.import_module(module), name)

@@ -65,8 +65,10 @@ class ManifestEntry:
         if not isinstance(self.checksum, str):
             raise ValueError(f"manifest entry checksum = {self.checksum!r}: must be a str")
         if self.reason not in REASONS:
-            raise ValueError(f"manifest entry reason = {self.reason!r}: must be one of "
-                             f"{', '.join(sorted(REASONS))}")
+            raise ValueError(
+                f"manifest entry reason = {self.reason!r}: must be one of "
+                f"{', '.join(sorted(REASONS))}"
+            )
         if not isinstance(self.pinned, bool):
             raise ValueError(f"manifest entry pinned = {self.pinned!r}: must be true/false")
         if isinstance(self.time, bool) or not isinstance(self.time, (int, float)):
@@ -92,21 +94,28 @@ def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError) as exc:
-        warnings.warn(f"{path}: cannot read the checkpoint manifest ({exc}); checkpoints "
-                      f"are validated without checksums", stacklevel=2)
+        warnings.warn(
+            f"{path}: cannot read the checkpoint manifest ({exc}); checkpoints "
+            f"are validated without checksums",
+            stacklevel=2,
+        )
         return {}
     try:
         doc = json.loads(text)
     except ValueError as exc:
-        warnings.warn(f"{path}: not valid JSON ({exc}); ignoring the manifest, checkpoints "
-                      f"are validated without checksums; it is rewritten at the next save",
-                      stacklevel=2)
+        warnings.warn(
+            f"{path}: not valid JSON ({exc}); ignoring the manifest, checkpoints "
+            f"are validated without checksums; it is rewritten at the next save",
+            stacklevel=2,
+        )
         return {}
     records = doc.get("checkpoints") if isinstance(doc, dict) else None
     if not isinstance(records, list):
-        warnings.warn(f"{path}: no 'checkpoints' list (format {MANIFEST_FORMAT} expected); "
-                      f"ignoring the manifest, it is rewritten at the next save",
-                      stacklevel=2)
+        warnings.warn(
+            f"{path}: no 'checkpoints' list (format {MANIFEST_FORMAT} expected); "
+            f"ignoring the manifest, it is rewritten at the next save",
+            stacklevel=2,
+        )
         return {}
     entries: dict[int, ManifestEntry] = {}
     for index, record in enumerate(records):
@@ -123,8 +132,7 @@ def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
 
 def _write_manifest(directory: os.PathLike | str, entries: dict[int, ManifestEntry]) -> None:
     path = manifest_path(directory)
-    doc = {"format": MANIFEST_FORMAT,
-           "checkpoints": [asdict(entries[s]) for s in sorted(entries)]}
+    doc = {"format": MANIFEST_FORMAT, "checkpoints": [asdict(entries[s]) for s in sorted(entries)]}
     atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
 
 
@@ -180,12 +188,13 @@ def manifest_checksums(entries: dict[int, ManifestEntry]) -> dict[int, str]:
     return {step: entry.checksum for step, entry in entries.items()}
 
 
-DEFAULT_KEEP_LAST = 3       # newest checkpoints kept (>= 2: the newest may still be being written)
+DEFAULT_KEEP_LAST = 3  # newest checkpoints kept (>= 2: the newest may still be being written)
 DEFAULT_KEEP_EVERY = 10000  # also keep every step that is a multiple of this (0 = off)
 
 
-def plan_retention(steps: list[int], pinned: set[int], keep_last: int,
-                   keep_every: int) -> list[int]:
+def plan_retention(
+    steps: list[int], pinned: set[int], keep_last: int, keep_every: int
+) -> list[int]:
     """Steps retention may delete, ascending (docs/checkpoint-format.md#retention). Pure: touches no file.
 
     steps: the checkpoints present (duplicates ignored). Keeps the newest ``keep_last``
@@ -195,12 +204,16 @@ def plan_retention(steps: list[int], pinned: set[int], keep_last: int,
     Raises ValueError if keep_last < 2 or keep_every < 0.
     """
     if keep_last < 2:
-        raise ValueError(f"keep_last = {keep_last}: must be >= 2 (the newest checkpoint may "
-                         f"still be being written, docs/checkpoint-format.md#retention)")
+        raise ValueError(
+            f"keep_last = {keep_last}: must be >= 2 (the newest checkpoint may "
+            f"still be being written, docs/checkpoint-format.md#retention)"
+        )
     if keep_every < 0:
         raise ValueError(f"keep_every = {keep_every}: must be >= 0 (0 disables it)")
     ordered = sorted(set(steps))
     newest = set(ordered[-keep_last:])
-    return [s for s in ordered
-            if s not in newest and s not in pinned
-            and not (keep_every > 0 and s % keep_every == 0)]
+    return [
+        s
+        for s in ordered
+        if s not in newest and s not in pinned and not (keep_every > 0 and s % keep_every == 0)
+    ]

@@ -22,14 +22,30 @@ import zlib
 import numpy as np
 
 from shared.atomic_io import fsync_dir
-from shared.checkpoint_format import _F32, _HEADER, HEADER_BYTES, BackgroundCrc, CheckpointError, \
-    check_int32_limits, checkpoint_name, expected_size, format_crc
+from shared.checkpoint_format import (
+    _F32,
+    _HEADER,
+    HEADER_BYTES,
+    BackgroundCrc,
+    CheckpointError,
+    check_int32_limits,
+    checkpoint_name,
+    expected_size,
+    format_crc,
+)
 
-__all__ = ["DIRECT_ALIGN", "alloc_checkpoint_image", "image_arrays", "image_offset",
-           "write_checkpoint", "write_checkpoint_image"]
+__all__ = [
+    "DIRECT_ALIGN",
+    "alloc_checkpoint_image",
+    "image_arrays",
+    "image_offset",
+    "write_checkpoint",
+    "write_checkpoint_image",
+]
 
 
 # ---------------------------------------------------------------------------- writing
+
 
 def _as_f32_vector(x, what: str, step: int) -> np.ndarray:
     arr = np.asarray(x)
@@ -37,16 +53,20 @@ def _as_f32_vector(x, what: str, step: int) -> np.ndarray:
         raise CheckpointError(
             f"{checkpoint_name(step)}: {what} has dtype {arr.dtype}, the format stores "
             f"float32: convert with .float() / .astype(np.float32) before saving",
-            rule="dtype")
+            rule="dtype",
+        )
     if arr.ndim != 1:
         raise CheckpointError(
             f"{checkpoint_name(step)}: {what} has shape {arr.shape}, the format stores flat "
-            f"1-D arrays: flatten the parameters in the model's order first", rule="shape")
+            f"1-D arrays: flatten the parameters in the model's order first",
+            rule="shape",
+        )
     return np.ascontiguousarray(arr, dtype=_F32)  # no copy for contiguous LE float32
 
 
-def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
-                     fsync: bool = True) -> tuple[pathlib.Path, int, str]:
+def write_checkpoint(
+    directory: os.PathLike | str, step: int, weights, m, v, *, fsync: bool = True
+) -> tuple[pathlib.Path, int, str]:
     """Write ``step_NNNNNN.bin`` atomically into ``directory`` (docs/checkpoint-format.md#atomic-write).
 
     weights, m, v: float32 1-D arrays of equal length n (anything np.asarray turns into one,
@@ -66,18 +86,21 @@ def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
     directory = pathlib.Path(directory)
     final_name = checkpoint_name(step)  # raises for a bad step
     step = int(step)
-    arrays = [_as_f32_vector(a, what, step)
-              for a, what in ((weights, "weights"), (m, "m"), (v, "v"))]
+    arrays = [
+        _as_f32_vector(a, what, step) for a, what in ((weights, "weights"), (m, "m"), (v, "v"))
+    ]
     n = arrays[0].shape[0]
     if arrays[1].shape[0] != n or arrays[2].shape[0] != n:
         raise CheckpointError(
             f"{final_name}: weights, m, v have lengths {n:,}, {arrays[1].shape[0]:,}, "
             f"{arrays[2].shape[0]:,}; they must be equal: m and v must come from the same "
-            f"parameters in the same order", rule="shape")
+            f"parameters in the same order",
+            rule="shape",
+        )
     check_int32_limits(step, n)
 
     header = _HEADER.pack(step, n)
-    views = [memoryview(arr).cast("B") for arr in arrays]
+    views = [memoryview(arr).cast("B") for arr in arrays]  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
     crc = BackgroundCrc(zlib.crc32(header))
     for view in views:
         crc.feed(view)
@@ -95,9 +118,11 @@ def write_checkpoint(directory: os.PathLike | str, step: int, weights, m, v, *,
     return final, HEADER_BYTES + 12 * n, format_crc(crc.result())
 
 
-def _atomic_commit(directory: pathlib.Path, final_name: str, write_body, crc: BackgroundCrc,
-                   fsync: bool) -> pathlib.Path:
-    """Temporary -> write_body(tmp) -> crc done -> os.replace -> directory fsync (docs/checkpoint-format.md#atomic-write).
+def _atomic_commit(
+    directory: pathlib.Path, final_name: str, write_body, crc: BackgroundCrc, fsync: bool
+) -> pathlib.Path:
+    """Temporary -> write_body(tmp) -> crc done -> os.replace -> directory fsync
+    (docs/checkpoint-format.md#atomic-write).
 
     On any exception the temporary is removed, the crc thread stopped, and an OSError becomes
     a CheckpointError (rule "io") naming errno; other checkpoints are never touched.
@@ -125,16 +150,19 @@ def _atomic_commit(directory: pathlib.Path, final_name: str, write_body, crc: Ba
             where = final if renamed else tmp
             raise CheckpointError(
                 f"{final_name}: write failed at {where} ({exc.strerror or exc}; errno "
-                f"{errno.errorcode.get(exc.errno, exc.errno)}): the temporary was removed and "
+                f"{errno.errorcode.get(exc.errno or 0, exc.errno)}): the temporary was removed and "
                 f"earlier checkpoints are intact; free disk space or fix the directory, then "
-                f"retry", path=where, rule="io") from exc
+                f"retry",
+                path=where,
+                rule="io",
+            ) from exc
         raise
     return final
 
 
 # ---------------------------------------------------------------------------- file images
 
-DIRECT_ALIGN = 4096   # bytes: O_DIRECT needs buffer address, file offset and length aligned
+DIRECT_ALIGN = 4096  # bytes: O_DIRECT needs buffer address, file offset and length aligned
 
 
 def image_offset(address: int, align: int = DIRECT_ALIGN) -> int:
@@ -153,34 +181,42 @@ def alloc_checkpoint_image(n_params: int) -> np.ndarray:
     size = expected_size(n_params)
     raw = np.zeros(size + DIRECT_ALIGN, dtype=np.uint8)
     off = image_offset(raw.ctypes.data)
-    return raw[off:off + size]
+    return raw[off : off + size]
 
 
 def image_arrays(image: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(weights, m, v): float32 views of a file image's three regions (no copy)."""
     n = _image_n(image)
     flat = image[HEADER_BYTES:].view(_F32)
-    return flat[:n], flat[n:2 * n], flat[2 * n:]
+    return flat[:n], flat[n : 2 * n], flat[2 * n :]
 
 
 def _image_n(image) -> int:
-    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 1 \
-            or not image.flags.c_contiguous:
+    if (
+        not isinstance(image, np.ndarray)
+        or image.dtype != np.uint8
+        or image.ndim != 1
+        or not image.flags.c_contiguous
+    ):
         raise CheckpointError(
             f"checkpoint image must be a 1-D C-contiguous uint8 array, got "
             f"{getattr(image, 'dtype', type(image).__name__)} "
             f"{getattr(image, 'shape', '')}: allocate it with alloc_checkpoint_image",
-            rule="shape")
+            rule="shape",
+        )
     size = image.shape[0]
     if size < HEADER_BYTES + 12 or (size - HEADER_BYTES) % 12:
         raise CheckpointError(
             f"checkpoint image of {size:,} bytes is not 8 + 12 x n_params with n_params >= 1: "
-            f"allocate it with alloc_checkpoint_image", rule="shape")
+            f"allocate it with alloc_checkpoint_image",
+            rule="shape",
+        )
     return (size - HEADER_BYTES) // 12
 
 
 def _clear_direct(fd: int) -> None:
     import fcntl
+
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
 
 
@@ -210,7 +246,7 @@ def _write_image(tmp: pathlib.Path, view: memoryview, aligned: bool, fsync: bool
                 _clear_direct(fd)
                 direct = False
             try:
-                got = os.write(fd, view[done:bulk if direct else total])
+                got = os.write(fd, view[done : bulk if direct else total])
             except OSError as exc:
                 if direct and exc.errno == errno.EINVAL:  # alignment refused: plain writes
                     _clear_direct(fd)
@@ -226,8 +262,9 @@ def _write_image(tmp: pathlib.Path, view: memoryview, aligned: bool, fsync: bool
         os.close(fd)
 
 
-def write_checkpoint_image(directory: os.PathLike | str, step: int, image: np.ndarray, *,
-                           fsync: bool = True) -> tuple[pathlib.Path, int, str]:
+def write_checkpoint_image(
+    directory: os.PathLike | str, step: int, image: np.ndarray, *, fsync: bool = True
+) -> tuple[pathlib.Path, int, str]:
     """Write a file image (``alloc_checkpoint_image``) as ``step_NNNNNN.bin``, atomically.
 
     The fast path of the background writer (scripts/bench_checkpoint.py): the image already holds the
@@ -244,10 +281,11 @@ def write_checkpoint_image(directory: os.PathLike | str, step: int, image: np.nd
     n = _image_n(image)
     check_int32_limits(step, n)
     image[:HEADER_BYTES] = np.frombuffer(_HEADER.pack(step, n), dtype=np.uint8)
-    view = memoryview(image).cast("B")
+    view = memoryview(image).cast("B")  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
     crc = BackgroundCrc()
     crc.feed(view)
     aligned = image_offset(image.ctypes.data) == 0
-    final = _atomic_commit(directory, final_name,
-                           lambda tmp: _write_image(tmp, view, aligned, fsync), crc, fsync)
+    final = _atomic_commit(
+        directory, final_name, lambda tmp: _write_image(tmp, view, aligned, fsync), crc, fsync
+    )
     return final, HEADER_BYTES + 12 * n, format_crc(crc.result())

@@ -7,6 +7,7 @@ without building the model, and reject a mismatched checkpoint before anything s
 
 What it is not: the model itself (`worker/model.py`) or the CLI (`proxy/cli.py`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,9 +38,9 @@ class ModelShape:
     12,811,008 parameters with a 2305-token vocabulary (docs/architecture.md#the-worker).
     """
 
-    n_layer: int    # transformer blocks
-    n_head: int     # attention heads per block
-    n_embd: int     # model width (channels)
+    n_layer: int  # transformer blocks
+    n_head: int  # attention heads per block
+    n_embd: int  # model width (channels)
     block_size: int  # context length in tokens
 
     def __post_init__(self) -> None:
@@ -49,7 +50,8 @@ class ModelShape:
         if self.n_embd % self.n_head:
             raise ConfigError(
                 f"model n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
-                "pick a width that is a multiple of the head count")
+                "pick a width that is a multiple of the head count"
+            )
 
 
 # Published ANDREA shapes (docs/architecture.md#the-worker). `andrea-tiny` is the CPU demo (about a million
@@ -78,15 +80,24 @@ def parameter_table(shape: ModelShape, vocab_size: int) -> list[tuple[str, tuple
     for i in range(shape.n_layer):
         p = f"transformer.h.{i}."
         rows += [
-            (p + "ln_1.weight", (d,)), (p + "ln_1.bias", (d,)),
-            (p + "attn.c_attn.weight", (3 * d, d)), (p + "attn.c_attn.bias", (3 * d,)),
-            (p + "attn.c_proj.weight", (d, d)), (p + "attn.c_proj.bias", (d,)),
-            (p + "ln_2.weight", (d,)), (p + "ln_2.bias", (d,)),
-            (p + "mlp.c_fc.weight", (4 * d, d)), (p + "mlp.c_fc.bias", (4 * d,)),
-            (p + "mlp.c_proj.weight", (d, 4 * d)), (p + "mlp.c_proj.bias", (d,)),
+            (p + "ln_1.weight", (d,)),
+            (p + "ln_1.bias", (d,)),
+            (p + "attn.c_attn.weight", (3 * d, d)),
+            (p + "attn.c_attn.bias", (3 * d,)),
+            (p + "attn.c_proj.weight", (d, d)),
+            (p + "attn.c_proj.bias", (d,)),
+            (p + "ln_2.weight", (d,)),
+            (p + "ln_2.bias", (d,)),
+            (p + "mlp.c_fc.weight", (4 * d, d)),
+            (p + "mlp.c_fc.bias", (4 * d,)),
+            (p + "mlp.c_proj.weight", (d, 4 * d)),
+            (p + "mlp.c_proj.bias", (d,)),
         ]
-    rows += [("transformer.ln_f.weight", (d,)), ("transformer.ln_f.bias", (d,)),
-             ("lm_head.weight", (V, d))]
+    rows += [
+        ("transformer.ln_f.weight", (d,)),
+        ("transformer.ln_f.bias", (d,)),
+        ("lm_head.weight", (V, d)),
+    ]
     table, offset = [], 0
     for name, shp in rows:
         table.append((name, shp, offset))
@@ -100,7 +111,9 @@ def count_parameters(shape: ModelShape, vocab_size: int) -> int:
     return off + math.prod(shp)
 
 
-ARM_NAME_RULE = "1-64 characters from letters, digits, '_', '-' and '.', starting with a letter or digit"
+ARM_NAME_RULE = (
+    "1-64 characters from letters, digits, '_', '-' and '.', starting with a letter or digit"
+)
 _ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -108,8 +121,10 @@ def check_arm_name(name: str, where: str = "arm") -> None:
     """Raise ConfigError unless `name` is a safe arm name: it names the file `data/<name>.u16`
     and keys every statistic, so no '/', no '..', nothing hidden."""
     if not isinstance(name, str) or not _ARM_NAME.fullmatch(name) or ".." in name:
-        raise ConfigError(f"{where}: arm name {name!r} is not allowed; use {ARM_NAME_RULE} "
-                          "(the name becomes the file data/<name>.u16)")
+        raise ConfigError(
+            f"{where}: arm name {name!r} is not allowed; use {ARM_NAME_RULE} "
+            "(the name becomes the file data/<name>.u16)"
+        )
 
 
 @dataclass(frozen=True)
@@ -122,9 +137,9 @@ class ArmSpec:
 
     name: str
     kind: str
-    source: str = ""      # file, directory or glob for text/jsonl/parquet/tokens; "" for defaults
-    field: str = "text"   # JSON Lines field / Parquet column holding the text
-    dtype: str = ""       # tokens arms: "uint16" or "uint32"; "" = inferred from the vocabulary
+    source: str = ""  # file, directory or glob for text/jsonl/parquet/tokens; "" for defaults
+    field: str = "text"  # JSON Lines field / Parquet column holding the text
+    dtype: str = ""  # tokens arms: "uint16" or "uint32"; "" = inferred from the vocabulary
 
 
 DEFAULT_ARMS: tuple[ArmSpec, ...] = (
@@ -144,38 +159,40 @@ class RunConfig:
 
     preset: str = "andrea-tiny"
     model: ModelShape = field(default_factory=lambda: PRESETS["andrea-tiny"])
-    tokenizer: str = "bpe"          # "bpe" (trained on the arms), "bytes" (256) or a tokenizer.json path
+    tokenizer: str = "bpe"  # "bpe" (trained on the arms), "bytes" (256) or a tokenizer.json path
     bpe_sample_bytes: int = 8_000_000  # BPE training sample, characters over all text arms
-    arm_max_tokens: int = 0         # explicit per-arm cap on tokens (0 = every token of every arm)
+    arm_max_tokens: int = 0  # explicit per-arm cap on tokens (0 = every token of every arm)
     vocab_size: int = DEFAULT_BPE_VOCAB
     seed: int = 1337
-    batch_size: int = 16            # sequences per optimizer update, all ranks together
+    batch_size: int = 16  # sequences per optimizer update, all ranks together
     micro_batch_size: int | None = None  # sequences per forward/backward per rank (None: the
-                                    # rank's whole slice in one pass); a start may override it
-    lr: float = 3e-3                # peak learning rate
-    min_lr_ratio: float = 0.1       # cosine floor, as a fraction of lr
-    warmup_steps: int = 50          # linear warm-up, steps
-    lr_decay_steps: int = 600       # end of the cosine, steps (the planned total at creation)
-    max_steps: int = 600            # planned number of updates
-    weight_decay: float = 0.1       # on matrices only
-    grad_clip: float = 1.0          # global norm; 0 = off
+    # rank's whole slice in one pass); a start may override it
+    lr: float = 3e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
+    warmup_steps: int = 50  # linear warm-up, steps
+    lr_decay_steps: int = 600  # end of the cosine, steps (the planned total at creation)
+    max_steps: int = 600  # planned number of updates
+    weight_decay: float = 0.1  # on matrices only
+    grad_clip: float = 1.0  # global norm; 0 = off
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
     dropout: float = 0.0
-    checkpoint_every: int = 100     # cadence, steps
-    sample_every: int = 100         # sample audit cadence, steps
-    probe_every: int = 25           # held-out probe cadence = bandit policy period, steps
-    probe_sequences: int = 8        # held-out sequences per arm per probe
+    checkpoint_every: int = 100  # cadence, steps
+    sample_every: int = 100  # sample audit cadence, steps
+    probe_every: int = 25  # held-out probe cadence = bandit policy period, steps
+    probe_sequences: int = 8  # held-out sequences per arm per probe
     arms: list[ArmSpec] = field(default_factory=lambda: list(DEFAULT_ARMS))
     caps: dict[str, float] = field(default_factory=dict)
     floors: dict[str, float] = field(default_factory=dict)
-    reward: str = "train_slope"     # train_slope (free, conservative) | heldout_progress (reads the probe) | train_loss
-    bandit_warmup: int = 200        # steps on the prior before the first bandit update
+    reward: str = "train_slope"  # train_slope (free, conservative) | heldout_progress (reads the probe) | train_loss
+    bandit_warmup: int = 200  # steps on the prior before the first bandit update
     config_file: str | None = None  # the --config FILE.toml the run was created with
     sources: dict[str, str] = field(default_factory=dict)  # option -> file/command line/default
-    probe_budget: float = 0.015     # held-out probes' forward FLOPs / training FLOPs, at most (probe_plan);
-                                    # with the audits' AUDIT_BUDGET, POLICY_BUDGET in all
+    probe_budget: float = (
+        0.015  # held-out probes' forward FLOPs / training FLOPs, at most (probe_plan);
+    )
+    # with the audits' AUDIT_BUDGET, POLICY_BUDGET in all
 
     @property
     def n_params(self) -> int:
@@ -187,8 +204,15 @@ class RunConfig:
 
     def validate(self) -> None:
         """Refuse bad numbers before anything starts (docs/architecture.md#bad-input-and-faults). Raises ConfigError."""
-        positive = ("batch_size", "checkpoint_every", "sample_every", "probe_every",
-                    "probe_sequences", "max_steps", "lr_decay_steps")
+        positive = (
+            "batch_size",
+            "checkpoint_every",
+            "sample_every",
+            "probe_every",
+            "probe_sequences",
+            "max_steps",
+            "lr_decay_steps",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise _bad(name, getattr(self, name), "must be >= 1")
@@ -199,10 +223,14 @@ class RunConfig:
         if self.warmup_steps < 0:
             raise _bad("warmup_steps", self.warmup_steps, "must be >= 0")
         if not (isinstance(self.probe_budget, (int, float)) and 0 < self.probe_budget <= 1):
-            raise ConfigError(f"probe_budget={self.probe_budget!r} must be in (0, 1] (default 0.015)")
+            raise ConfigError(
+                f"probe_budget={self.probe_budget!r} must be in (0, 1] (default 0.015)"
+            )
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
-            raise ConfigError(f"tokenizer={self.tokenizer!r}: choose 'bpe', 'bytes' or the path "
-                              "of an existing tokenizer.json")
+            raise ConfigError(
+                f"tokenizer={self.tokenizer!r}: choose 'bpe', 'bytes' or the path "
+                "of an existing tokenizer.json"
+            )
         if self.bpe_sample_bytes < 1 << 16:
             raise ConfigError(f"bpe_sample_bytes={self.bpe_sample_bytes:,} must be >= 65,536")
         if self.arm_max_tokens < 0:
@@ -217,7 +245,8 @@ class RunConfig:
         if self.n_params > INT32_MAX:
             raise ConfigError(
                 f"{self.preset}: {self.n_params:,} parameters exceed the checkpoint format's "
-                f"int32 limit ({INT32_MAX:,}); use a smaller model")
+                f"int32 limit ({INT32_MAX:,}); use a smaller model"
+            )
         accumulation_steps(self.batch_size, self.micro_batch_size)
         if self.max_steps > INT32_MAX:
             raise ConfigError(f"max_steps={self.max_steps:,} exceeds int32 ({INT32_MAX:,})")
@@ -261,12 +290,17 @@ def _check_json_types(cls, d: Any, prefix: str) -> None:
         base = (rest[0] if len(rest) == 1 else None) if union else hint
         if base not in simple or (optional and v is None):
             continue
-        ok = (isinstance(v, bool) if base is bool else
-              isinstance(v, (int, float)) and not isinstance(v, bool) if base is float else
-              isinstance(v, base) and not isinstance(v, bool))
+        ok = (
+            isinstance(v, bool)
+            if base is bool
+            else isinstance(v, (int, float)) and not isinstance(v, bool)
+            if base is float
+            else isinstance(v, base) and not isinstance(v, bool)
+        )
         if not ok:
-            raise TypeError(f"key {prefix}{k} = {v!r} must be {simple[base]}"
-                            + (" or null" if optional else ""))
+            raise TypeError(
+                f"key {prefix}{k} = {v!r} must be {simple[base]}" + (" or null" if optional else "")
+            )
 
 
 def accumulation_steps(batch_size: int, micro_batch_size: int | None, world_size: int = 1) -> int:
@@ -280,26 +314,34 @@ def accumulation_steps(batch_size: int, micro_batch_size: int | None, world_size
     if world_size < 1 or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size} and world size {world_size} must be >= 1")
     if batch_size % world_size:
-        raise ConfigError(f"batch_size={batch_size} is not divisible by the world size "
-                          f"{world_size} (--nproc-per-node x --nnodes): each rank takes an equal "
-                          "slice of the global batch; choose a world size that divides it")
+        raise ConfigError(
+            f"batch_size={batch_size} is not divisible by the world size "
+            f"{world_size} (--nproc-per-node x --nnodes): each rank takes an equal "
+            "slice of the global batch; choose a world size that divides it"
+        )
     per_rank = batch_size // world_size
     if micro_batch_size is None:
         return 1
     if micro_batch_size < 1:
-        raise ConfigError(f"--micro-batch-size {micro_batch_size}: must be >= 1 (sequences per "
-                          "forward/backward on one rank)")
+        raise ConfigError(
+            f"--micro-batch-size {micro_batch_size}: must be >= 1 (sequences per "
+            "forward/backward on one rank)"
+        )
     if micro_batch_size > per_rank:
-        raise ConfigError(f"--micro-batch-size {micro_batch_size} is larger than a rank's share "
-                          f"of the batch ({batch_size} sequences / {world_size} rank(s) = "
-                          f"{per_rank}); use --micro-batch-size {per_rank} or less, or a larger "
-                          "--batch-size")
+        raise ConfigError(
+            f"--micro-batch-size {micro_batch_size} is larger than a rank's share "
+            f"of the batch ({batch_size} sequences / {world_size} rank(s) = "
+            f"{per_rank}); use --micro-batch-size {per_rank} or less, or a larger "
+            "--batch-size"
+        )
     if per_rank % micro_batch_size:
         fits = [d for d in range(per_rank, 0, -1) if per_rank % d == 0 and d <= micro_batch_size]
-        raise ConfigError(f"--micro-batch-size {micro_batch_size} does not divide a rank's share "
-                          f"of the batch ({batch_size} / {world_size} = {per_rank} sequences): "
-                          f"use --micro-batch-size {fits[0]}, or a --batch-size that is a "
-                          f"multiple of {micro_batch_size * world_size}")
+        raise ConfigError(
+            f"--micro-batch-size {micro_batch_size} does not divide a rank's share "
+            f"of the batch ({batch_size} / {world_size} = {per_rank} sequences): "
+            f"use --micro-batch-size {fits[0]}, or a --batch-size that is a "
+            f"multiple of {micro_batch_size * world_size}"
+        )
     return per_rank // micro_batch_size
 
 
@@ -330,23 +372,40 @@ def probe_plan(cfg: RunConfig, n_arms: int | None = None) -> ProbePlan:
     s = max(1, min(cfg.probe_sequences, math.floor(per_period / k + 1e-9)))
     m = max(1, math.ceil(k * s / per_period - 1e-9))
     active = cfg.reward in PROBE_REWARDS
-    return ProbePlan(s, m * cfg.probe_every,
-                     k * s / (3.0 * m * cfg.probe_every * cfg.batch_size) if active else 0.0, active)
+    return ProbePlan(
+        s,
+        m * cfg.probe_every,
+        k * s / (3.0 * m * cfg.probe_every * cfg.batch_size) if active else 0.0,
+        active,
+    )
 
 
-REWARDS = ("train_slope", "heldout_progress", "train_loss")   # proxy/mixture/bandit.py REWARDS
-PROBE_REWARDS = ("heldout_progress",)   # rewards that read the held-out probe (the others run none)
-AUDIT_TOKENS = 48          # tokens generated per arm by a sample audit
+REWARDS = ("train_slope", "heldout_progress", "train_loss")  # proxy/mixture/bandit.py REWARDS
+PROBE_REWARDS = ("heldout_progress",)  # rewards that read the held-out probe (the others run none)
+AUDIT_TOKENS = 48  # tokens generated per arm by a sample audit
 SAMPLE_TEMPERATURE = 0.8  # softmax temperature of audits, `sample` and the HF generation config
-SAMPLE_TOP_K = 40          # top-k of the same (0 or None: all tokens)
-AUDIT_BUDGET = 0.005       # default sample_every keeps the audits within this share of training
-POLICY_BUDGET = 0.02       # probe (probe_budget 0.015) + audits (AUDIT_BUDGET), by default at most
-AUDIT_PROMPT_TOKENS = 16   # the audit prompt per arm: the first tokens of its held-out split
+SAMPLE_TOP_K = 40  # top-k of the same (0 or None: all tokens)
+AUDIT_BUDGET = 0.005  # default sample_every keeps the audits within this share of training
+POLICY_BUDGET = 0.02  # probe (probe_budget 0.015) + audits (AUDIT_BUDGET), by default at most
+AUDIT_PROMPT_TOKENS = 16  # the audit prompt per arm: the first tokens of its held-out split
 
 
 # settings whose command-line flag is the field's name in kebab case (proxy/supervision/run_options.py)
-_FLAGGED = frozenset({"batch_size", "checkpoint_every", "sample_every", "probe_every", "max_steps",
-                      "lr", "seed", "warmup_steps", "tokenizer", "arm_max_tokens", "reward"})
+_FLAGGED = frozenset(
+    {
+        "batch_size",
+        "checkpoint_every",
+        "sample_every",
+        "probe_every",
+        "max_steps",
+        "lr",
+        "seed",
+        "warmup_steps",
+        "tokenizer",
+        "arm_max_tokens",
+        "reward",
+    }
+)
 
 
 def _bad(name: str, value: object, rule: str) -> ConfigError:
@@ -383,7 +442,9 @@ def default_sample_every(cfg: RunConfig) -> int:
     about 5), so auditing at every checkpoint would be a large share of the run."""
     _positive(cfg, "batch_size", "checkpoint_every")
     one = audit_cost(dataclasses.replace(cfg, sample_every=1))
-    return cfg.checkpoint_every * max(1, math.ceil(one / (AUDIT_BUDGET * cfg.checkpoint_every) - 1e-9))
+    return cfg.checkpoint_every * max(
+        1, math.ceil(one / (AUDIT_BUDGET * cfg.checkpoint_every) - 1e-9)
+    )
 
 
 def policy_cost(cfg: RunConfig, n_arms: int | None = None) -> float:
@@ -400,8 +461,10 @@ def load_run_config(path: Path) -> RunConfig:
     except FileNotFoundError:
         raise ConfigError(missing_run_json(Path(path).parent)) from None
     except (ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"{path}: unreadable run config ({e}); fix that, restore it from a backup "
-                          "or start a new run directory") from e
+        raise ConfigError(
+            f"{path}: unreadable run config ({e}); fix that, restore it from a backup "
+            "or start a new run directory"
+        ) from e
 
 
 class ArmSourceError(ConfigError):

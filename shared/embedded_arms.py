@@ -9,6 +9,7 @@ installation.
 What it is not: user arms (shared/arm_sources.py), fingerprints and the `--arm` option
 (shared/arms.py). Standard library only.
 """
+
 from __future__ import annotations
 
 import ast
@@ -73,6 +74,7 @@ def _python_docstrings(limit: int) -> str:
     cached per installation, keyed by the modules' names, sizes and mtimes (a changed stdlib
     misses the cache and is parsed again); an unwritable cache is simply skipped."""
     import sys
+
     files = _stdlib_files()
     key = hashlib.sha256(f"{_stat_digest(files, sys.version)}\0{limit}".encode()).hexdigest()[:24]
     cached = cache_dir() / f"python-docstrings-{key}.txt"
@@ -85,6 +87,7 @@ def _python_docstrings(limit: int) -> str:
         for f in files:
             for d in _docstrings(f.read_text(encoding="utf-8", errors="replace")):
                 yield d
+
     text = _take(gen(), limit)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -102,8 +105,10 @@ def _python_docs(limit: int) -> str:
     try:
         from pydoc_data.topics import topics
     except ImportError as e:
-        raise ArmSourceError("arm python-docs: this Python has no pydoc_data (reference docs); "
-                             "remove the arm or install a full Python") from e
+        raise ArmSourceError(
+            "arm python-docs: this Python has no pydoc_data (reference docs); "
+            "remove the arm or install a full Python"
+        ) from e
     return _take((topics[k] for k in sorted(topics)), limit)
 
 
@@ -114,8 +119,10 @@ def embedded_files(arm: ArmSpec) -> list[Path]:
     try:
         import pydoc_data.topics as t
     except ImportError as e:
-        raise ArmSourceError("arm python-docs: this Python has no pydoc_data (reference docs); "
-                             "remove the arm or install a full Python") from e
+        raise ArmSourceError(
+            "arm python-docs: this Python has no pydoc_data (reference docs); "
+            "remove the arm or install a full Python"
+        ) from e
     return [Path(t.__file__)]
 
 
@@ -137,8 +144,10 @@ def embedded_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
     elif arm.kind == "python-docs":
         text = _python_docs(limit)
     else:
-        raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} is not an embedded default; "
-                             "kinds: python-docstrings, python-code, python-docs")
+        raise ArmSourceError(
+            f"arm {arm.name}: kind {arm.kind!r} is not an embedded default; "
+            "kinds: python-docstrings, python-code, python-docs"
+        )
     if not text.strip():
         raise ArmSourceError(f"arm {arm.name}: source {arm.source or arm.kind!r} gave no text")
     return text

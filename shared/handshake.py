@@ -14,6 +14,7 @@ covers updates v*P+1 .. (v+1)*P (P = probe_every) and is computed from reports o
     {"type": "hello"|"step"|"checkpoint_started"|"checkpoint"|"audit"|"event", ...}
 The proxy tails complete lines only, so a kill mid-line loses nothing that was whole.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -52,13 +53,18 @@ def control_stops_at(control: dict, step: int, checkpoint_every: int) -> bool:
     at = control.get("stop_at_step")
     if at is None or step < at:
         return False
-    return (control.get("reason") != "pivot" or bool(control.get("now"))
-            or step % checkpoint_every == 0)
+    return (
+        control.get("reason") != "pivot" or bool(control.get("now")) or step % checkpoint_every == 0
+    )
 
 
 def _empty() -> dict:
-    return {"protocol": PROTOCOL, "worker": None, "policies": {},
-            "control": {"stop_at_step": None, "checkpoint_at_step": None, "reason": None}}
+    return {
+        "protocol": PROTOCOL,
+        "worker": None,
+        "policies": {},
+        "control": {"stop_at_step": None, "checkpoint_at_step": None, "reason": None},
+    }
 
 
 def read_handshake(layout: RunLayout) -> dict:
@@ -71,8 +77,9 @@ def read_handshake(layout: RunLayout) -> dict:
         return _empty()
 
 
-def update_handshake(layout: RunLayout, change: Callable[[dict], None],
-                     timeout: float = LOCK_TIMEOUT_S) -> dict:
+def update_handshake(
+    layout: RunLayout, change: Callable[[dict], None], timeout: float = LOCK_TIMEOUT_S
+) -> dict:
     """Lock, read, apply `change(d)` in place, write atomically, unlock. Returns the new dict.
 
     Raises HandshakeError if the lock is not acquired within `timeout` seconds."""
@@ -83,15 +90,19 @@ def update_handshake(layout: RunLayout, change: Callable[[dict], None],
             atomic_write_json(layout.handshake, d)
             return d
     except Timeout:
-        raise HandshakeError(f"{layout.handshake_lock}: not acquired in {timeout:.0f} s; "
-                             "another process holds it (a stuck proxy or worker?)") from None
+        raise HandshakeError(
+            f"{layout.handshake_lock}: not acquired in {timeout:.0f} s; "
+            "another process holds it (a stuck proxy or worker?)"
+        ) from None
 
 
 def reset_handshake(layout: RunLayout) -> None:
     """Start a worker incarnation from a clean slate: empty handshake, no reports."""
+
     def empty(d: dict) -> None:
         d.clear()
         d.update(_empty())
+
     update_handshake(layout, empty)
     try:
         layout.reports.unlink()

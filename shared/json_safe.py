@@ -6,6 +6,7 @@ nothing, so `json.dumps(..., allow_nan=False)` never fails on a loss that went N
 `.loss.json` (shared/loss_history.py) and the worker's step reports (shared/handshake.py).
 What it is not: an encoder (callers choose separators and key order). Standard library only.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,12 +26,12 @@ def jsonable(value):
         return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
-    if isinstance(value, float):          # float subclasses, e.g. numpy.float64
+    if isinstance(value, float):  # float subclasses, e.g. numpy.float64
         value = float(value)
         return value if math.isfinite(value) else None
     if isinstance(value, (int, str)):
         return value
     tolist = getattr(value, "tolist", None)
-    if callable(tolist):                  # numpy / torch scalars and arrays
+    if callable(tolist):  # numpy / torch scalars and arrays
         return jsonable(tolist())
-    return value                          # let json.dumps name the unsupported type
+    return value  # let json.dumps name the unsupported type

@@ -40,27 +40,36 @@ from typing import Iterable, Iterator
 from shared.atomic_io import atomic_write_bytes, fsync_dir
 from shared.json_safe import jsonable
 
-__all__ = ["LossHistory", "read_records", "read_records_after", "iter_records_after",
-           "iter_records", "rewind", "repair", "jsonable"]
+__all__ = [
+    "LossHistory",
+    "read_records",
+    "read_records_after",
+    "iter_records_after",
+    "iter_records",
+    "rewind",
+    "repair",
+    "jsonable",
+]
 
 log = logging.getLogger("shared.loss_history")
 
-_CLOSE = b"\n]\n"                  # the tail every healthy history ends with
-_EMPTY = b"[\n]\n"                 # a history with no records
-_STRUCTURAL = b" \t\r\n,[]"        # bytes between records that carry no data
+_CLOSE = b"\n]\n"  # the tail every healthy history ends with
+_EMPTY = b"[\n]\n"  # a history with no records
+_STRUCTURAL = b" \t\r\n,[]"  # bytes between records that carry no data
 _STEP_AT_LINE_START = re.compile(rb'\n\{"step":(-?\d+)[,}]')  # literal prefix: fast search
-_MAX_BACKSCAN_LINES = 64           # lines looked at from the end to find the last clean record
-_MAX_LISTED = 5                    # damage kinds / dropped steps listed in one warning
+_MAX_BACKSCAN_LINES = 64  # lines looked at from the end to find the last clean record
+_MAX_LISTED = 5  # damage kinds / dropped steps listed in one warning
 _LINE_STEP = re.compile(rb'\{"step":(-?\d+)[,}]')  # a record line's start
 _NONBLANK = re.compile(rb"[^ \t\r\n]")
-_CHUNK = 1 << 20                   # bytes per slice when a scan covers the whole file
-_SEEK_WINDOW = 1 << 16             # bytes read per probe of the binary search for a step
-_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)   # Linux, macOS; None elsewhere
+_CHUNK = 1 << 20  # bytes per slice when a scan covers the whole file
+_SEEK_WINDOW = 1 << 16  # bytes read per probe of the binary search for a step
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)  # Linux, macOS; None elsewhere
 _decoder = json.JSONDecoder()
 
 
 # ---------------------------------------------------------------------------------------------
 # encoding
+
 
 def _encode(record, path) -> tuple[int, bytes]:
     """(step, one-line JSON bytes) for a record; ValueError/TypeError naming the problem."""
@@ -72,7 +81,7 @@ def _encode(record, path) -> tuple[int, bytes]:
             raise TypeError
         step = operator.index(step)  # type: ignore[arg-type]  # None raises TypeError: caught
     except TypeError:
-        raise ValueError(f"{path}: a history record needs an int \"step\", got {step!r}") from None
+        raise ValueError(f'{path}: a history record needs an int "step", got {step!r}') from None
     rec = {"step": step}
     for key, value in record.items():
         if key != "step":
@@ -82,6 +91,7 @@ def _encode(record, path) -> tuple[int, bytes]:
 
 # ---------------------------------------------------------------------------------------------
 # scanning (pure functions over the file's bytes)
+
 
 def _lines(data: bytes, pos: int) -> Iterator[tuple[int, bytes]]:
     n, released = len(data), pos
@@ -119,7 +129,7 @@ def _tokens(line: bytes, base: int):
     if hit is not None:
         yield "rec", base, base + hit[1], hit[0]
         return
-    text = line.decode("latin-1")        # one char per byte, so offsets stay byte offsets
+    text = line.decode("latin-1")  # one char per byte, so offsets stay byte offsets
     i, n = 0, len(text)
     while i < n:
         c = text[i]
@@ -132,7 +142,7 @@ def _tokens(line: bytes, base: int):
             except ValueError:
                 obj = None
             if isinstance(obj, dict):
-                try:                     # re-read from bytes so non-ASCII text decodes as UTF-8
+                try:  # re-read from bytes so non-ASCII text decodes as UTF-8
                     obj = json.loads(line[i:j])
                 except ValueError:
                     pass
@@ -141,7 +151,7 @@ def _tokens(line: bytes, base: int):
                 continue
             j = text.find('{"step"', i + 1)
             j = n if j < 0 else j
-            nul = text.find("\x00", i, j)         # a torn record then a NUL-padded block
+            nul = text.find("\x00", i, j)  # a torn record then a NUL-padded block
             j = j if nul < 0 else nul
             yield "bad", base + i, base + j, "incomplete record"
             i = j
@@ -167,8 +177,9 @@ def _walk(data: bytes, pos: int, prev_step, monotonic: bool, notes: list):
                 notes.append((s, e - s, 'JSON object without an int "step"'))
                 continue
             if monotonic and prev_step is not None and step <= prev_step:
-                notes.append((s, e - s, f"step {step} not after step {prev_step}"
-                                        " (duplicate after a crash?)"))
+                notes.append(
+                    (s, e - s, f"step {step} not after step {prev_step} (duplicate after a crash?)")
+                )
                 continue
             yield s, e, step, x, shares_line
             prev_step = step
@@ -190,7 +201,7 @@ def _count(data, sub: bytes, start: int, end: int) -> int:
     time (data may be a memory map, which has no count)."""
     n = 0
     for i in range(start, end, _CHUNK):
-        n += data[i:min(end, i + _CHUNK + len(sub) - 1)].count(sub)
+        n += data[i : min(end, i + _CHUNK + len(sub) - 1)].count(sub)
         _release(data, i)
     return n
 
@@ -236,7 +247,7 @@ def _trusted_prefix(data: bytes, monotonic: bool):
     end = len(data)
     for _ in range(_MAX_BACKSCAN_LINES):
         nl = data.rfind(b"\n", 0, end)
-        hit = _clean_record(data[nl + 1:end])
+        hit = _clean_record(data[nl + 1 : end])
         if hit is not None:
             if not _is_step(hit[0].get("step")):
                 return None
@@ -261,14 +272,14 @@ class _Plan:
 def _first_byte(data) -> bytes:
     """The first byte that is not whitespace, b"" for a blank file (bytes or a memory map)."""
     m = _NONBLANK.search(data)
-    return b"" if m is None else data[m.start():m.start() + 1]
+    return b"" if m is None else data[m.start() : m.start() + 1]
 
 
 def _last_byte(data, skip: bytes) -> bytes:
     """data.rstrip(skip)[-1:], looking back _CHUNK bytes at a time (data may be a memory map)."""
     end = len(data)
     while end > 0:
-        piece = data[max(0, end - _CHUNK):end].rstrip(skip)
+        piece = data[max(0, end - _CHUNK) : end].rstrip(skip)
         if piece:
             return piece[-1:]
         end -= _CHUNK
@@ -283,8 +294,9 @@ def _ends_with(data, tail: bytes, at: int) -> bool:
 def _plan(data, path, monotonic: bool) -> _Plan:
     """What opening the history `data` (bytes or a read-only memory map of the file) must do."""
     if not _first_byte(data):
-        return _Plan("empty", messages=[f"{path}: empty file ({len(data)} bytes); "
-                                        "starting a fresh history"])
+        return _Plan(
+            "empty", messages=[f"{path}: empty file ({len(data)} bytes); starting a fresh history"]
+        )
     if _first_byte(data) != b"[":
         return _Plan("garbage")
     trusted = _trusted_prefix(data, monotonic)
@@ -302,7 +314,7 @@ def _plan(data, path, monotonic: bool) -> _Plan:
         glued = glued or shares_line
         sep = b",\n" if count else b"\n"
         if not rewrite and not notes and chain_end > 0 and data[chain_end:s] == sep:
-            chain_end, chain = e, chain + 1          # still canonical: keep in place
+            chain_end, chain = e, chain + 1  # still canonical: keep in place
         else:
             rewrite.append(sep + data[s:e])
         count += 1
@@ -313,20 +325,25 @@ def _plan(data, path, monotonic: bool) -> _Plan:
     dropped = sum(n for _, n, _ in notes)
     kinds: dict[str, list[int]] = {}
     for offset, _, kind in notes:
-        kinds.setdefault(kind.split(" not after")[0] if kind.startswith("step ") else kind,
-                         []).append(offset)
-    why = [f"{k} at byte {offs[0]}" + (f" (+{len(offs) - 1} more)" if len(offs) > 1 else "")
-           for k, offs in kinds.items()]
+        kinds.setdefault(
+            kind.split(" not after")[0] if kind.startswith("step ") else kind, []
+        ).append(offset)
+    why = [
+        f"{k} at byte {offs[0]}" + (f" (+{len(offs) - 1} more)" if len(offs) > 1 else "")
+        for k, offs in kinds.items()
+    ]
     if glued:
         why.append("records glued on one line (all kept)")
     if _last_byte(data, b"\x00 \t\r\n,") != b"]":
         why.append("no closing ]")
     if not why:
-        why.append(f"tail {data[chain_end:chain_end + 16]!r} is not {_CLOSE!r}")
+        why.append(f"tail {data[chain_end : chain_end + 16]!r} is not {_CLOSE!r}")
     more = f"; +{len(why) - _MAX_LISTED} more" if len(why) > _MAX_LISTED else ""
-    messages = [f"{path}: torn tail at byte {chain_end} ({dropped} bytes dropped: "
-                f"{'; '.join(why[:_MAX_LISTED])}{more}); kept {count} records, "
-                f"last step {last_step}"]
+    messages = [
+        f"{path}: torn tail at byte {chain_end} ({dropped} bytes dropped: "
+        f"{'; '.join(why[:_MAX_LISTED])}{more}); kept {count} records, "
+        f"last step {last_step}"
+    ]
     dups = [(o, k) for o, _, k in notes if k.startswith("step ")]
     for offset, kind in dups[:_MAX_LISTED]:
         messages.append(f"{path}: dropped the record at byte {offset}: {kind}")
@@ -337,6 +354,7 @@ def _plan(data, path, monotonic: bool) -> _Plan:
 
 # ---------------------------------------------------------------------------------------------
 # low-level writes
+
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
@@ -371,6 +389,7 @@ def _move_aside(path: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # the appender
 
+
 class LossHistory:
     """Appender for one history file. Opening repairs a torn tail (see module docstring); the
     warnings are logged and kept in `self.repairs`. One writer at a time.
@@ -386,9 +405,9 @@ class LossHistory:
         self.monotonic = monotonic
         self.repairs: list[str] = []
         self.last_step: int | None = None
-        self.bytes_written = 0     # bytes passed to write by appends (benchmarks, O(1) tests)
+        self.bytes_written = 0  # bytes passed to write by appends (benchmarks, O(1) tests)
         self._fd: int | None = None
-        self._end = 1              # offset of the closing "\n]\n" (end of the last record)
+        self._end = 1  # offset of the closing "\n]\n" (end of the last record)
         self._count = 0
         self._open()
 
@@ -398,7 +417,7 @@ class LossHistory:
             atomic_write_bytes(self.path, _EMPTY)
         fd = os.open(self.path, os.O_RDWR)
         try:
-            with _mapped(fd) as data:              # read through a map: memory flat in the size
+            with _mapped(fd) as data:  # read through a map: memory flat in the size
                 plan = _plan(data, self.path, self.monotonic)
                 size, head = len(data), data[:16]
             if plan.kind == "garbage":
@@ -407,15 +426,19 @@ class LossHistory:
                 aside = _move_aside(self.path)
                 atomic_write_bytes(self.path, _EMPTY)
                 fd = os.open(self.path, os.O_RDWR)
-                plan = _Plan("fresh", messages=[
-                    f"{self.path}: not a loss history ({size} bytes, starts with {head!r}, "
-                    f"expected '['); moved aside to {aside} and started a fresh history"])
+                plan = _Plan(
+                    "fresh",
+                    messages=[
+                        f"{self.path}: not a loss history ({size} bytes, starts with {head!r}, "
+                        f"expected '['); moved aside to {aside} and started a fresh history"
+                    ],
+                )
             elif plan.kind == "empty":
                 os.ftruncate(fd, 0)
                 _pwrite_all(fd, _EMPTY, 0)
                 _sync(fd)
             elif plan.kind == "repair":
-                os.ftruncate(fd, plan.cut)            # truncate first: a crash now is a
+                os.ftruncate(fd, plan.cut)  # truncate first: a crash now is a
                 _pwrite_all(fd, plan.tail, plan.cut)  # plain "no closing ]", still repairable
                 _sync(fd)
         except BaseException:
@@ -447,7 +470,8 @@ class LossHistory:
                 raise ValueError(
                     f"{self.path}: record step {step} is not after the last step {last}; the "
                     "history holds one record per step - to resume from an earlier checkpoint, "
-                    "rewind() the history to it first")
+                    "rewind() the history to it first"
+                )
             chunks.append(raw)
             last = step
         if not chunks:
@@ -513,6 +537,7 @@ class LossHistory:
 # ---------------------------------------------------------------------------------------------
 # readers and maintenance
 
+
 @contextlib.contextmanager
 def _mapped(fd: int):
     """A read-only memory map of the whole file `fd` (b"" when it is empty), closed on exit:
@@ -550,7 +575,7 @@ def _gc_paused():
 
 def _records_from_bytes(data: bytes, path, monotonic: bool) -> list[dict]:
     trusted = _trusted_prefix(data, monotonic)
-    if trusted is not None and data[trusted[0]:] == _CLOSE:
+    if trusted is not None and data[trusted[0] :] == _CLOSE:
         try:
             with _gc_paused():
                 records = json.loads(data)
@@ -567,13 +592,20 @@ def _records_from_bytes(data: bytes, path, monotonic: bool) -> list[dict]:
     with _gc_paused():
         records = [obj for _, _, _, obj, _ in _walk(data, 0, None, monotonic, notes)]
     if notes:
-        log.warning("%s: read %d records around damage (%d places, first at byte %d: %s)",
-                    path, len(records), len(notes), notes[0][0], notes[0][2])
+        log.warning(
+            "%s: read %d records around damage (%d places, first at byte %d: %s)",
+            path,
+            len(records),
+            len(notes),
+            notes[0][0],
+            notes[0][2],
+        )
     return records
 
 
-def read_records(path, start_step: int | None = None, end_step: int | None = None, *,
-                 monotonic: bool = True) -> list[dict]:
+def read_records(
+    path, start_step: int | None = None, end_step: int | None = None, *, monotonic: bool = True
+) -> list[dict]:
     """All records (optionally start_step <= step <= end_step) in file order. Tolerant: damage
     is skipped in memory with a warning and nothing is written; a missing file reads as []."""
     data = _read_bytes(path)
@@ -596,7 +628,7 @@ def read_records_after(path, after_step: int, end_step: int | None = None) -> li
 def _line_step_at(f, pos: int, size: int) -> tuple[int, int] | None:
     """(offset, step) of the first record line starting after byte `pos` (0 < pos < size),
     looking at most _SEEK_WINDOW bytes ahead; None when none starts there (damage, the end)."""
-    f.seek(pos - 1)                              # from the byte before: a "\n" right at pos-1
+    f.seek(pos - 1)  # from the byte before: a "\n" right at pos-1
     window = f.read(min(_SEEK_WINDOW, size - pos + 1))
     m = _STEP_AT_LINE_START.search(window)
     return None if m is None else (pos + m.start(), int(m.group(1)))
@@ -614,10 +646,10 @@ def _start_offset(f, after_step: int) -> int:
         mid = (lo + hi) // 2
         hit = _line_step_at(f, mid, size)
         if hit is None:
-            if size - mid <= _SEEK_WINDOW:      # no record line in the last window: the end
+            if size - mid <= _SEEK_WINDOW:  # no record line in the last window: the end
                 hi = mid
                 continue
-            return lo                           # damage: read on from what is known
+            return lo  # damage: read on from what is known
         offset, step = hit
         if step <= after_step:
             lo = offset
@@ -656,8 +688,9 @@ def iter_records(path, *, monotonic: bool = True) -> Iterator[dict]:
         yield from _iter_from(f, 0, path, monotonic=monotonic)
 
 
-def _iter_from(f, start: int, path, *, monotonic: bool, skip_upto: int | None = None
-               ) -> Iterator[dict]:
+def _iter_from(
+    f, start: int, path, *, monotonic: bool, skip_upto: int | None = None
+) -> Iterator[dict]:
     """The records of the open history `f` from byte `start` (a line start), one line in
     memory at a time. Lines holding one record whose step is <= `skip_upto` are passed over
     without parsing (a line with records glued to it is parsed)."""
@@ -666,8 +699,7 @@ def _iter_from(f, start: int, path, *, monotonic: bool, skip_upto: int | None = 
     if not head.strip(b" \t\r\n"):
         return
     if _first_byte(head) != b"[":
-        log.warning("%s: not a loss history (starts with %r); read no records", path,
-                    head[:16])
+        log.warning("%s: not a loss history (starts with %r); read no records", path, head[:16])
         return
     f.seek(start)
     prev_step, offset, damaged = None, start, 0
@@ -679,17 +711,19 @@ def _iter_from(f, start: int, path, *, monotonic: bool, skip_upto: int | None = 
                 continue
         body = line[:-1] if line.endswith(b"\n") else line
         for kind, _s, _e, x in _tokens(body, offset):
-            if kind == "rec" and _is_step(x.get("step")) and not (
-                    monotonic and prev_step is not None and x["step"] <= prev_step) and not (
-                    skip_upto is not None and x["step"] <= skip_upto):
+            if (
+                kind == "rec"
+                and _is_step(x.get("step"))
+                and not (monotonic and prev_step is not None and x["step"] <= prev_step)
+                and not (skip_upto is not None and x["step"] <= skip_upto)
+            ):
                 prev_step = x["step"]
                 yield x
             elif kind == "rec" or body.strip(b"\x00"):
                 damaged += 1
         offset += len(line)
     if damaged:
-        log.warning("%s: skipped %d damaged or out-of-order pieces while reading", path,
-                    damaged)
+        log.warning("%s: skipped %d damaged or out-of-order pieces while reading", path, damaged)
 
 
 def repair(path, *, monotonic: bool = True) -> list[str]:
@@ -710,25 +744,27 @@ def rewind(path, keep_upto_step: int, rewound_path, reason: str, *, repaired: bo
     `repaired=True` skips the repair pass (the caller just opened the history, which repairs)."""
     path = os.fspath(path)
     if not repaired:
-        repair(path)                                # canonical layout from here on
+        repair(path)  # canonical layout from here on
     moved: list[dict] = []
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return 0
     try:
-        with _mapped(fd) as data:       # only the rewound tail is read (memory flat in the history)
+        with _mapped(fd) as data:  # only the rewound tail is read (memory flat in the history)
             if len(data) <= len(_EMPTY):
                 return 0
-            end = len(data) - len(_CLOSE)            # end of the last record
+            end = len(data) - len(_CLOSE)  # end of the last record
             cut = 1
             while end > 1:
                 nl = data.rfind(b"\n", 0, end)
-                hit = _clean_record(data[nl + 1:end])
+                hit = _clean_record(data[nl + 1 : end])
                 if hit is None or not _is_step(hit[0].get("step")):
-                    raise ValueError(f"{path}: unreadable record line at byte {nl + 1} while "
-                                     f"rewinding to step {keep_upto_step}; move the file aside "
-                                     "and run repair()")
+                    raise ValueError(
+                        f"{path}: unreadable record line at byte {nl + 1} while "
+                        f"rewinding to step {keep_upto_step}; move the file aside "
+                        "and run repair()"
+                    )
                 record, length = hit
                 if record["step"] <= keep_upto_step:
                     cut = nl + 1 + length
@@ -748,11 +784,18 @@ def rewind(path, keep_upto_step: int, rewound_path, reason: str, *, repaired: bo
         out.append_many(moved)
     fd = os.open(path, os.O_RDWR)
     try:
-        os.ftruncate(fd, cut)                       # truncate first: see LossHistory._open
+        os.ftruncate(fd, cut)  # truncate first: see LossHistory._open
         _pwrite_all(fd, _CLOSE, cut)
         _sync(fd)
     finally:
         os.close(fd)
-    log.warning("%s: rewound %d records (steps %d..%d) to %s: %s", path, len(moved),
-                moved[0]["step"], moved[-1]["step"], os.fspath(rewound_path), reason)
+    log.warning(
+        "%s: rewound %d records (steps %d..%d) to %s: %s",
+        path,
+        len(moved),
+        moved[0]["step"],
+        moved[-1]["step"],
+        os.fspath(rewound_path),
+        reason,
+    )
     return len(moved)

@@ -6,6 +6,7 @@ tests. The command name (field 2) may itself contain spaces and parentheses, so 
 split after the LAST ")" (proc(5)).
 What it is not: signalling or waiting (proxy/supervision/proc_tree.py). Linux only; standard library only.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,9 +41,15 @@ def read_stat(pid: int) -> ProcStat | None:
             raw = f.read().decode("utf-8", errors="replace")
         head, _, tail = raw.rpartition(")")
         fields = tail.split()
-        return ProcStat(pid=int(pid), comm=head.partition("(")[2], state=fields[0],
-                        ppid=int(fields[1]), pgrp=int(fields[2]), session=int(fields[3]),
-                        start_ticks=int(fields[19]))
+        return ProcStat(
+            pid=int(pid),
+            comm=head.partition("(")[2],
+            state=fields[0],
+            ppid=int(fields[1]),
+            pgrp=int(fields[2]),
+            session=int(fields[3]),
+            start_ticks=int(fields[19]),
+        )
     except (OSError, IndexError, ValueError, TypeError):
         return None
 

@@ -3,6 +3,7 @@ lines every few seconds otherwise (docs/data.md#progress).
 
 What it is not: the training progress lines (`proxy/supervision/supervisor.py`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,15 +38,23 @@ class Progress:
         self.every = plain_every() if every is None else every
         self.t0 = self.last = time.monotonic()
         self.done = 0
-        self.rate_from, self.rate_t0 = 0, self.t0   # the rate counts from here (see `restart_rate`)
+        self.rate_from, self.rate_t0 = 0, self.t0  # the rate counts from here (see `restart_rate`)
         self.bar = None
         isatty = getattr(self.stream, "isatty", lambda: False)
         if isatty():
             try:
                 from tqdm import tqdm
-                self.bar = tqdm(total=self.total, desc=label, unit="B", unit_scale=True,
-                                unit_divisor=1000, file=self.stream, dynamic_ncols=True,
-                                mininterval=0.25)
+
+                self.bar = tqdm(
+                    total=self.total,
+                    desc=label,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1000,
+                    file=self.stream,
+                    dynamic_ncols=True,
+                    mininterval=0.25,
+                )
             except ImportError:
                 self.bar = None
 
@@ -55,8 +64,10 @@ class Progress:
         pct = 100.0 * self.done / self.total if self.total else 100.0
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         eta_s = f"{eta:,.0f} s" if eta != float("inf") else "?"
-        return (f"{self.label}: {_mb(self.done)} of {_mb(self.total)} ({pct:.0f} %), "
-                f"{rate / 1e6:,.1f} MB/s, ETA {eta_s}")
+        return (
+            f"{self.label}: {_mb(self.done)} of {_mb(self.total)} ({pct:.0f} %), "
+            f"{rate / 1e6:,.1f} MB/s, ETA {eta_s}"
+        )
 
     def update(self, done: int) -> None:
         done = min(int(done), self.total) if self.total else int(done)

@@ -1,13 +1,14 @@
 """The run directory's names (docs/architecture.md#the-run-directory), in one place for both sides.
 
-    runs/<name>/
-      run.json, tokenizer.json, phases.json, checkpoints.json, step_NNNNNN.bin
-      .loss.json  .loss.rewound.json  .samples.json  .state.json
-      .handshake.json (+ .handshake.lock)  .reports.jsonl  .proxy.lock  .proxy.owner.json
-      .status.json  .pivot.request.json  .state.snapshots.jsonl
-      data/<arm>.train.u16  data/<arm>.heldout.u16  data/arms.json
-      archive/pivot-<step>/   logs/
+runs/<name>/
+  run.json, tokenizer.json, phases.json, checkpoints.json, step_NNNNNN.bin
+  .loss.json  .loss.rewound.json  .samples.json  .state.json
+  .handshake.json (+ .handshake.lock)  .reports.jsonl  .proxy.lock  .proxy.owner.json
+  .status.json  .pivot.request.json  .state.snapshots.jsonl
+  data/<arm>.train.u16  data/<arm>.heldout.u16  data/arms.json
+  archive/pivot-<step>/   logs/
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ def creating_proxy(root) -> int | None:
     None. Read-only: it never takes the run lock, so it cannot get in a starting proxy's way."""
     import json
     import socket
+
     try:
         owner = json.loads((Path(root) / ".proxy.owner.json").read_text())
         pid = int(owner["pid"])
@@ -38,8 +40,21 @@ def creating_proxy(root) -> int | None:
 
 
 # What a run directory holds besides its dot-files (docs/architecture.md#the-run-directory)
-RUN_ENTRIES = frozenset({"run.json", "tokenizer.json", "phases.json", "checkpoints.json", "data",
-                         "logs", "archive", "rejected", "tensorboard", "fork.json", "loss.png"})
+RUN_ENTRIES = frozenset(
+    {
+        "run.json",
+        "tokenizer.json",
+        "phases.json",
+        "checkpoints.json",
+        "data",
+        "logs",
+        "archive",
+        "rejected",
+        "tensorboard",
+        "fork.json",
+        "loss.png",
+    }
+)
 
 
 def foreign_entries(root) -> list[str]:
@@ -48,9 +63,13 @@ def foreign_entries(root) -> list[str]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(e.name + ("/" if e.is_dir() else "") for e in root.iterdir()
-                  if not e.name.startswith(".") and e.name not in RUN_ENTRIES
-                  and not (e.name.startswith("step_") and e.name.endswith(".bin")))
+    return sorted(
+        e.name + ("/" if e.is_dir() else "")
+        for e in root.iterdir()
+        if not e.name.startswith(".")
+        and e.name not in RUN_ENTRIES
+        and not (e.name.startswith("step_") and e.name.endswith(".bin"))
+    )
 
 
 def last_creation_error(root, nbytes: int = 1 << 16) -> str | None:
@@ -71,7 +90,7 @@ def last_creation_error(root, nbytes: int = 1 << 16) -> str | None:
             msg = [lines[i].split(" ERROR ", 1)[1]]
             # a message of several lines (every bad arm on its own): the lines that follow
             # without a log record's timestamp belong to it
-            for line in lines[i + 1:i + 21]:
+            for line in lines[i + 1 : i + 21]:
                 if not line[:1].isspace():
                     break
                 msg.append(line.strip())
@@ -86,19 +105,27 @@ def missing_run_json(root) -> str:
     root = Path(root)
     creator = creating_proxy(root)
     if creator is not None:
-        return (f"{root}: being created by proxy pid {creator} (alive: tokenizing its arms, "
-                f"no run.json yet); wait for it, and follow it in {root / 'logs' / 'proxy.log'}")
+        return (
+            f"{root}: being created by proxy pid {creator} (alive: tokenizing its arms, "
+            f"no run.json yet); wait for it, and follow it in {root / 'logs' / 'proxy.log'}"
+        )
     failed = last_creation_error(root)
     if failed:
-        return (f"{root}: the last attempt to create this run failed (no run.json): {failed}; "
-                f"fix that and run the `python -m proxy run --run-dir {root} ...` command again "
-                f"(the log: {root / 'logs' / 'proxy.log'})")
+        return (
+            f"{root}: the last attempt to create this run failed (no run.json): {failed}; "
+            f"fix that and run the `python -m proxy run --run-dir {root} ...` command again "
+            f"(the log: {root / 'logs' / 'proxy.log'})"
+        )
     if (root / "data").is_dir() or (root / "tokenizer.json").exists():
-        return (f"{root}: the creation of this run is unfinished (no run.json yet: it was "
-                f"stopped or killed while creating); run the same `python -m proxy run "
-                f"--run-dir {root} ...` command to finish it")
-    return (f"{root}: not a run directory (no run.json); pass the --run-dir given to "
-            "`python -m proxy run`")
+        return (
+            f"{root}: the creation of this run is unfinished (no run.json yet: it was "
+            f"stopped or killed while creating); run the same `python -m proxy run "
+            f"--run-dir {root} ...` command to finish it"
+        )
+    return (
+        f"{root}: not a run directory (no run.json); pass the --run-dir given to "
+        "`python -m proxy run`"
+    )
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ resumes from (docs/data.md#crash-safe-creation). What it is not: the supervisor'
 stops once a worker runs (proxy/supervision/supervisor.py), nor a signal handler itself (no
 signal module here).
 """
+
 from __future__ import annotations
 
 _requested: str | None = None

@@ -8,6 +8,7 @@ An existing `tokenizer.json` (e.g. GPT-2's 50,257 tokens) can be given instead o
 
 What it is not: the streaming of whole arms through it (`shared/arm_tokenize.py`).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,13 +41,17 @@ class RunTokenizer:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, show_progress=False,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+            vocab_size=vocab_size,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=[],
+        )
 
         def chunks():
             for t in texts:
                 for i in range(0, len(t), _CHUNK):
-                    yield t[i:i + _CHUNK]
+                    yield t[i : i + _CHUNK]
+
         tok.train_from_iterator(chunks(), trainer=trainer)
         return cls("bpe", tok)
 
@@ -69,9 +74,12 @@ class RunTokenizer:
             if json.loads(text).get("andrea_tokenizer") == "bytes":
                 return cls.bytes()
             from tokenizers import Tokenizer
+
             return cls("bpe", Tokenizer.from_str(text))
         except FileNotFoundError:
-            raise ConfigError(f"{path}: missing; the run's tokenizer is created with the run") from None
+            raise ConfigError(
+                f"{path}: missing; the run's tokenizer is created with the run"
+            ) from None
         except Exception as e:  # tokenizers raises its own exception type
             raise ConfigError(f"{path}: unreadable tokenizer ({e})") from e
 
@@ -81,8 +89,10 @@ class RunTokenizer:
         ConfigError naming the file when it is missing or not a tokenizer."""
         path = Path(path).expanduser()
         if not path.is_file():
-            raise ConfigError(f"--tokenizer {path}: no such file; give 'bpe', 'bytes' or the path "
-                              "of an existing tokenizer.json")
+            raise ConfigError(
+                f"--tokenizer {path}: no such file; give 'bpe', 'bytes' or the path "
+                "of an existing tokenizer.json"
+            )
         return cls.load(path)
 
     @property
@@ -104,10 +114,13 @@ class RunTokenizer:
         """Token ids of `text` as a 1-D array of `self.dtype`."""
         if self.kind == "bytes":
             return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(self.dtype)
-        pieces = [text[i:i + _CHUNK] for i in range(0, len(text), _CHUNK)]
+        pieces = [text[i : i + _CHUNK] for i in range(0, len(text), _CHUNK)]
         encs = self._tok.encode_batch(pieces)
-        return np.concatenate([np.asarray(e.ids, dtype=self.dtype) for e in encs]) if encs \
+        return (
+            np.concatenate([np.asarray(e.ids, dtype=self.dtype) for e in encs])
+            if encs
             else np.zeros(0, self.dtype)
+        )
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]

@@ -5,6 +5,7 @@ each option and its default are stated once (docs/architecture.md#processes).
 What it is not: the run's config (`run.json`, shared/config.py), which a resume must match;
 these options may change from one incarnation to the next. Standard library only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,19 +27,19 @@ class WorkerOptions:
 
     run_dir: Path
     resume_from: Path | None = None
-    max_steps: int | None = None     # None: run.json's max_steps
-    usr1_at: str = "step"            # "step" or "boundary"
+    max_steps: int | None = None  # None: run.json's max_steps
+    usr1_at: str = "step"  # "step" or "boundary"
     device: str = "auto"
     parent_pid: int | None = None
     keep_last: int = DEFAULT_KEEP_LAST
     keep_every: int = DEFAULT_KEEP_EVERY
-    policy_timeout: float = 120.0    # seconds to wait for the proxy's policy
-    max_nonfinite: int = 5           # consecutive non-finite steps before the run stops
+    policy_timeout: float = 120.0  # seconds to wait for the proxy's policy
+    max_nonfinite: int = 5  # consecutive non-finite steps before the run stops
     audit_tokens: int = AUDIT_TOKENS  # tokens generated per arm per sample audit
-    compile: bool = False            # torch.compile the training module
-    precision: str = "auto"          # auto, fp32, bf16: worker/precision.py
+    compile: bool = False  # torch.compile the training module
+    precision: str = "auto"  # auto, fp32, bf16: worker/precision.py
     micro_batch_size: int | None = None  # None: run.json's (None there: the rank's whole slice)
-    resume_verified: str | None = None   # checksum the proxy verified resume_from against
+    resume_verified: str | None = None  # checksum the proxy verified resume_from against
 
     def to_argv(self) -> list[str]:
         """The options as `python -m worker` arguments, in a fixed order; an option at its
@@ -72,9 +73,12 @@ class WorkerOptions:
         ap = argparse.ArgumentParser(prog="python -m worker")
         ap.add_argument("--run-dir", required=True)
         ap.add_argument("--resume-from", default=None)
-        ap.add_argument("--resume-verified", default=d["resume_verified"],
-                        help="the checksum the proxy verified --resume-from against: the worker "
-                             "still checks its size and header but does not checksum it again")
+        ap.add_argument(
+            "--resume-verified",
+            default=d["resume_verified"],
+            help="the checksum the proxy verified --resume-from against: the worker "
+            "still checks its size and header but does not checksum it again",
+        )
         ap.add_argument("--max-steps", type=int, default=d["max_steps"])
         ap.add_argument("--usr1-at", choices=USR1_AT, default=d["usr1_at"])
         ap.add_argument("--device", default=d["device"])
@@ -83,11 +87,19 @@ class WorkerOptions:
         ap.add_argument("--keep-every", type=int, default=d["keep_every"])
         ap.add_argument("--policy-timeout", type=float, default=d["policy_timeout"])
         ap.add_argument("--compile", action="store_true", help="torch.compile the training module")
-        ap.add_argument("--precision", choices=PRECISIONS, default=d["precision"],
-                        help="auto: bf16 autocast on CUDA, fp32 on CPU; bf16: autocast on any "
-                             "device; fp32: none. Weights, m, v and checkpoints are fp32 always")
-        ap.add_argument("--micro-batch-size", type=int, default=d["micro_batch_size"],
-                        help="sequences per forward/backward on this rank (default: run.json's)")
+        ap.add_argument(
+            "--precision",
+            choices=PRECISIONS,
+            default=d["precision"],
+            help="auto: bf16 autocast on CUDA, fp32 on CPU; bf16: autocast on any "
+            "device; fp32: none. Weights, m, v and checkpoints are fp32 always",
+        )
+        ap.add_argument(
+            "--micro-batch-size",
+            type=int,
+            default=d["micro_batch_size"],
+            help="sequences per forward/backward on this rank (default: run.json's)",
+        )
         return ap
 
     @classmethod
@@ -95,9 +107,18 @@ class WorkerOptions:
         """Parse `python -m worker` arguments (sys.argv[1:] when None); argparse exits 2 with
         its usage line on a bad one."""
         a = cls.parser().parse_args(argv)
-        return cls(run_dir=Path(a.run_dir),
-                   resume_from=Path(a.resume_from) if a.resume_from else None,
-                   max_steps=a.max_steps, usr1_at=a.usr1_at, device=a.device,
-                   parent_pid=a.parent_pid, keep_last=a.keep_last, keep_every=a.keep_every,
-                   policy_timeout=a.policy_timeout, compile=a.compile, precision=a.precision,
-                   micro_batch_size=a.micro_batch_size, resume_verified=a.resume_verified)
+        return cls(
+            run_dir=Path(a.run_dir),
+            resume_from=Path(a.resume_from) if a.resume_from else None,
+            max_steps=a.max_steps,
+            usr1_at=a.usr1_at,
+            device=a.device,
+            parent_pid=a.parent_pid,
+            keep_last=a.keep_last,
+            keep_every=a.keep_every,
+            policy_timeout=a.policy_timeout,
+            compile=a.compile,
+            precision=a.precision,
+            micro_batch_size=a.micro_batch_size,
+            resume_verified=a.resume_verified,
+        )

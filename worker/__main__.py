@@ -3,6 +3,7 @@
 Signal handlers are installed before torch is imported, so a SIGTERM or SIGUSR1 during start-up
 is honoured (after the first step), never fatal.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,18 +25,24 @@ def main(argv: list[str] | None = None) -> int:
     flags.install()  # first thing: before the slow imports below
     opts = WorkerOptions.from_argv(argv)
     level = logging.getLevelName(os.environ.get("ANDREA_LOG_LEVEL", "INFO").upper())
-    logging.basicConfig(level=level if isinstance(level, int) else logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=level if isinstance(level, int) else logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s",
+    )
     logging.getLogger("filelock").setLevel(max(logging.INFO, logging.getLogger().level))
     if opts.parent_pid:
         flags.watch_parent(opts.parent_pid)
 
     from shared.procfs import seconds_since_start
+
     log = logging.getLogger("worker")
     log.debug("start-up: worker interpreter %.3f s since launch", seconds_since_start() or 0.0)
     from worker.trainer import Trainer  # torch: after the signal handlers, as said above
-    log.debug("start-up: torch and the trainer imported %.3f s since launch",
-              seconds_since_start() or 0.0)
+
+    log.debug(
+        "start-up: torch and the trainer imported %.3f s since launch", seconds_since_start() or 0.0
+    )
     try:
         trainer = Trainer(opts, flags, fault_injection.hooks_from_environment(opts.run_dir))
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback
@@ -53,8 +60,16 @@ def _fatal(run_dir, e: Exception) -> int:
     logging.getLogger("worker").error("%s", e)
     try:
         w = ReportWriter(RunLayout(run_dir))
-        w.write({"type": "event", "event": "stopped", "step": None, "why": str(e),
-                 "exit_code": EXIT_FATAL, "time": time.time()})
+        w.write(
+            {
+                "type": "event",
+                "event": "stopped",
+                "step": None,
+                "why": str(e),
+                "exit_code": EXIT_FATAL,
+                "time": time.time(),
+            }
+        )
         w.close()
     except OSError:
         pass  # the exit code still says it where no agent stands between

@@ -10,6 +10,7 @@ What it is not: the format (shared/checkpoint_format.py), the write engine
 (shared/checkpoint_write.py) or the decision of when to write
 (worker/trainer.py).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -30,15 +31,22 @@ from worker import fault_injection
 from shared.checkpoint_format import CheckpointError, expected_size
 from shared.checkpoint_write import DIRECT_ALIGN, image_offset, write_checkpoint_image
 from shared.checkpoint_dir import list_checkpoints
-from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST, ManifestEntry, \
-    plan_retention, read_manifest, record_checkpoint, remove_entries
+from shared.checkpoint_manifest import (
+    DEFAULT_KEEP_EVERY,
+    DEFAULT_KEEP_LAST,
+    ManifestEntry,
+    plan_retention,
+    read_manifest,
+    record_checkpoint,
+    remove_entries,
+)
 
 log = logging.getLogger("worker.checkpointer")
 
 PINNED_REASONS = frozenset({"sigusr1", "pivot", "final", "alarm"})
 DISK_MARGIN_BYTES = 64 << 20
-WRITER_NICE = 10   # the writer's (and its checksum thread's) nice value once the copy is done
-_MADV_FREE = 8   # linux/mman.h (Linux 4.5+): pages freed lazily, only under memory pressure
+WRITER_NICE = 10  # the writer's (and its checksum thread's) nice value once the copy is done
+_MADV_FREE = 8  # linux/mman.h (Linux 4.5+): pages freed lazily, only under memory pressure
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -96,13 +104,20 @@ class Checkpointer:
     once (MADV_DONTNEED) made the next copy fault every page in again: 0.22 s of CPU per
     andrea-12m checkpoint instead of 0.10 s (thread CPU time, docs/checkpoint-format.md#writing-without-stalling),
     CPU taken from training on 2 cores. A pinned (CUDA) buffer is kept as is.
-    writer_nice: the nice value of the writer thread after its copy (docs/checkpoint-format.md#writing-without-stalling).
+    writer_nice: the nice value of the writer thread after its copy
+    (docs/checkpoint-format.md#writing-without-stalling).
     """
 
-    def __init__(self, run_dir: Path, n_params: int, keep_last: int = DEFAULT_KEEP_LAST,
-                 keep_every: int = DEFAULT_KEEP_EVERY, pin_memory: bool = False,
-                 on_done: Callable[[WriteResult], None] | None = None,
-                 writer_nice: int = WRITER_NICE) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        n_params: int,
+        keep_last: int = DEFAULT_KEEP_LAST,
+        keep_every: int = DEFAULT_KEEP_EVERY,
+        pin_memory: bool = False,
+        on_done: Callable[[WriteResult], None] | None = None,
+        writer_nice: int = WRITER_NICE,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.n = n_params
         self.keep_last, self.keep_every = keep_last, keep_every
@@ -112,9 +127,9 @@ class Checkpointer:
         raw = torch.empty(size + DIRECT_ALIGN, dtype=torch.uint8, pin_memory=pin_memory)
         off = image_offset(raw.data_ptr())
         self._raw = raw
-        self._host_t = raw[off + 8:off + size].view(torch.float32)  # w, m, v back to back
-        self._image = raw.numpy()[off:off + size]
-        self._host_np = self._image[8:].view(np.float32)            # the same bytes, numpy
+        self._host_t = raw[off + 8 : off + size].view(torch.float32)  # w, m, v back to back
+        self._image = raw.numpy()[off : off + size]
+        self._host_np = self._image[8:].view(np.float32)  # the same bytes, numpy
         self._thread: threading.Thread | None = None
         self._copied = threading.Event()  # set when no deferred copy is pending
         self._copied.set()
@@ -147,8 +162,16 @@ class Checkpointer:
             self._thread = None
         return self.last_result
 
-    def snapshot(self, step: int, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
-                 reason: str, background: bool = True, defer_copy: bool = False) -> float:
+    def snapshot(
+        self,
+        step: int,
+        w: torch.Tensor,
+        m: torch.Tensor,
+        v: torch.Tensor,
+        reason: str,
+        background: bool = True,
+        defer_copy: bool = False,
+    ) -> float:
         """Copy the three flat buffers to host and start writing `step_{step}.bin`.
 
         w, m, v: float32 tensors of n_params elements each (any device; weights, AdamW
@@ -170,8 +193,9 @@ class Checkpointer:
         if background:
             self._copied.clear()
             args = (step, reason, (w, m, v) if defer else None)
-            self._thread = threading.Thread(target=self._write_after_copy, args=args,
-                                            name=f"ckpt-{step}", daemon=False)
+            self._thread = threading.Thread(
+                target=self._write_after_copy, args=args, name=f"ckpt-{step}", daemon=False
+            )
             self._thread.start()
         else:
             self._write(step, reason)
@@ -183,9 +207,9 @@ class Checkpointer:
             src = src.detach().reshape(-1)
             if src.device.type == "cpu" and src.dtype == torch.float32:
                 # one memcpy; about twice as fast as Tensor.copy_ here (scripts/bench_checkpoint.py stall)
-                np.copyto(self._host_np[i * n:(i + 1) * n], src.numpy())
+                np.copyto(self._host_np[i * n : (i + 1) * n], src.numpy())
             else:
-                self._host_t[i * n:(i + 1) * n].copy_(src, non_blocking=True)
+                self._host_t[i * n : (i + 1) * n].copy_(src, non_blocking=True)
         if w.is_cuda:
             torch.cuda.synchronize()
 
@@ -217,11 +241,22 @@ class Checkpointer:
                         f"{self.run_dir}: {self._free_bytes():,} bytes free, a checkpoint needs "
                         f"{need:,} (with margin); not written, earlier checkpoints intact: "
                         f"free disk space (retention already applied); retried at the next "
-                        f"cadence", rule="disk")
+                        f"cadence",
+                        rule="disk",
+                    )
             path, nbytes, checksum = write_checkpoint_image(self.run_dir, step, self._image)
-            record_checkpoint(self.run_dir, ManifestEntry(
-                step=step, file=path.name, nbytes=nbytes, checksum=checksum, reason=reason,
-                pinned=reason in PINNED_REASONS, time=time.time()))
+            record_checkpoint(
+                self.run_dir,
+                ManifestEntry(
+                    step=step,
+                    file=path.name,
+                    nbytes=nbytes,
+                    checksum=checksum,
+                    reason=reason,
+                    pinned=reason in PINNED_REASONS,
+                    time=time.time(),
+                ),
+            )
             self.apply_retention()
             res = WriteResult(step, reason, str(path), nbytes, time.perf_counter() - t0)
         except Exception as e:  # the writer must never die silently: report the failure

@@ -11,6 +11,7 @@ between the held-out ranges, docs/data.md#the-held-out-split); with one tail ran
 small arms) this is exactly the draw `integers(0, heldout_start - block - 1)` it always was, so
 resumes stay bit-exact. Token files are uint16 or uint32 (ArmData.dtype).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,17 +32,22 @@ def step_generator(seed: int, step: int, stream: int = 0) -> np.random.Generator
 
 @dataclass
 class Batch:
-    x: torch.Tensor          # int64 (b, T) inputs of this rank
-    y: torch.Tensor          # int64 (b, T) next-token targets
-    arm_index: np.ndarray    # int (b,) index into the sorted arm names, this rank's rows
-    counts: dict[str, int]   # sequences per arm in the GLOBAL batch
+    x: torch.Tensor  # int64 (b, T) inputs of this rank
+    y: torch.Tensor  # int64 (b, T) next-token targets
+    arm_index: np.ndarray  # int (b,) index into the sorted arm names, this rank's rows
+    counts: dict[str, int]  # sequences per arm in the GLOBAL batch
 
 
 class ArmSampler:
     """Token windows from each arm. `arms` maps name -> ArmData; names are used in sorted order."""
 
-    def __init__(self, run_dir: Path, arms: dict[str, ArmData], block_size: int,
-                 vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        arms: dict[str, ArmData],
+        block_size: int,
+        vocab_size: int | None = None,
+    ) -> None:
         self.names = sorted(arms)
         self.block = block_size
         self.vocab_size = vocab_size  # token ids must be below it (checked per drawn window)
@@ -49,8 +55,9 @@ class ArmSampler:
         self.tokens = {n: arms[n].tokens(run_dir) for n in self.names}
         self.train_end = {n: arms[n].heldout_start for n in self.names}
         self.heldout = {n: arms[n].heldout_ranges() for n in self.names}
-        self._train = {n: _starts(_gaps(self.heldout[n], arms[n].n_tokens), block_size)
-                       for n in self.names}
+        self._train = {
+            n: _starts(_gaps(self.heldout[n], arms[n].n_tokens), block_size) for n in self.names
+        }
 
     def _train_start(self, name: str, g: np.random.Generator) -> int:
         seg, cum = self._train[name]
@@ -58,8 +65,15 @@ class ArmSampler:
         j = int(np.searchsorted(cum, u, side="right"))
         return int(seg[j][0]) + u - (int(cum[j - 1]) if j else 0)
 
-    def draw(self, seed: int, step: int, probs: dict[str, float], batch_size: int,
-             rank: int = 0, world_size: int = 1) -> Batch:
+    def draw(
+        self,
+        seed: int,
+        step: int,
+        probs: dict[str, float],
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> Batch:
         """The batch of update `step` for `rank`. probs: arm name -> probability (sum 1)."""
         g = step_generator(seed, step)
         p = np.array([max(0.0, float(probs.get(n, 0.0))) for n in self.names], dtype=np.float64)
@@ -71,11 +85,18 @@ class ArmSampler:
         counts = {n: int((arm_idx == i).sum()) for i, n in enumerate(self.names)}
         per = batch_size // world_size
         rows = range(rank * per, (rank + 1) * per)
-        buf = np.stack([np.asarray(self.tokens[self.names[arm_idx[i]]][starts[i]:starts[i] + self.block + 1],
-                                   dtype=np.int64) for i in rows])
+        buf = np.stack(
+            [
+                np.asarray(
+                    self.tokens[self.names[arm_idx[i]]][starts[i] : starts[i] + self.block + 1],
+                    dtype=np.int64,
+                )
+                for i in rows
+            ]
+        )
         self._check_ids(buf, [self.names[arm_idx[i]] for i in rows], [int(starts[i]) for i in rows])
         t = torch.from_numpy(buf)
-        return Batch(t[:, :-1], t[:, 1:], arm_idx[rank * per:(rank + 1) * per], counts)
+        return Batch(t[:, :-1], t[:, 1:], arm_idx[rank * per : (rank + 1) * per], counts)
 
     def _check_ids(self, buf: np.ndarray, names: list[str], starts: list[int]) -> None:
         """Raise ArmSourceError naming the arm, its file and the offset when a window of `buf`
@@ -91,7 +112,8 @@ class ArmSampler:
             f"arm {n!r}: token file {self.paths[n]} holds token id {int(buf[row, col]):,} at "
             f"token offset {starts[row] + col:,}, outside the run's vocabulary of "
             f"{self.vocab_size:,}: the file was changed after the run was created; "
-            f"{TOKEN_FILE_REMEDY}")
+            f"{TOKEN_FILE_REMEDY}"
+        )
 
     def heldout_starts(self, name: str, n: int) -> list[int]:
         """Token offsets of the `n` probe windows of arm `name`: evenly spaced over the window
@@ -108,14 +130,14 @@ class ArmSampler:
     def heldout_windows(self, name: str, n: int) -> torch.Tensor:
         """The fixed probe set of arm `name`: int64 (n, block+1) at `heldout_starts(name, n)`."""
         toks, starts = self.tokens[name], self.heldout_starts(name, n)
-        buf = np.stack([np.asarray(toks[s:s + self.block + 1], dtype=np.int64) for s in starts])
+        buf = np.stack([np.asarray(toks[s : s + self.block + 1], dtype=np.int64) for s in starts])
         self._check_ids(buf, [name] * len(starts), starts)
         return torch.from_numpy(buf)
 
     def prompt(self, name: str, n_tokens: int = AUDIT_PROMPT_TOKENS) -> np.ndarray:
         """Fixed audit prompt of arm `name`: the first tokens of its held-out split."""
         s = self.train_end[name]
-        out = np.asarray(self.tokens[name][s:s + n_tokens], dtype=np.int64)
+        out = np.asarray(self.tokens[name][s : s + n_tokens], dtype=np.int64)
         self._check_ids(out.reshape(1, -1), [name], [s])
         return out
 

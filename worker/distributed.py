@@ -13,6 +13,7 @@ step record rank 0 writes is global.
 
 What it is not: the decisions themselves (worker/trainer.py) or the launcher (proxy/supervision/supervisor.py).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -44,7 +45,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    backend: str | None = None   # "gloo" / "nccl" when a process group is up, else None
+    backend: str | None = None  # "gloo" / "nccl" when a process group is up, else None
 
     @property
     def enabled(self) -> bool:
@@ -58,8 +59,9 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise DistributedError(f"environment {name}={raw!r} is not an integer; torchrun sets it, "
-                               "do not set it by hand") from None
+        raise DistributedError(
+            f"environment {name}={raw!r} is not an integer; torchrun sets it, do not set it by hand"
+        ) from None
 
 
 def resolve_device(requested: str, local_rank: int) -> torch.device:
@@ -70,13 +72,17 @@ def resolve_device(requested: str, local_rank: int) -> torch.device:
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(requested)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DistributedError(f"--device {requested}: this torch ({torch.__version__}) sees no CUDA "
-                               "device; use --device cpu (or auto), or install a CUDA build of torch")
+        raise DistributedError(
+            f"--device {requested}: this torch ({torch.__version__}) sees no CUDA "
+            "device; use --device cpu (or auto), or install a CUDA build of torch"
+        )
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", local_rank if torch.cuda.device_count() > local_rank else 0)
     if dev.type == "cuda" and dev.index >= torch.cuda.device_count():
-        raise DistributedError(f"--device {requested}: only {torch.cuda.device_count()} CUDA "
-                               "device(s) here (cuda:0 ...); choose one of them")
+        raise DistributedError(
+            f"--device {requested}: only {torch.cuda.device_count()} CUDA "
+            "device(s) here (cuda:0 ...); choose one of them"
+        )
     return dev
 
 
@@ -92,18 +98,32 @@ def init_distributed(requested_device: str) -> tuple[DistInfo, torch.device]:
     if world <= 1:
         return DistInfo(), device
     if not 0 <= rank < world:
-        raise DistributedError(f"environment RANK={rank} is outside WORLD_SIZE={world}: "
-                               "launch the worker through torchrun (python -m proxy run "
-                               "--nproc-per-node N)")
+        raise DistributedError(
+            f"environment RANK={rank} is outside WORLD_SIZE={world}: "
+            "launch the worker through torchrun (python -m proxy run "
+            "--nproc-per-node N)"
+        )
     import torch.distributed as dist
+
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(backend=backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S), **kw)
-    log.info("rank %d of %d (local rank %d) joined the %s process group on %s",
-             rank, world, local_rank, backend, device)
+    dist.init_process_group(
+        backend=backend,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        **kw,
+    )
+    log.info(
+        "rank %d of %d (local rank %d) joined the %s process group on %s",
+        rank,
+        world,
+        local_rank,
+        backend,
+        device,
+    )
     return DistInfo(rank, world, local_rank, backend), device
 
 
@@ -120,6 +140,7 @@ def agree(info: DistInfo, events: list[int]) -> list[int]:
     if not info.enabled:
         return list(events)
     import torch.distributed as dist
+
     t = torch.tensor(events, dtype=torch.int64, device=_comm_device(info))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [int(x) for x in t.tolist()]
@@ -130,6 +151,7 @@ def sum_floats(info: DistInfo, values: list[float]) -> list[float]:
     if not info.enabled:
         return list(values)
     import torch.distributed as dist
+
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return [float(x) for x in t.tolist()]
@@ -146,6 +168,7 @@ def leave_process_group() -> None:
     gdb showing ~ProcessGroupGloo in join and pt_gloo_runloop in take_gil). The sleep lets the
     threads finish first. Raises what destroy_process_group raises."""
     import torch.distributed as dist
+
     gc.collect()  # a DDP wrapper the caller dropped, if a reference cycle still holds it
     time.sleep(GLOO_DRAIN_S)
     if dist.is_initialized():

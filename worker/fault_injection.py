@@ -21,6 +21,7 @@ and supervision tests are deterministic instead of racing a 10 ms step:
 
 Production runs never set them; nothing here changes results when they are unset.
 """
+
 from __future__ import annotations
 
 import os
@@ -77,8 +78,15 @@ def pause_between_micro_batches(step: int, micro: int, report, run_dir: Path) ->
         if marker.exists():
             return
         marker.write_text(str(os.getpid()))
-        report({"type": "event", "event": "test-pause-micro", "step": step, "micro": micro,
-                "time": time.time()})
+        report(
+            {
+                "type": "event",
+                "event": "test-pause-micro",
+                "step": step,
+                "micro": micro,
+                "time": time.time(),
+            }
+        )
         time.sleep(float(secs))
 
 
@@ -88,6 +96,7 @@ def steal_signal() -> None:
     name = os.environ.get("ANDREA_TEST_STEAL_SIGNAL")
     if name:
         import signal
+
         signal.signal(getattr(signal, name), signal.SIG_DFL)
 
 
@@ -113,8 +122,10 @@ def leave_orphan() -> None:
     the shell, so `sleep` is orphaned and re-parented to the nearest subreaper (the proxy)."""
     path = os.environ.get("ANDREA_TEST_ORPHAN_FILE")
     if path:
-        subprocess.run(["sh", "-c", f"sleep 2 & echo $! > '{path}.tmp' && mv '{path}.tmp' '{path}'"],
-                       check=True)
+        subprocess.run(
+            ["sh", "-c", f"sleep 2 & echo $! > '{path}.tmp' && mv '{path}.tmp' '{path}'"],
+            check=True,
+        )
 
 
 class NoHooks:

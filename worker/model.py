@@ -12,6 +12,7 @@ from `flat`, after which checkpoints would save stale weights. `GPT._apply` keep
 `flat` instead (a device move moves `flat` and re-points the views) and refuses any dtype but
 float32 (mixed precision is autocast: `--precision bf16`, worker/precision.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -73,17 +75,20 @@ class GPT(nn.Module):
     `flat`: float32 (n_params,) holding every parameter in checkpoint order.
     """
 
-    def __init__(self, shape: ModelShape, vocab_size: int, dropout: float = 0.0,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, shape: ModelShape, vocab_size: int, dropout: float = 0.0, seed: int = 0
+    ) -> None:
         super().__init__()
         self.shape, self.vocab_size = shape, vocab_size
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab_size, shape.n_embd),
-            wpe=nn.Embedding(shape.block_size, shape.n_embd),
-            drop=nn.Dropout(dropout),
-            h=nn.ModuleList([Block(shape, dropout) for _ in range(shape.n_layer)]),
-            ln_f=nn.LayerNorm(shape.n_embd),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(vocab_size, shape.n_embd),
+                wpe=nn.Embedding(shape.block_size, shape.n_embd),
+                drop=nn.Dropout(dropout),
+                h=nn.ModuleList([Block(shape, dropout) for _ in range(shape.n_layer)]),
+                ln_f=nn.LayerNorm(shape.n_embd),
+            )
+        )
         self.lm_head = nn.Linear(shape.n_embd, vocab_size, bias=False)
         self.table = parameter_table(shape, vocab_size)
         self._check_order()
@@ -94,8 +99,10 @@ class GPT(nn.Module):
         got = [(n, tuple(p.shape)) for n, p in self.named_parameters()]
         want = [(n, s) for n, s, _ in self.table]
         if got != want:  # a programming error: the file order would silently change
-            raise RuntimeError(f"parameter order differs from shared.config.parameter_table: "
-                               f"{got[:3]}... vs {want[:3]}...")
+            raise RuntimeError(
+                f"parameter order differs from shared.config.parameter_table: "
+                f"{got[:3]}... vs {want[:3]}..."
+            )
 
     def _init_weights(self, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
@@ -115,8 +122,8 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         flat = torch.empty(n, dtype=torch.float32)
         for p, (_, _, off) in zip(self.parameters(), self.table):
-            flat[off:off + p.numel()].copy_(p.detach().reshape(-1))
-            p.data = flat[off:off + p.numel()].view_as(p)
+            flat[off : off + p.numel()].copy_(p.detach().reshape(-1))
+            p.data = flat[off : off + p.numel()].view_as(p)
         return flat
 
     def to_device(self, device: torch.device) -> "GPT":
@@ -139,10 +146,11 @@ class GPT(nn.Module):
                 f"GPT parameters are views of one float32 buffer (GPT.flat), which the checkpoint "
                 f"format stores as is; converting them to {flat.dtype} would detach them from it "
                 f"and checkpoints would save stale weights. For bf16 training use autocast "
-                f"(--precision bf16, worker/precision.py), not .to(dtype)/.half()/.bfloat16()")
+                f"(--precision bf16, worker/precision.py), not .to(dtype)/.half()/.bfloat16()"
+            )
         if flat is not self.flat:
             for p, (_, _, off) in zip(self.parameters(), self.table):
-                p.data = flat[off:off + p.numel()].view_as(p)
+                p.data = flat[off : off + p.numel()].view_as(p)
                 if p.grad is not None:
                     p.grad = fn(p.grad)
             self.flat = flat
@@ -155,10 +163,16 @@ class GPT(nn.Module):
         base = self.flat.untyped_storage().data_ptr()
         for p, (name, shape, off) in zip(self.parameters(), self.table):
             want = self.flat.data_ptr() + off * self.flat.element_size()
-            if (p.untyped_storage().data_ptr() != base or p.data_ptr() != want
-                    or p.dtype != self.flat.dtype or tuple(p.shape) != tuple(shape)):
-                raise RuntimeError(f"parameter {name} is no longer a view of GPT.flat at offset "
-                                   f"{off}: checkpoints would save stale weights")
+            if (
+                p.untyped_storage().data_ptr() != base
+                or p.data_ptr() != want
+                or p.dtype != self.flat.dtype
+                or tuple(p.shape) != tuple(shape)
+            ):
+                raise RuntimeError(
+                    f"parameter {name} is no longer a view of GPT.flat at offset "
+                    f"{off}: checkpoints would save stale weights"
+                )
 
     @property
     def n_params(self) -> int:

@@ -12,6 +12,7 @@ constructing `torch.optim.AdamW`, whose methods import `torch._dynamo` on first 
 3.15 s worker start on 2 CPU cores, docs/operations.md#benchmarks). The foreach path (other
 devices) uses `torch.optim.AdamW` itself.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,12 +43,23 @@ class _FusedAdamW:
     (dicts with "params", "lr", "betas", "eps", "weight_decay", "fused"), `step()` and
     `zero_grad()`. Parameters without a gradient are skipped, as torch does."""
 
-    def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float],
-                 eps: float) -> None:
+    def __init__(
+        self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float
+    ) -> None:
         self.state: dict[torch.Tensor, dict] = {}
-        self.param_groups = [{"lr": lr, "betas": betas, "eps": eps, "amsgrad": False,
-                              "maximize": False, "foreach": None, "fused": True, **g}
-                             for g in groups]
+        self.param_groups = [
+            {
+                "lr": lr,
+                "betas": betas,
+                "eps": eps,
+                "amsgrad": False,
+                "maximize": False,
+                "foreach": None,
+                "fused": True,
+                **g,
+            }
+            for g in groups
+        ]
 
     @torch.no_grad()
     def step(self) -> None:
@@ -58,11 +70,23 @@ class _FusedAdamW:
             st = [self.state[p] for p in params]
             steps = [s["step"] for s in st]
             torch._foreach_add_(steps, 1)
-            torch._fused_adamw_(params, [p.grad for p in params], [s["exp_avg"] for s in st],
-                                [s["exp_avg_sq"] for s in st], [], steps, amsgrad=False,
-                                lr=g["lr"], beta1=g["betas"][0], beta2=g["betas"][1],
-                                weight_decay=g["weight_decay"], eps=g["eps"], maximize=False,
-                                grad_scale=None, found_inf=None)
+            torch._fused_adamw_(
+                params,
+                [p.grad for p in params],
+                [s["exp_avg"] for s in st],
+                [s["exp_avg_sq"] for s in st],
+                [],
+                steps,
+                amsgrad=False,
+                lr=g["lr"],
+                beta1=g["betas"][0],
+                beta2=g["betas"][1],
+                weight_decay=g["weight_decay"],
+                eps=g["eps"],
+                maximize=False,
+                grad_scale=None,
+                found_inf=None,
+            )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for g in self.param_groups:
@@ -87,15 +111,18 @@ class FlatAdamW:
         self.v = torch.zeros_like(flat)
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
+        groups = [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
         # fused: one kernel for all parameters (CUDA and CPU); else foreach
         self.opt: _FusedAdamW | torch.optim.AdamW
         if fused:
             self.opt = _FusedAdamW(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps)
         else:
-            self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                         eps=cfg.eps, foreach=True)
+            self.opt = torch.optim.AdamW(
+                groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=True
+            )
         self.fused = bool(fused)
         if self.fused and flat.device.type not in ("cuda", "cpu"):
             # torch checks this only when it creates the state itself, which _bind_state pre-empts
@@ -109,8 +136,8 @@ class FlatAdamW:
             n = p.numel()
             self.opt.state[p] = {
                 "step": torch.tensor(float(step), dtype=torch.float32, device=self.step_device),
-                "exp_avg": self.m[table_off:table_off + n].view_as(p),
-                "exp_avg_sq": self.v[table_off:table_off + n].view_as(p),
+                "exp_avg": self.m[table_off : table_off + n].view_as(p),
+                "exp_avg_sq": self.v[table_off : table_off + n].view_as(p),
             }
 
     def set_step(self, step: int) -> None:
@@ -140,14 +167,21 @@ class FlatAdamW:
             for key, buf in (("exp_avg", self.m), ("exp_avg_sq", self.v)):
                 t = st[key]
                 want = buf.data_ptr() + off * buf.element_size()
-                if (t.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
-                        or t.data_ptr() != want or t.shape != p.shape):
-                    raise RuntimeError(f"AdamW replaced {key} of {name}; the flat "
-                                       f"{'m' if key == 'exp_avg' else 'v'} buffer is stale")
+                if (
+                    t.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+                    or t.data_ptr() != want
+                    or t.shape != p.shape
+                ):
+                    raise RuntimeError(
+                        f"AdamW replaced {key} of {name}; the flat "
+                        f"{'m' if key == 'exp_avg' else 'v'} buffer is stale"
+                    )
             s = st["step"]
             if s.device != self.step_device or s.dtype != torch.float32 or s.dim() != 0:
-                raise RuntimeError(f"AdamW step of {name} is {s.dtype} on {s.device}, expected a "
-                                   f"float32 scalar on {self.step_device}")
+                raise RuntimeError(
+                    f"AdamW step of {name} is {s.dtype} on {s.device}, expected a "
+                    f"float32 scalar on {self.step_device}"
+                )
 
     def steps(self) -> set[float]:
         """The distinct AdamW step values over the parameters (one value when in sync)."""

@@ -12,6 +12,7 @@ from then on.
 
 What it is not: the timing of steps (worker/trainer.py) or the progress line (proxy/supervision/supervisor.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,21 +27,21 @@ import torch
 CUDA_BF16_PEAK: tuple[tuple[str, float], ...] = (
     ("H200", 989e12),
     ("H100 PCIe", 756e12),
-    ("H100", 989e12),          # SXM / NVL
+    ("H100", 989e12),  # SXM / NVL
     ("H800", 989e12),
     ("GH200", 989e12),
     ("B200", 2250e12),
     ("A100", 312e12),
     ("A800", 312e12),
-    ("A10G", 70e12),           # nominally 125 TFLOP/s with sparsity; 70 dense
+    ("A10G", 70e12),  # nominally 125 TFLOP/s with sparsity; 70 dense
     ("A10", 125e12),
     ("L40S", 362e12),
     ("L40", 181e12),
     ("L4", 121e12),
     ("RTX 4090", 165e12),
     ("RTX 3090", 71e12),
-    ("V100", 125e12),          # fp16 tensor cores (V100 has no bf16)
-    ("T4", 65e12),             # fp16
+    ("V100", 125e12),  # fp16 tensor cores (V100 has no bf16)
+    ("T4", 65e12),  # fp16
 )
 
 
@@ -53,8 +54,9 @@ def cuda_peak_flops(device: torch.device) -> tuple[float | None, str]:
     return None, f"{name} is not in worker/perf.py CUDA_BF16_PEAK; MFU not reported"
 
 
-def measure_cpu_matmul_peak(n: int = 1024, seconds: float = 0.5, warmup_s: float = 0.2,
-                            per_round: int = 3) -> float:
+def measure_cpu_matmul_peak(
+    n: int = 1024, seconds: float = 0.5, warmup_s: float = 0.2, per_round: int = 3
+) -> float:
     """FLOP/s of an (n x n) @ (n x n) fp32 matmul on this process's CPU threads: the CPU's
     peak for MFU. After `warmup_s` of untimed matmuls (BLAS thread pool, caches, clock
     ramp-up), rounds of `per_round` matmuls are timed for about `seconds`; the peak is the
@@ -80,7 +82,7 @@ def measure_cpu_matmul_peak(n: int = 1024, seconds: float = 0.5, warmup_s: float
             times.append(time.perf_counter() - t0)
         med = sorted(times)[len(times) // 2]
         if med > 0:
-            best = max(best, 2.0 * n ** 3 / med)
+            best = max(best, 2.0 * n**3 / med)
         if time.perf_counter() > end:
             return best
 
@@ -155,11 +157,13 @@ class PeakFlops:
                 os.replace(tmp, self._cache)
             except OSError:
                 pass
+
         work()
 
 
-def mfu(flops_per_token: float, tokens_per_s: float, peak_per_device: float | None,
-        world_size: int = 1) -> float | None:
+def mfu(
+    flops_per_token: float, tokens_per_s: float, peak_per_device: float | None, world_size: int = 1
+) -> float | None:
     """Model FLOPs utilisation (a fraction, 1 = the peak) or None when the peak is unknown.
     Not clamped here: a value above 1 says the peak is wrong, and the proxy leaves it out."""
     if not peak_per_device or tokens_per_s <= 0:

@@ -23,6 +23,7 @@ forces foreach (`=1` fused) so tests can compare the two kernels in a real worke
 
 What it is not: the model (worker/model.py) or the optimizer's flat buffers (worker/optim.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -42,16 +43,19 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     if requested == "auto":
         return "bf16" if cuda_bf16 else "fp32"
     if requested == "bf16" and device.type == "cuda" and not cuda_bf16:
-        raise ValueError(f"--precision bf16: {torch.cuda.get_device_name(device)} has no native "
-                         "bf16; use --precision fp32 (or auto)")
+        raise ValueError(
+            f"--precision bf16: {torch.cuda.get_device_name(device)} has no native "
+            "bf16; use --precision fp32 (or auto)"
+        )
     return requested
 
 
 def autocast(device: torch.device, precision: str):
     """The autocast context for a forward pass in resolved `precision` ("bf16" or "fp32") on
     `device`: bf16 autocast of the device's type, or a disabled (no-op) autocast for fp32."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16,
-                          enabled=precision == "bf16")
+    return torch.autocast(
+        device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16"
+    )
 
 
 def use_fused_adamw(device: torch.device) -> bool:
@@ -70,8 +74,8 @@ def device_memory_bytes(device: torch.device) -> int | None:
             return int(torch.cuda.get_device_properties(device).total_memory)
         if device.type == "cpu":
             import psutil
+
             return int(psutil.virtual_memory().total)
     except Exception:  # noqa: BLE001 - unknown is not an error; nothing is checked then
         return None
     return None
-

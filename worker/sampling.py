@@ -10,6 +10,7 @@ The training loop's sample audit (worker/trainer.py) generates with it too, its 
 What it is not: a KV cache:
 the whole window is recomputed per token, which keeps the code the model's own forward.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,9 @@ from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K
 from worker.model import GPT
 
 
-def load_weights_only(path: Path, cfg, checksum: str | None = None) -> tuple[int, "torch.nn.Module"]:
+def load_weights_only(
+    path: Path, cfg, checksum: str | None = None
+) -> tuple[int, "torch.nn.Module"]:
     """(step, GPT in eval mode) from checkpoint `path` of the run described by `cfg`.
 
     The file is validated first (name, header, size, n_params, and with `checksum`, the
@@ -39,7 +42,7 @@ def load_weights_only(path: Path, cfg, checksum: str | None = None) -> tuple[int
     return info.step, model.eval()
 
 
-PARAMS_PER_THREAD = 5_000_000   # below this many parameters per thread, more threads lose
+PARAMS_PER_THREAD = 5_000_000  # below this many parameters per thread, more threads lose
 
 
 def set_inference_threads(n_params: int, requested: int | None = None) -> int:
@@ -62,9 +65,14 @@ def set_inference_threads(n_params: int, requested: int | None = None) -> int:
 
 
 @torch.inference_mode()
-def generate_batched(model, idx: torch.Tensor, max_new_tokens: int,
-                     temperature: float = SAMPLE_TEMPERATURE, top_k: int | None = SAMPLE_TOP_K,
-                     generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
+def generate_batched(
+    model,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = SAMPLE_TEMPERATURE,
+    top_k: int | None = SAMPLE_TOP_K,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+) -> torch.Tensor:
     """Sample continuations of every row of `idx` at once.
 
     idx: int64 (B, T0) token ids (one row per sample). Returns int64 (B, T0 + max_new_tokens).
@@ -83,7 +91,7 @@ def generate_batched(model, idx: torch.Tensor, max_new_tokens: int,
     out = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)
     out[:, :T0] = idx
     for i in range(T0, T0 + max_new_tokens):
-        ctx = out[:, max(0, i - block):i]
+        ctx = out[:, max(0, i - block) : i]
         pos = torch.arange(ctx.size(1), device=idx.device)
         x = t.wte(ctx) + t.wpe(pos)
         for blk in t.h:
@@ -96,6 +104,8 @@ def generate_batched(model, idx: torch.Tensor, max_new_tokens: int,
         if rows is None:
             nxt = torch.multinomial(probs, 1, generator=one)
         else:
-            nxt = torch.cat([torch.multinomial(probs[r:r + 1], 1, generator=g) for r, g in enumerate(rows)])
+            nxt = torch.cat(
+                [torch.multinomial(probs[r : r + 1], 1, generator=g) for r, g in enumerate(rows)]
+            )
         out[:, i] = nxt.view(-1).to(idx.device)
     return out

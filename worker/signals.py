@@ -19,6 +19,7 @@ several SIGUSR1 before the checkpoint is written give one checkpoint, and a sche
 both the proxy and the worker's process group (the worker then gets its own copy plus the one the
 proxy forwards) still gets one checkpoint.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -35,7 +36,7 @@ log = logging.getLogger("worker.signals")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1)
 PR_SET_PDEATHSIG = 1
-USR1_BURST_S = 0.5   # a SIGUSR1 this close (seconds) to the previous one of a request joins it
+USR1_BURST_S = 0.5  # a SIGUSR1 this close (seconds) to the previous one of a request joins it
 
 
 class SignalFlags:
@@ -87,8 +88,11 @@ class SignalFlags:
         re-install. Returns the lost names (empty when all is well)."""
         lost = self.verify()
         if lost:
-            log.error("SIGNAL HANDLERS REPLACED after start-up (a library took %s): re-installing "
-                      "ours; checkpoint-on-signal would otherwise be lost", ", ".join(lost))
+            log.error(
+                "SIGNAL HANDLERS REPLACED after start-up (a library took %s): re-installing "
+                "ours; checkpoint-on-signal would otherwise be lost",
+                ", ".join(lost),
+            )
             self.install()
         return lost
 
@@ -101,8 +105,9 @@ class SignalFlags:
             pass
         # Under torchrun the parent is the elastic agent and `parent_pid` is the proxy (the
         # grandparent): watch that pid's life instead of our parent pid.
-        via_agent = ("LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ) \
-            and os.getppid() != parent_pid
+        via_agent = (
+            "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+        ) and os.getppid() != parent_pid
 
         def gone() -> bool:
             if not via_agent:
@@ -146,9 +151,9 @@ class Usr1Requests:
         if usr1_at not in ("step", "boundary"):
             raise ValueError(f"usr1_at={usr1_at!r}: must be 'step' or 'boundary'")
         self.flags, self.usr1_at, self.cadence = flags, usr1_at, cadence
-        self.seen = 0                      # arrivals already accounted for
-        self.target: int | None = None     # step of the pending request
-        self.last_t: float | None = None   # time.monotonic() of the newest request's latest signal
+        self.seen = 0  # arrivals already accounted for
+        self.target: int | None = None  # step of the pending request
+        self.last_t: float | None = None  # time.monotonic() of the newest request's latest signal
 
     def arrived(self, writing_usr1: bool = False) -> bool:
         """True if a SIGUSR1 received since the last call starts a new request (this rank's
@@ -158,8 +163,12 @@ class Usr1Requests:
         while self.seen < len(times):
             t = times[self.seen]
             self.seen += 1
-            joins = (new or self.target is not None or writing_usr1
-                     or (self.last_t is not None and t - self.last_t <= USR1_BURST_S))
+            joins = (
+                new
+                or self.target is not None
+                or writing_usr1
+                or (self.last_t is not None and t - self.last_t <= USR1_BURST_S)
+            )
             if not joins:
                 new = True
             self.last_t = t

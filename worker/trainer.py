@@ -7,6 +7,7 @@ SIGUSR1, SIGTERM, pivot, final) and whether to stop. After update S the header s
 resume from S performs update S+1 next, with exactly the data, learning rate and AdamW state
 the uninterrupted run had (bit-identical on CPU).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,10 +28,23 @@ from shared.checkpoint_format import load_checkpoint, parse_checkpoint_name
 from shared.embedded_arms import cache_dir
 from shared.checkpoint_manifest import read_manifest
 from shared.exit_codes import EXIT_FATAL, EXIT_OK
-from shared.config import (ConfigError, RunConfig, SAMPLE_TEMPERATURE, SAMPLE_TOP_K,
-                           accumulation_steps, load_run_config, probe_plan)
-from shared.handshake import ReportWriter, control_stops_at, policy_period, read_handshake, \
-    update_handshake, HandshakeError
+from shared.config import (
+    ConfigError,
+    RunConfig,
+    SAMPLE_TEMPERATURE,
+    SAMPLE_TOP_K,
+    accumulation_steps,
+    load_run_config,
+    probe_plan,
+)
+from shared.handshake import (
+    ReportWriter,
+    control_stops_at,
+    policy_period,
+    read_handshake,
+    update_handshake,
+    HandshakeError,
+)
 from shared.procfs import seconds_since_start
 from shared.run_layout import RunLayout
 from shared.worker_options import WorkerOptions as WorkerOptions  # also named here
@@ -86,8 +100,9 @@ class Boundary:
 
 
 class Trainer:
-    def __init__(self, opts: WorkerOptions, flags: SignalFlags,
-                 hooks: fault_injection.NoHooks | None = None) -> None:
+    def __init__(
+        self, opts: WorkerOptions, flags: SignalFlags, hooks: fault_injection.NoHooks | None = None
+    ) -> None:
         """`hooks`: test hooks (worker/fault_injection.py); the default does nothing."""
         t_init = time.perf_counter()
         self.opts, self.flags = opts, flags
@@ -106,16 +121,27 @@ class Trainer:
         self.micro = micro
         self.micro_scale = micro / per_rank  # each micro-batch's share of the rank's mean loss
         self.precision = wprec.resolve_precision(opts.precision, self.device)  # "bf16" / "fp32"
-        check_micro_batch_fits(self.cfg.model, self.cfg.vocab_size, micro, per_rank, self.precision,
-                               wprec.device_memory_bytes(self.device), str(self.device),
-                               compiled=bool(opts.compile))
+        check_micro_batch_fits(
+            self.cfg.model,
+            self.cfg.vocab_size,
+            micro,
+            per_rank,
+            self.precision,
+            wprec.device_memory_bytes(self.device),
+            str(self.device),
+            compiled=bool(opts.compile),
+        )
         if self.device.type == "cuda":  # TF32 for fp32 matmuls left outside bf16 autocast only:
             tf32 = self.precision == "bf16"  # --precision fp32 means true fp32 matmuls
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.allow_tf32 = tf32
         self.tokenizer = RunTokenizer.load(self.layout.tokenizer)
-        self.sampler = ArmSampler(self.layout.root, read_arm_index(self.layout),
-                                  self.cfg.model.block_size, self.cfg.vocab_size)
+        self.sampler = ArmSampler(
+            self.layout.root,
+            read_arm_index(self.layout),
+            self.cfg.model.block_size,
+            self.cfg.vocab_size,
+        )
         t_setup = time.perf_counter()
         self.model = GPT(self.cfg.model, self.cfg.vocab_size, self.cfg.dropout, seed=self.cfg.seed)
         self.model.to_device(self.device)
@@ -126,34 +152,56 @@ class Trainer:
         self.resumed_from = 0
         if opts.resume_from is not None:
             self._resume(Path(opts.resume_from))
-        log.debug("start-up: config, tokenizer and data %.3f s, model %.3f s, optimizer %.3f s, "
-                  "checkpoint load %.3f s", t_setup - t_init, t_model - t_setup, t_opt - t_model,
-                  time.perf_counter() - t_opt)
+        log.debug(
+            "start-up: config, tokenizer and data %.3f s, model %.3f s, optimizer %.3f s, "
+            "checkpoint load %.3f s",
+            t_setup - t_init,
+            t_model - t_setup,
+            t_opt - t_model,
+            time.perf_counter() - t_opt,
+        )
         self.train_module = self._wrap_for_training()
         self.flops_per_token = self.model.flops_per_token()
         self.peak = PeakFlops(self.device, cache_dir() / "cpu-peak-flops.json")  # no wait here
         if self.device.type == "cuda" and self.precision == "fp32" and self.peak.value:
             self.peak.source += " (training in fp32: MFU is against the bf16 peak)"
         self.reports = ReportWriter(self.layout) if self.rank == 0 else _NoReports()
-        self.ckpt = (Checkpointer(self.layout.root, self.model.n_params, opts.keep_last,
-                                  opts.keep_every, pin_memory=self.device.type == "cuda",
-                                  on_done=self._on_checkpoint_done)
-                     if self.rank == 0 else _NoCheckpointer())
+        self.ckpt = (
+            Checkpointer(
+                self.layout.root,
+                self.model.n_params,
+                opts.keep_last,
+                opts.keep_every,
+                pin_memory=self.device.type == "cuda",
+                on_done=self._on_checkpoint_done,
+            )
+            if self.rank == 0
+            else _NoCheckpointer()
+        )
         self.last_written = self.step if opts.resume_from is not None else None
         self.usr1 = Usr1Requests(flags, opts.usr1_at, self.cfg.checkpoint_every)
-        self._last_reason: str | None = None   # reason of the newest snapshot
+        self._last_reason: str | None = None  # reason of the newest snapshot
         self.nonfinite_run = 0
         self._probe_cache: dict[str, torch.Tensor] = {}
-        self.probe_plan = probe_plan(self.cfg, len(self.sampler.names))  # <= probe_budget of compute
+        self.probe_plan = probe_plan(
+            self.cfg, len(self.sampler.names)
+        )  # <= probe_budget of compute
         self._policy: tuple[int, dict] | None = None
-        self._views_checked = False   # FlatAdamW.check_views after this incarnation's 1st update
+        self._views_checked = False  # FlatAdamW.check_views after this incarnation's 1st update
         if self.rank == 0:
-            log.info("training on %s: %d micro-batch(es) of %d sequences per rank per update, "
-                     "precision %s (%s), AdamW %s, torch.compile %s", self.device, self.accum,
-                     self.micro, self.precision,
-                     "bf16 autocast, fp32 weights/m/v/file" if self.precision == "bf16"
-                     else "no autocast", "fused" if self.opt.fused else "foreach",
-                     "on" if opts.compile else "off")
+            log.info(
+                "training on %s: %d micro-batch(es) of %d sequences per rank per update, "
+                "precision %s (%s), AdamW %s, torch.compile %s",
+                self.device,
+                self.accum,
+                self.micro,
+                self.precision,
+                "bf16 autocast, fp32 weights/m/v/file"
+                if self.precision == "bf16"
+                else "no autocast",
+                "fused" if self.opt.fused else "foreach",
+                "on" if opts.compile else "off",
+            )
 
     # ------------------------------------------------------------------ set-up
     def _wrap_for_training(self) -> torch.nn.Module:
@@ -164,13 +212,18 @@ class Trainer:
         self._ddp = None  # the DDP wrapper, for no_sync between micro-batches
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            module = DDP(self.model, device_ids=[self.device] if self.device.type == "cuda" else None,
-                         gradient_as_bucket_view=True)
+
+            module = DDP(
+                self.model,
+                device_ids=[self.device] if self.device.type == "cuda" else None,
+                gradient_as_bucket_view=True,
+            )
             self._ddp = module
             flat = self.model.flat.untyped_storage().data_ptr()
             if any(p.untyped_storage().data_ptr() != flat for p in self.model.parameters()):
-                raise RuntimeError("DDP moved a parameter out of model.flat; checkpoints would "
-                                   "save stale weights")
+                raise RuntimeError(
+                    "DDP moved a parameter out of model.flat; checkpoints would save stale weights"
+                )
         if self.opts.compile:
             module = torch.compile(module)  # type: ignore[assignment]  # called like the module
         return module
@@ -178,7 +231,7 @@ class Trainer:
     def _resume(self, path: Path) -> None:
         t0 = time.perf_counter()
         if self.opts.resume_verified:  # the proxy's scan checksummed this file: size and
-            checksum = None              # header are still checked, the data is read once
+            checksum = None  # header are still checked, the data is read once
         else:
             entries = read_manifest(self.layout.root)
             s = parse_checkpoint_name(path.name)
@@ -188,22 +241,40 @@ class Trainer:
             self.model.flat.copy_(torch.from_numpy(w))
             self.opt.m.copy_(torch.from_numpy(m))
             self.opt.v.copy_(torch.from_numpy(v))
-        self.opt.set_step(step)  # AdamW bias correction = the header step (docs/checkpoint-format.md)
+        self.opt.set_step(
+            step
+        )  # AdamW bias correction = the header step (docs/checkpoint-format.md)
         self.step = self.resumed_from = step
-        log.info("resumed from %s (step %d) in %.2f s (checksum %s)", path.name, step,
-                 time.perf_counter() - t0, "verified by the proxy's scan" if self.opts.resume_verified
-                 else "verified on load" if checksum else "not in the manifest: size and header only")
+        log.info(
+            "resumed from %s (step %d) in %.2f s (checksum %s)",
+            path.name,
+            step,
+            time.perf_counter() - t0,
+            "verified by the proxy's scan"
+            if self.opts.resume_verified
+            else "verified on load"
+            if checksum
+            else "not in the manifest: size and header only",
+        )
 
     def announce(self) -> None:
         """Rank 0 announces the worker; every rank adds its pid to `worker.pids` under the lock
         (the proxy sends SIGUSR1/SIGTERM to the ranks directly, never through torchrun)."""
-        info = {"pid": os.getpid(), "n_params": self.model.n_params,
-                "resumed_from": self.resumed_from, "device": str(self.device),
-                "world_size": self.world_size, "started_at": time.time(),
-                "peak_flops": self.peak.value, "peak_source": self.peak.source,
-                "precision": self.precision, "fused_adamw": self.opt.fused,
-                "compile": self.opts.compile, "micro_batch_size": self.micro,
-                "accumulation_steps": self.accum}
+        info = {
+            "pid": os.getpid(),
+            "n_params": self.model.n_params,
+            "resumed_from": self.resumed_from,
+            "device": str(self.device),
+            "world_size": self.world_size,
+            "started_at": time.time(),
+            "peak_flops": self.peak.value,
+            "peak_source": self.peak.source,
+            "precision": self.precision,
+            "fused_adamw": self.opt.fused,
+            "compile": self.opts.compile,
+            "micro_batch_size": self.micro,
+            "accumulation_steps": self.accum,
+        }
         pid = os.getpid()
 
         def change(d: dict) -> None:
@@ -213,6 +284,7 @@ class Trainer:
                 w.update(info)
             w["pids"] = sorted(pids)
             d["worker"] = w
+
         update_handshake(self.layout, change)
         info["pids"] = [pid]
         self.reports.write({"type": "hello", **info})
@@ -231,12 +303,15 @@ class Trainer:
             if self.flags.stop_reason:
                 return None, control
             if time.monotonic() > deadline:
-                raise HandshakeError(f"{self.layout.handshake}: no policy for period {period} "
-                                     f"after {self.opts.policy_timeout:.0f} s; is the proxy alive?")
+                raise HandshakeError(
+                    f"{self.layout.handshake}: no policy for period {period} "
+                    f"after {self.opts.policy_timeout:.0f} s; is the proxy alive?"
+                )
             time.sleep(0.005)
 
-    def _seq_losses(self, x: torch.Tensor, y: torch.Tensor,
-                    module: torch.nn.Module | None = None) -> torch.Tensor:
+    def _seq_losses(
+        self, x: torch.Tensor, y: torch.Tensor, module: torch.nn.Module | None = None
+    ) -> torch.Tensor:
         """Mean next-token loss per sequence, float32 (b,). `module`: the training module (DDP /
         compiled) or, by default, the unwrapped model (probes: no collective). The forward
         runs under worker/precision.py `autocast` (bf16 for --precision bf16, and auto on
@@ -244,8 +319,11 @@ class Trainer:
         module = self.model if module is None else module
         with wprec.autocast(self.device, self.precision):
             logits = module(x.to(self.device, non_blocking=True))
-        tok = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
-                              y.to(self.device, non_blocking=True).reshape(-1), reduction="none")
+        tok = F.cross_entropy(
+            logits.float().reshape(-1, logits.size(-1)),
+            y.to(self.device, non_blocking=True).reshape(-1),
+            reduction="none",
+        )
         return tok.view(y.shape).mean(dim=1)
 
     def _update_losses(self, seq: torch.Tensor, arm_index: np.ndarray) -> tuple[float, dict]:
@@ -260,14 +338,16 @@ class Trainer:
         local += [float((arm_index == i).sum()) for i in range(len(names))]
         tot = wdist.sum_floats(self.dist, local)
         a = len(names)
-        arm_loss = {n: tot[1 + i] / tot[1 + a + i] for i, n in enumerate(names) if tot[1 + a + i] > 0}
+        arm_loss = {
+            n: tot[1 + i] / tot[1 + a + i] for i, n in enumerate(names) if tot[1 + a + i] > 0
+        }
         return tot[0] / self.cfg.batch_size, arm_loss
 
     def _micro_batches(self, batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's slice of the update's batch as `self.accum` consecutive (x, y) micro-batches
         of `self.micro` rows, in row order (docs/configuration.md#batch-and-accumulation)."""
         m = self.micro
-        return [(batch.x[i:i + m], batch.y[i:i + m]) for i in range(0, batch.x.size(0), m)]
+        return [(batch.x[i : i + m], batch.y[i : i + m]) for i in range(0, batch.x.size(0), m)]
 
     def _grad_sync(self, last: bool):
         """Context of one micro-batch's backward: DDP's `no_sync` (gradients accumulate locally)
@@ -308,15 +388,23 @@ class Trainer:
                 (seq.mean() * self.micro_scale).backward()  # sum = the slice's mean gradient
             seqs.append(seq.detach())
             self.hooks.after_micro_batch(k, i + 1, self.reports.write)
-        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                               cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        gnorm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        )
         loss_v, arm_loss = self._update_losses(torch.cat(seqs), batch.arm_index)
         gnorm_v = float(gnorm)
-        rec = {"type": "step", "step": k, "loss": loss_v, "lr": lr,
-               "tokens": k * cfg.batch_size * cfg.model.block_size,
-               "arms": batch.counts, "p": {n: float(probs.get(n, 0.0)) for n in self.sampler.names},
-               "period": policy_period(k, cfg.probe_every), "grad_norm": gnorm_v,
-               "arm_loss": arm_loss}
+        rec = {
+            "type": "step",
+            "step": k,
+            "loss": loss_v,
+            "lr": lr,
+            "tokens": k * cfg.batch_size * cfg.model.block_size,
+            "arms": batch.counts,
+            "p": {n: float(probs.get(n, 0.0)) for n in self.sampler.names},
+            "period": policy_period(k, cfg.probe_every),
+            "grad_norm": gnorm_v,
+            "arm_loss": arm_loss,
+        }
         if math.isfinite(loss_v) and math.isfinite(gnorm_v):
             self._apply_update(lr)
         else:
@@ -358,21 +446,37 @@ class Trainer:
         temperature, top_k = SAMPLE_TEMPERATURE, SAMPLE_TOP_K
         names = self.sampler.names
         prompts = [self.sampler.prompt(n) for n in names]
-        gens = [torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + k * 101 + i)
-                for i in range(len(names))]
+        gens = [
+            torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + k * 101 + i)
+            for i in range(len(names))
+        ]
         arms = {}
         outs: torch.Tensor | list[torch.Tensor]
         if len({len(p) for p in prompts}) == 1:  # one batched generation for every arm
             idx = torch.from_numpy(np.stack(prompts)).to(self.device)
-            outs = generate_batched(self.model, idx, self.opts.audit_tokens, temperature, top_k, gens)
+            outs = generate_batched(
+                self.model, idx, self.opts.audit_tokens, temperature, top_k, gens
+            )
         else:  # an arm whose held-out split is shorter than the prompt: one row at a time
-            outs = [generate_batched(self.model, torch.from_numpy(p).view(1, -1).to(self.device),
-                                     self.opts.audit_tokens, temperature, top_k, [g])[0]
-                    for p, g in zip(prompts, gens)]
+            outs = [
+                generate_batched(
+                    self.model,
+                    torch.from_numpy(p).view(1, -1).to(self.device),
+                    self.opts.audit_tokens,
+                    temperature,
+                    top_k,
+                    [g],
+                )[0]
+                for p, g in zip(prompts, gens)
+            ]
         for n, prompt, out in zip(names, prompts, outs):
-            arms[n] = {"prompt": self.tokenizer.decode(prompt),
-                       "text": self.tokenizer.decode(out[len(prompt):].tolist()),
-                       "loss": probe[n], "temperature": temperature, "top_k": top_k}
+            arms[n] = {
+                "prompt": self.tokenizer.decode(prompt),
+                "text": self.tokenizer.decode(out[len(prompt) :].tolist()),
+                "loss": probe[n],
+                "temperature": temperature,
+                "top_k": top_k,
+            }
         self.model.train()
         return {"type": "audit", "step": k, "arms": arms, "time": time.time()}
 
@@ -384,10 +488,17 @@ class Trainer:
         all. Every rank must call it at every boundary."""
         busy = getattr(self.ckpt, "busy", lambda: False)()  # several SIGUSR1 coalesce into one
         usr1_new = self.usr1.arrived(writing_usr1=busy and self._last_reason == "sigusr1")
-        ctl_ckpt = control.get("checkpoint_at_step") is not None and k == control["checkpoint_at_step"]
+        ctl_ckpt = (
+            control.get("checkpoint_at_step") is not None and k == control["checkpoint_at_step"]
+        )
         ctl_stop = control_stops_at(control, k, self.cfg.checkpoint_every)
-        events = [int(usr1_new), int(ctl_ckpt), int(ctl_stop), int(bool(self.flags.stop_reason)),
-                  int(self.nonfinite_run >= self.opts.max_nonfinite)]
+        events = [
+            int(usr1_new),
+            int(ctl_ckpt),
+            int(ctl_stop),
+            int(bool(self.flags.stop_reason)),
+            int(self.nonfinite_run >= self.opts.max_nonfinite),
+        ]
         if self.dist.enabled:
             events = wdist.agree(self.dist, events)
             if events[3] and not self.flags.stop_reason:
@@ -429,10 +540,14 @@ class Trainer:
             return Boundary(tuple(reasons))
         nan_storm = self.nonfinite_run >= self.opts.max_nonfinite
         why = self.flags.stop_reason or (
-            "non-finite loss" if nan_storm else
-            "collapse alarm from the proxy" if "alarm" in reasons else
-            "max steps" if self.step >= self.max_steps else
-            f"{control.get('reason') or 'control'} requested by the proxy")
+            "non-finite loss"
+            if nan_storm
+            else "collapse alarm from the proxy"
+            if "alarm" in reasons
+            else "max steps"
+            if self.step >= self.max_steps
+            else f"{control.get('reason') or 'control'} requested by the proxy"
+        )
         return Boundary(tuple(reasons), True, why)
 
     def checkpoint(self, k: int, reasons: list[str]) -> None:
@@ -440,22 +555,44 @@ class Trainer:
         if self.last_written == k:
             return  # already on disk (e.g. resumed here, or cadence + SIGUSR1 on one step)
         self.reports.write({"type": "checkpoint_started", "step": k, "reason": reason})
-        held = self.ckpt.snapshot(k, self.model.flat, self.opt.m, self.opt.v, reason,
-                                  defer_copy=True)  # copy overlaps the next forward/backward
+        held = self.ckpt.snapshot(
+            k, self.model.flat, self.opt.m, self.opt.v, reason, defer_copy=True
+        )  # copy overlaps the next forward/backward
         self.last_written, self._last_reason = k, reason
         log.debug("checkpoint step %d: training held %.4f s", k, held)
 
     def _on_checkpoint_done(self, r: WriteResult) -> None:
         if r.error:
-            self.reports.write({"type": "checkpoint", "step": r.step, "reason": r.reason,
-                                "error": r.error, "time": time.time()})
+            self.reports.write(
+                {
+                    "type": "checkpoint",
+                    "step": r.step,
+                    "reason": r.reason,
+                    "error": r.error,
+                    "time": time.time(),
+                }
+            )
             return
         assert r.path is not None  # set for every write that did not fail
-        log.info("checkpoint step %d (%s) %s %d bytes in %.2f s", r.step, r.reason,
-                 Path(r.path).name, r.nbytes, r.seconds)
-        self.reports.write({"type": "checkpoint", "step": r.step, "reason": r.reason,
-                            "file": Path(r.path).name, "bytes": r.nbytes,
-                            "seconds": r.seconds, "time": time.time()})
+        log.info(
+            "checkpoint step %d (%s) %s %d bytes in %.2f s",
+            r.step,
+            r.reason,
+            Path(r.path).name,
+            r.nbytes,
+            r.seconds,
+        )
+        self.reports.write(
+            {
+                "type": "checkpoint",
+                "step": r.step,
+                "reason": r.reason,
+                "file": Path(r.path).name,
+                "bytes": r.nbytes,
+                "seconds": r.seconds,
+                "time": time.time(),
+            }
+        )
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -464,8 +601,14 @@ class Trainer:
         self.hooks.at_start()  # a test may replace a signal handler here
         lost = self.flags.verify_and_repair()  # after library start-up (NCCL takes SIGUSR1)
         if lost:
-            self.reports.write({"type": "event", "event": "signal-handlers-replaced",
-                                "signals": lost, "time": time.time()})
+            self.reports.write(
+                {
+                    "type": "event",
+                    "event": "signal-handlers-replaced",
+                    "signals": lost,
+                    "time": time.time(),
+                }
+            )
         code = EXIT_OK
         while True:
             k = self.step + 1
@@ -476,8 +619,12 @@ class Trainer:
                 b = self._boundary(["sigterm"], True, control)
             else:
                 probs, control = self._policy_for(k)
-                if self.dist.enabled and wdist.agree(
-                        self.dist, [int(probs is None or bool(self.flags.stop_reason))])[0]:
+                if (
+                    self.dist.enabled
+                    and wdist.agree(
+                        self.dist, [int(probs is None or bool(self.flags.stop_reason))]
+                    )[0]
+                ):
                     probs = None  # a rank is stopping: none starts update k (no DDP hang)
                     self.flags.stop_reason = self.flags.stop_reason or "SIGTERM (another rank)"
                 if probs is None:
@@ -485,9 +632,13 @@ class Trainer:
                 else:
                     rec = self.train_step(k, probs)
                     if k == self.resumed_from + 1:
-                        log.debug("start-up: first step %d of this worker done %.3f s since its "
-                                  "launch (the step %.3f s)", k, seconds_since_start() or 0.0,
-                                  rec["step_time"])
+                        log.debug(
+                            "start-up: first step %d of this worker done %.3f s since its "
+                            "launch (the step %.3f s)",
+                            k,
+                            seconds_since_start() or 0.0,
+                            rec["step_time"],
+                        )
                     self.hooks.after_step(k, self.reports.write)
                     self.step = k
                     self.reports.write(rec)
@@ -501,15 +652,29 @@ class Trainer:
                 r = self.ckpt.wait()
                 if r is not None and r.error:
                     code = EXIT_FATAL  # docs/checkpoint-format.md#disk: the stop path exits non-zero, saying so
-                    log.error("stopping (%s) but the checkpoint of step %d (%s) FAILED: %s; "
-                              "exiting with code %d: steps after the newest durable checkpoint "
-                              "will be trained again on resume", why, r.step, r.reason, r.error,
-                              code)
+                    log.error(
+                        "stopping (%s) but the checkpoint of step %d (%s) FAILED: %s; "
+                        "exiting with code %d: steps after the newest durable checkpoint "
+                        "will be trained again on resume",
+                        why,
+                        r.step,
+                        r.reason,
+                        r.error,
+                        code,
+                    )
                 if "alarm" in b.reasons:
                     code = EXIT_FATAL
                 log.info("stopping at step %d (%s)", self.step, why)
-                self.reports.write({"type": "event", "event": "stopped", "step": self.step,
-                                    "why": why, "exit_code": code, "time": time.time()})
+                self.reports.write(
+                    {
+                        "type": "event",
+                        "event": "stopped",
+                        "step": self.step,
+                        "why": why,
+                        "exit_code": code,
+                        "time": time.time(),
+                    }
+                )
                 self._ddp, self.train_module = None, self.model  # DDP's Reducer holds the group
                 wdist.shutdown(self.dist)
                 return code

@@ -11,6 +11,7 @@ run's config (``run.json``) is looked up beside the file, or one folder up (a fi
 What it is not: `inspect` (proxy/commands/inspect.py), resume (proxy/supervision/) or the format
 itself (shared/checkpoint_format.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,28 +31,54 @@ from shared.exit_codes import EXIT_USAGE  # bad arguments: no config for export,
 def add_export_args(p) -> None:
     """Arguments of ``export``: [PATH | --from-run RUN] --to OUT [--format safetensors|hf]
     [--run-dir DIR] [--force]."""
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
-                        "keeps its cores; docs/operations.md#beside-a-live-run)")
-    p.add_argument("path", nargs="?", default=None,
-                   help="a step_NNNNNN.bin file (or give --from-run RUN instead)")
-    p.add_argument("--from-run", default=None, metavar="RUN",
-                   help="export the newest valid checkpoint of run directory RUN (checksums "
-                        "checked against its manifest)")
-    p.add_argument("--format", choices=("safetensors", "hf"), default="safetensors",
-                   help="safetensors: one file, float32 tensors under the project's parameter "
-                        "names and shapes (default); hf: a Hugging Face transformers folder "
-                        "(config.json, model.safetensors in GPT-2 layout, generation_config.json, "
-                        "tokenizer.json, tokenizer_config.json) that "
-                        "AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT) load")
-    p.add_argument("--to", required=True, metavar="OUT",
-                   help="output: a .safetensors file (--format safetensors) or a folder "
-                        "(--format hf; created, or replaced with --force)")
-    p.add_argument("--run-dir", default=None,
-                   help="run directory whose run.json gives the parameter names and shapes "
-                        "(default: the file's folder, or the one above it; --from-run's RUN)")
-    p.add_argument("--force", action="store_true",
-                   help="overwrite OUT (a file, or a non-empty folder) if it exists")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
+        "keeps its cores; docs/operations.md#beside-a-live-run)",
+    )
+    p.add_argument(
+        "path",
+        nargs="?",
+        default=None,
+        help="a step_NNNNNN.bin file (or give --from-run RUN instead)",
+    )
+    p.add_argument(
+        "--from-run",
+        default=None,
+        metavar="RUN",
+        help="export the newest valid checkpoint of run directory RUN (checksums "
+        "checked against its manifest)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("safetensors", "hf"),
+        default="safetensors",
+        help="safetensors: one file, float32 tensors under the project's parameter "
+        "names and shapes (default); hf: a Hugging Face transformers folder "
+        "(config.json, model.safetensors in GPT-2 layout, generation_config.json, "
+        "tokenizer.json, tokenizer_config.json) that "
+        "AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT) load",
+    )
+    p.add_argument(
+        "--to",
+        required=True,
+        metavar="OUT",
+        help="output: a .safetensors file (--format safetensors) or a folder "
+        "(--format hf; created, or replaced with --force)",
+    )
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="run directory whose run.json gives the parameter names and shapes "
+        "(default: the file's folder, or the one above it; --from-run's RUN)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite OUT (a file, or a non-empty folder) if it exists",
+    )
 
 
 def read_weights(path: Path, cfg: RunConfig):
@@ -74,11 +101,15 @@ def _bad_output(to: str, fmt: str) -> str | None:
     find a directory)."""
     p = Path(to)
     if fmt == "safetensors" and (to.endswith("/") or p.is_dir()):
-        return ("a folder; --format safetensors writes one file: give a file name "
-                f"(e.g. {p / 'model.safetensors'}), or --format hf for a folder")
+        return (
+            "a folder; --format safetensors writes one file: give a file name "
+            f"(e.g. {p / 'model.safetensors'}), or --format hf for a folder"
+        )
     if fmt == "hf" and p.suffix in (".safetensors", ".bin", ".pt"):
-        return (f"ends in {p.suffix} but --format hf writes a folder (config.json, "
-                "model.safetensors, tokenizer ...): give a folder name, or --format safetensors")
+        return (
+            f"ends in {p.suffix} but --format hf writes a folder (config.json, "
+            "model.safetensors, tokenizer ...): give a folder name, or --format safetensors"
+        )
     return None
 
 
@@ -101,23 +132,33 @@ def cmd_export(a) -> int:
         return EXIT_USAGE
     if a.path is not None and not Path(a.path).is_file():
         p = Path(a.path)
-        print(f"export: {p}: " + ("a directory; give a checkpoint file, or --from-run "
-                                  f"{p} for its newest valid checkpoint" if p.is_dir()
-                                  else "no such checkpoint file"))
+        print(
+            f"export: {p}: "
+            + (
+                "a directory; give a checkpoint file, or --from-run "
+                f"{p} for its newest valid checkpoint"
+                if p.is_dir()
+                else "no such checkpoint file"
+            )
+        )
         return EXIT_USAGE
     if a.from_run is not None:
         path = newest_valid(Path(a.from_run))
         if path is None:
-            print(f"export: {a.from_run} has no valid checkpoint (see `python -m proxy status "
-                  f"--run-dir {a.from_run}`)")
+            print(
+                f"export: {a.from_run} has no valid checkpoint (see `python -m proxy status "
+                f"--run-dir {a.from_run}`)"
+            )
             return EXIT_INVALID
         a.run_dir = a.run_dir or a.from_run
     else:
         path = Path(a.path)
     cfg, where = find_config(path, a.run_dir)
     if cfg is None:
-        print(f"export: {path}: cannot name the parameters: {where}; pass --run-dir DIR "
-              f"(the run that wrote it)")
+        print(
+            f"export: {path}: cannot name the parameters: {where}; pass --run-dir DIR "
+            f"(the run that wrote it)"
+        )
         return EXIT_USAGE
     if a.format == "hf":
         return _export_hf(a, path, cfg, where, out)
@@ -131,17 +172,25 @@ def cmd_export(a) -> int:
     tensors = {}
     for name, shp, off in parameter_table(cfg.model, cfg.vocab_size):
         size = int(np.prod(shp))
-        tensors[name] = w[off:off + size].reshape(shp)  # a view: contiguous, no copy
-    meta = {"format": "pt", "step": str(step), "n_params": str(cfg.n_params),
-            "preset": cfg.preset, "vocab_size": str(cfg.vocab_size), "source": path.name}
+        tensors[name] = w[off : off + size].reshape(shp)  # a view: contiguous, no copy
+    meta = {
+        "format": "pt",
+        "step": str(step),
+        "n_params": str(cfg.n_params),
+        "preset": cfg.preset,
+        "vocab_size": str(cfg.vocab_size),
+        "source": path.name,
+    }
     try:
         out.parent.mkdir(parents=True, exist_ok=True)  # as --format hf and plot --out do
     except OSError as e:
         print(f"export: --to {out}: cannot make its folder {out.parent} ({e.strerror})")
         return EXIT_USAGE
     atomic_write_bytes(out, save(tensors, metadata=meta))  # tmp + fsync + rename: never torn
-    print(f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, "
-          f"{len(tensors)} tensors) to {out}")
+    print(
+        f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, "
+        f"{len(tensors)} tensors) to {out}"
+    )
     return 0
 
 
@@ -149,8 +198,11 @@ def _export_hf(a, path: Path, cfg: RunConfig, where: str, out: Path) -> int:
     """`export --format hf`: validate the checkpoint (manifest checksum when known), then
     `write_hf_dir`. Returns 0, 1 for a bad checkpoint, 2 for an output in the way."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not a.force:
-        print(f"export: {out} exists" + (" and is not empty" if out.is_dir() else "")
-              + "; pass --force to replace it")
+        print(
+            f"export: {out} exists"
+            + (" and is not empty" if out.is_dir() else "")
+            + "; pass --force to replace it"
+        )
         return EXIT_USAGE
     got = read_weights(path, cfg)
     if got is None:
@@ -162,8 +214,10 @@ def _export_hf(a, path: Path, cfg: RunConfig, where: str, out: Path) -> int:
     except (HFExportError, OSError) as e:
         print(f"export: {e}")
         return EXIT_USAGE
-    print(f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, {cfg.preset}, "
-          f"{cfg.tokenizer} tokenizer) as a Hugging Face GPT-2 folder {out}: {', '.join(names)}\n"
-          f"load it with: AutoModelForCausalLM.from_pretrained({str(out)!r}) and "
-          f"AutoTokenizer.from_pretrained({str(out)!r})")
+    print(
+        f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, {cfg.preset}, "
+        f"{cfg.tokenizer} tokenizer) as a Hugging Face GPT-2 folder {out}: {', '.join(names)}\n"
+        f"load it with: AutoModelForCausalLM.from_pretrained({str(out)!r}) and "
+        f"AutoTokenizer.from_pretrained({str(out)!r})"
+    )
     return 0

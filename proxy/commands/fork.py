@@ -14,6 +14,7 @@ NEW_DIR` (optionally after `pivot`) then resumes from the checkpoint.
 The source run may be live: every file copied is written atomically there (or, for `.loss.json`,
 read tolerantly up to STEP), so a fork never sees a torn file.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,7 @@ class ForkError(RuntimeError):
 
 
 def parse_from(text: str) -> tuple[Path, int | None]:
-    """"RUN_DIR", "RUN_DIR:STEP" or a checkpoint file "RUN_DIR/step_NNNNNN.bin" -> (run
+    """ "RUN_DIR", "RUN_DIR:STEP" or a checkpoint file "RUN_DIR/step_NNNNNN.bin" -> (run
     directory, step or None). A directory that exists is taken whole (even with a ':' in its
     name). Raises ForkError for a STEP that is not a number."""
     p = Path(text)
@@ -61,8 +62,10 @@ def parse_from(text: str) -> tuple[Path, int | None]:
     if sep and head:
         if tail.isdigit():
             return Path(head), int(tail)
-        raise ForkError(f"--from {text}: step {tail!r} is not a number; give RUN_DIR:STEP (e.g. "
-                        f"{head}:100) or a checkpoint file (RUN_DIR/{checkpoint_name(100)})")
+        raise ForkError(
+            f"--from {text}: step {tail!r} is not a number; give RUN_DIR:STEP (e.g. "
+            f"{head}:100) or a checkpoint file (RUN_DIR/{checkpoint_name(100)})"
+        )
     return p, None
 
 
@@ -84,8 +87,9 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     except ConfigError as e:
         raise ForkError(f"--from {src_dir}: {e}") from None
     if dst.root.exists() and any(dst.root.iterdir()):
-        raise ForkError(f"--run-dir {dst.root}: exists and is not empty; an audit fork needs a "
-                        "new directory")
+        raise ForkError(
+            f"--run-dir {dst.root}: exists and is not empty; an audit fork needs a new directory"
+        )
     entries = read_manifest(src.root)
     checks = manifest_checksums(entries)
     if step is None:
@@ -98,7 +102,9 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
         validate_checkpoint(ck, cfg.n_params, checks.get(step))
     except CheckpointError as e:
         have = sorted(entries)
-        raise ForkError(f"--from {src_dir}:{step}: {e}; checkpoints in the manifest: {have}") from None
+        raise ForkError(
+            f"--from {src_dir}:{step}: {e}; checkpoints in the manifest: {have}"
+        ) from None
     dst.ensure()
     for name in ("tokenizer.json",):
         shutil.copy2(src.root / name, dst.root / name)
@@ -109,15 +115,26 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     atomic_write_json(dst.arms_index, arms)
     cfg.arms = specs_of(arms, cfg.arms)
     phases = json.loads(src.phases.read_text())
-    phases["phases"] = [p for p in phases["phases"] if p["start_step"] <= step] or phases["phases"][:1]
+    phases["phases"] = [p for p in phases["phases"] if p["start_step"] <= step] or phases["phases"][
+        :1
+    ]
     atomic_write_json(dst.phases, phases)
     _link_or_copy(ck, dst.root / ck.name)
     entry = entries.get(step)
     if entry is not None:
-        record_checkpoint(dst.root, ManifestEntry(step=entry.step, file=entry.file, nbytes=entry.nbytes,
-                                                  checksum=entry.checksum, reason=entry.reason,
-                                                  pinned=True, time=entry.time))
-    with LossHistory(dst.loss) as h:        # streamed in batches: memory flat in the history
+        record_checkpoint(
+            dst.root,
+            ManifestEntry(
+                step=entry.step,
+                file=entry.file,
+                nbytes=entry.nbytes,
+                checksum=entry.checksum,
+                reason=entry.reason,
+                pinned=True,
+                time=entry.time,
+            ),
+        )
+    with LossHistory(dst.loss) as h:  # streamed in batches: memory flat in the history
         batch = []
         for r in iter_records(src.loss):
             if r["step"] > step:
@@ -129,11 +146,12 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
         h.append_many(batch)
         last = h.last_step
     if last is not None and last != step:
-        print(f"fork: warning: the source history ends at step {last}, not {step}",
-              file=sys.stderr)
-    atomic_write_json(dst.root / "fork.json", {"from": str(src.root.resolve()), "step": step,
-                                               "checkpoint": ck.name})
-    atomic_write_json(dst.run_json, cfg.to_json())     # last: its presence marks a complete run
+        print(f"fork: warning: the source history ends at step {last}, not {step}", file=sys.stderr)
+    atomic_write_json(
+        dst.root / "fork.json",
+        {"from": str(src.root.resolve()), "step": step, "checkpoint": ck.name},
+    )
+    atomic_write_json(dst.run_json, cfg.to_json())  # last: its presence marks a complete run
     return step
 
 
@@ -144,14 +162,22 @@ def cmd_fork(a) -> int:
     except ForkError as e:
         print(f"fork refused: {e}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"fork: {a.run_dir} starts from {src}/{checkpoint_name(s)} (step {s}) with its "
-          f"history; run it with: python -m proxy run --run-dir {a.run_dir}")
+    print(
+        f"fork: {a.run_dir} starts from {src}/{checkpoint_name(s)} (step {s}) with its "
+        f"history; run it with: python -m proxy run --run-dir {a.run_dir}"
+    )
     return 0
 
 
 def add_fork_args(p) -> None:
     """`fork --from RUN_DIR[:STEP] --run-dir NEW`."""
-    p.add_argument("--from", dest="from_run", required=True, metavar="RUN_DIR[:STEP]",
-                   help="the run to fork and its checkpoint step (default: its newest valid one)")
-    p.add_argument("--run-dir", required=True, metavar="NEW",
-                   help="the new run directory (must not exist)")
+    p.add_argument(
+        "--from",
+        dest="from_run",
+        required=True,
+        metavar="RUN_DIR[:STEP]",
+        help="the run to fork and its checkpoint step (default: its newest valid one)",
+    )
+    p.add_argument(
+        "--run-dir", required=True, metavar="NEW", help="the new run directory (must not exist)"
+    )

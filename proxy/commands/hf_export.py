@@ -23,6 +23,7 @@ What it is not: the plain safetensors export (proxy/commands/export.py, project 
 layout), or a loader. It needs numpy and safetensors only (no torch, no transformers, no
 tokenizers); the round trip through `transformers` is tests/test_hf_export.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,13 +39,26 @@ from shared.atomic_io import current_umask, fsync_dir
 from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, RunConfig, parameter_table
 
 # nn.Linear (out, in) in the project; Conv1D (in, out) in HF GPT-2: transposed on export.
-CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
-                   "mlp.c_proj.weight")
-LAYER_NORM_EPS = 1e-5      # torch.nn.LayerNorm's default, used by worker/model.py
-GENERATION = {"do_sample": True, "temperature": SAMPLE_TEMPERATURE, "top_k": SAMPLE_TOP_K,
-              "max_new_tokens": 100}
-FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-         "tokenizer_config.json")
+CONV1D_SUFFIXES = (
+    "attn.c_attn.weight",
+    "attn.c_proj.weight",
+    "mlp.c_fc.weight",
+    "mlp.c_proj.weight",
+)
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, used by worker/model.py
+GENERATION = {
+    "do_sample": True,
+    "temperature": SAMPLE_TEMPERATURE,
+    "top_k": SAMPLE_TOP_K,
+    "max_new_tokens": 100,
+}
+FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 
 
 class HFExportError(RuntimeError):
@@ -60,11 +74,13 @@ def hf_tensors(cfg: RunConfig, weights: np.ndarray) -> dict[str, np.ndarray]:
     `transformer.wte.weight`). Raises ValueError when `weights` has the wrong length.
     """
     if weights.shape != (cfg.n_params,):
-        raise ValueError(f"weights have shape {weights.shape}, expected ({cfg.n_params},) for "
-                         f"{cfg.preset} with vocabulary {cfg.vocab_size}")
+        raise ValueError(
+            f"weights have shape {weights.shape}, expected ({cfg.n_params},) for "
+            f"{cfg.preset} with vocabulary {cfg.vocab_size}"
+        )
     out = {}
     for name, shp, off in parameter_table(cfg.model, cfg.vocab_size):
-        a = weights[off:off + int(np.prod(shp))].reshape(shp)
+        a = weights[off : off + int(np.prod(shp))].reshape(shp)
         if name.endswith(CONV1D_SUFFIXES):
             a = a.T
         out[name] = np.ascontiguousarray(a, dtype=np.float32)
@@ -76,8 +92,9 @@ def generation_config(cfg: RunConfig) -> dict:
     prompt plus the generated tokens fit in n_positions (transformers refuses longer inputs)
     even for the small presets; no special tokens (the run's tokenizers have none)."""
     new = min(GENERATION["max_new_tokens"], max(1, cfg.model.block_size // 2))
-    return dict(GENERATION, max_new_tokens=new, bos_token_id=None, eos_token_id=None,
-                pad_token_id=None)
+    return dict(
+        GENERATION, max_new_tokens=new, bos_token_id=None, eos_token_id=None, pad_token_id=None
+    )
 
 
 def hf_config(cfg: RunConfig, step: int) -> dict:
@@ -87,18 +104,36 @@ def hf_config(cfg: RunConfig, step: int) -> dict:
     max_new_tokens). Dropouts are the run's (0 at inference anyway)."""
     s = cfg.model
     return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": cfg.vocab_size, "n_positions": s.block_size, "n_ctx": s.block_size,
-        "n_embd": s.n_embd, "n_layer": s.n_layer, "n_head": s.n_head, "n_inner": 4 * s.n_embd,
-        "activation_function": "gelu", "layer_norm_epsilon": LAYER_NORM_EPS,
-        "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
-        "initializer_range": 0.02, "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-        "use_cache": True, "tie_word_embeddings": False,
-        "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": s.block_size,
+        "n_ctx": s.block_size,
+        "n_embd": s.n_embd,
+        "n_layer": s.n_layer,
+        "n_head": s.n_head,
+        "n_inner": 4 * s.n_embd,
+        "activation_function": "gelu",
+        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.dropout,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "use_cache": True,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
         "torch_dtype": "float32",
-        "andrea": {"preset": cfg.preset, "step": step, "n_params": cfg.n_params,
-                   "tokenizer": cfg.tokenizer},
+        "andrea": {
+            "preset": cfg.preset,
+            "step": step,
+            "n_params": cfg.n_params,
+            "tokenizer": cfg.tokenizer,
+        },
     }
 
 
@@ -119,24 +154,46 @@ def bytes_to_unicode() -> dict[int, str]:
 def bytes_tokenizer_json() -> dict:
     """A `tokenizers` tokenizer.json equal to the project's bytes tokenizer: encode(text) is
     text's UTF-8 bytes as ids 0..255, decode the inverse (shared/tokenizer.py)."""
-    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-             "use_regex": False}
+    level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": False,
+        "use_regex": False,
+    }
     return {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-        "normalizer": None, "pre_tokenizer": level, "post_processor": None, "decoder": level,
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": {c: b for b, c in bytes_to_unicode().items()}, "merges": []},
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": level,
+        "post_processor": None,
+        "decoder": level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {c: b for b, c in bytes_to_unicode().items()},
+            "merges": [],
+        },
     }
 
 
 def tokenizer_config(cfg: RunConfig) -> dict:
     """tokenizer_config.json: a PreTrainedTokenizerFast over tokenizer.json, no special tokens,
     no space clean-up on decode (so decode equals the project's)."""
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.block_size,
-            "clean_up_tokenization_spaces": False, "add_prefix_space": False,
-            "added_tokens_decoder": {}}
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": cfg.model.block_size,
+        "clean_up_tokenization_spaces": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": {},
+    }
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -146,8 +203,15 @@ def _write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def write_hf_dir(out: Path, cfg: RunConfig, run_tokenizer: Path, step: int,
-                 weights: np.ndarray, source: str, force: bool = False) -> list[str]:
+def write_hf_dir(
+    out: Path,
+    cfg: RunConfig,
+    run_tokenizer: Path,
+    step: int,
+    weights: np.ndarray,
+    source: str,
+    force: bool = False,
+) -> list[str]:
     """Write the HF model directory `out` atomically; returns the file names written.
 
     Everything is written to a temporary folder beside `out`, fsynced, then renamed to `out`
@@ -165,14 +229,22 @@ def write_hf_dir(out: Path, cfg: RunConfig, run_tokenizer: Path, step: int,
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp's 0o700 would keep it private
-        meta = {"format": "pt", "step": str(step), "n_params": str(cfg.n_params),
-                "preset": cfg.preset, "source": source}
+        meta = {
+            "format": "pt",
+            "step": str(step),
+            "n_params": str(cfg.n_params),
+            "preset": cfg.preset,
+            "source": source,
+        }
         _write(tmp / "model.safetensors", save(hf_tensors(cfg, weights), metadata=meta))
         _write(tmp / "config.json", json.dumps(hf_config(cfg, step), indent=2).encode())
         gen = generation_config(cfg)
         _write(tmp / "generation_config.json", json.dumps(gen, indent=2).encode())
-        tok = (json.dumps(bytes_tokenizer_json()).encode() if cfg.tokenizer == "bytes"
-               else Path(run_tokenizer).read_bytes())
+        tok = (
+            json.dumps(bytes_tokenizer_json()).encode()
+            if cfg.tokenizer == "bytes"
+            else Path(run_tokenizer).read_bytes()
+        )
         _write(tmp / "tokenizer.json", tok)
         _write(tmp / "tokenizer_config.json", json.dumps(tokenizer_config(cfg), indent=2).encode())
         fsync_dir(tmp)
@@ -188,5 +260,3 @@ def write_hf_dir(out: Path, cfg: RunConfig, run_tokenizer: Path, step: int,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return sorted(FILES)
-
-

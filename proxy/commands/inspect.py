@@ -3,6 +3,7 @@ norms (docs/checkpoint-format.md). Read-only; numpy, no torch.
 
 What it is not: `export` (proxy/commands/export.py) or the format (shared/checkpoint_format.py).
 """
+
 from __future__ import annotations
 
 import struct
@@ -19,13 +20,20 @@ from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fail
 
 def add_inspect_args(p) -> None:
     """Arguments of ``inspect``: PATH [--run-dir DIR]."""
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
-                        "keeps its cores; docs/operations.md#beside-a-live-run)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
+        "keeps its cores; docs/operations.md#beside-a-live-run)",
+    )
     p.add_argument("path", help="a step_NNNNNN.bin file")
-    p.add_argument("--run-dir", default=None,
-                   help="run directory whose run.json describes the model (default: the "
-                        "file's folder, or the one above it)")
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="run directory whose run.json describes the model (default: the "
+        "file's folder, or the one above it)",
+    )
 
 
 def cmd_inspect(a) -> int:
@@ -44,11 +52,15 @@ def cmd_inspect(a) -> int:
     size = path.stat().st_size
     want_size = expected_size(max(n, 0))
     print(f"file       {path}\nheader     step {step:,}, n_params {n:,}")
-    print(f"size       {size:,} bytes, expected {want_size:,} (8 + 12 x n_params): "
-          + ("ok" if size == want_size else "MISMATCH"))
+    print(
+        f"size       {size:,} bytes, expected {want_size:,} (8 + 12 x n_params): "
+        + ("ok" if size == want_size else "MISMATCH")
+    )
     cfg, where = find_config(path, a.run_dir)
-    print(f"config     {where if cfg else 'none: ' + where}"
-          + (f" ({cfg.preset}, {cfg.n_params:,} parameters)" if cfg else ""))
+    print(
+        f"config     {where if cfg else 'none: ' + where}"
+        + (f" ({cfg.preset}, {cfg.n_params:,} parameters)" if cfg else "")
+    )
     entry = manifest_entry(path)
     try:
         step, w, m, v = load_checkpoint(path, cfg.n_params if cfg else None)
@@ -63,22 +75,26 @@ def cmd_inspect(a) -> int:
     if entry is None:
         status = "no manifest entry (another writer's file, or the manifest was lost)"
     else:
-        status = (f"{'match' if ok else 'MISMATCH: manifest records ' + entry.checksum}; "
-                  f"written for {entry.reason}, pinned {'yes' if entry.pinned else 'no'}")
+        status = (
+            f"{'match' if ok else 'MISMATCH: manifest records ' + entry.checksum}; "
+            f"written for {entry.reason}, pinned {'yes' if entry.pinned else 'no'}"
+        )
     print(f"checksum   {got}: {status}")
     print(f"valid      {'yes' if ok else 'NO (rule: checksum)'}")
     for name, arr in (("weights", w), ("m", m), ("v", v)):
         with np.errstate(over="ignore", invalid="ignore"):  # a corrupt file's norm is inf, said
             l2 = float(np.linalg.norm(arr))
-        print(f"|{name}|".ljust(11) + f"L2 {l2:.6g}  "
-              f"max|x| {float(np.abs(arr).max()):.6g}  "
-              f"non-finite {int(arr.size - np.isfinite(arr).sum()):,}")
+        print(
+            f"|{name}|".ljust(11) + f"L2 {l2:.6g}  "
+            f"max|x| {float(np.abs(arr).max()):.6g}  "
+            f"non-finite {int(arr.size - np.isfinite(arr).sum()):,}"
+        )
     if cfg is not None:
         print(f"\nparameter table ({cfg.preset}, vocabulary {cfg.vocab_size}):")
         print(f"{'name':<40} {'shape':<16} {'offset':>12} {'|w|':>10}")
         for name, shp, off in parameter_table(cfg.model, cfg.vocab_size):
             size_ = int(np.prod(shp))
             with np.errstate(over="ignore", invalid="ignore"):
-                l2 = float(np.linalg.norm(w[off:off + size_]))
+                l2 = float(np.linalg.norm(w[off : off + size_]))
             print(f"{name:<40} {str(tuple(shp)):<16} {off:>12,} {l2:>10.4f}")
     return 0 if ok else EXIT_INVALID

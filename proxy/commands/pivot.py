@@ -9,6 +9,7 @@ next `run` trains in the new phase.
 What it is not: the bandit's reset (proxy/mixture/controller.py `next_phase`), the mixture
 rebuild (proxy/mixture/rebuild.py), resume planning (proxy/supervision/resume_planning.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -38,6 +39,7 @@ from shared.run_layout import RunLayout, missing_run_json
 
 # ------------------------------------------------------------------------------ bounds
 
+
 def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[dict, dict]:
     """Parse and check pivot bounds against the run's arms: (caps, floors) as given (arms not
     named get floor 0 and cap 1). Raises BanditConfigError naming the arm, value and rule
@@ -53,6 +55,7 @@ def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[
 
 # ------------------------------------------------------------------------------ the command
 
+
 def _last_filed(layout: RunLayout) -> int:
     recs = tail_records(layout.loss, 8192)
     return recs[-1]["step"] if recs else 0
@@ -65,7 +68,7 @@ def _seconds_per_update(layout: RunLayout) -> float | None:
 
 
 def when(layout: RunLayout, togo: int) -> str:
-    """", about H:MM:SS at the recent S s per update" for `togo` steps, or "" when the rate is
+    """ ", about H:MM:SS at the recent S s per update" for `togo` steps, or "" when the rate is
     not known yet."""
     spu = _seconds_per_update(layout)
     if not spu:
@@ -104,11 +107,15 @@ def cmd_pivot(a) -> int:
             now = f"caps {_fmt(ph.caps)}, floors {_fmt(ph.floors)}"
         except (ConfigError, OSError, ValueError):  # named by the run that reads it
             now = "see `status`"
-        return _refuse(("give the new phase's bounds: --caps and/or --floors, --keep-bounds "
-                        "(a fresh bandit under the bounds in force) or --no-bounds (none at all)"
-                        if not (given or a.keep_bounds or a.no_bounds) else
-                        "--caps/--floors, --keep-bounds and --no-bounds exclude one another")
-                       + f"; the phase in force has {now}")
+        return _refuse(
+            (
+                "give the new phase's bounds: --caps and/or --floors, --keep-bounds "
+                "(a fresh bandit under the bounds in force) or --no-bounds (none at all)"
+                if not (given or a.keep_bounds or a.no_bounds)
+                else "--caps/--floors, --keep-bounds and --no-bounds exclude one another"
+            )
+            + f"; the phase in force has {now}"
+        )
     try:
         cfg = load_run_config(layout.run_json)
         if a.keep_bounds:
@@ -121,41 +128,66 @@ def cmd_pivot(a) -> int:
     label = a.label or "pivot"
     old = pending_request(layout)
     if old is not None:
-        return _refuse(f"a pivot is already pending ({layout.pivot_request.name}: label {old.get('label')!r}, "
-                       f"state {old.get('state')}, step {old.get('step')}); wait for it (`status` "
-                       "shows it; on a stopped run `python -m proxy run` puts it in force) and "
-                       "ask again once it is in force")
-    req = {"label": label, "caps": caps, "floors": floors, "requested_by": os.getpid(),
-           "requested_at": time.time(), "state": "requested", "step": None}
+        return _refuse(
+            f"a pivot is already pending ({layout.pivot_request.name}: label {old.get('label')!r}, "
+            f"state {old.get('state')}, step {old.get('step')}); wait for it (`status` "
+            "shows it; on a stopped run `python -m proxy run` puts it in force) and "
+            "ask again once it is in force"
+        )
+    req = {
+        "label": label,
+        "caps": caps,
+        "floors": floors,
+        "requested_by": os.getpid(),
+        "requested_at": time.time(),
+        "state": "requested",
+        "step": None,
+    }
     if lock_is_free(layout):
         return _pivot_stopped(layout, cfg, req, a)
     planned, last = _planned_steps(layout, cfg), _last_filed(layout)
     if last >= planned:
-        return _refuse(f"{layout.root} already finished at step {last:,} (max steps {planned:,}); "
-                       "nothing would train under the new policy")
+        return _refuse(
+            f"{layout.root} already finished at step {last:,} (max steps {planned:,}); "
+            "nothing would train under the new policy"
+        )
     b = next_boundary(cfg, last, a.now)
     if b >= planned:
-        return _refuse(f"the {'next step' if a.now else 'next checkpoint boundary'}, step {b}, "
-                       f"is not before the run's last step {planned} (last filed {last}, "
-                       f"checkpoints every {cfg.checkpoint_every}): nothing would train in the new "
-                       "phase; " + ("run longer (`run --max-steps N`) and pivot then" if a.now else
-                                    "use --now (checkpoint at the next step and pivot there), or "
-                                    "run longer (`run --max-steps N`)"))
+        return _refuse(
+            f"the {'next step' if a.now else 'next checkpoint boundary'}, step {b}, "
+            f"is not before the run's last step {planned} (last filed {last}, "
+            f"checkpoints every {cfg.checkpoint_every}): nothing would train in the new "
+            "phase; "
+            + (
+                "run longer (`run --max-steps N`) and pivot then"
+                if a.now
+                else "use --now (checkpoint at the next step and pivot there), or "
+                "run longer (`run --max-steps N`)"
+            )
+        )
     if a.now:
         req["now"] = True
     pid = owner_pid(layout)
     write_request(layout, req)
-    where = ("at the next step" if a.now else
-             f"at the next checkpoint boundary (checkpoints every {cfg.checkpoint_every} steps)")
-    print(f"pivot: request {label!r} caps {caps} floors {floors} written to "
-          f"{layout.pivot_request.name}; live proxy pid {pid} pivots {where}: about step {b}, "
-          f"{b - last} step{'' if b - last == 1 else 's'} after the last filed step {last}"
-          f"{when(layout, b - last)}"
-          + ("" if a.now else "; `pivot --now` would checkpoint at the next step and pivot there"),
-          flush=True)
+    where = (
+        "at the next step"
+        if a.now
+        else f"at the next checkpoint boundary (checkpoints every {cfg.checkpoint_every} steps)"
+    )
+    print(
+        f"pivot: request {label!r} caps {caps} floors {floors} written to "
+        f"{layout.pivot_request.name}; live proxy pid {pid} pivots {where}: about step {b}, "
+        f"{b - last} step{'' if b - last == 1 else 's'} after the last filed step {last}"
+        f"{when(layout, b - last)}"
+        + ("" if a.now else "; `pivot --now` would checkpoint at the next step and pivot there"),
+        flush=True,
+    )
     if a.no_wait:
-        print("pivot: accepted (--no-wait); `python -m proxy status --run-dir DIR` shows its "
-              "progress", flush=True)
+        print(
+            "pivot: accepted (--no-wait); `python -m proxy status --run-dir DIR` shows its "
+            "progress",
+            flush=True,
+        )
         return 0
     return _wait(layout, pid, a.timeout)
 
@@ -169,57 +201,84 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
             req = read_archived_request(layout, b)
         state = (req or {}).get("state")
         if req is not None and state == "failed":
-            print(f"pivot failed: {req.get('error')}; nothing changed, the old phase runs on",
-                  file=sys.stderr)
+            print(
+                f"pivot failed: {req.get('error')}; nothing changed, the old phase runs on",
+                file=sys.stderr,
+            )
             request_path(layout).unlink(missing_ok=True)
             return EXIT_FAILED
         if req and req.get("step") is not None:
             if b is not None and req["step"] != b:
-                print(f"pivot: the worker was past step {b} when the request reached it; the "
-                      f"boundary is its next checkpoint, step {req['step']}", flush=True)
+                print(
+                    f"pivot: the worker was past step {b} when the request reached it; the "
+                    f"boundary is its next checkpoint, step {req['step']}",
+                    flush=True,
+                )
                 told.discard("at-boundary")
             b = req["step"]
         order = ["boundary", "archived", "recorded", "running"]
         reached = order.index(state) if state in order else -1
         if reached >= 0 and "boundary" not in told:
             told.add("boundary")
-            if reached > 0 or (b is not None and _last_filed(layout) >= b):  # the proxy was quicker than this poll:
+            if reached > 0 or (
+                b is not None and _last_filed(layout) >= b
+            ):  # the proxy was quicker than this poll:
                 print(f"pivot: boundary step {b} reached", flush=True)  # still name the step
                 told.add("at-boundary")
         if reached == 0 and b is not None and "at-boundary" not in told:
             last = _last_filed(layout)
             if last >= b:
-                print(f"pivot: boundary step {b} reached; the worker writes step_{b:06d}.bin and "
-                      f"exits", flush=True)
+                print(
+                    f"pivot: boundary step {b} reached; the worker writes step_{b:06d}.bin and "
+                    f"exits",
+                    flush=True,
+                )
                 told.add("at-boundary")
-            elif b - last != last_togo:   # a line when it changes, not every poll
+            elif b - last != last_togo:  # a line when it changes, not every poll
                 last_togo = b - last
-                print(f"pivot: waiting for boundary step {b} ({last_togo} step"
-                      f"{'' if last_togo == 1 else 's'} to go{when(layout, last_togo)})",
-                      flush=True)
+                print(
+                    f"pivot: waiting for boundary step {b} ({last_togo} step"
+                    f"{'' if last_togo == 1 else 's'} to go{when(layout, last_togo)})",
+                    flush=True,
+                )
         if reached >= 1 and "archived" not in told:
             print(f"pivot: archived to archive/pivot-{b}", flush=True)
             told.add("archived")
         if reached >= 2 and "recorded" not in told:
             ph = read_phases(layout)[-1]
-            print(f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
-                  f"caps {ph.caps}, floors {ph.floors})", flush=True)
+            print(
+                f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
+                f"caps {ph.caps}, floors {ph.floors})",
+                flush=True,
+            )
             told.add("recorded")
             print("pivot: waiting for the new worker's first step", flush=True)
         if req is not None and reached == 3:
-            print(f"pivot: new worker pid {req.get('worker_pid')} filed step "
-                  f"{req.get('first_step')}; the new phase is in force", flush=True)
+            print(
+                f"pivot: new worker pid {req.get('worker_pid')} filed step "
+                f"{req.get('first_step')}; the new phase is in force",
+                flush=True,
+            )
             return 0
         if pid is not None and not pid_alive(pid):
-            print(f"pivot failed: proxy pid {pid} exited during the pivot (request state "
-                  f"{state}); `python -m proxy run --run-dir {layout.root}` resumes "
-                  + ("in the new phase" if reached >= 2 else
-                     "in the old phase and serves the request again"), file=sys.stderr)
+            print(
+                f"pivot failed: proxy pid {pid} exited during the pivot (request state "
+                f"{state}); `python -m proxy run --run-dir {layout.root}` resumes "
+                + (
+                    "in the new phase"
+                    if reached >= 2
+                    else "in the old phase and serves the request again"
+                ),
+                file=sys.stderr,
+            )
             return EXIT_FAILED
         if time.monotonic() > end:
-            print(f"pivot: not in force after {timeout:.0f} s (request state {state}, boundary "
-                  f"{b}); the live proxy still holds the request and will finish it (see "
-                  "`status`); nothing was undone", file=sys.stderr)
+            print(
+                f"pivot: not in force after {timeout:.0f} s (request state {state}, boundary "
+                f"{b}); the live proxy still holds the request and will finish it (see "
+                "`status`); nothing was undone",
+                file=sys.stderr,
+            )
             return EXIT_FAILED
         time.sleep(0.2)
 
@@ -238,9 +297,11 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
             last = history.last_step or 0
             planned = a.max_steps or cfg.max_steps
             if last >= planned:
-                return _refuse(f"{layout.root} already finished at step {last:,} (max steps "
-                               f"{planned:,}); nothing would train under the new policy. Pass "
-                               f"--max-steps N with N > {last} here and to the next `run`")
+                return _refuse(
+                    f"{layout.root} already finished at step {last:,} (max steps "
+                    f"{planned:,}); nothing would train under the new policy. Pass "
+                    f"--max-steps N with N > {last} here and to the next `run`"
+                )
             req.update(state="boundary", step=None)
             try:
                 plan = plan_resume(layout, cfg, history, False, stopped_pivot=req)
@@ -251,12 +312,14 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
         finally:
             history.close()
         ph = read_phases(layout)[-1]
-        more = f" --max-steps {a.max_steps}" if a.max_steps else ""   # not stored: pass it on
+        more = f" --max-steps {a.max_steps}" if a.max_steps else ""  # not stored: pass it on
         print(f"pivot: archived to archive/pivot-{plan.step}", flush=True)
-        print(f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
-              f"caps {ph.caps}, floors {ph.floors}); the run is stopped: `python -m proxy run "
-              f"--run-dir {layout.root}{more}` trains in it from step_{plan.step:06d}.bin",
-              flush=True)
+        print(
+            f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
+            f"caps {ph.caps}, floors {ph.floors}); the run is stopped: `python -m proxy run "
+            f"--run-dir {layout.root}{more}` trains in it from step_{plan.step:06d}.bin",
+            flush=True,
+        )
         return 0
     finally:
         lock.release()
@@ -264,22 +327,42 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
 
 def add_pivot_args(p) -> None:
     """The `pivot` command's options (docs/pivots.md)."""
-    p.add_argument("--run-dir", required=True, metavar="DIR",
-                   help="the run to pivot: live (its proxy does it in place) or stopped")
+    p.add_argument(
+        "--run-dir",
+        required=True,
+        metavar="DIR",
+        help="the run to pivot: live (its proxy does it in place) or stopped",
+    )
     p.add_argument("--caps", default="", help="per-arm caps, arm=value,...")
     p.add_argument("--floors", default="", help="per-arm floors, arm=value,...")
-    p.add_argument("--keep-bounds", action="store_true",
-                   help="the new phase keeps the caps and floors in force (a fresh bandit only)")
-    p.add_argument("--no-bounds", action="store_true",
-                   help="the new phase has no caps or floors at all")
+    p.add_argument(
+        "--keep-bounds",
+        action="store_true",
+        help="the new phase keeps the caps and floors in force (a fresh bandit only)",
+    )
+    p.add_argument(
+        "--no-bounds", action="store_true", help="the new phase has no caps or floors at all"
+    )
     p.add_argument("--label", default=None, help="the new phase's label (default 'pivot')")
-    p.add_argument("--timeout", type=float, default=900.0,
-                   help="seconds to wait for the live pivot to be in force (%(default)g)")
-    p.add_argument("--no-wait", action="store_true",
-                   help="return once the live proxy has the request")
-    p.add_argument("--now", action="store_true",
-                   help="live run: checkpoint at the next step and pivot there, instead of at the "
-                        "next checkpoint boundary (the default); docs/pivots.md#the-boundary")
-    p.add_argument("--max-steps", type=int, default=None,
-                   help="stopped run only, when it reached run.json's: the --max-steps to "
-                        "pass to the next `run` (checked here, and in the command printed)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for the live pivot to be in force (%(default)g)",
+    )
+    p.add_argument(
+        "--no-wait", action="store_true", help="return once the live proxy has the request"
+    )
+    p.add_argument(
+        "--now",
+        action="store_true",
+        help="live run: checkpoint at the next step and pivot there, instead of at the "
+        "next checkpoint boundary (the default); docs/pivots.md#the-boundary",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="stopped run only, when it reached run.json's: the --max-steps to "
+        "pass to the next `run` (checked here, and in the command printed)",
+    )

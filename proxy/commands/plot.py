@@ -1,5 +1,6 @@
 """`python -m proxy plot --run-dir DIR [--out PNG]`: write a picture of a run (docs/operations.md).
 The picture itself is proxy/observation/plot.py."""
+
 from __future__ import annotations
 
 import sys
@@ -21,9 +22,12 @@ def cmd_plot(a) -> int:
 
 def add_plot_args(p) -> None:
     """`plot --run-dir DIR [--out F.png]`."""
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
-                        "keeps its cores; docs/operations.md#beside-a-live-run)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
+        "keeps its cores; docs/operations.md#beside-a-live-run)",
+    )
     p.add_argument("--run-dir", required=True, metavar="DIR", help="the run to plot")
-    p.add_argument("--out", default=None, metavar="F.png",
-                   help="PNG path (default DIR/loss.png)")
+    p.add_argument("--out", default=None, metavar="F.png", help="PNG path (default DIR/loss.png)")

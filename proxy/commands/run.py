@@ -4,6 +4,7 @@
 What it is not: the command list (proxy/cli.py), the `run` options
 (proxy/supervision/run_options.py) or the supervision (proxy/supervision/supervisor.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,8 +56,8 @@ from shared.stop_request import StopRequested
 
 log = logging.getLogger("proxy")
 
-LOG_BYTES = 16 * 2**20   # logs/proxy.log rotates at this size ...
-LOG_BACKUPS = 4          # ... keeping this many older files (proxy.log.1 .. .4)
+LOG_BYTES = 16 * 2**20  # logs/proxy.log rotates at this size ...
+LOG_BACKUPS = 4  # ... keeping this many older files (proxy.log.1 .. .4)
 
 
 def log_level() -> int:
@@ -79,8 +80,9 @@ def setup_logging(layout: RunLayout | None) -> None:
     if layout is not None:
         layout.logs.mkdir(parents=True, exist_ok=True)
         # bounded: a weeks-long run's log rotates at LOG_BYTES into LOG_BACKUPS older files
-        fh = logging.handlers.RotatingFileHandler(layout.logs / "proxy.log", maxBytes=LOG_BYTES,
-                                                  backupCount=LOG_BACKUPS)
+        fh = logging.handlers.RotatingFileHandler(
+            layout.logs / "proxy.log", maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS
+        )
         fh.setFormatter(fmt)
         root.addHandler(fh)
 
@@ -93,8 +95,10 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
     an old name or bounds the arms left cannot meet."""
     if not a.arm:
         if a.default_arms:
-            log.warning("--default-arms without --arm ignored: the run keeps its arms (%s)",
-                        ", ".join(x.name for x in cfg.arms))
+            log.warning(
+                "--default-arms without --arm ignored: the run keeps its arms (%s)",
+                ", ".join(x.name for x in cfg.arms),
+            )
         return cfg
     specs = (list(DEFAULT_ARMS) if a.default_arms else []) + [parse_arm_option(t) for t in a.arm]
     phase = read_phases(layout)[-1]
@@ -118,9 +122,13 @@ def _remove_refused(layout: RunLayout, made: list[Path]) -> None:
     """A start refused before it wrote any data leaves no directory it created: remove the run
     directory (its lock, owner file and logs/) and the parents made for it. A directory that
     already existed, or one that holds a tokenizer or token files (work a rerun keeps), stays."""
-    if not made or layout.tokenizer.exists() or (layout.data.is_dir() and any(layout.data.iterdir())):
+    if (
+        not made
+        or layout.tokenizer.exists()
+        or (layout.data.is_dir() and any(layout.data.iterdir()))
+    ):
         return
-    for h in list(logging.getLogger().handlers):   # the log file inside it
+    for h in list(logging.getLogger().handlers):  # the log file inside it
         if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(layout.root):
             logging.getLogger().removeHandler(h)
             h.close()
@@ -144,26 +152,41 @@ def cmd_run(a) -> int:
         return EXIT_USAGE
     layout = RunLayout(a.run_dir)
     if not layout.run_json.exists() and (alien := foreign_entries(layout.root)):
-        log.error("--run-dir %s: holds files that are not a run's (%s%s); a new run needs a new "
-                  "or empty directory (or one whose creation was interrupted): give another "
-                  "--run-dir", layout.root, ", ".join(alien[:5]),
-                  f" and {len(alien) - 5} more" if len(alien) > 5 else "")
+        log.error(
+            "--run-dir %s: holds files that are not a run's (%s%s); a new run needs a new "
+            "or empty directory (or one whose creation was interrupted): give another "
+            "--run-dir",
+            layout.root,
+            ", ".join(alien[:5]),
+            f" and {len(alien) - 5} more" if len(alien) > 5 else "",
+        )
         return EXIT_USAGE
-    made = _missing_dirs(layout.root)   # what a refusal below removes again
+    made = _missing_dirs(layout.root)  # what a refusal below removes again
     try:
         layout.root.mkdir(parents=True, exist_ok=True)
         layout.logs.mkdir(exist_ok=True)
     except OSError as e:  # a file in the way, no permission, a read-only filesystem
-        what = ("is a file, not a directory" if layout.root.is_file()
-                else f"cannot be created ({e.strerror or e})")
-        log.error("--run-dir %s: %s; give a directory path (an existing run, or a new path "
-                  "whose parent you may write to)", layout.root, what)
+        what = (
+            "is a file, not a directory"
+            if layout.root.is_file()
+            else f"cannot be created ({e.strerror or e})"
+        )
+        log.error(
+            "--run-dir %s: %s; give a directory path (an existing run, or a new path "
+            "whose parent you may write to)",
+            layout.root,
+            what,
+        )
         return EXIT_USAGE
     nodes = _nodes_of(a)
     job = None
     if nodes > 1:  # several nodes: the first proxy to take the lock owns the run
-        job = {"token": uuid.uuid4().hex, "rdzv_id": a.rdzv_id, "nnodes": nodes,
-               "nproc_per_node": a.nproc_per_node}
+        job = {
+            "token": uuid.uuid4().hex,
+            "rdzv_id": a.rdzv_id,
+            "nnodes": nodes,
+            "nproc_per_node": a.nproc_per_node,
+        }
     lock = RunLock(layout, job=job)
     try:
         lock.acquire()
@@ -174,8 +197,10 @@ def cmd_run(a) -> int:
         log.error("%s", e)
         return EXIT_USAGE
     setup_logging(layout)
-    log.debug("start-up: proxy interpreter, imports and run lock %.3f s since launch",
-              seconds_since_start() or 0.0)
+    log.debug(
+        "start-up: proxy interpreter, imports and run lock %.3f s since launch",
+        seconds_since_start() or 0.0,
+    )
     node = None
     try:
         if job is not None:
@@ -185,14 +210,31 @@ def cmd_run(a) -> int:
             node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
             node.write()
             node.start_heartbeat()  # also through creation, resume planning, back-off
-            write_job(layout, {**job, "state": "gathering", "incarnation": 0})  # not the last owner's
-            log.info("owner of %s (node rank 0 of %d, global rank 0 here): waiting up to %.0f s "
-                     "for the other node(s)", layout.root, nodes, a.rdzv_timeout)
+            write_job(
+                layout, {**job, "state": "gathering", "incarnation": 0}
+            )  # not the last owner's
+            log.info(
+                "owner of %s (node rank 0 of %d, global rank 0 here): waiting up to %.0f s "
+                "for the other node(s)",
+                layout.root,
+                nodes,
+                a.rdzv_timeout,
+            )
             try:  # before anything of the run is written: a job that cannot form writes nothing
-                if wait_for_followers(layout, job["token"], nodes, a.rdzv_timeout,
-                                      lambda: EarlySignals.stop is not None,
-                                      lambda: (node.heartbeat(), idle())) is None:
-                    log.info("%s received while the nodes gathered: nothing started", EarlySignals.stop)
+                if (
+                    wait_for_followers(
+                        layout,
+                        job["token"],
+                        nodes,
+                        a.rdzv_timeout,
+                        lambda: EarlySignals.stop is not None,
+                        lambda: [f() for f in (node.heartbeat, idle)],
+                    )
+                    is None
+                ):
+                    log.info(
+                        "%s received while the nodes gathered: nothing started", EarlySignals.stop
+                    )
                     return EXIT_OK
             except NodeSetupError as e:
                 log.error("%s", e)
@@ -202,19 +244,25 @@ def cmd_run(a) -> int:
             cfg = load_run_config(layout.run_json)
             check_resume_args(a, cfg, layout)
             cfg = _apply_arm_list(a, cfg, layout)
-            log.info("resuming run %s (%s, %s parameters)", layout.root, cfg.preset, f"{cfg.n_params:,}")
+            log.info(
+                "resuming run %s (%s, %s parameters)", layout.root, cfg.preset, f"{cfg.n_params:,}"
+            )
         else:
             cfg = config_from_args(a)
             log.info("creating run %s (%s)", layout.root, cfg.preset)
             t_create = time.monotonic()
             cfg = create_run(layout, cfg)
             creation_s = time.monotonic() - t_create
-            log.info("created: %s parameters, vocabulary %d, checkpoint %s bytes",
-                     f"{cfg.n_params:,}", cfg.vocab_size, f"{cfg.checkpoint_bytes:,}")
+            log.info(
+                "created: %s parameters, vocabulary %d, checkpoint %s bytes",
+                f"{cfg.n_params:,}",
+                cfg.vocab_size,
+                f"{cfg.checkpoint_bytes:,}",
+            )
         _print_settings(cfg, a, resumed=resumed, layout=layout)
         opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
         sup = Supervisor(layout, cfg, opts)
-        sup.watch.creation_s = creation_s   # the summary names creation and training apart
+        sup.watch.creation_s = creation_s  # the summary names creation and training apart
         sup.node = node
         sup.install_signal_handlers()
         code = sup.run()
@@ -229,9 +277,12 @@ def cmd_run(a) -> int:
         log.error("%s", e)
         return e.code
     except StopRequested as e:
-        log.info("%s; nothing is lost: the same command goes on from there, keeping the "
-                 "tokenizer, every complete arm and the tokenized part of the arm in progress "
-                 "while their source files (list, sizes, modification times) are unchanged", e)
+        log.info(
+            "%s; nothing is lost: the same command goes on from there, keeping the "
+            "tokenizer, every complete arm and the tokenized part of the arm in progress "
+            "while their source files (list, sizes, modification times) are unchanged",
+            e,
+        )
         return EXIT_OK
     finally:
         if node is not None:
@@ -244,8 +295,13 @@ def _owner_checks(a, job: dict, layout: RunLayout):
     host (proxy/supervision/beacon.py), else asks it: a beacon of the same job id for another
     owner means this --run-dir is not the job's directory. Returns None (refused, logged) or the
     check to repeat while the nodes gather (it raises NodeSetupError)."""
-    info = {"rdzv_id": a.rdzv_id, "token": job["token"], "run_dir": str(layout.root),
-            "host": socket.gethostname(), "pid": os.getpid()}
+    info = {
+        "rdzv_id": a.rdzv_id,
+        "token": job["token"],
+        "run_dir": str(layout.root),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
     if beacon.serve(a.rdzv_endpoint, info):
         return lambda: None
     why = beacon.second_owner(a.rdzv_endpoint, a.rdzv_id, job["token"], layout.root)
@@ -260,6 +316,7 @@ def _owner_checks(a, job: dict, layout: RunLayout):
             why = beacon.second_owner(a.rdzv_endpoint, a.rdzv_id, job["token"], layout.root)
             if why:
                 raise NodeSetupError(why)
+
     return again
 
 
@@ -268,7 +325,9 @@ def _nodes_of(a) -> int:
     return int(str(a.nnodes).split(":")[-1]) if a.nnodes else 1
 
 
-def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout | None = None) -> None:
+def _print_settings(
+    cfg: RunConfig, a, resumed: bool = False, layout: RunLayout | None = None
+) -> None:
     """llm.c habit: one table of every setting the run uses, at start, with where each value
     came from: the command line, the --config file, the default, or run.json (a resumed run's
     creation settings; docs/configuration.md#where-a-value-came-from)."""
@@ -300,36 +359,68 @@ def _print_settings(cfg: RunConfig, a, resumed: bool = False, layout: RunLayout 
         warm_src = "shortened to a tenth of max steps"  # a short run (config_from_args)
     audit_src = src("sample_every")
     if not resumed and audit_src == "default" and cfg.sample_every != cfg.checkpoint_every:
-        audit_src = (f"checkpoint cadence x {cfg.sample_every // cfg.checkpoint_every}, "
-                     f"to stay within {AUDIT_BUDGET:.1%}")
-    rows = [("preset", cfg.preset, src("preset")), ("parameters", f"{cfg.n_params:,}", ""),
-            ("layers/heads/width/context", f"{cfg.model.n_layer}/{cfg.model.n_head}/"
-                                           f"{cfg.model.n_embd}/{cfg.model.block_size}", src("preset")),
-            ("tokenizer", f"{cfg.tokenizer} ({cfg.vocab_size} tokens)", src("tokenizer")),
-            ("batch (sequences/update)", cfg.batch_size, src("batch_size")),
-            ("micro-batch (sequences/rank)", micro, micro_src),
-            ("micro-batches per update", f"{accum} on each of {world} rank(s)",
-             micro_src if micro_src != "default" else src("nproc_per_node", per_start=True)),
-            ("tokens per update", f"{cfg.batch_size * cfg.model.block_size:,}", src("batch_size")),
-            ("max steps", a.max_steps or cfg.max_steps, kept("max_steps", not a.max_steps)),
-            ("lr peak", cfg.lr, src("lr")),
-            ("lr warm-up / cosine end (steps)", f"{cfg.warmup_steps}/{cfg.lr_decay_steps}",
-             warm_src if warm_src == src("max_steps") else
-             f"warm-up {warm_src}, end {src('max_steps')}"),
-            ("weight decay / grad clip", f"{cfg.weight_decay}/{cfg.grad_clip}",
-             src("weight_decay", "grad_clip")),
-            ("checkpoint/sample/probe every", f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}",
-             src("checkpoint_every", "sample_every", "probe_every")),
-            ("held-out probe", _probe_row(cfg), src("probe_sequences", "probe_budget")),
-            ("sample audit", _audit_row(cfg), audit_src),
-            ("policy overhead", _policy_row(cfg), src("probe_budget", "sample_every")),
-            ("retention keep-last/keep-every", f"{a.keep_last}/{a.keep_every}",
-             src("keep_last", "keep_every", per_start=True)),
-            ("device / precision", f"{a.device}/{a.precision}", src("device", "precision", per_start=True)),
-            ("arms", _arms_row(cfg, layout), arms_src),
-            ("phase / caps / floors", _bounds_row(layout), "phases.json" if resumed
-             else src("caps", "floors")),
-            ("reward", cfg.reward, src("reward")), ("seed", cfg.seed, src("seed"))]
+        audit_src = (
+            f"checkpoint cadence x {cfg.sample_every // cfg.checkpoint_every}, "
+            f"to stay within {AUDIT_BUDGET:.1%}"
+        )
+    rows = [
+        ("preset", cfg.preset, src("preset")),
+        ("parameters", f"{cfg.n_params:,}", ""),
+        (
+            "layers/heads/width/context",
+            f"{cfg.model.n_layer}/{cfg.model.n_head}/{cfg.model.n_embd}/{cfg.model.block_size}",
+            src("preset"),
+        ),
+        ("tokenizer", f"{cfg.tokenizer} ({cfg.vocab_size} tokens)", src("tokenizer")),
+        ("batch (sequences/update)", cfg.batch_size, src("batch_size")),
+        ("micro-batch (sequences/rank)", micro, micro_src),
+        (
+            "micro-batches per update",
+            f"{accum} on each of {world} rank(s)",
+            micro_src if micro_src != "default" else src("nproc_per_node", per_start=True),
+        ),
+        ("tokens per update", f"{cfg.batch_size * cfg.model.block_size:,}", src("batch_size")),
+        ("max steps", a.max_steps or cfg.max_steps, kept("max_steps", not a.max_steps)),
+        ("lr peak", cfg.lr, src("lr")),
+        (
+            "lr warm-up / cosine end (steps)",
+            f"{cfg.warmup_steps}/{cfg.lr_decay_steps}",
+            warm_src
+            if warm_src == src("max_steps")
+            else f"warm-up {warm_src}, end {src('max_steps')}",
+        ),
+        (
+            "weight decay / grad clip",
+            f"{cfg.weight_decay}/{cfg.grad_clip}",
+            src("weight_decay", "grad_clip"),
+        ),
+        (
+            "checkpoint/sample/probe every",
+            f"{cfg.checkpoint_every}/{cfg.sample_every}/{cfg.probe_every}",
+            src("checkpoint_every", "sample_every", "probe_every"),
+        ),
+        ("held-out probe", _probe_row(cfg), src("probe_sequences", "probe_budget")),
+        ("sample audit", _audit_row(cfg), audit_src),
+        ("policy overhead", _policy_row(cfg), src("probe_budget", "sample_every")),
+        (
+            "retention keep-last/keep-every",
+            f"{a.keep_last}/{a.keep_every}",
+            src("keep_last", "keep_every", per_start=True),
+        ),
+        (
+            "device / precision",
+            f"{a.device}/{a.precision}",
+            src("device", "precision", per_start=True),
+        ),
+        ("arms", _arms_row(cfg, layout), arms_src),
+        (
+            "phase / caps / floors",
+            _bounds_row(layout),
+            "phases.json" if resumed else src("caps", "floors"),
+        ),
+        ("reward", cfg.reward, src("reward")),
+        ("seed", cfg.seed, src("seed")),
+    ]
     if getattr(a, "config", None):
         rows.insert(0, ("config file", a.config, "command line"))
     w = max(len(k) for k, _, _ in rows)
@@ -344,7 +435,11 @@ def _arms_row(cfg: RunConfig, layout: RunLayout | None) -> str:
     names = [x.name for x in cfg.arms]
     try:
         index = read_arm_index(layout, include_retired=True) if layout is not None else {}
-    except (ArmSourceError, OSError, ValueError):  # no data/ yet, or unreadable: the resume names it
+    except (
+        ArmSourceError,
+        OSError,
+        ValueError,
+    ):  # no data/ yet, or unreadable: the resume names it
         index = {}
     retired = [n for n in names if n in index and index[n].retired]
     active = ", ".join(n for n in names if n not in retired) or "none"
@@ -360,8 +455,11 @@ def _bounds_row(layout: RunLayout | None) -> str:
 
     def fmt(d: dict, op: str) -> str:
         return ", ".join(f"{k}{op}{v:g}" for k, v in sorted(d.items())) or "none"
-    return (f"{ph.index} {ph.label!r} (from step {ph.start_step}): caps {fmt(ph.caps, '<=')}; "
-            f"floors {fmt(ph.floors, '>=')}")
+
+    return (
+        f"{ph.index} {ph.label!r} (from step {ph.start_step}): caps {fmt(ph.caps, '<=')}; "
+        f"floors {fmt(ph.floors, '>=')}"
+    )
 
 
 def _probe_row(cfg: RunConfig) -> str:
@@ -369,15 +467,19 @@ def _probe_row(cfg: RunConfig) -> str:
     pp = probe_plan(cfg)
     if not pp.active:
         return f"none: reward {cfg.reward} reads the training losses (0% of training FLOPs)"
-    return (f"{pp.sequences} x {cfg.model.block_size} tokens per arm every {pp.every} steps = "
-            f"{pp.cost:.2%} of training FLOPs (budget {cfg.probe_budget:.1%})")
+    return (
+        f"{pp.sequences} x {cfg.model.block_size} tokens per arm every {pp.every} steps = "
+        f"{pp.cost:.2%} of training FLOPs (budget {cfg.probe_budget:.1%})"
+    )
 
 
 def _audit_row(cfg: RunConfig) -> str:
     """The sample audits' size and cost (shared/config.py audit_cost)."""
     cost = audit_cost(cfg)
-    row = (f"{len(cfg.arms)} arms x {AUDIT_TOKENS} tokens every {cfg.sample_every} steps <= "
-           f"{cost:.2%} of training FLOPs")
+    row = (
+        f"{len(cfg.arms)} arms x {AUDIT_TOKENS} tokens every {cfg.sample_every} steps <= "
+        f"{cost:.2%} of training FLOPs"
+    )
     if cost > AUDIT_BUDGET + 1e-9:
         row += f" (over {AUDIT_BUDGET:.1%}: --sample-every {default_sample_every(cfg)} keeps it within)"
     return row
@@ -391,5 +493,3 @@ def _policy_row(cfg: RunConfig) -> str:
     if policy_cost(cfg) > POLICY_BUDGET + 1e-9:
         row += f" (over the default {POLICY_BUDGET:.0%})"
     return row
-
-

@@ -10,6 +10,7 @@ names, types, choices), so the file cannot accept anything the command line woul
 What it is not: the options' definitions (proxy/supervision/run_options.py) or their meaning (run.json,
 shared/config.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,11 @@ FILE, COMMAND_LINE, DEFAULT = "file", "command line", "default"
 
 
 def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    return {a.dest: a for a in parser._actions  # noqa: SLF001 - argparse has no public list
-            if a.dest not in ("help", "config") and a.help != argparse.SUPPRESS}
+    return {
+        a.dest: a
+        for a in parser._actions  # noqa: SLF001 - argparse has no public list
+        if a.dest not in ("help", "config") and a.help != argparse.SUPPRESS
+    }
 
 
 def _check_value(path: Path, key: str, value, action: argparse.Action):
@@ -32,8 +36,10 @@ def _check_value(path: Path, key: str, value, action: argparse.Action):
     opt = action.option_strings[-1] if action.option_strings else key
 
     def bad(want: str) -> ConfigError:
-        return ConfigError(f"{path}: {key} = {value!r} ({type(value).__name__}): {opt} takes "
-                           f"{want}")
+        return ConfigError(
+            f"{path}: {key} = {value!r} ({type(value).__name__}): {opt} takes {want}"
+        )
+
     if action.nargs == 0:  # store_true
         if not isinstance(value, bool):
             raise bad("true or false")
@@ -51,14 +57,18 @@ def _check_value(path: Path, key: str, value, action: argparse.Action):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad("a number")
         value = float(value)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool) and action.dest in (
-            "nnodes",):
+    elif (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and action.dest in ("nnodes",)
+    ):
         value = str(value)
     elif not isinstance(value, str):
         raise bad("a string")
     if action.choices is not None and value not in action.choices:
-        raise ConfigError(f"{path}: {key} = {value!r}: choose one of "
-                          f"{', '.join(map(str, action.choices))}")
+        raise ConfigError(
+            f"{path}: {key} = {value!r}: choose one of {', '.join(map(str, action.choices))}"
+        )
     return value
 
 
@@ -72,9 +82,11 @@ def read_config_file(path: Path, parser: argparse.ArgumentParser) -> dict:
     except OSError as e:
         raise ConfigError(f"--config {path}: cannot read it ({e.strerror})") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: not UTF-8 text (byte {e.object[e.start]:#04x} at "
-                          f"offset {e.start}); a config file is UTF-8 text, see configs/ for "
-                          "examples") from None
+        raise ConfigError(
+            f"{path}: not valid TOML: not UTF-8 text (byte {e.object[e.start]:#04x} at "
+            f"offset {e.start}); a config file is UTF-8 text, see configs/ for "
+            "examples"
+        ) from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:  # its message ends "(at line L, column C)"
@@ -86,8 +98,10 @@ def read_config_file(path: Path, parser: argparse.ArgumentParser) -> dict:
         if dest not in actions:
             close = difflib.get_close_matches(dest, list(actions), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{path}: unknown key {key!r}{hint} (keys are the `run` options' "
-                              "long names, with _ or -; see docs/configuration.md)")
+            raise ConfigError(
+                f"{path}: unknown key {key!r}{hint} (keys are the `run` options' "
+                "long names, with _ or -; see docs/configuration.md)"
+            )
         out[dest] = _check_value(path, key, value, actions[dest])
     return out
 
@@ -117,6 +131,7 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse
         if d in actions and isinstance(actions[d], argparse._AppendAction):  # noqa: SLF001
             setattr(ns, d, v)
     ns.config_values = values
-    ns.sources = {d: COMMAND_LINE if d in given else FILE if d in values else DEFAULT
-                  for d in actions}
+    ns.sources = {
+        d: COMMAND_LINE if d in given else FILE if d in values else DEFAULT for d in actions
+    }
     return ns

@@ -6,6 +6,7 @@ optimizer, generates all `--samples` in one batch (worker/sampling.py), and prin
 the prompt and the continuation apart (proxy/observation/sample_format.py, as in the run's log), then the
 time it took. torch is imported here, lazily: the proxy's hot path never imports it.
 """
+
 from __future__ import annotations
 
 import sys
@@ -28,25 +29,56 @@ def add_sample_args(p) -> None:
     [--temperature T] [--top-k K] [--seed S]`: continue a prompt with a checkpoint's weights,
     all samples in one batch, printed with the prompt and the continuation apart, then the time
     taken."""
-    p.add_argument("path", nargs="?", default=None, help="step_NNNNNN.bin (default: the newest "
-                   "valid checkpoint of --run-dir)")
-    p.add_argument("--run-dir", default=None, help="run directory: run.json and tokenizer.json "
-                   "(default: the checkpoint's folder)")
+    p.add_argument(
+        "path",
+        nargs="?",
+        default=None,
+        help="step_NNNNNN.bin (default: the newest valid checkpoint of --run-dir)",
+    )
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="run directory: run.json and tokenizer.json (default: the checkpoint's folder)",
+    )
     p.add_argument("--prompt", default="def ", help="text to continue (default: %(default)r)")
-    p.add_argument("--tokens", type=int, default=100,
-                   help="tokens to generate per sample (default: %(default)s)")
-    p.add_argument("--samples", type=int, default=1,
-                   help="continuations to generate, all in one batch (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=SAMPLE_TEMPERATURE,
-                   help="softmax temperature, >= 0; lower is more conservative, 0 is greedy (the same as "
-                        "--top-k 1) (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=SAMPLE_TOP_K,
-                   help="sample among the K most likely tokens; 0 = all (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
-                        "keeps its cores; docs/operations.md#beside-a-live-run)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="sampling seed: the same seed gives the same text (default: %(default)s)")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=100,
+        help="tokens to generate per sample (default: %(default)s)",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        help="continuations to generate, all in one batch (default: %(default)s)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=SAMPLE_TEMPERATURE,
+        help="softmax temperature, >= 0; lower is more conservative, 0 is greedy (the same as "
+        "--top-k 1) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=SAMPLE_TOP_K,
+        help="sample among the K most likely tokens; 0 = all (default: %(default)s)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
+        "keeps its cores; docs/operations.md#beside-a-live-run)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="sampling seed: the same seed gives the same text (default: %(default)s)",
+    )
 
 
 def _run_dir_of(path: Path) -> Path:
@@ -66,12 +98,17 @@ def cmd_sample(a) -> int:
     if run_dir is None:
         print("sample: give a checkpoint PATH or --run-dir", file=sys.stderr)
         return EXIT_USAGE
-    bad = [f"--{name} {value}: {rule}" for name, value, ok, rule in (
-        ("tokens", a.tokens, a.tokens >= 1, "must be >= 1"),
-        ("samples", a.samples, a.samples >= 1, "must be >= 1"),
-        ("threads", a.threads, a.threads is None or a.threads >= 1, "must be >= 1"),
-        ("temperature", a.temperature, a.temperature >= 0, "must be >= 0 (0: greedy)"),
-        ("top-k", a.top_k, a.top_k >= 0, "must be >= 0 (0: no limit)")) if not ok]
+    bad = [
+        f"--{name} {value}: {rule}"
+        for name, value, ok, rule in (
+            ("tokens", a.tokens, a.tokens >= 1, "must be >= 1"),
+            ("samples", a.samples, a.samples >= 1, "must be >= 1"),
+            ("threads", a.threads, a.threads is None or a.threads >= 1, "must be >= 1"),
+            ("temperature", a.temperature, a.temperature >= 0, "must be >= 0 (0: greedy)"),
+            ("top-k", a.top_k, a.top_k >= 0, "must be >= 0 (0: no limit)"),
+        )
+        if not ok
+    ]
     if bad:
         print("sample: " + "; ".join(bad), file=sys.stderr)
         return EXIT_USAGE
@@ -85,8 +122,9 @@ def cmd_sample(a) -> int:
         if a.path:
             path = Path(a.path)
         else:  # newest first, each checked against the manifest's checksum
-            info, _ = find_latest_valid(run_dir, cfg.n_params,
-                                        manifest_checksums(read_manifest(run_dir)))
+            info, _ = find_latest_valid(
+                run_dir, cfg.n_params, manifest_checksums(read_manifest(run_dir))
+            )
             if info is None:
                 print(f"sample: {run_dir} has no valid checkpoint", file=sys.stderr)
                 return EXIT_USAGE
@@ -100,8 +138,9 @@ def cmd_sample(a) -> int:
 
         from proxy.commands.tool_threads import set_torch_threads, tool_threads
         from worker.sampling import generate_batched, load_weights_only
+
         set_torch_threads(tool_threads(a.threads))
-        threads = torch.get_num_threads()   # what torch really uses
+        threads = torch.get_num_threads()  # what torch really uses
         step, model = load_weights_only(path, cfg, entry.checksum if entry else None)
     except (ConfigError, CheckpointError) as e:
         print(f"sample: {e}", file=sys.stderr)
@@ -112,12 +151,19 @@ def cmd_sample(a) -> int:
     out = generate_batched(model, idx, a.tokens, a.temperature, a.top_k or None, g)
     t_end = time.perf_counter()
     how = "greedy" if greedy else f"temperature {a.temperature}, top-k {a.top_k}"
-    print(f"# {path.name} (step {step:,}), {how}, "
-          f"seed {a.seed}")
+    print(f"# {path.name} (step {step:,}), {how}, seed {a.seed}")
     for i in range(a.samples):
-        print(format_sample(f"sample {i + 1}/{a.samples}", a.prompt,
-                            tok.decode(out[i, len(ids):].tolist()), max_lines=None))
-    print(f"# {a.samples} x {a.tokens} tokens in {t_end - t_gen:.2f} s "
-          f"({a.samples * a.tokens / max(t_end - t_gen, 1e-9):,.0f} tokens/s, {threads} "
-          f"thread{'s' if threads > 1 else ''}); {t_end - t_start:.2f} s in all with loading")
+        print(
+            format_sample(
+                f"sample {i + 1}/{a.samples}",
+                a.prompt,
+                tok.decode(out[i, len(ids) :].tolist()),
+                max_lines=None,
+            )
+        )
+    print(
+        f"# {a.samples} x {a.tokens} tokens in {t_end - t_gen:.2f} s "
+        f"({a.samples * a.tokens / max(t_end - t_gen, 1e-9):,.0f} tokens/s, {threads} "
+        f"thread{'s' if threads > 1 else ''}); {t_end - t_start:.2f} s in all with loading"
+    )
     return 0

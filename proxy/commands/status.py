@@ -17,6 +17,7 @@ are read, never trusted blindly):
 Reads only; takes no lock, so it never disturbs a running proxy. Exit 0, or 2 when DIR is not a
 run directory.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,7 +45,7 @@ from shared.handshake import read_handshake
 from shared.procfs import process_state
 from shared.run_layout import RunLayout, creating_proxy, missing_run_json
 
-STALE_S = 30.0             # no step for this long (and 10x the usual step time): stalled
+STALE_S = 30.0  # no step for this long (and 10x the usual step time): stalled
 
 
 def _proc_state(pid) -> str | None:
@@ -57,7 +58,12 @@ def _proxy_alive(owner: dict | None, run_dir) -> bool:
     started before it wrote the file (so not a recycled pid); the owner of a multi-node job on
     another host: its node record's heartbeat is fresh (proxy/supervision/nodes.py)."""
     if owner and owner.get("job") and owner.get("host") != socket.gethostname():
-        from proxy.supervision.nodes import nodes_dir, read_json, record_alive  # several nodes: its heartbeat
+        from proxy.supervision.nodes import (
+            nodes_dir,
+            read_json,
+            record_alive,
+        )  # several nodes: its heartbeat
+
         rec = read_json(nodes_dir(RunLayout(run_dir)) / f"{owner['host']}-{owner['pid']}.json")
         return rec is not None and record_alive(rec)
     if not owner or owner.get("host") != socket.gethostname():
@@ -84,25 +90,36 @@ def collect_status(run_dir) -> dict:
 
     # the run's plan is run.json's; a live proxy may have been given another --max-steps
     # for this start, which the ETA uses while it runs
-    d: dict = {"run_dir": str(layout.root), "preset": cfg.preset, "n_params": cfg.n_params,
-               "max_steps": cfg.max_steps, "start_max_steps": st.get("max_steps") or cfg.max_steps}
+    d: dict = {
+        "run_dir": str(layout.root),
+        "preset": cfg.preset,
+        "n_params": cfg.n_params,
+        "max_steps": cfg.max_steps,
+        "start_max_steps": st.get("max_steps") or cfg.max_steps,
+    }
     last = recs[-1] if recs else None
     d["step"] = last["step"] if last else 0
     d["loss"] = last.get("loss") if last else None
     d["loss_ema"] = loss_ema(recs)
     recent = recs[-20:]
-    times: list[float] = [r["step_time"] for r in recent
-                          if isinstance(r.get("step_time"), (int, float))]
+    times: list[float] = [
+        r["step_time"] for r in recent if isinstance(r.get("step_time"), (int, float))
+    ]
     tok_per_step = cfg.batch_size * cfg.model.block_size
     tps = [r["tokens_per_s"] for r in recent if isinstance(r.get("tokens_per_s"), (int, float))]
     wall = wall_seconds_per_update(recs)
     # wall-clock tokens/s over the ETA's window (checkpoints and audits included, as the progress
     # line's ETA); the worker's own per-update figures are averaged by time, not by record,
     # when the records are too few for a window (the mean of rates ran well above the truth)
-    d["tokens_per_s"] = (tok_per_step / wall if wall else
-                         tok_per_step * len(tps) / sum(tok_per_step / t for t in tps)
-                         if tps and all(t > 0 for t in tps) else
-                         tok_per_step * len(times) / sum(times) if times and sum(times) > 0 else None)
+    d["tokens_per_s"] = (
+        tok_per_step / wall
+        if wall
+        else tok_per_step * len(tps) / sum(tok_per_step / t for t in tps)
+        if tps and all(t > 0 for t in tps)
+        else tok_per_step * len(times) / sum(times)
+        if times and sum(times) > 0
+        else None
+    )
     d["last_step_age_s"] = now - last["time"] if last and last.get("time") else None
     d["skipped_recent"] = sum(1 for r in recent if r.get("skipped"))
 
@@ -121,10 +138,13 @@ def collect_status(run_dir) -> dict:
     if valid is not None:
         s = valid
         e = entries.get(s)
-        d["last_checkpoint"] = {"step": s, "file": os.path.basename(str(present[s])),
-                                "reason": e.reason if e else None,
-                                "pinned": e.pinned if e else None,
-                                "age_s": now - e.time if e else None}
+        d["last_checkpoint"] = {
+            "step": s,
+            "file": os.path.basename(str(present[s])),
+            "reason": e.reason if e else None,
+            "pinned": e.pinned if e else None,
+            "age_s": now - e.time if e else None,
+        }
     else:
         d["last_checkpoint"] = None
     d["checkpoints"] = sorted(present)
@@ -132,8 +152,10 @@ def collect_status(run_dir) -> dict:
     state = read_state(layout.state, garbage="default") or {}
     if state.get("arms"):
         held = (state.get("repetition") or {}).get("held") or {}
-        d["arms"] = {n: {"p": a.get("p"), "pulls": a.get("pulls"), "held": held.get(n)}
-                     for n, a in sorted(state["arms"].items())}
+        d["arms"] = {
+            n: {"p": a.get("p"), "pulls": a.get("pulls"), "held": held.get(n)}
+            for n, a in sorted(state["arms"].items())
+        }
     elif last and last.get("p"):
         d["arms"] = {n: {"p": p, "pulls": None} for n, p in sorted(last["p"].items())}
     else:
@@ -143,26 +165,35 @@ def collect_status(run_dir) -> dict:
     ph = phases[-1]
     d["phase"] = {k: ph.get(k) for k in ("index", "label", "start_step", "caps", "floors")}
     req = pending_request(layout)
-    d["pivot_request"] = ({k: req.get(k) for k in ("label", "caps", "floors", "state", "step",
-                                                   "requested_at")} if req else None)
+    d["pivot_request"] = (
+        {k: req.get(k) for k in ("label", "caps", "floors", "state", "step", "requested_at")}
+        if req
+        else None
+    )
     proxy_alive = _proxy_alive(owner, layout.root)
     d["target_steps"] = d["start_max_steps"] if proxy_alive else d["max_steps"]
     d.update(_batch_and_eta(cfg, worker, recs, d["step"], d["target_steps"]))
     wpid = st.get("worker_pid") or worker.get("pid")
     wstate = _proc_state(wpid)
     worker_alive = wstate not in (None, "Z", "X")
-    d.update(proxy_pid=(owner or {}).get("pid"), proxy_host=(owner or {}).get("host"),
-             lock_holder=(owner or {}).get("command", "run"),
-             proxy_alive=proxy_alive, worker_pid=wpid if worker_alive else None,
-             worker_pids=worker.get("pids") if worker_alive else [],
-             worker_state=wstate)
+    d.update(
+        proxy_pid=(owner or {}).get("pid"),
+        proxy_host=(owner or {}).get("host"),
+        lock_holder=(owner or {}).get("command", "run"),
+        proxy_alive=proxy_alive,
+        worker_pid=wpid if worker_alive else None,
+        worker_pids=worker.get("pids") if worker_alive else [],
+        worker_state=wstate,
+    )
     d["nodes"] = _nodes(layout, owner)
     usual = (sum(times) / len(times)) if times else 0.0
     age = d["last_step_age_s"]
     if proxy_alive and worker_alive:
         if wstate == "T":
             health = f"STOPPED (worker pid {wpid} is stopped: SIGSTOP?); the proxy's hang timeout will act"
-        elif age is None or (worker.get("started_at") and last and last.get("time", 0) < worker["started_at"]):
+        elif age is None or (
+            worker.get("started_at") and last and last.get("time", 0) < worker["started_at"]
+        ):
             health = "starting (worker up, no step yet)"
         elif age > max(STALE_S, 10 * usual):
             health = f"STALLED: no step for {age:.0f} s (worker state {wstate})"
@@ -171,14 +202,18 @@ def collect_status(run_dir) -> dict:
     elif proxy_alive:
         health = "proxy up, no worker (starting, restarting or finishing)"
     elif worker_alive:
-        health = (f"PROXY GONE but worker pid {wpid} still runs (it should checkpoint and exit "
-                  "within seconds)")
+        health = (
+            f"PROXY GONE but worker pid {wpid} still runs (it should checkpoint and exit "
+            "within seconds)"
+        )
     elif d["step"] >= d["max_steps"]:
         health = "finished"
     elif d["start_max_steps"] != d["max_steps"] and d["step"] >= d["start_max_steps"]:
-        health = (f"stopped at the last start's --max-steps {d['start_max_steps']:,}, before the "
-                  f"plan's {d['max_steps']:,} (resume with `python -m proxy run --run-dir "
-                  f"{run_dir}`)")
+        health = (
+            f"stopped at the last start's --max-steps {d['start_max_steps']:,}, before the "
+            f"plan's {d['max_steps']:,} (resume with `python -m proxy run --run-dir "
+            f"{run_dir}`)"
+        )
     else:
         health = f"stopped (resume with `python -m proxy run --run-dir {run_dir}`)"
     d["health"] = health
@@ -190,15 +225,26 @@ def _nodes(layout: RunLayout, owner: dict | None) -> list[dict]:
     node record of the owner's job (host, pid, role, node rank, its ranks' pids, heartbeat age,
     alive); [] for a single-node run."""
     from proxy.supervision.nodes import node_records, record_alive
+
     token = ((owner or {}).get("job") or {}).get("token")
     if not token:
         return []
     now = time.time()
-    return [{"node_rank": r.get("node_rank"), "role": r.get("role"), "host": r.get("host"),
-             "pid": r.get("pid"), "ranks": r.get("ranks") or [], "agent_pid": r.get("agent_pid"),
-             "incarnation": r.get("incarnation"), "alive": record_alive(r),
-             "heartbeat_age_s": now - float(r.get("heartbeat") or 0)}
-            for r in node_records(layout) if r.get("token") == token]
+    return [
+        {
+            "node_rank": r.get("node_rank"),
+            "role": r.get("role"),
+            "host": r.get("host"),
+            "pid": r.get("pid"),
+            "ranks": r.get("ranks") or [],
+            "agent_pid": r.get("agent_pid"),
+            "incarnation": r.get("incarnation"),
+            "alive": record_alive(r),
+            "heartbeat_age_s": now - float(r.get("heartbeat") or 0),
+        }
+        for r in node_records(layout)
+        if r.get("token") == token
+    ]
 
 
 def _bounds(v: dict | None) -> str:
@@ -220,10 +266,14 @@ def _batch_and_eta(cfg, worker: dict, recent: list[dict], step: int, max_steps: 
             accum = None
         micro = cfg.micro_batch_size or cfg.batch_size // world
     per_step = wall_seconds_per_update(recent) if len(recent) >= 3 else None
-    return {"tokens_per_update": cfg.batch_size * cfg.model.block_size,
-            "micro_batches_per_update": accum, "micro_batch_size": micro, "world_size": world,
-            "seconds_per_update": per_step,
-            "eta_s": per_step * max(0, max_steps - step) if per_step is not None else None}
+    return {
+        "tokens_per_update": cfg.batch_size * cfg.model.block_size,
+        "micro_batches_per_update": accum,
+        "micro_batch_size": micro,
+        "world_size": world,
+        "seconds_per_update": per_step,
+        "eta_s": per_step * max(0, max_steps - step) if per_step is not None else None,
+    }
 
 
 def _duration(s: float) -> str:
@@ -237,32 +287,51 @@ def format_status(d: dict) -> str:
     if not d["proxy_pid"]:
         holder = "no proxy (none has held the run lock)"
     elif d.get("lock_holder", "run") == "run":
-        holder = (f"proxy pid {d['proxy_pid']} on {d['proxy_host']} "
-                  f"({'alive' if d['proxy_alive'] else 'not running'})")
+        holder = (
+            f"proxy pid {d['proxy_pid']} on {d['proxy_host']} "
+            f"({'alive' if d['proxy_alive'] else 'not running'})"
+        )
     else:  # a stopped run's pivot took the lock last: that pid was never a proxy
-        holder = (f"no proxy since the `{d['lock_holder']}` command (pid {d['proxy_pid']}, "
-                  f"{'running' if d['proxy_alive'] else 'done'}) last held the run lock")
-    lines = [f"run         {d['run_dir']}  ({d['preset']}, {d['n_params']:,} parameters)",
-             f"health      {d['health']}",
-             f"processes   {holder}, worker pid {d['worker_pid'] or '-'}"
-             + (f" (state {d['worker_state']})" if d['worker_pid'] else ""),
-             f"step        {d['step']:,} / {d['max_steps']:,}"
-             + (f" (this start: --max-steps {d['target_steps']:,})"
-                if d["target_steps"] != d["max_steps"] else "")
-             + (f"  (last step {d['last_step_age_s']:.0f} s ago)" if d["last_step_age_s"] is not None else "")]
+        holder = (
+            f"no proxy since the `{d['lock_holder']}` command (pid {d['proxy_pid']}, "
+            f"{'running' if d['proxy_alive'] else 'done'}) last held the run lock"
+        )
+    lines = [
+        f"run         {d['run_dir']}  ({d['preset']}, {d['n_params']:,} parameters)",
+        f"health      {d['health']}",
+        f"processes   {holder}, worker pid {d['worker_pid'] or '-'}"
+        + (f" (state {d['worker_state']})" if d["worker_pid"] else ""),
+        f"step        {d['step']:,} / {d['max_steps']:,}"
+        + (
+            f" (this start: --max-steps {d['target_steps']:,})"
+            if d["target_steps"] != d["max_steps"]
+            else ""
+        )
+        + (
+            f"  (last step {d['last_step_age_s']:.0f} s ago)"
+            if d["last_step_age_s"] is not None
+            else ""
+        ),
+    ]
     for n in d.get("nodes") or []:
-        lines.append(f"node {n['node_rank']}      {n['role']} proxy pid {n['pid']} on {n['host']} "
-                     f"({'alive' if n['alive'] else 'gone'}, heartbeat {n['heartbeat_age_s']:.0f} s "
-                     f"ago), ranks {', '.join(map(str, n['ranks'])) or '-'}")
+        lines.append(
+            f"node {n['node_rank']}      {n['role']} proxy pid {n['pid']} on {n['host']} "
+            f"({'alive' if n['alive'] else 'gone'}, heartbeat {n['heartbeat_age_s']:.0f} s "
+            f"ago), ranks {', '.join(map(str, n['ranks'])) or '-'}"
+        )
     ph = d.get("phase") or {}
     if ph.get("index") is not None:
-        lines.append(f"phase       {ph['index']} {ph['label']!r} from step {ph['start_step']:,}  "
-                     f"caps {_bounds(ph.get('caps'))}  floors {_bounds(ph.get('floors'))}")
+        lines.append(
+            f"phase       {ph['index']} {ph['label']!r} from step {ph['start_step']:,}  "
+            f"caps {_bounds(ph.get('caps'))}  floors {_bounds(ph.get('floors'))}"
+        )
     pr = d.get("pivot_request")
     if pr:
         at = f", at step {pr['step']:,}" if pr.get("step") is not None else ""
-        lines.append(f"pivot       pending: {pr['label']!r} ({pr['state']}{at}) caps "
-                     f"{_bounds(pr.get('caps'))} floors {_bounds(pr.get('floors'))}")
+        lines.append(
+            f"pivot       pending: {pr['label']!r} ({pr['state']}{at}) caps "
+            f"{_bounds(pr.get('caps'))} floors {_bounds(pr.get('floors'))}"
+        )
     if d["loss"] is not None:
         ema = f"{d['loss_ema']:.4f}" if d["loss_ema"] is not None else "-"
         lines.append(f"loss        {d['loss']:.4f}  (EMA {ema})")
@@ -274,26 +343,49 @@ def format_status(d: dict) -> str:
         lines.append(f"tokens/s    {d['tokens_per_s']:,.0f}")
     if d.get("tokens_per_update"):
         acc = d.get("micro_batches_per_update")
-        lines.append(f"update      {d['tokens_per_update']:,} tokens"
-                     + (f", {acc} micro-batch(es) of {d['micro_batch_size']} sequences on each of "
-                        f"{d['world_size']} rank(s)" if acc else ""))
+        lines.append(
+            f"update      {d['tokens_per_update']:,} tokens"
+            + (
+                f", {acc} micro-batch(es) of {d['micro_batch_size']} sequences on each of "
+                f"{d['world_size']} rank(s)"
+                if acc
+                else ""
+            )
+        )
     if d.get("eta_s") is not None:
-        lines.append(f"projected   {_duration(d['eta_s'])} to step {d['target_steps']:,} "
-                     f"({d['seconds_per_update']:.2f} s per update)")
+        lines.append(
+            f"projected   {_duration(d['eta_s'])} to step {d['target_steps']:,} "
+            f"({d['seconds_per_update']:.2f} s per update)"
+        )
     c = d["last_checkpoint"]
     if c:
-        extra = ", ".join(x for x in (c["reason"], "pinned" if c["pinned"] else None,
-                                      f"{c['age_s']:.0f} s ago" if c["age_s"] is not None else None) if x)
-        lines.append(f"checkpoint  {c['file']} (step {c['step']:,}" + (f", {extra})" if extra else ")"))
+        extra = ", ".join(
+            x
+            for x in (
+                c["reason"],
+                "pinned" if c["pinned"] else None,
+                f"{c['age_s']:.0f} s ago" if c["age_s"] is not None else None,
+            )
+            if x
+        )
+        lines.append(
+            f"checkpoint  {c['file']} (step {c['step']:,}" + (f", {extra})" if extra else ")")
+        )
     else:
         lines.append("checkpoint  none yet")
     for bad in d.get("invalid_checkpoints", []):
         lines.append(f"INVALID     {bad}")
     if d["arms"]:
-        lines.append("arms        " + "  ".join(
-            f"{n}: p={a['p']:.3f}" + (f" pulls={a['pulls']}" if a.get("pulls") is not None else "")
-            + (f" held<={a['held']:.3f} (repetitive)" if a.get("held") is not None else "")
-            for n, a in d["arms"].items() if a.get("p") is not None))
+        lines.append(
+            "arms        "
+            + "  ".join(
+                f"{n}: p={a['p']:.3f}"
+                + (f" pulls={a['pulls']}" if a.get("pulls") is not None else "")
+                + (f" held<={a['held']:.3f} (repetitive)" if a.get("held") is not None else "")
+                for n, a in d["arms"].items()
+                if a.get("p") is not None
+            )
+        )
     return "\n".join(lines)
 
 

@@ -11,13 +11,20 @@ imported, and into torch (`torch.set_num_threads`) by the command that imports i
 
 What it is not: the worker's threads (worker/), nor the proxy's `run`.
 """
+
 from __future__ import annotations
 
 import os
 
 READ_ONLY = ("sample", "export", "plot", "inspect")
-POOL_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS",
-             "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+POOL_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "RAYON_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
 
 
 def threads_from_argv(argv: list[str]) -> int | None:
@@ -48,6 +55,7 @@ def limit_threads(requested: int | None = None) -> int:
     (call before numpy or torch is imported), and in torch when it is already imported. Returns
     the number."""
     import sys
+
     n = tool_threads(requested)
     for var in POOL_VARS:
         os.environ[var] = str(n)
@@ -61,6 +69,7 @@ def set_torch_threads(n: int) -> None:
     """torch's intra-op threads to `n`, and its inter-op threads to 1 when it is still allowed
     (only before torch's first parallel work)."""
     import torch
+
     torch.set_num_threads(n)
     try:
         torch.set_num_interop_threads(1)

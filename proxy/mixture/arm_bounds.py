@@ -6,12 +6,13 @@ probability, floor <= cap per arm, sum(floors) <= 1 <= sum(caps), known arm name
 What it is not: the projection onto the box (proxy/mixture/box_projection.py) or the bandit
 (proxy/mixture/bandit.py). Pure Python: no files, no torch.
 """
+
 from __future__ import annotations
 
 import math
 from typing import Any, Iterable, Mapping, TypeGuard
 
-BOUND_SLACK = 1e-9          # tolerance on sum(floors) <= 1 <= sum(caps)
+BOUND_SLACK = 1e-9  # tolerance on sum(floors) <= 1 <= sum(caps)
 
 
 class BanditConfigError(ValueError):
@@ -67,12 +68,12 @@ def parse_arm_values(text: str, arm_names: list[str], what: str) -> dict[str, fl
             continue
         if "=" not in item:
             raise BanditConfigError(
-                f"{what}: entry {item!r} is not ARM=VALUE; write e.g. {known[0]}=0.1")
+                f"{what}: entry {item!r} is not ARM=VALUE; write e.g. {known[0]}=0.1"
+            )
         name, _, value_text = item.partition("=")
         name, value_text = name.strip(), value_text.strip()
         if name not in known:
-            raise BanditConfigError(
-                f"{what}: unknown arm {name!r}; known arms: {', '.join(known)}")
+            raise BanditConfigError(f"{what}: unknown arm {name!r}; known arms: {', '.join(known)}")
         if name in out:
             raise BanditConfigError(f"{what}: arm {name!r} given twice; give each arm once")
         try:
@@ -80,13 +81,16 @@ def parse_arm_values(text: str, arm_names: list[str], what: str) -> dict[str, fl
         except ValueError:
             raise BanditConfigError(
                 f"{what}: arm {name!r} value {value_text!r} is not a number; "
-                f"write a probability in [0, 1] such as {name}=0.1") from None
+                f"write a probability in [0, 1] such as {name}=0.1"
+            ) from None
         if math.isnan(v):
             raise BanditConfigError(
-                f"{what}: arm {name!r} value {value_text!r} is NaN; a probability in [0, 1] is needed")
+                f"{what}: arm {name!r} value {value_text!r} is NaN; a probability in [0, 1] is needed"
+            )
         if not 0.0 <= v <= 1.0:
             raise BanditConfigError(
-                f"{what}: arm {name!r} value {_g(v)} is outside [0, 1]; {what} values are probabilities")
+                f"{what}: arm {name!r} value {_g(v)} is outside [0, 1]; {what} values are probabilities"
+            )
         out[name] = v
     return out
 
@@ -99,30 +103,33 @@ def check_bounds(names: list[str], floors: Mapping[str, float], caps: Mapping[st
         for n in names:
             v = given[n]
             if not is_real(v) or not 0.0 <= v <= 1.0:
-                raise BanditConfigError(
-                    f"arm {n!r}: {kind} {v!r} is not a probability in [0, 1]")
+                raise BanditConfigError(f"arm {n!r}: {kind} {v!r} is not a probability in [0, 1]")
     bad = [n for n in names if floors[n] > caps[n]]
     if bad:
         detail = ", ".join(f"{n} (floor {_g(floors[n])} > cap {_g(caps[n])})" for n in bad)
         raise BanditConfigError(
             f"floor above cap for arm(s) {detail}: each arm needs floor <= cap; "
-            f"lower the floor or raise the cap")
+            f"lower the floor or raise the cap"
+        )
     sf = math.fsum(floors[n] for n in names)
     if sf > 1.0 + BOUND_SLACK:
         detail = ", ".join(f"{n}={_g(floors[n])}" for n in names if floors[n] > 0)
         raise BanditConfigError(
             f"sum of floors = {_g(sf)} > 1 ({detail}): the floors alone exceed a whole batch; "
-            f"lower some floors")
+            f"lower some floors"
+        )
     sc = math.fsum(caps[n] for n in names)
     if sc < 1.0 - BOUND_SLACK:
         detail = ", ".join(f"{n}={_g(caps[n])}" for n in names)
         raise BanditConfigError(
             f"sum of caps = {_g(sc)} < 1 ({detail}): the caps cannot hold a whole batch; "
-            f"raise some caps")
+            f"raise some caps"
+        )
 
 
-def resolve_bounds(arm_names: list[str], caps: Mapping[str, float] | None,
-                   floors: Mapping[str, float] | None) -> tuple[dict[str, float], dict[str, float]]:
+def resolve_bounds(
+    arm_names: list[str], caps: Mapping[str, float] | None, floors: Mapping[str, float] | None
+) -> tuple[dict[str, float], dict[str, float]]:
     """Complete and validate per-arm bounds; returns ``(caps, floors)`` (the argument order).
 
     Arms not given get floor 0.0 and cap 1.0. Checks, per docs/bandit.md#state: every value a
@@ -136,10 +143,9 @@ def resolve_bounds(arm_names: list[str], caps: Mapping[str, float] | None,
         for n in given:
             if n not in names:
                 raise BanditConfigError(
-                    f"{kind}: unknown arm {n!r}; known arms: {', '.join(names)}")
+                    f"{kind}: unknown arm {n!r}; known arms: {', '.join(names)}"
+                )
     full_f = {n: floors.get(n, 0.0) for n in names}
     full_c = {n: caps.get(n, 1.0) for n in names}
     check_bounds(names, full_f, full_c)
     return ({n: float(full_c[n]) for n in names}, {n: float(full_f[n]) for n in names})
-
-

@@ -26,6 +26,7 @@ the log existed have per-arm "retired" entries only; they are read as retire cha
 What it is not: the bandit arithmetic of joining or leaving (proxy/mixture/bandit.py), tokenizing an
 arm (shared/arm_data.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,11 +70,21 @@ def _load(layout: RunLayout) -> dict:
 
 def _changes_of(d: dict) -> list[ArmChange]:
     if "changes" in d:
-        return [ArmChange(int(c["id"]), None if c["step"] is None else int(c["step"]),
-                          str(c["action"]), str(c["arm"]), str(c.get("reason", "")))
-                for c in d["changes"]]
-    legacy = sorted((int(a["retired"]["step"]), a["name"], str(a["retired"]["reason"]))
-                    for a in d["arms"] if a.get("retired"))
+        return [
+            ArmChange(
+                int(c["id"]),
+                None if c["step"] is None else int(c["step"]),
+                str(c["action"]),
+                str(c["arm"]),
+                str(c.get("reason", "")),
+            )
+            for c in d["changes"]
+        ]
+    legacy = sorted(
+        (int(a["retired"]["step"]), a["name"], str(a["retired"]["reason"]))
+        for a in d["arms"]
+        if a.get("retired")
+    )
     return [ArmChange(i, s, "retire", n, r) for i, (s, n, r) in enumerate(legacy)]
 
 
@@ -87,12 +98,14 @@ def read_changes(layout: RunLayout) -> list[ArmChange]:
     try:
         return _changes_of(_load(layout))
     except (KeyError, TypeError, ValueError) as e:
-        raise ArmSourceError(f"{layout.arms_index}: arm-change log unreadable ({e}); "
-                             "restore the file from a backup") from e
+        raise ArmSourceError(
+            f"{layout.arms_index}: arm-change log unreadable ({e}); restore the file from a backup"
+        ) from e
 
 
-def append_changes(layout: RunLayout, new: Sequence[tuple[int | None, str, str, str]],
-                   d: dict | None = None) -> list[ArmChange]:
+def append_changes(
+    layout: RunLayout, new: Sequence[tuple[int | None, str, str, str]], d: dict | None = None
+) -> list[ArmChange]:
     """Append changes (step, action, arm, reason) to the log, keeping the per-arm "retired"
     status the worker reads in step with it; one atomic rewrite of `data/arms.json` (with `d`,
     an already-edited copy of it, when given). Returns the whole log."""
@@ -117,12 +130,17 @@ def stamp_changes(layout: RunLayout, resume_step: int) -> list[ArmChange]:
     later replay agrees. Returns the whole log."""
     d = _load(layout)
     changes = _changes_of(d)
-    fixed = [c if c.step is not None and c.step <= resume_step
-             else dataclasses.replace(c, step=resume_step) for c in changes]
+    fixed = [
+        c
+        if c.step is not None and c.step <= resume_step
+        else dataclasses.replace(c, step=resume_step)
+        for c in changes
+    ]
     if fixed != changes or "changes" not in d:
         for a in d["arms"]:
-            if a.get("retired") and (a["retired"]["step"] is None
-                                     or a["retired"]["step"] > resume_step):
+            if a.get("retired") and (
+                a["retired"]["step"] is None or a["retired"]["step"] > resume_step
+            ):
                 a["retired"]["step"] = resume_step
         _store(d, fixed)
         atomic_write_json(layout.arms_index, d)
@@ -135,12 +153,17 @@ def arms_present_at(index_names: list[str], changes: list[ArmChange], step: int)
     first: dict[str, ArmChange] = {}
     for c in changes:
         first.setdefault(c.arm, c)
-    return sorted(n for n in index_names
-                  if not (n in first and first[n].action == "add"
-                          and ((s := first[n].step) is None or s > step)))
+    return sorted(
+        n
+        for n in index_names
+        if not (
+            n in first and first[n].action == "add" and ((s := first[n].step) is None or s > step)
+        )
+    )
 
 
 # ------------------------------------------------------------------- run --arm on a restart
+
 
 @dataclass
 class ArmSetPlan:
@@ -164,12 +187,20 @@ def _norm_source(spec: ArmSpec) -> str:
 
 
 def _same_source(a: ArmSpec, kind: str, source: str, field: str) -> bool:
-    return (a.kind == kind and _norm_source(a) == _norm_source(ArmSpec(a.name, kind, source))
-            and (a.kind != "jsonl" or a.field == field))
+    return (
+        a.kind == kind
+        and _norm_source(a) == _norm_source(ArmSpec(a.name, kind, source))
+        and (a.kind != "jsonl" or a.field == field)
+    )
 
 
-def plan_arm_set(layout: RunLayout, cfg: RunConfig, new_specs: list[ArmSpec],
-                 caps: dict[str, float], floors: dict[str, float]) -> ArmSetPlan:
+def plan_arm_set(
+    layout: RunLayout,
+    cfg: RunConfig,
+    new_specs: list[ArmSpec],
+    caps: dict[str, float],
+    floors: dict[str, float],
+) -> ArmSetPlan:
     """Compare `--arm` given on a restart with the run's configured arms (run.json) by NAME.
 
     `caps`/`floors`: the bounds of the run's newest phase. Raises ConfigError, before anything
@@ -185,21 +216,28 @@ def plan_arm_set(layout: RunLayout, cfg: RunConfig, new_specs: list[ArmSpec],
     old = {s.name: s for s in cfg.arms}
     index = read_arm_index(layout, include_retired=True)
     for s in new_specs:
-        if s.name in old and old[s.name] != s and not _same_source(
-                s, old[s.name].kind, old[s.name].source, old[s.name].field):
+        if (
+            s.name in old
+            and old[s.name] != s
+            and not _same_source(s, old[s.name].kind, old[s.name].source, old[s.name].field)
+        ):
             o = old[s.name]
             raise ConfigError(
                 f"--arm {s.name}={s.kind}:{s.source}: {layout.run_json} has arm {s.name} as "
                 f"{o.kind}:{o.source or '(embedded)'}; an arm's statistics belong to its source, "
                 f"so the source cannot change under the same name: give the new source a new "
                 f"name (e.g. --arm {s.name}-2={s.kind}:{s.source}) and leave {s.name} out to "
-                "retire it")
+                "retire it"
+            )
     added = [s for s in new_specs if s.name not in old and s.name not in index]
     from shared.arm_sources import check_arms
-    problems = check_arms(added)   # every new arm, all at once, before any work
+
+    problems = check_arms(added)  # every new arm, all at once, before any work
     if problems:
-        raise ConfigError(f"{len(problems)} of the {len(added)} new arms cannot be used; nothing "
-                          "was changed:\n" + "\n".join(f"  - {m}" for m in problems))
+        raise ConfigError(
+            f"{len(problems)} of the {len(added)} new arms cannot be used; nothing "
+            "was changed:\n" + "\n".join(f"  - {m}" for m in problems)
+        )
     rejoining = []
     for s in new_specs:
         if s.name in old or s.name not in index:
@@ -209,11 +247,14 @@ def plan_arm_set(layout: RunLayout, cfg: RunConfig, new_specs: list[ArmSpec],
             raise ConfigError(
                 f"--arm {s.name}={s.kind}:{s.source}: this run already had an arm {s.name} "
                 f"({a.kind}:{a.source or '(embedded)'}, retired); reuse its source to bring it "
-                f"back with its statistics, or give the new source a new name")
+                f"back with its statistics, or give the new source a new name"
+            )
         why = check_source(s, a.fingerprint, a.source_fingerprint)
         if why:
-            raise ConfigError(f"--arm {s.name}: cannot bring arm {s.name} back: {why}; restore "
-                              f"the source it had, or train on the new one under a new name")
+            raise ConfigError(
+                f"--arm {s.name}: cannot bring arm {s.name} back: {why}; restore "
+                f"the source it had, or train on the new one under a new name"
+            )
         rejoining.append(s.name)
     active_now = {n for n, a in index.items() if not a.retired}
     # what is left out: the configured arms, and any arm active in the index that run.json does
@@ -224,11 +265,16 @@ def plan_arm_set(layout: RunLayout, cfg: RunConfig, new_specs: list[ArmSpec],
     if not active:
         raise ConfigError("--arm: no arm would be left to train on; keep at least one")
     try:
-        resolve_bounds(active, {n: v for n, v in caps.items() if n in active},
-                       {n: v for n, v in floors.items() if n in active})
+        resolve_bounds(
+            active,
+            {n: v for n, v in caps.items() if n in active},
+            {n: v for n, v in floors.items() if n in active},
+        )
     except BanditConfigError as e:
-        raise ConfigError(f"--arm: with arms {', '.join(active)} the phase's bounds do not "
-                          f"work: {e}; keep more arms, or pivot to new caps/floors first") from None
+        raise ConfigError(
+            f"--arm: with arms {', '.join(active)} the phase's bounds do not "
+            f"work: {e}; keep more arms, or pivot to new caps/floors first"
+        ) from None
     return plan
 
 
@@ -264,13 +310,21 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
         _store(d, _changes_of(d))
     append_changes(layout, new, d)
     for a in prepared:
-        log.info("arm %s added (%s:%s, %s tokens); it joins the bandit at the resume step",
-                 a.name, a.kind, a.source, f"{a.n_tokens:,}")
+        log.info(
+            "arm %s added (%s:%s, %s tokens); it joins the bandit at the resume step",
+            a.name,
+            a.kind,
+            a.source,
+            f"{a.n_tokens:,}",
+        )
     for n in plan.rejoining:
         log.info("arm %s re-joins with its statistics", n)
     for n in leaving:
-        log.info("arm %s removed: retired at the resume step (statistics kept in .state.json "
-                 "under 'retired')", n)
+        log.info(
+            "arm %s removed: retired at the resume step (statistics kept in .state.json "
+            "under 'retired')",
+            n,
+        )
     for n in sorted(set(plan.removed) - set(leaving)):
         log.info("arm %s (already retired) dropped from the arm list", n)
     cfg.arms = list(plan.new_specs)
@@ -293,8 +347,11 @@ def arms_as_of(d: dict, step: int) -> dict:
             continue  # joined at or after `step`
         a = dict(a)
         last = [c for c in changes if c.arm == a["name"]]
-        a["retired"] = ({"step": last[-1].step, "reason": last[-1].reason}
-                        if last and last[-1].action == "retire" else None)
+        a["retired"] = (
+            {"step": last[-1].step, "reason": last[-1].reason}
+            if last and last[-1].action == "retire"
+            else None
+        )
         out["arms"].append(a)
     _store(out, changes)
     return out
@@ -314,6 +371,7 @@ def specs_of(d: dict, configured: list[ArmSpec]) -> list[ArmSpec]:
 
 
 # ------------------------------------------------------------------------------ zombie arms
+
 
 def check_source(spec: ArmSpec, fingerprint: str, source_fp: str) -> str | None:
     """Why the arm's source no longer matches (a sentence naming the arm), or None when it does.
@@ -363,24 +421,40 @@ def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) ->
             + "; ".join(f"{n}: {why}" for n, why in zombies.items())
             + f"); nothing was retired. Is {os.getcwd()} the directory the run was made from "
             "(older runs keep relative source paths, resolved against the current directory)? "
-            "Restore the sources, or start from that directory")
+            "Restore the sources, or start from that directory"
+        )
     for name, why in zombies.items():
-        log.warning("arm %s is a zombie: %s; it is retired from step %d on (kept in .state.json "
-                    "under 'retired', never pulled again); restore its source and list it in "
-                    "--arm again to bring it back with its statistics", name, why, resume_step)
+        log.warning(
+            "arm %s is a zombie: %s; it is retired from step %d on (kept in .state.json "
+            "under 'retired', never pulled again); restore its source and list it in "
+            "--arm again to bring it back with its statistics",
+            name,
+            why,
+            resume_step,
+        )
     back = restored_zombies(layout, specs, index, set(left), resume_step)
     for name in back:
-        log.info("arm %s re-joins with its statistics: its source is back as it was when it was "
-                 "tokenized (it was retired as a zombie)", name)
+        log.info(
+            "arm %s re-joins with its statistics: its source is back as it was when it was "
+            "tokenized (it was retired as a zombie)",
+            name,
+        )
     if zombies or back:
-        changes = append_changes(layout, [(resume_step, "retire", n, why)
-                                          for n, why in zombies.items()]
-                                 + [(resume_step, "add", n, "source restored") for n in back])
+        changes = append_changes(
+            layout,
+            [(resume_step, "retire", n, why) for n, why in zombies.items()]
+            + [(resume_step, "add", n, "source restored") for n in back],
+        )
     return changes
 
 
-def restored_zombies(layout: RunLayout, specs: list[ArmSpec], index: dict[str, ArmData],
-                     active: set[str], resume_step: int) -> list[str]:
+def restored_zombies(
+    layout: RunLayout,
+    specs: list[ArmSpec],
+    index: dict[str, ArmData],
+    active: set[str],
+    resume_step: int,
+) -> list[str]:
     """Zombies whose source is back: arms retired while still configured (`specs`, run.json's
     list; an arm left out of `--arm` is dropped from it) whose source matches its fingerprint
     again, and which the phase in force at `resume_step` can hold next to the `active` arms (a
@@ -395,14 +469,22 @@ def restored_zombies(layout: RunLayout, specs: list[ArmSpec], index: dict[str, A
             back.append(s.name)
     if not back:
         return back
-    phase = [ph for ph in read_phases(layout) if ph.start_step <= resume_step][-1:] \
-        or read_phases(layout)[:1]
+    phase = [ph for ph in read_phases(layout) if ph.start_step <= resume_step][-1:] or read_phases(
+        layout
+    )[:1]
     names = sorted(active | set(back))
     try:
-        resolve_bounds(names, {n: v for n, v in phase[0].caps.items() if n in names},
-                       {n: v for n, v in phase[0].floors.items() if n in names})
+        resolve_bounds(
+            names,
+            {n: v for n, v in phase[0].caps.items() if n in names},
+            {n: v for n, v in phase[0].floors.items() if n in names},
+        )
     except BanditConfigError as e:
-        log.warning("arm(s) %s: the source is back, but the phase's bounds cannot hold them "
-                    "(%s); they stay retired; pivot to bounds that fit them", ", ".join(back), e)
+        log.warning(
+            "arm(s) %s: the source is back, but the phase's bounds cannot hold them "
+            "(%s); they stay retired; pivot to bounds that fit them",
+            ", ".join(back),
+            e,
+        )
         return []
     return back

@@ -17,6 +17,7 @@ Sources: docs/bandit.md; Graves et al. 2017 "Automated Curriculum Learning for N
 Multiarmed Bandit Problem" (Exp3.S fixed share); Albalak et al. 2023 "Efficient Online Data
 Mixing For Language Model Pre-Training" (ODM, the `train_loss` baseline).
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,14 +40,24 @@ from proxy.mixture.reward_scaler import SCALER_CAPACITY, QuantileScaler
 from shared.arm_redundancy import REPETITIVE_RATIO
 from shared.config import PROBE_REWARDS, REWARDS  # the reward names; those that read the probe
 
-__all__ = ["BOUND_SLACK", "PROBE_REWARDS", "REWARDS", "SCALER_CAPACITY", "Bandit", "BanditConfig",
-           "BanditConfigError", "QuantileScaler", "parse_arm_values", "project_to_box",
-           "resolve_bounds"]
-
+__all__ = [
+    "BOUND_SLACK",
+    "PROBE_REWARDS",
+    "REWARDS",
+    "SCALER_CAPACITY",
+    "Bandit",
+    "BanditConfig",
+    "BanditConfigError",
+    "QuantileScaler",
+    "parse_arm_values",
+    "project_to_box",
+    "resolve_bounds",
+]
 
 
 # ---------------------------------------------------------------------------------------------
 # the bandit
+
 
 @dataclasses.dataclass
 class BanditConfig:
@@ -54,31 +65,43 @@ class BanditConfig:
 
     Raises BanditConfigError naming the field, the value and the allowed range.
     """
-    reward: str = "train_slope"        # "train_slope" (free, conservative; docs/bandit.md#the-default-policy) |
-                                       # "heldout_progress" (Graves 2017, reads the probe) | "train_loss" (ODM, Albalak 2023)
-    eta: float = 0.05                  # learning rate on log-weights, nats per update per unit scaled reward
-    discount: float = 0.999            # gamma: log-weight decay per update, (0, 1]
-    share: float = 0.01                # alpha: Exp3.S fixed-share mixing per update (Auer 2002), [0, 1)
-    warmup_steps: int = 200            # steps after the phase start on the prior before the first update
-    ema_beta: float = 0.9              # decay of the per-arm reward EMA (bias-corrected), [0, 1)
-    epochs_discount: bool = False      # multiply rewards by 1/(1 + epochs_i) when records carry "epochs"
-    center_progress: bool = True       # heldout_progress: subtract the probe's mean over arms before scaling
-    progress_per_p: bool = False       # heldout_progress: divide each arm's progress by its mean recorded p
-    easy_arm_ratio: float = 0.0        # heldout_progress: an arm whose probe loss is below this times the
-                                       # mean of the others' is trivially predictable: it never out-scores
-                                       # the worst arm (the collapse trap,
-                                       # docs/bandit.md#the-easy-arm-guard); 0 = off (default)
-    confidence_z: float = 2.0          # train_slope: z of the lower confidence bound on the gain
-                                       # that sets lambda
-    min_periods: int = 4               # train_slope: policy periods of an arm's fit before it
-                                       # counts as evidence
-    repetitive_ratio: float = REPETITIVE_RATIO  # repetition guard: an arm whose tokens compress at least this well
-                                       # (shared/arm_redundancy.py) is held at or below the p it has when
-                                       # the warm-up ends (docs/bandit.md#the-repetition-guard); 0 = off
+
+    reward: str = (
+        "train_slope"  # "train_slope" (free, conservative; docs/bandit.md#the-default-policy) |
+    )
+    # "heldout_progress" (Graves 2017, reads the probe) | "train_loss" (ODM, Albalak 2023)
+    eta: float = 0.05  # learning rate on log-weights, nats per update per unit scaled reward
+    discount: float = 0.999  # gamma: log-weight decay per update, (0, 1]
+    share: float = 0.01  # alpha: Exp3.S fixed-share mixing per update (Auer 2002), [0, 1)
+    warmup_steps: int = 200  # steps after the phase start on the prior before the first update
+    ema_beta: float = 0.9  # decay of the per-arm reward EMA (bias-corrected), [0, 1)
+    epochs_discount: bool = (
+        False  # multiply rewards by 1/(1 + epochs_i) when records carry "epochs"
+    )
+    center_progress: bool = (
+        True  # heldout_progress: subtract the probe's mean over arms before scaling
+    )
+    progress_per_p: bool = (
+        False  # heldout_progress: divide each arm's progress by its mean recorded p
+    )
+    easy_arm_ratio: float = 0.0  # heldout_progress: an arm whose probe loss is below this times the
+    # mean of the others' is trivially predictable: it never out-scores
+    # the worst arm (the collapse trap,
+    # docs/bandit.md#the-easy-arm-guard); 0 = off (default)
+    confidence_z: float = 2.0  # train_slope: z of the lower confidence bound on the gain
+    # that sets lambda
+    min_periods: int = 4  # train_slope: policy periods of an arm's fit before it
+    # counts as evidence
+    repetitive_ratio: float = (
+        REPETITIVE_RATIO  # repetition guard: an arm whose tokens compress at least this well
+    )
+    # (shared/arm_redundancy.py) is held at or below the p it has when
+    # the warm-up ends (docs/bandit.md#the-repetition-guard); 0 = off
 
     def __post_init__(self):
         def bad(field: str, value: Any, rule: str) -> BanditConfigError:
             return BanditConfigError(f"bandit config: {field} = {value!r} {rule}")
+
         if self.reward not in REWARDS:
             raise bad("reward", self.reward, f"is not one of {', '.join(REWARDS)}")
         if not _real(self.eta) or self.eta <= 0:
@@ -87,8 +110,11 @@ class BanditConfig:
             raise bad("discount", self.discount, "must be in (0, 1] (default 0.999)")
         if not _real(self.share) or not 0.0 <= self.share < 1.0:
             raise bad("share", self.share, "must be in [0, 1) (default 0.01)")
-        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) \
-                or self.warmup_steps < 0:
+        if (
+            not isinstance(self.warmup_steps, int)
+            or isinstance(self.warmup_steps, bool)
+            or self.warmup_steps < 0
+        ):
             raise bad("warmup_steps", self.warmup_steps, "must be an int >= 0 (default 200)")
         if not _real(self.ema_beta) or not 0.0 <= self.ema_beta < 1.0:
             raise bad("ema_beta", self.ema_beta, "must be in [0, 1) (default 0.9)")
@@ -104,13 +130,26 @@ class BanditConfig:
         if not _real(self.confidence_z) or self.confidence_z < 0:
             raise bad("confidence_z", self.confidence_z, "must be a finite number >= 0 (default 2)")
         self.confidence_z = float(self.confidence_z)
-        if not isinstance(self.min_periods, int) or isinstance(self.min_periods, bool) \
-                or self.min_periods < 3:
+        if (
+            not isinstance(self.min_periods, int)
+            or isinstance(self.min_periods, bool)
+            or self.min_periods < 3
+        ):
             raise bad("min_periods", self.min_periods, "must be an int >= 3 (default 4)")
-        if not _real(self.repetitive_ratio) or not (self.repetitive_ratio == 0 or self.repetitive_ratio >= 1):
-            raise bad("repetitive_ratio", self.repetitive_ratio, "must be 0 (off) or a ratio >= 1 (default 20)")
+        if not _real(self.repetitive_ratio) or not (
+            self.repetitive_ratio == 0 or self.repetitive_ratio >= 1
+        ):
+            raise bad(
+                "repetitive_ratio",
+                self.repetitive_ratio,
+                "must be 0 (off) or a ratio >= 1 (default 20)",
+            )
         self.repetitive_ratio = float(self.repetitive_ratio)
-        self.eta, self.discount, self.share = float(self.eta), float(self.discount), float(self.share)
+        self.eta, self.discount, self.share = (
+            float(self.eta),
+            float(self.discount),
+            float(self.share),
+        )
         self.ema_beta = float(self.ema_beta)
 
     def to_dict(self) -> dict:
@@ -124,7 +163,8 @@ class BanditConfig:
         extra = sorted(set(d) - names)
         if extra:
             raise BanditConfigError(
-                f"bandit config: unknown field(s) {', '.join(extra)}; known: {', '.join(sorted(names))}")
+                f"bandit config: unknown field(s) {', '.join(extra)}; known: {', '.join(sorted(names))}"
+            )
         return cls(**dict(d))
 
 
@@ -160,12 +200,20 @@ class Bandit:
     Albalak et al. 2023). Constructor raises BanditConfigError for bad arms, bounds or prior.
     """
 
-    def __init__(self, arm_names: list[str], floors: Mapping[str, float] | None,
-                 caps: Mapping[str, float] | None, config: BanditConfig,
-                 prior: Mapping[str, float] | None = None, phase_label: str = "initial",
-                 phase_index: int = 0, phase_start_step: int = 0,
-                 compression: Mapping[str, float] | None = None, period_steps: int = 25,
-                 epoch_size: Mapping[str, float] | None = None):
+    def __init__(
+        self,
+        arm_names: list[str],
+        floors: Mapping[str, float] | None,
+        caps: Mapping[str, float] | None,
+        config: BanditConfig,
+        prior: Mapping[str, float] | None = None,
+        phase_label: str = "initial",
+        phase_index: int = 0,
+        phase_start_step: int = 0,
+        compression: Mapping[str, float] | None = None,
+        period_steps: int = 25,
+        epoch_size: Mapping[str, float] | None = None,
+    ):
         if not isinstance(config, BanditConfig):
             raise BanditConfigError(f"config must be a BanditConfig, got {type(config).__name__}")
         self.arms: list[str] = _check_arm_names(arm_names)
@@ -176,35 +224,39 @@ class Bandit:
         self.phase_start_step = int(phase_start_step)
         self.step = self.phase_start_step
         self.version = 0
-        self.updates = 0            # log-weight updates this phase
-        self.steps = 0              # records folded this phase
+        self.updates = 0  # log-weight updates this phase
+        self.steps = 0  # records folded this phase
         self.scaler = QuantileScaler()
         self.retired: dict[str, dict] = {}
-        self.added: dict[str, dict] = {}     # arms that joined after the phase start (add_arm)
+        self.added: dict[str, dict] = {}  # arms that joined after the phase start (add_arm)
         self.pulls = {a: 0 for a in self.arms}
         self.pulls_lifetime = {a: 0 for a in self.arms}
-        self.ema_acc = {a: 0.0 for a in self.arms}   # uncorrected EMA accumulator
+        self.ema_acc = {a: 0.0 for a in self.arms}  # uncorrected EMA accumulator
         self.ema_n = {a: 0 for a in self.arms}
         self.last_probe: dict[str, float | None] = {a: None for a in self.arms}
-        self.p_acc = {a: 0.0 for a in self.arms}     # sum of recorded p since the last probe
-        self.p_n = 0                                 # records in that sum
+        self.p_acc = {a: 0.0 for a in self.arms}  # sum of recorded p since the last probe
+        self.p_n = 0  # records in that sum
         # the repetition guard (docs/bandit.md#the-repetition-guard): arms whose compression ratio
         # reaches config.repetitive_ratio; `held` their p when the warm-up ended (an upper bound)
-        self.compression = {a: float(v) for a, v in sorted((compression or {}).items())
-                            if _real(v) and v > 0}  # 0: not measured
+        self.compression = {
+            a: float(v) for a, v in sorted((compression or {}).items()) if _real(v) and v > 0
+        }  # 0: not measured
         self.held: dict[str, float] = {}
         self.hold_decided = False
         # the default policy, train_slope (docs/bandit.md#the-default-policy): per-arm loss sums of
         # the period in progress, the fits, the arms past one epoch, and the posted move
         if not isinstance(period_steps, int) or isinstance(period_steps, bool) or period_steps < 1:
-            raise BanditConfigError(f"period_steps = {period_steps!r} must be an int >= 1 (probe_every)")
+            raise BanditConfigError(
+                f"period_steps = {period_steps!r} must be an int >= 1 (probe_every)"
+            )
         self.period_steps = period_steps
-        self.epoch_size = {a: float(v) for a, v in sorted((epoch_size or {}).items())
-                           if _real(v) and v > 0}   # sequences per epoch of each arm; 0: unknown
+        self.epoch_size = {
+            a: float(v) for a, v in sorted((epoch_size or {}).items()) if _real(v) and v > 0
+        }  # sequences per epoch of each arm; 0: unknown
         self.period_sum = {a: 0.0 for a in self.arms}
         self.period_n = {a: 0 for a in self.arms}
         self.fits = {a: ArmFit() for a in self.arms}
-        self.repeated: dict[str, int] = {}   # arm -> step at which its epochs passed 1
+        self.repeated: dict[str, int] = {}  # arm -> step at which its epochs passed 1
         self.lam = 0.0
         self.target: dict[str, float] | None = None
         self.gain, self.gain_se = 0.0, 0.0
@@ -214,11 +266,14 @@ class Bandit:
             extra = sorted(set(prior) - set(self.arms))
             if extra:
                 raise BanditConfigError(
-                    f"prior: unknown arm(s) {', '.join(extra)}; known arms: {', '.join(self.arms)}")
+                    f"prior: unknown arm(s) {', '.join(extra)}; known arms: {', '.join(self.arms)}"
+                )
             raw = {a: prior.get(a, 0.0) for a in self.arms}
             for a, v in raw.items():
                 if not _real(v) or v < 0:
-                    raise BanditConfigError(f"prior: arm {a!r} weight {v!r} must be a finite number >= 0")
+                    raise BanditConfigError(
+                        f"prior: arm {a!r} weight {v!r} must be a finite number >= 0"
+                    )
             if math.fsum(raw.values()) <= 0:
                 raw = {a: 1.0 for a in self.arms}
         self.prior = project_to_box(raw, self.floors, self.caps)
@@ -237,12 +292,17 @@ class Bandit:
             if self.target is None or self.lam <= 0.0:
                 return s
             lam = self.lam
-            return project_to_box({a: (1.0 - lam) * s[a] + lam * self.target[a] for a in self.arms},
-                                  self.floors, self.effective_caps())
+            return project_to_box(
+                {a: (1.0 - lam) * s[a] + lam * self.target[a] for a in self.arms},
+                self.floors,
+                self.effective_caps(),
+            )
         top = max(self.logw.values())
         w = {a: math.exp(self.logw[a] - top) for a in self.arms}
         tot = math.fsum(w.values())
-        return project_to_box({a: w[a] / tot for a in self.arms}, self.floors, self.effective_caps())
+        return project_to_box(
+            {a: w[a] / tot for a in self.arms}, self.floors, self.effective_caps()
+        )
 
     def stratified(self) -> dict[str, float]:
         """Uniform over the active arms projected into the box (effective caps): the default
@@ -270,8 +330,10 @@ class Bandit:
     def ema_reward(self) -> dict[str, float]:
         """Bias-corrected EMA of each arm's scaled reward, acc / (1 - beta^n); 0.0 before any."""
         b = self.config.ema_beta
-        return {a: (self.ema_acc[a] / (1.0 - b ** self.ema_n[a]) if self.ema_n[a] else 0.0)
-                for a in self.arms}
+        return {
+            a: (self.ema_acc[a] / (1.0 - b ** self.ema_n[a]) if self.ema_n[a] else 0.0)
+            for a in self.arms
+        }
 
     # -- feedback ---------------------------------------------------------------------------
     def observe(self, record: Mapping[str, Any]) -> bool:
@@ -343,12 +405,17 @@ class Bandit:
         stratified share); at a period end (step % period_steps == 0) after the warm-up, add
         each arm's period mean at x = ln(mid-step of the period) to its fit and recompute the
         move. True when the posted mixture's inputs changed (docs/bandit.md#the-default-policy)."""
-        newly = [a for a in self.arms if a not in self.repeated
-                 and self.epoch_size.get(a, 0.0) > 0 and self.pulls_lifetime[a] > self.epoch_size[a]]
+        newly = [
+            a
+            for a in self.arms
+            if a not in self.repeated
+            and self.epoch_size.get(a, 0.0) > 0
+            and self.pulls_lifetime[a] > self.epoch_size[a]
+        ]
         for a in newly:
             self.repeated[a] = step
             self.period_sum[a], self.period_n[a] = 0.0, 0
-        if newly:   # re-cap at once: the target may no longer hold it above its stratified share
+        if newly:  # re-cap at once: the target may no longer hold it above its stratified share
             self.repeated = dict(sorted(self.repeated.items()))
             self._refit()
         losses = record.get("arm_loss") or {}
@@ -380,9 +447,16 @@ class Bandit:
         """Recompute target, lam, gain from the fits (proxy/mixture/loss_trend.py conservative_mixture)."""
         if self.config.reward != "train_slope":
             return
-        mv = conservative_mixture(self.arms, self.fits, self.floors, self.effective_caps(),
-                                  self.stratified(), set(self.repeated), self.config.confidence_z,
-                                  self.config.min_periods)
+        mv = conservative_mixture(
+            self.arms,
+            self.fits,
+            self.floors,
+            self.effective_caps(),
+            self.stratified(),
+            set(self.repeated),
+            self.config.confidence_z,
+            self.config.min_periods,
+        )
         self.target, self.lam, self.gain, self.gain_se = mv.target, mv.lam, mv.gain, mv.gain_se
 
     def slopes(self) -> dict[str, tuple[float, float]]:
@@ -425,7 +499,9 @@ class Bandit:
             if prev is not None:
                 raw[a] = prev - v
         if self.config.progress_per_p and self.p_n:
-            raw = {a: v * self.p_n / self.p_acc[a] if self.p_acc[a] > 0 else v for a, v in raw.items()}
+            raw = {
+                a: v * self.p_n / self.p_acc[a] if self.p_acc[a] > 0 else v for a, v in raw.items()
+            }
         self.p_acc, self.p_n = {a: 0.0 for a in self.arms}, 0
         if self.config.center_progress and len(raw) > 1:
             mean = math.fsum(raw.values()) / len(raw)
@@ -447,8 +523,7 @@ class Bandit:
         if r <= 0 or len(known) < 2:
             return []
         total = math.fsum(known.values())
-        return [a for a in sorted(known)
-                if known[a] < r * (total - known[a]) / (len(known) - 1)]
+        return [a for a in sorted(known) if known[a] < r * (total - known[a]) / (len(known) - 1)]
 
     def _train_loss_rewards(self, record: Mapping[str, Any], n: dict[str, int]) -> dict[str, float]:
         losses = record.get("arm_loss") or {}
@@ -462,7 +537,9 @@ class Bandit:
             if n[a] > 0 and r is not None and p is not None and p > 0:
                 raw[a], pr[a] = r, p
         scaled = self._fold_scaled(raw)
-        return {a: n[a] * s / (bsz * pr[a]) * self._multiplier(record, a) for a, s in scaled.items()}
+        return {
+            a: n[a] * s / (bsz * pr[a]) * self._multiplier(record, a) for a, s in scaled.items()
+        }
 
     def _update(self, g: Mapping[str, float]) -> None:
         """logw' = gamma logw + eta g; Exp3.S share; re-centre (docs/bandit.md#update)."""
@@ -492,28 +569,52 @@ class Bandit:
         below 1 (the state is unchanged then). Source: docs/architecture.md#arms.
         """
         if name not in self.arms:
-            raise BanditConfigError(f"retire: unknown arm {name!r}; active arms: {', '.join(self.arms)}")
+            raise BanditConfigError(
+                f"retire: unknown arm {name!r}; active arms: {', '.join(self.arms)}"
+            )
         rest = [a for a in self.arms if a != name]
         if not rest:
             raise BanditConfigError(f"retire: {name!r} is the last arm; a run needs at least one")
         try:
             _check_bounds(rest, self.floors, self.caps)
         except BanditConfigError as e:
-            raise BanditConfigError(f"retiring arm {name!r} leaves infeasible bounds: {e}") from None
+            raise BanditConfigError(
+                f"retiring arm {name!r} leaves infeasible bounds: {e}"
+            ) from None
         p = self.probabilities()
         lw = self.logw[name]
         self.retired[name] = {
-            "reason": str(reason), "retired_at_step": self.step, "phase_index": self.phase_index,
-            "pulls": self.pulls[name], "pulls_lifetime": self.pulls_lifetime[name],
-            "ema_reward": self.ema_reward[name], "ema_n": self.ema_n[name],
-            "p": p[name], "logw": lw if math.isfinite(lw) else None,
-            "floor": self.floors[name], "cap": self.caps[name],
-            "ema_acc": self.ema_acc[name], "prior": self.prior[name],
-            "last_probe": self.last_probe[name]}
+            "reason": str(reason),
+            "retired_at_step": self.step,
+            "phase_index": self.phase_index,
+            "pulls": self.pulls[name],
+            "pulls_lifetime": self.pulls_lifetime[name],
+            "ema_reward": self.ema_reward[name],
+            "ema_n": self.ema_n[name],
+            "p": p[name],
+            "logw": lw if math.isfinite(lw) else None,
+            "floor": self.floors[name],
+            "cap": self.caps[name],
+            "ema_acc": self.ema_acc[name],
+            "prior": self.prior[name],
+            "last_probe": self.last_probe[name],
+        }
         self.arms = rest
-        for d in (self.floors, self.caps, self.pulls, self.pulls_lifetime, self.ema_acc,
-                  self.ema_n, self.last_probe, self.prior, self.logw, self.p_acc,
-                  self.period_sum, self.period_n, self.fits):
+        for d in (
+            self.floors,
+            self.caps,
+            self.pulls,
+            self.pulls_lifetime,
+            self.ema_acc,
+            self.ema_n,
+            self.last_probe,
+            self.prior,
+            self.logw,
+            self.p_acc,
+            self.period_sum,
+            self.period_n,
+            self.fits,
+        ):
             del d[name]
         self.held.pop(name, None)
         self.repeated.pop(name, None)
@@ -556,8 +657,11 @@ class Bandit:
         self.logw[name], self.prior[name] = average, 0.0
         if old is not None:
             self.pulls_lifetime[name] = int(old["pulls_lifetime"])
-            if (old.get("phase_index") == self.phase_index and "ema_acc" in old
-                    and old["retired_at_step"] > self.phase_start_step):
+            if (
+                old.get("phase_index") == self.phase_index
+                and "ema_acc" in old
+                and old["retired_at_step"] > self.phase_start_step
+            ):
                 self.pulls[name] = int(old["pulls"])
                 self.ema_acc[name], self.ema_n[name] = float(old["ema_acc"]), int(old["ema_n"])
                 self.last_probe[name] = _finite_or_none(old.get("last_probe"))
@@ -566,18 +670,28 @@ class Bandit:
                 self.prior[name] = float(old.get("prior", 0.0))
         top = max(self.logw.values())
         self.logw = {a: self.logw[a] - top for a in self.arms}
-        for d in (self.floors, self.caps, self.pulls, self.pulls_lifetime, self.ema_acc,
-                  self.ema_n, self.last_probe, self.prior, self.p_acc, self.period_sum,
-                  self.period_n, self.fits):
+        for d in (
+            self.floors,
+            self.caps,
+            self.pulls,
+            self.pulls_lifetime,
+            self.ema_acc,
+            self.ema_n,
+            self.last_probe,
+            self.prior,
+            self.p_acc,
+            self.period_sum,
+            self.period_n,
+            self.fits,
+        ):
             items: list[tuple[str, Any]] = sorted(d.items())
             d.clear()
             d.update(items)
         if self.hold_decided and name in self.repetitive_arms():
             self.held[name] = self.probabilities()[name]  # held from its first p on
             self.held = dict(sorted(self.held.items()))
-        self.added[name] = {"step": self.step, "reason": str(reason),
-                            "rejoined": old is not None}
-        self._refit()   # the new arm has no fit yet: it stays at its stratified share
+        self.added[name] = {"step": self.step, "reason": str(reason), "rejoined": old is not None}
+        self._refit()  # the new arm has no fit yet: it stays at its stratified share
         self.version += 1
 
     # -- persistence ------------------------------------------------------------------------
@@ -592,26 +706,53 @@ class Bandit:
         arms = {}
         for a in self.arms:
             lw = self.logw[a]
-            arms[a] = {"pulls": self.pulls[a], "pulls_lifetime": self.pulls_lifetime[a],
-                       "ema_reward": ema[a], "ema_n": self.ema_n[a], "ema_acc": self.ema_acc[a],
-                       "p": p[a], "logw": lw if math.isfinite(lw) else None,
-                       "prior": self.prior[a], "last_probe": self.last_probe[a]}
-        return {"step": self.step,
-                "phase": {"label": self.phase_label, "index": self.phase_index,
-                          "started_at_step": self.phase_start_step, "updates": self.updates,
-                          "steps": self.steps},
-                "caps": dict(self.caps), "floors": dict(self.floors), "version": self.version,
-                "config": self.config.to_dict(), "arms": arms, "scaler": self.scaler.to_dict(),
-                "retired": copy.deepcopy(self.retired), "added": copy.deepcopy(self.added),
-                "p_since_probe": {"sum": dict(self.p_acc), "n": self.p_n},
-                "repetition": {"compression": dict(self.compression), "held": dict(self.held),
-                               "decided": self.hold_decided},
-                "trend": {"period_steps": self.period_steps, "epoch_size": dict(self.epoch_size),
-                          "period_sum": dict(self.period_sum), "period_n": dict(self.period_n),
-                          "fits": {a: f.to_dict() for a, f in self.fits.items()},
-                          "repeated": dict(self.repeated), "lambda": self.lam,
-                          "target": None if self.target is None else dict(self.target),
-                          "gain": self.gain, "gain_se": self.gain_se}}
+            arms[a] = {
+                "pulls": self.pulls[a],
+                "pulls_lifetime": self.pulls_lifetime[a],
+                "ema_reward": ema[a],
+                "ema_n": self.ema_n[a],
+                "ema_acc": self.ema_acc[a],
+                "p": p[a],
+                "logw": lw if math.isfinite(lw) else None,
+                "prior": self.prior[a],
+                "last_probe": self.last_probe[a],
+            }
+        return {
+            "step": self.step,
+            "phase": {
+                "label": self.phase_label,
+                "index": self.phase_index,
+                "started_at_step": self.phase_start_step,
+                "updates": self.updates,
+                "steps": self.steps,
+            },
+            "caps": dict(self.caps),
+            "floors": dict(self.floors),
+            "version": self.version,
+            "config": self.config.to_dict(),
+            "arms": arms,
+            "scaler": self.scaler.to_dict(),
+            "retired": copy.deepcopy(self.retired),
+            "added": copy.deepcopy(self.added),
+            "p_since_probe": {"sum": dict(self.p_acc), "n": self.p_n},
+            "repetition": {
+                "compression": dict(self.compression),
+                "held": dict(self.held),
+                "decided": self.hold_decided,
+            },
+            "trend": {
+                "period_steps": self.period_steps,
+                "epoch_size": dict(self.epoch_size),
+                "period_sum": dict(self.period_sum),
+                "period_n": dict(self.period_n),
+                "fits": {a: f.to_dict() for a, f in self.fits.items()},
+                "repeated": dict(self.repeated),
+                "lambda": self.lam,
+                "target": None if self.target is None else dict(self.target),
+                "gain": self.gain,
+                "gain_se": self.gain_se,
+            },
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Bandit":
@@ -623,17 +764,29 @@ class Bandit:
             arms = d["arms"]
             ph = d["phase"]
             tr = d.get("trend") or {}
-            b = cls(list(arms), d["floors"], d["caps"], config, prior=None,
-                    phase_label=ph["label"], phase_index=ph["index"],
-                    phase_start_step=ph["started_at_step"],
-                    period_steps=int(tr.get("period_steps", 25)), epoch_size=tr.get("epoch_size"))
+            b = cls(
+                list(arms),
+                d["floors"],
+                d["caps"],
+                config,
+                prior=None,
+                phase_label=ph["label"],
+                phase_index=ph["index"],
+                phase_start_step=ph["started_at_step"],
+                period_steps=int(tr.get("period_steps", 25)),
+                epoch_size=tr.get("epoch_size"),
+            )
             b.period_sum = {a: float((tr.get("period_sum") or {}).get(a, 0.0)) for a in b.arms}
             b.period_n = {a: int((tr.get("period_n") or {}).get(a, 0)) for a in b.arms}
-            b.fits = {a: (ArmFit.from_dict(tr["fits"][a]) if a in (tr.get("fits") or {}) else ArmFit())
-                      for a in b.arms}
+            b.fits = {
+                a: (ArmFit.from_dict(tr["fits"][a]) if a in (tr.get("fits") or {}) else ArmFit())
+                for a in b.arms
+            }
             b.repeated = {a: int(v) for a, v in (tr.get("repeated") or {}).items()}
             b.lam = float(tr.get("lambda", 0.0))
-            b.target = None if tr.get("target") is None else {a: float(v) for a, v in tr["target"].items()}
+            b.target = (
+                None if tr.get("target") is None else {a: float(v) for a, v in tr["target"].items()}
+            )
             b.gain, b.gain_se = float(tr.get("gain", 0.0)), float(tr.get("gain_se", 0.0))
             b.step = int(d["step"])
             b.version = int(d["version"])
@@ -659,5 +812,7 @@ class Bandit:
                 b.prior[a] = float(s["prior"])
                 b.last_probe[a] = _finite_or_none(s["last_probe"])
         except (KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"bandit state malformed ({e!r}); rebuild it by replaying the history") from None
+            raise ValueError(
+                f"bandit state malformed ({e!r}); rebuild it by replaying the history"
+            ) from None
         return b

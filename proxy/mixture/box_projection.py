@@ -6,6 +6,7 @@ What it is not: the checks of the bounds themselves (proxy/mixture/arm_bounds.py
 calls it (proxy/mixture/bandit.py). Plain Python floats with `math.fsum`, so the result is the same
 bit for bit on every run.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,9 @@ def _solve_box(q: list[float], lo: list[float], hi: list[float], target: float) 
     return _renormalise(p, q, lo, hi, target)
 
 
-def _renormalise(p: list[float], q: list[float], lo: list[float], hi: list[float],
-                 target: float) -> list[float]:
+def _renormalise(
+    p: list[float], q: list[float], lo: list[float], hi: list[float], target: float
+) -> list[float]:
     """Remove the rounding residue target - sum(p), staying within [lo, hi].
 
     The residue goes first to arms strictly inside their bounds, in proportion to q (the exact
@@ -73,7 +75,7 @@ def _renormalise(p: list[float], q: list[float], lo: list[float], hi: list[float
         if inside and si > 0:
             new = [clip(p[i] + err * (q[i] / si), lo[i], hi[i]) for i in inside]
             if all(x == p[i] for x, i in zip(new, inside)):
-                break                       # below one ulp everywhere: done
+                break  # below one ulp everywhere: done
             for x, i in zip(new, inside):
                 p[i] = x
             continue
@@ -90,8 +92,9 @@ def _renormalise(p: list[float], q: list[float], lo: list[float], hi: list[float
     return p
 
 
-def project_to_box(q: Mapping[str, float], floors: Mapping[str, float],
-                   caps: Mapping[str, float]) -> dict[str, float]:
+def project_to_box(
+    q: Mapping[str, float], floors: Mapping[str, float], caps: Mapping[str, float]
+) -> dict[str, float]:
     """The KL projection of weights `q` onto the box: argmin_p KL(p || q), floor <= p <= cap, sum 1.
 
     `q`: non-negative finite weights per arm (need not sum to 1). Floors/caps missing for an arm
@@ -114,30 +117,33 @@ def project_to_box(q: Mapping[str, float], floors: Mapping[str, float],
         extra = sorted(set(given) - set(names))
         if extra:
             raise BanditConfigError(
-                f"{kind}: unknown arm(s) {', '.join(extra)}; known arms: {', '.join(names)}")
+                f"{kind}: unknown arm(s) {', '.join(extra)}; known arms: {', '.join(names)}"
+            )
     lo_d = {n: floors.get(n, 0.0) for n in names}
     hi_d = {n: caps.get(n, 1.0) for n in names}
     check_bounds(names, lo_d, hi_d)
     for n in names:
         if not is_real(q[n]) or q[n] < 0:
-            raise ValueError(f"project_to_box: arm {n!r} weight {q[n]!r} is not a finite number >= 0")
+            raise ValueError(
+                f"project_to_box: arm {n!r} weight {q[n]!r} is not a finite number >= 0"
+            )
     top = max(float(q[n]) for n in names)
-    qn = {n: (float(q[n]) / top if top > 0 else 0.0) for n in names}   # max 1: no overflow
+    qn = {n: (float(q[n]) / top if top > 0 else 0.0) for n in names}  # max 1: no overflow
     pos = [n for n in names if qn[n] > 0]
     zero = [n for n in names if qn[n] <= 0]
     out: dict[str, float] = {}
     cap_pos = math.fsum(hi_d[n] for n in pos)
     floor_zero = math.fsum(lo_d[n] for n in zero)
     if pos and cap_pos + floor_zero >= 1.0:
-        vals = _solve_box([qn[n] for n in pos], [lo_d[n] for n in pos],
-                          [hi_d[n] for n in pos], 1.0 - floor_zero)
+        vals = _solve_box(
+            [qn[n] for n in pos], [lo_d[n] for n in pos], [hi_d[n] for n in pos], 1.0 - floor_zero
+        )
         out.update(zip(pos, vals))
         out.update((n, float(lo_d[n])) for n in zero)
     else:
         out.update((n, float(hi_d[n])) for n in pos)
-        vals = _solve_box([1.0] * len(zero), [lo_d[n] for n in zero],
-                          [hi_d[n] for n in zero], 1.0 - cap_pos)
+        vals = _solve_box(
+            [1.0] * len(zero), [lo_d[n] for n in zero], [hi_d[n] for n in zero], 1.0 - cap_pos
+        )
         out.update(zip(zero, vals))
     return {n: out[n] for n in names}
-
-

@@ -12,6 +12,7 @@ log and into the history (the next `.loss.json` record carries it under "alarm")
 Pieces are words and punctuation marks (regex `\\w+|[^\\w\\s]`), so "region region region" has
 distinct-1 = 1/3 and a top share of 1.0, while ordinary prose scores near distinct-2 = 0.9.
 """
+
 from __future__ import annotations
 
 import collections
@@ -26,7 +27,7 @@ from shared.run_layout import RunLayout
 log = logging.getLogger("proxy.collapse")
 
 _PIECE = re.compile(r"\w+|[^\w\s]")
-MIN_PIECES = 6               # shorter samples are not judged (too little text to tell)
+MIN_PIECES = 6  # shorter samples are not judged (too little text to tell)
 
 
 def repetition_scores(text: str) -> dict:
@@ -38,12 +39,12 @@ def repetition_scores(text: str) -> dict:
     n = len(pieces)
 
     def distinct(k: int) -> float:
-        grams = [tuple(pieces[i:i + k]) for i in range(n - k + 1)]
+        grams = [tuple(pieces[i : i + k]) for i in range(n - k + 1)]
         return len(set(grams)) / len(grams) if grams else 1.0
 
     top_share, top = 0.0, ""
     for k in range(1, 5):
-        grams = collections.Counter(tuple(pieces[i:i + k]) for i in range(n - k + 1))
+        grams = collections.Counter(tuple(pieces[i : i + k]) for i in range(n - k + 1))
         if not grams:
             continue
         g, c = grams.most_common(1)[0]
@@ -52,8 +53,13 @@ def repetition_scores(text: str) -> dict:
         share = min(1.0, c * k / n)
         if share > top_share:
             top_share, top = share, " ".join(g)
-    return {"pieces": n, "distinct_1": distinct(1), "distinct_2": distinct(2),
-            "top_ngram_share": top_share, "top_ngram": top}
+    return {
+        "pieces": n,
+        "distinct_1": distinct(1),
+        "distinct_2": distinct(2),
+        "top_ngram_share": top_share,
+        "top_ngram": top,
+    }
 
 
 class CollapseWatch:
@@ -63,26 +69,38 @@ class CollapseWatch:
     stop_on_collapse: the caller stops the run when `on_audit` returns an alarm and this is set.
     """
 
-    def __init__(self, layout: RunLayout, stop_on_collapse: bool = False,
-                 min_distinct2: float = 0.3, max_top_share: float = 0.6) -> None:
+    def __init__(
+        self,
+        layout: RunLayout,
+        stop_on_collapse: bool = False,
+        min_distinct2: float = 0.3,
+        max_top_share: float = 0.6,
+    ) -> None:
         self.layout = layout
         self.stop_on_collapse = stop_on_collapse
         self.min_distinct2, self.max_top_share = min_distinct2, max_top_share
         self.bad_in_a_row = 0
         self.first_bad_step: int | None = None
-        self.pending: dict | None = None      # alarm not yet written into a history record
+        self.pending: dict | None = None  # alarm not yet written into a history record
         self.alarms: list[dict] = []
 
     def degenerate(self, s: dict) -> bool:
-        return s["pieces"] >= MIN_PIECES and (s["distinct_2"] < self.min_distinct2
-                                               or s["top_ngram_share"] > self.max_top_share)
+        return s["pieces"] >= MIN_PIECES and (
+            s["distinct_2"] < self.min_distinct2 or s["top_ngram_share"] > self.max_top_share
+        )
 
     def score(self, audit: dict) -> dict:
         """Per-arm scores and the verdict: {"arms": {arm: scores}, "bad_arms": [...], "bad"}."""
-        arms = {a: repetition_scores(v.get("text", "")) for a, v in sorted(audit.get("arms", {}).items())}
+        arms = {
+            a: repetition_scores(v.get("text", ""))
+            for a, v in sorted(audit.get("arms", {}).items())
+        }
         bad_arms = [a for a, s in arms.items() if self.degenerate(s)]
-        return {"arms": arms, "bad_arms": bad_arms,
-                "bad": bool(arms) and 2 * len(bad_arms) >= len(arms)}
+        return {
+            "arms": arms,
+            "bad_arms": bad_arms,
+            "bad": bool(arms) and 2 * len(bad_arms) >= len(arms),
+        }
 
     def on_audit(self, audit: dict) -> dict | None:
         """Score one audit (stored in it under "collapse"); returns the alarm when this is the
@@ -97,23 +115,41 @@ class CollapseWatch:
         if self.first_bad_step is None:
             self.first_bad_step = step
         if self.bad_in_a_row < 2:
-            log.warning("sample audit at step %d looks degenerate (arms %s); one more and the "
-                        "collapse alarm goes off", step, ", ".join(verdict["bad_arms"]))
+            log.warning(
+                "sample audit at step %d looks degenerate (arms %s); one more and the "
+                "collapse alarm goes off",
+                step,
+                ", ".join(verdict["bad_arms"]),
+            )
             return None
         pinned = self.pin_before(self.first_bad_step)
-        alarm = {"kind": "collapse", "audit_steps": [self.first_bad_step, step],
-                 "bad_arms": verdict["bad_arms"], "pinned_checkpoint": pinned,
-                 "scores": {a: {k: v for k, v in s.items() if k != "top_ngram"}
-                            for a, s in verdict["arms"].items()},
-                 "stop": self.stop_on_collapse, "time": time.time()}
-        log.error("COLLAPSE ALARM: sample audits at steps %d and %d are degenerate (arms %s: "
-                  "%s); %s%s", self.first_bad_step, step, ", ".join(verdict["bad_arms"]),
-                  "; ".join(f"{a} distinct-2 {verdict['arms'][a]['distinct_2']:.2f}, top n-gram "
-                            f"{verdict['arms'][a]['top_ngram']!r} {verdict['arms'][a]['top_ngram_share']:.0%}"
-                            for a in verdict["bad_arms"]),
-                  f"pinned {pinned} (the last checkpoint before them)" if pinned else
-                  "no checkpoint before them to pin",
-                  "; stopping the run (--stop-on-collapse)" if self.stop_on_collapse else "")
+        alarm = {
+            "kind": "collapse",
+            "audit_steps": [self.first_bad_step, step],
+            "bad_arms": verdict["bad_arms"],
+            "pinned_checkpoint": pinned,
+            "scores": {
+                a: {k: v for k, v in s.items() if k != "top_ngram"}
+                for a, s in verdict["arms"].items()
+            },
+            "stop": self.stop_on_collapse,
+            "time": time.time(),
+        }
+        log.error(
+            "COLLAPSE ALARM: sample audits at steps %d and %d are degenerate (arms %s: %s); %s%s",
+            self.first_bad_step,
+            step,
+            ", ".join(verdict["bad_arms"]),
+            "; ".join(
+                f"{a} distinct-2 {verdict['arms'][a]['distinct_2']:.2f}, top n-gram "
+                f"{verdict['arms'][a]['top_ngram']!r} {verdict['arms'][a]['top_ngram_share']:.0%}"
+                for a in verdict["bad_arms"]
+            ),
+            f"pinned {pinned} (the last checkpoint before them)"
+            if pinned
+            else "no checkpoint before them to pin",
+            "; stopping the run (--stop-on-collapse)" if self.stop_on_collapse else "",
+        )
         self.alarms.append(alarm)
         self.pending = alarm
         self.bad_in_a_row, self.first_bad_step = 0, None

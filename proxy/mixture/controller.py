@@ -6,6 +6,7 @@ probabilities after folding every record up to step (v-1)*P: a fixed lag of one 
 policy of update k is therefore a pure function of the history before k, the seed and the config,
 and a resume rebuilds every policy it needs by replaying `.loss.json` from the phase start.
 """
+
 from __future__ import annotations
 
 from proxy.mixture.arm_changes import ArmChange, arms_present_at
@@ -16,9 +17,15 @@ from proxy.run_files.state_snapshots import SNAPSHOT_FORMAT
 
 def bandit_record(rec: dict) -> dict:
     """The fields of a `.loss.json` record that the bandit folds (docs/bandit.md#drawing-a-batch)."""
-    return {"step": rec["step"], "phase_index": rec["phase"]["index"], "arms": rec.get("arms", {}),
-            "p": rec.get("p", {}), "arm_loss": rec.get("arm_loss", {}), "probe": rec.get("probe"),
-            "batch_size": sum(rec.get("arms", {}).values()) or 1}
+    return {
+        "step": rec["step"],
+        "phase_index": rec["phase"]["index"],
+        "arms": rec.get("arms", {}),
+        "p": rec.get("p", {}),
+        "arm_loss": rec.get("arm_loss", {}),
+        "probe": rec.get("probe"),
+        "batch_size": sum(rec.get("arms", {}).values()) or 1,
+    }
 
 
 KEEP_POLICIES = 4  # posted policies kept behind the newest (the worker needs the current one)
@@ -27,10 +34,17 @@ KEEP_POLICIES = 4  # posted policies kept behind the newest (the worker needs th
 class MixtureController:
     """Bandit + posted policies for one phase. `policies`: period -> {arm: probability}."""
 
-    def __init__(self, arm_names: list[str], phase: Phase, reward: str, warmup: int,
-                 period: int, changes: list[ArmChange] | None = None,
-                 compression: dict[str, float] | None = None,
-                 epoch_size: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        arm_names: list[str],
+        phase: Phase,
+        reward: str,
+        warmup: int,
+        period: int,
+        changes: list[ArmChange] | None = None,
+        compression: dict[str, float] | None = None,
+        epoch_size: dict[str, float] | None = None,
+    ) -> None:
         """`arm_names`: every arm the run has had (data/arms.json, retired ones included).
         `changes`: the arm-change log (proxy/mixture/arm_changes.py): arm joins and retirements (zombies,
         arms left out on a restart), each applied once every record up to its step is folded,
@@ -44,17 +58,27 @@ class MixtureController:
         self.phase = phase
         self.period = period
         present = arms_present_at(arm_names, list(changes or []), phase.start_step)
-        self.changes = sorted((c for c in (changes or []) if c.step is not None),
-                              key=lambda c: c.id)  # pending ones (step null) wait for a start
+        self.changes = sorted(
+            (c for c in (changes or []) if c.step is not None), key=lambda c: c.id
+        )  # pending ones (step null) wait for a start
         self.applied: set[int] = set()
-        self.bandit = Bandit(present, {a: v for a, v in phase.floors.items() if a in present},
-                             {a: v for a, v in phase.caps.items() if a in present},
-                             BanditConfig(reward=reward, warmup_steps=warmup),
-                             prior=({a: v for a, v in phase.prior.items() if a in present}
-                                    if phase.prior is not None else None),
-                             phase_label=phase.label,
-                             phase_index=phase.index, phase_start_step=phase.start_step,
-                             compression=compression, period_steps=period, epoch_size=epoch_size)
+        self.bandit = Bandit(
+            present,
+            {a: v for a, v in phase.floors.items() if a in present},
+            {a: v for a, v in phase.caps.items() if a in present},
+            BanditConfig(reward=reward, warmup_steps=warmup),
+            prior=(
+                {a: v for a, v in phase.prior.items() if a in present}
+                if phase.prior is not None
+                else None
+            ),
+            phase_label=phase.label,
+            phase_index=phase.index,
+            phase_start_step=phase.start_step,
+            compression=compression,
+            period_steps=period,
+            epoch_size=epoch_size,
+        )
         for a, n in phase.lifetime_pulls.items():
             if a in self.bandit.pulls_lifetime:
                 self.bandit.pulls_lifetime[a] = int(n)
@@ -79,8 +103,12 @@ class MixtureController:
             if c.action == "retire" and c.arm in self.bandit.arms:
                 self.bandit.retire(c.arm, c.reason)
             elif c.action == "add" and c.arm not in self.bandit.arms:
-                self.bandit.add_arm(c.arm, c.reason, self.phase.floors.get(c.arm, 0.0),
-                                    self.phase.caps.get(c.arm, 1.0))
+                self.bandit.add_arm(
+                    c.arm,
+                    c.reason,
+                    self.phase.floors.get(c.arm, 0.0),
+                    self.phase.caps.get(c.arm, 1.0),
+                )
             else:
                 continue
             p = self.bandit.probabilities()
@@ -100,10 +128,16 @@ class MixtureController:
     def to_snapshot(self) -> dict:
         """Everything a resume at `folded_through` needs, JSON-safe: the bandit, the posted
         policies still in use and the counters (proxy/run_files/state_snapshots.py stores it)."""
-        return {"format": SNAPSHOT_FORMAT, "step": self.folded_through, "phase_index": self.phase.index,
-                "phase_start": self.phase.start_step, "next": self._next,
-                "policies": {str(v): p for v, p in self.policies.items()},
-                "applied_changes": sorted(self.applied), "bandit": self.bandit.to_dict()}
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "step": self.folded_through,
+            "phase_index": self.phase.index,
+            "phase_start": self.phase.start_step,
+            "next": self._next,
+            "policies": {str(v): p for v, p in self.policies.items()},
+            "applied_changes": sorted(self.applied),
+            "bandit": self.bandit.to_dict(),
+        }
 
     def restore(self, snap: dict) -> None:
         """Continue from `to_snapshot()` output of the same phase (exact: Bandit.from_dict)."""
@@ -118,9 +152,13 @@ class MixtureController:
         if "applied_changes" in snap:
             self.applied = {int(i) for i in snap["applied_changes"]}
         else:  # snapshots written before joins existed: retirements are all that could apply
-            self.applied = {c.id for c in self.changes if c.action == "retire"
-                            and c.arm not in self.bandit.arms
-                            and c.step <= self.folded_through}  # type: ignore[operator]  # stamped
+            self.applied = {
+                c.id
+                for c in self.changes
+                if c.action == "retire"
+                and c.arm not in self.bandit.arms
+                and c.step <= self.folded_through  # type: ignore[operator]  # stamped
+            }
 
     def observe(self, rec: dict) -> None:
         """Fold one `.loss.json` record (in step order) and post any policy that became ready."""
@@ -138,20 +176,36 @@ class MixtureController:
         """The first period whose policy is not posted yet (it changes as records are folded)."""
         return self._next
 
-    def next_phase(self, label: str, caps: dict[str, float], floors: dict[str, float],
-                   start_step: int) -> Phase:
+    def next_phase(
+        self, label: str, caps: dict[str, float], floors: dict[str, float], start_step: int
+    ) -> Phase:
         """The phases.json entry of a polish pivot at `start_step` (docs/bandit.md#polish-pivot):
         index + 1, the new bounds, prior = this bandit's probabilities now (projected into the
         new box when the new controller is built), and each arm's lifetime pulls (retired arms
         included) so counts run on across phases."""
         b = self.bandit
-        return Phase(index=self.phase.index + 1, label=label, start_step=start_step,
-                     caps=dict(caps), floors=dict(floors), prior=b.probabilities(),
-                     lifetime_pulls={**{a: r["pulls_lifetime"] for a, r in b.retired.items()},
-                                     **b.pulls_lifetime})
+        return Phase(
+            index=self.phase.index + 1,
+            label=label,
+            start_step=start_step,
+            caps=dict(caps),
+            floors=dict(floors),
+            prior=b.probabilities(),
+            lifetime_pulls={
+                **{a: r["pulls_lifetime"] for a, r in b.retired.items()},
+                **b.pulls_lifetime,
+            },
+        )
 
     def policies_from(self, first_period: int) -> dict[str, dict]:
         """Posted policies for periods >= first_period, as the handshake stores them."""
-        return {str(v): {"period": v, "first_step": v * self.period + 1,
-                         "phase_index": self.phase.index, "p": p}
-                for v, p in self.policies.items() if v >= first_period}
+        return {
+            str(v): {
+                "period": v,
+                "first_step": v * self.period + 1,
+                "phase_index": self.phase.index,
+                "p": p,
+            }
+            for v, p in self.policies.items()
+            if v >= first_period
+        }

@@ -17,6 +17,7 @@ Szepesvari, "Conservative Bandits", ICML 2016; Kazerouni et al. 2017 "Conservati
 Linear Bandits"); training loss as the free online signal (ODM, Albalak et al. 2023; ADO, Jiang
 et al. 2025 "Adaptive Data Optimization").
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,7 @@ from typing import Mapping
 from proxy.mixture.box_projection import project_to_box
 
 
-MIN_SHARE = 0.1   # the target keeps every arm at this fraction of its stratified share or more
+MIN_SHARE = 0.1  # the target keeps every arm at this fraction of its stratified share or more
 
 
 @dataclasses.dataclass
@@ -86,10 +87,17 @@ class Move:
     slopes: dict[str, tuple[float, float]]
 
 
-def conservative_mixture(arms: list[str], fits: Mapping[str, ArmFit], floors: Mapping[str, float],
-                         caps: Mapping[str, float], stratified: Mapping[str, float],
-                         repeated: set[str] | frozenset[str], z: float, min_periods: int,
-                         min_share: float = MIN_SHARE) -> Move:
+def conservative_mixture(
+    arms: list[str],
+    fits: Mapping[str, ArmFit],
+    floors: Mapping[str, float],
+    caps: Mapping[str, float],
+    stratified: Mapping[str, float],
+    repeated: set[str] | frozenset[str],
+    z: float,
+    min_periods: int,
+    min_share: float = MIN_SHARE,
+) -> Move:
     """The default policy's move (docs/bandit.md#the-default-policy).
 
     Arms with at least `min_periods` fitted points are evidence; the rest stay at their
@@ -102,7 +110,8 @@ def conservative_mixture(arms: list[str], fits: Mapping[str, ArmFit], floors: Ma
         lam  = max(0, 1 - z SE / G) when G > 0, else 0                  so lam G = G - z SE, the lower bound
 
     b+ = max(b, 0). floors' keep every arm at min_share (a tenth) of its stratified share or
-    more, so no arm is starved and ln(pi_i / s_i) >= ln(min_share). All b+ zero, or fewer than two evidence arms, gives pi = s and lam = 0.
+    more, so no arm is starved and ln(pi_i / s_i) >= ln(min_share). All b+ zero, or fewer than
+    two evidence arms, gives pi = s and lam = 0.
     pi maximises sum_i b_i ln pi_i in the box (its KKT conditions are exactly the KL
     projection of b / sum b), the mean-optimal mixture of the log-linear model. `stratified`
     must lie inside floors/caps (proxy/mixture/bandit.py computes it so). Returns a Move."""
@@ -124,8 +133,11 @@ def conservative_mixture(arms: list[str], fits: Mapping[str, ArmFit], floors: Ma
         return none
     cap = {a: (min(caps[a], stratified[a]) if a in repeated else caps[a]) for a in free}
     low = {a: max(floors[a], min_share * stratified[a]) for a in free}
-    sub = project_to_box({a: plus[a] / total for a in free}, {a: min(1.0, low[a] / mass) for a in free},
-                         {a: min(1.0, cap[a] / mass) for a in free})
+    sub = project_to_box(
+        {a: plus[a] / total for a in free},
+        {a: min(1.0, low[a] / mass) for a in free},
+        {a: min(1.0, cap[a] / mass) for a in free},
+    )
     for a in free:
         target[a] = mass * sub[a]
     logs = {a: math.log(target[a] / stratified[a]) for a in free}

@@ -9,6 +9,7 @@ the pivot and the tests that check `replay == .state.json` all call `rebuild_mix
 What it is not: the controller's arithmetic (proxy/mixture/controller.py, proxy/mixture/bandit.py), the choice of
 the resume step (proxy/supervision/resume_planning.py) or phases.json (proxy/supervision/run_setup.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,9 +35,9 @@ class Rebuilt:
     """What `rebuild_mixture` returns: the controller and how it was made."""
 
     mix: MixtureController
-    changed: list[str]            # arms joined or retired by changes applied at the step itself
-    snapshot_step: int | None     # the snapshot it started from; None = from the phase start
-    replayed: int                 # history records folded on top
+    changed: list[str]  # arms joined or retired by changes applied at the step itself
+    snapshot_step: int | None  # the snapshot it started from; None = from the phase start
+    replayed: int  # history records folded on top
     seconds: float
 
 
@@ -47,14 +48,22 @@ def phase_at(layout: RunLayout, step: int) -> Phase:
     return ([p for p in phases if p.start_step <= step] or phases[:1])[-1]
 
 
-def new_controller(layout: RunLayout, cfg: RunConfig, phase: Phase,
-                   changes: list[ArmChange]) -> MixtureController:
+def new_controller(
+    layout: RunLayout, cfg: RunConfig, phase: Phase, changes: list[ArmChange]
+) -> MixtureController:
     """A controller at the start of `phase`, over every arm the run has had (retired ones
     included, data/arms.json). Raises BanditConfigError (bounds)."""
     arms = read_arm_index(layout, include_retired=True)
-    return MixtureController(sorted(arms), phase, cfg.reward, cfg.bandit_warmup, cfg.probe_every,
-                             changes, {n: arm_compression(layout, a) for n, a in arms.items()},
-                             {n: epoch_windows(a, cfg.model.block_size) for n, a in arms.items()})
+    return MixtureController(
+        sorted(arms),
+        phase,
+        cfg.reward,
+        cfg.bandit_warmup,
+        cfg.probe_every,
+        changes,
+        {n: arm_compression(layout, a) for n, a in arms.items()},
+        {n: epoch_windows(a, cfg.model.block_size) for n, a in arms.items()},
+    )
 
 
 def epoch_windows(arm: ArmData, block_size: int) -> float:
@@ -65,9 +74,14 @@ def epoch_windows(arm: ArmData, block_size: int) -> float:
     return max(0, arm.n_tokens - held) / block_size
 
 
-def rebuild_mixture(layout: RunLayout, cfg: RunConfig, step: int,
-                    changes: list[ArmChange] | None = None, phase: Phase | None = None,
-                    use_snapshots: bool = True) -> Rebuilt:
+def rebuild_mixture(
+    layout: RunLayout,
+    cfg: RunConfig,
+    step: int,
+    changes: list[ArmChange] | None = None,
+    phase: Phase | None = None,
+    use_snapshots: bool = True,
+) -> Rebuilt:
     """The controller as it was after update `step` of `phase` (default: the phase in force at
     `step`), with the arm changes up to `step` applied. `changes`: the arm-change log (default:
     data/arms.json's). `use_snapshots=False` replays the phase from its start even when a
@@ -79,17 +93,16 @@ def rebuild_mixture(layout: RunLayout, cfg: RunConfig, step: int,
     if phase is None:
         phase = phase_at(layout, step)
     mix = new_controller(layout, cfg, phase, changes)
-    snap = (find_snapshot(layout, phase.index, phase.start_step, step) if use_snapshots
-            else None)
+    snap = find_snapshot(layout, phase.index, phase.start_step, step) if use_snapshots else None
     n = 0
     if snap is not None:
         mix.restore(snap)
         records: Iterable[dict] = iter_records_after(layout.loss, snap["step"], step)  # streamed
     else:
-        records = iter_records(layout.loss)   # streamed: memory flat in the history's length
+        records = iter_records(layout.loss)  # streamed: memory flat in the history's length
     for r in records:
         if r["step"] > step:
-            break                              # records are in step order
+            break  # records are in step order
         if r["step"] > phase.start_step:
             mix.observe(r)
             n += 1
@@ -97,8 +110,9 @@ def rebuild_mixture(layout: RunLayout, cfg: RunConfig, step: int,
     return Rebuilt(mix, changed, snap["step"] if snap else None, n, time.perf_counter() - t0)
 
 
-def replay_run(layout: RunLayout, cfg: RunConfig, step: int,
-               changes: list[ArmChange] | None = None) -> MixtureController:
+def replay_run(
+    layout: RunLayout, cfg: RunConfig, step: int, changes: list[ArmChange] | None = None
+) -> MixtureController:
     """`rebuild_mixture` from the phase start, no snapshot: its `bandit.to_dict()` equals the
     `.state.json` written with checkpoint `step`."""
     return rebuild_mixture(layout, cfg, step, changes, use_snapshots=False).mix

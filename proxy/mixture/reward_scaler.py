@@ -5,6 +5,7 @@ rewards (Graves et al. 2017; docs/bandit.md#reward-scaling), with its JSON round
 What it is not: the rewards themselves or the EMA (proxy/mixture/bandit.py). Deterministic: the
 reservoir is the last N rewards in arrival order, so a replay reproduces it.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -15,7 +16,7 @@ from typing import Any, Mapping
 from proxy.mixture.arm_bounds import BanditConfigError, is_real
 from proxy.mixture.box_projection import clip
 
-SCALER_CAPACITY = 1000      # raw rewards kept by QuantileScaler (the last N, no sampling)
+SCALER_CAPACITY = 1000  # raw rewards kept by QuantileScaler (the last N, no sampling)
 
 
 class QuantileScaler:
@@ -34,7 +35,9 @@ class QuantileScaler:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise BanditConfigError(f"QuantileScaler capacity {capacity!r} must be an int >= 1")
         if not (is_real(low) and is_real(high) and 0.0 <= low < high <= 1.0):
-            raise BanditConfigError(f"QuantileScaler quantiles ({low!r}, {high!r}) need 0 <= low < high <= 1")
+            raise BanditConfigError(
+                f"QuantileScaler quantiles ({low!r}, {high!r}) need 0 <= low < high <= 1"
+            )
         self.capacity, self.low, self.high = capacity, float(low), float(high)
         self._recent: collections.deque[float] = collections.deque()
         self._sorted: list[float] = []
@@ -81,8 +84,12 @@ class QuantileScaler:
 
     def to_dict(self) -> dict:
         """JSON-safe state: capacity, quantiles and the reservoir in arrival order."""
-        return {"capacity": self.capacity, "low": self.low, "high": self.high,
-                "values": list(self._recent)}
+        return {
+            "capacity": self.capacity,
+            "low": self.low,
+            "high": self.high,
+            "values": list(self._recent),
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "QuantileScaler":
@@ -92,5 +99,7 @@ class QuantileScaler:
             for v in d["values"]:
                 s.add(v)
         except (KeyError, TypeError) as e:
-            raise ValueError(f"scaler state malformed ({e!r}); rebuild the bandit by replay") from None
+            raise ValueError(
+                f"scaler state malformed ({e!r}); rebuild the bandit by replay"
+            ) from None
         return s

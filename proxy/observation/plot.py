@@ -6,6 +6,7 @@ step) as a stacked area. Pivots (phase starts after step 0) are vertical dashed 
 with the phase label; collapse alarms are red markers. matplotlib with the Agg backend (no
 display needed). Default output: DIR/loss.png.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,15 +43,24 @@ def series(records: list[dict]) -> dict:
                 mix[a].append(float(r["p"].get(a, 0.0)))
         if r.get("alarm"):
             alarms.append(r["step"])
-    return {"steps": steps, "loss": loss, "ema": ema, "probe": probe, "mix_steps": mix_steps,
-            "mix": mix, "alarms": alarms}
+    return {
+        "steps": steps,
+        "loss": loss,
+        "ema": ema,
+        "probe": probe,
+        "mix_steps": mix_steps,
+        "mix": mix,
+        "alarms": alarms,
+    }
 
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     """Write the PNG; returns its path. Raises FileNotFoundError when the run has no history."""
     import matplotlib  # heavy (about a second): only `plot` needs it, so it is imported here
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     layout = RunLayout(run_dir)
     if not layout.loss.exists():
         raise FileNotFoundError(f"{layout.loss}: no history to plot (has the run started?)")
@@ -80,14 +90,18 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
         if ph.get("start_step", 0) > 0:
             for ax in (ax1, ax2, ax3):
                 ax.axvline(ph["start_step"], color="k", ls="--", lw=1.0)
-            ax1.annotate(f"pivot {ph.get('index')}: {ph.get('label')}", (ph["start_step"], 1.0),
-                         xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
-                         fontsize="small")
+            ax1.annotate(
+                f"pivot {ph.get('index')}: {ph.get('label')}",
+                (ph["start_step"], 1.0),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                va="top",
+                ha="right",
+                fontsize="small",
+            )
     fig.suptitle(f"{layout.root.name}: {len(s['steps']):,} steps, {len(phases)} phase(s)")
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)  # --out into a folder not made yet
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
-
-

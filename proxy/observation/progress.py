@@ -16,6 +16,7 @@ commands to resume, sample, plot and export.
 
 What it is not: the throughput accounting (worker/perf.py) or `status` (proxy/commands/status.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,7 +35,7 @@ from shared.checkpoint_format import CheckpointError
 
 log = logging.getLogger("proxy")
 
-RATE_WINDOW = 50    # steps over which the ETA's rate is measured
+RATE_WINDOW = 50  # steps over which the ETA's rate is measured
 
 
 def python_command() -> str:
@@ -75,8 +76,11 @@ def wall_seconds_per_update(records: list[dict], window: int = RATE_WINDOW) -> f
     `time`, seconds since the epoch), checkpoints and audits included, as the progress line's
     ETA measures it. The window stops at a break in the steps or at a pause longer than 60 s and
     50 times the median step (a stop and resume is not training speed). None before 2 records."""
-    pts = [(r["time"], r["step"]) for r in records[-(window + 1):]
-           if isinstance(r.get("time"), (int, float)) and isinstance(r.get("step"), int)]
+    pts = [
+        (r["time"], r["step"])
+        for r in records[-(window + 1) :]
+        if isinstance(r.get("time"), (int, float)) and isinstance(r.get("step"), int)
+    ]
     gaps = sorted(b[0] - a[0] for a, b in zip(pts, pts[1:]) if b[1] == a[1] + 1 and b[0] > a[0])
     if not gaps:
         return None
@@ -93,7 +97,7 @@ class ProgressLine:
 
     def __init__(self, max_steps: int) -> None:
         self.max_steps = max_steps
-        self.t0 = time.monotonic()          # this proxy's start
+        self.t0 = time.monotonic()  # this proxy's start
         self.start_step: int | None = None  # the first incarnation's resume step
         self.window: deque = deque(maxlen=RATE_WINDOW + 1)  # (worker time, step)
         self._mfu_warned = False
@@ -126,17 +130,22 @@ class ProgressLine:
         mfu = credible_mfu(rec, tok_per_s)
         if mfu is None and rec.get("mfu") is not None and not self._mfu_warned:
             self._mfu_warned = True
-            log.warning("MFU left out of the progress line: %.0f%% of the peak the worker "
-                        "measured is not a credible fraction (on CPU the matmul peak is timed "
-                        "once at worker start and a busy machine makes it too low; see "
-                        "worker/perf.py)", 100 * credible_mfu_raw(rec, tok_per_s))
+            log.warning(
+                "MFU left out of the progress line: %.0f%% of the peak the worker "
+                "measured is not a credible fraction (on CPU the matmul peak is timed "
+                "once at worker start and a busy machine makes it too low; see "
+                "worker/perf.py)",
+                100 * credible_mfu_raw(rec, tok_per_s),
+            )
         mfu_s = f" | mfu {mfu:.1%}" if mfu is not None else ""
         lr = f"{rec['lr']:.2e}" if isinstance(rec.get("lr"), (int, float)) else "-"
         elapsed = fmt_duration(time.monotonic() - self.t0)
         eta = fmt_duration(self.eta_seconds(rec["step"]))
-        return (f"step {rec['step']:>6}/{self.max_steps} | loss {loss} (ema {ema or 0:.4f}) | "
-                f"{tok_per_s or 0:,.0f} tok/s{mfu_s} | lr {lr} | {elapsed} elapsed, eta {eta} | "
-                f"p {p}")
+        return (
+            f"step {rec['step']:>6}/{self.max_steps} | loss {loss} (ema {ema or 0:.4f}) | "
+            f"{tok_per_s or 0:,.0f} tok/s{mfu_s} | lr {lr} | {elapsed} elapsed, eta {eta} | "
+            f"p {p}"
+        )
 
 
 def credible_mfu_raw(rec: dict, tok_per_s: float | None) -> float:
@@ -156,12 +165,18 @@ def _heldout(layout) -> tuple[int | None, dict]:
     audits = read_audits(layout.samples)
     if audits and isinstance(audits[-1], dict) and audits[-1].get("step", -1) > (best[0] or -1):
         a = audits[-1]
-        best = (a["step"], {n: v["loss"] for n, v in a.get("arms", {}).items()
-                            if isinstance(v.get("loss"), (int, float))})
+        best = (
+            a["step"],
+            {
+                n: v["loss"]
+                for n, v in a.get("arms", {}).items()
+                if isinstance(v.get("loss"), (int, float))
+            },
+        )
     return best
 
 
-MEAN_STEPS = 50     # the summary's plain mean of the last losses
+MEAN_STEPS = 50  # the summary's plain mean of the last losses
 PROMPT_TOKENS = 48  # tokens of the first arm read for the suggested sample prompt
 PROMPT_CHARS = 24
 
@@ -174,20 +189,29 @@ def suggested_prompt(layout) -> str:
         import numpy as np
         from shared.arm_data import read_arm_index
         from shared.tokenizer import RunTokenizer
+
         arm = next(iter(read_arm_index(layout).values()))
         ids = np.asarray(arm.tokens(layout.root)[:PROMPT_TOKENS])
         text = RunTokenizer.load(layout.tokenizer).decode(ids.tolist())
         line = next((x.strip() for x in text.splitlines() if x.strip()), "")
         if len(line) > PROMPT_CHARS:
             cut = line.rfind(" ", 0, PROMPT_CHARS + 1)
-            line = line[:cut + 1] if cut > 0 else line[:PROMPT_CHARS]
+            line = line[: cut + 1] if cut > 0 else line[:PROMPT_CHARS]
         return line or "The "
     except Exception:  # noqa: BLE001 - a suggestion only: never fail the summary for it
         return "The "
 
 
-def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: float | None,
-                   wall_s: float, max_steps: int, creation_s: float | None = None) -> str:
+def format_summary(
+    layout,
+    cfg,
+    start_step: int | None,
+    end_step: int,
+    ema: float | None,
+    wall_s: float,
+    max_steps: int,
+    creation_s: float | None = None,
+) -> str:
     """The end-of-run summary as one multi-line string (first line "run summary: ...").
 
     start_step: the step this proxy resumed from (None: no worker ran); end_step: the last
@@ -198,43 +222,60 @@ def format_summary(layout, cfg, start_step: int | None, end_step: int, ema: floa
     per_step = cfg.batch_size * cfg.model.block_size
     start = end_step if start_step is None else start_step
     run = str(layout.root)
-    lines = [f"run summary: {run}",
-             f"  steps       {end_step - start:,} this start ({start:,} -> {end_step:,}), "
-             f"{end_step:,} of {cfg.max_steps:,} planned in total"
-             + (f" (this start's --max-steps {max_steps:,})" if max_steps != cfg.max_steps else ""),
-             f"  tokens      {(end_step - start) * per_step:,} this start, "
-             f"{end_step * per_step:,} in total",
-             "  wall time   " + (f"{fmt_duration(creation_s + wall_s)} (creation "
-                                  f"{fmt_duration(creation_s)}, training {fmt_duration(wall_s)})"
-                                  if creation_s is not None else
-                                  f"{fmt_duration(wall_s)} training (a resumed run: no creation)")]
+    lines = [
+        f"run summary: {run}",
+        f"  steps       {end_step - start:,} this start ({start:,} -> {end_step:,}), "
+        f"{end_step:,} of {cfg.max_steps:,} planned in total"
+        + (f" (this start's --max-steps {max_steps:,})" if max_steps != cfg.max_steps else ""),
+        f"  tokens      {(end_step - start) * per_step:,} this start, "
+        f"{end_step * per_step:,} in total",
+        "  wall time   "
+        + (
+            f"{fmt_duration(creation_s + wall_s)} (creation "
+            f"{fmt_duration(creation_s)}, training {fmt_duration(wall_s)})"
+            if creation_s is not None
+            else f"{fmt_duration(wall_s)} training (a resumed run: no creation)"
+        ),
+    ]
     mean, n = recent_mean(tail_records(layout.loss), MEAN_STEPS)
-    lines.append(("  train loss  EMA " + (f"{ema:.4f}" if ema is not None else "-")
-                  + (f", mean of the last {n} steps {mean:.4f}" if mean is not None else ""))
-                 if ema is not None or mean is not None else "  train loss  -")
+    lines.append(
+        (
+            "  train loss  EMA "
+            + (f"{ema:.4f}" if ema is not None else "-")
+            + (f", mean of the last {n} steps {mean:.4f}" if mean is not None else "")
+        )
+        if ema is not None or mean is not None
+        else "  train loss  -"
+    )
     at, probe = _heldout(layout)
     if probe:
-        lines.append(f"  held-out    (step {at:,}) " + ", ".join(
-            f"{a} {v:.3f}" for a, v in sorted(probe.items())))
+        lines.append(
+            f"  held-out    (step {at:,}) "
+            + ", ".join(f"{a} {v:.3f}" for a, v in sorted(probe.items()))
+        )
     try:
         info, _ = find_latest_valid(layout.root, cfg.n_params)
     except CheckpointError:
         info = None
-    lines.append(f"  checkpoint  {info.path} (step {info.step:,})" if info
-                 else "  checkpoint  none yet")
+    lines.append(
+        f"  checkpoint  {info.path} (step {info.step:,})" if info else "  checkpoint  none yet"
+    )
     # before the plan (run.json), a plain `run` goes on to it; past it, only a longer
     # --max-steps trains more, at the schedule's floor learning rate
     more, why = "", ""
     if end_step >= cfg.max_steps:
         more = f" --max-steps {max(cfg.max_steps * 2, end_step + 1)}"
-        why = (f"   (past the plan: the learning rate stays at its floor after step "
-               f"{cfg.lr_decay_steps:,})")
+        why = (
+            f"   (past the plan: the learning rate stays at its floor after step "
+            f"{cfg.lr_decay_steps:,})"
+        )
     py = python_command()
-    lines += ["  next:",
-              f"    resume  {py} -m proxy run --run-dir {run}{more}{why}",
-              f"    sample  {py} -m proxy sample --run-dir {run} --prompt "
-              f"{shlex.quote(suggested_prompt(layout))} --samples 3",
-              f"    plot    {py} -m proxy plot --run-dir {run} --out {run}/loss.png",
-              f"    export  {py} -m proxy export --from-run {run} --format hf "
-              f"--to {Path(run).name}-hf"]
+    lines += [
+        "  next:",
+        f"    resume  {py} -m proxy run --run-dir {run}{more}{why}",
+        f"    sample  {py} -m proxy sample --run-dir {run} --prompt "
+        f"{shlex.quote(suggested_prompt(layout))} --samples 3",
+        f"    plot    {py} -m proxy plot --run-dir {run} --out {run}/loss.png",
+        f"    export  {py} -m proxy export --from-run {run} --format hf --to {Path(run).name}-hf",
+    ]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ progress line (proxy/observation/progress.py), live TensorBoard scalars (proxy/o
 What it is not: supervision. The supervisor (proxy/supervision/supervisor.py) calls `on_incarnation`,
 `on_report`, `progress_line` and `close`, one line each; nothing here changes what it files.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,11 +19,14 @@ log = logging.getLogger("proxy")
 
 def add_watch_args(ap) -> None:
     """`run --tensorboard`."""
-    ap.add_argument("--tensorboard", action="store_true",
-                    help="write live TensorBoard scalars (loss, EMA, lr, grad norm, tokens/s, "
-                         "per-arm p and held-out loss, checkpoints) under RUN/tensorboard/; "
-                         "view with `tensorboard --logdir RUN/tensorboard`; needs the "
-                         "[tensorboard] extra (pip install -e '.[tensorboard]')")
+    ap.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="write live TensorBoard scalars (loss, EMA, lr, grad norm, tokens/s, "
+        "per-arm p and held-out loss, checkpoints) under RUN/tensorboard/; "
+        "view with `tensorboard --logdir RUN/tensorboard`; needs the "
+        "[tensorboard] extra (pip install -e '.[tensorboard]')",
+    )
 
 
 def check_watch_args(a) -> str | None:
@@ -41,13 +45,13 @@ class RunWatch:
         self.tb = TensorBoardLog(layout.root / "tensorboard") if tensorboard else None
         self._last_step = 0
         self._ema: float | None = None
-        self.creation_s: float | None = None   # set by `run` when this start created the run
+        self.creation_s: float | None = None  # set by `run` when this start created the run
 
     def on_incarnation(self, step: int) -> None:
         """A worker is about to start from checkpoint step `step` (0: fresh)."""
         self.progress.on_incarnation(step)
         self._last_step = step
-        if self.tb is not None:   # backfills what the history holds up to `step`
+        if self.tb is not None:  # backfills what the history holds up to `step`
             self.tb.start(step, self.layout.loss, self.layout.samples)
 
     def on_step(self, rec: dict, ema: float | None) -> None:
@@ -63,10 +67,17 @@ class RunWatch:
             return
         kind = r.get("type")
         if kind == "checkpoint" and not r.get("error"):
-            self.tb.scalars(r["step"], {"checkpoint/step": r["step"], "checkpoint/bytes": r.get("bytes"),
-                                        "checkpoint/seconds": r.get("seconds")}, r.get("time"))
+            self.tb.scalars(
+                r["step"],
+                {
+                    "checkpoint/step": r["step"],
+                    "checkpoint/bytes": r.get("bytes"),
+                    "checkpoint/seconds": r.get("seconds"),
+                },
+                r.get("time"),
+            )
         elif kind == "audit":
-            self.tb.audit(r)   # held-out losses as scalars, the samples as text
+            self.tb.audit(r)  # held-out losses as scalars, the samples as text
 
     def progress_line(self, rec: dict, stats) -> str:
         """The progress line for `rec` (`stats`: the supervisor's LiveStats)."""
@@ -77,9 +88,18 @@ class RunWatch:
         if self.tb is not None:
             self.tb.close()
         try:
-            log.info("%s", format_summary(self.layout, self.cfg, self.progress.start_step,
-                                          last_step or self._last_step, self._ema,
-                                          time.monotonic() - self.t0, self.max_steps,
-                                          self.creation_s))
+            log.info(
+                "%s",
+                format_summary(
+                    self.layout,
+                    self.cfg,
+                    self.progress.start_step,
+                    last_step or self._last_step,
+                    self._ema,
+                    time.monotonic() - self.t0,
+                    self.max_steps,
+                    self.creation_s,
+                ),
+            )
         except Exception as e:  # the summary must never turn a clean stop into a crash
             log.warning("run summary unavailable: %s", e)

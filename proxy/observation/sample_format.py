@@ -14,10 +14,11 @@ sample from the next log line). Control characters other than tab and newline ar
 What it is not: the audit itself (worker/trainer.py `sample_audit`) or `.samples.json`
 (proxy/run_files/sidecars.py), which keep the raw strings.
 """
+
 from __future__ import annotations
 
-MAX_LINES = 24          # per part in the log; the rest is summarised as "(N more lines)"
-_LABEL = 10             # width of the "prompt" / "text" column
+MAX_LINES = 24  # per part in the log; the rest is summarised as "(N more lines)"
+_LABEL = 10  # width of the "prompt" / "text" column
 
 
 def _printable(line: str) -> str:
@@ -37,16 +38,20 @@ def _block(label: str, text: str, indent: str, max_lines: int | None) -> list[st
     return out
 
 
-def format_sample(heading: str, prompt: str, text: str, indent: str = "",
-                  max_lines: int | None = MAX_LINES) -> str:
+def format_sample(
+    heading: str, prompt: str, text: str, indent: str = "", max_lines: int | None = MAX_LINES
+) -> str:
     """`heading` on the first line, then the prompt and the continuation, each line behind a
     margin ("    prompt | ...", "      text | ..."). Each part shows at most `max_lines` lines
     and says how many more there were (the log's audits); None shows everything (the `sample`
     command, whose user asked for that many tokens). Returns one string with real newlines and
     no trailing newline; an empty continuation is shown as "(nothing)"."""
     lines = [heading] + _block("prompt", prompt, indent, max_lines)
-    lines += (_block("text", text, indent, max_lines) if text
-              else [f"{indent}{'text':>{_LABEL}} | (nothing)"])
+    lines += (
+        _block("text", text, indent, max_lines)
+        if text
+        else [f"{indent}{'text':>{_LABEL}} | (nothing)"]
+    )
     return "\n".join(lines)
 
 
@@ -60,6 +65,11 @@ def format_audit(audit: dict) -> list[str]:
             extra = f" (temperature {a['temperature']}, top-k {a.get('top_k')})"
         loss = a.get("loss")
         held = f" held-out {loss:.3f}" if isinstance(loss, (int, float)) else ""
-        out.append(format_sample(f"sample @{audit['step']} [{arm}]{held}{extra}",
-                                 a.get("prompt", ""), a.get("text", "")))
+        out.append(
+            format_sample(
+                f"sample @{audit['step']} [{arm}]{held}{extra}",
+                a.get("prompt", ""),
+                a.get("text", ""),
+            )
+        )
     return out

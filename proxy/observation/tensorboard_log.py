@@ -24,6 +24,7 @@ off.
 What it is not: the history (.loss.json stays the audit trail; the event files can be deleted
 and are rebuilt from it by the backfill) or `plot` (proxy/observation/plot.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,7 @@ from pathlib import Path
 log = logging.getLogger("proxy")
 
 INSTALL_HINT = "pip install -e '.[tensorboard]'"
-FLUSH_SECS = 2          # the writer's flush period: what "live" means, seconds
+FLUSH_SECS = 2  # the writer's flush period: what "live" means, seconds
 EVENT_GLOB = "events.out.tfevents.*"
 
 
@@ -49,8 +50,10 @@ def check_available() -> str | None:
         from tensorboard.compat.proto import event_pb2  # noqa: F401
         from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: F401
     except Exception as e:  # ImportError, or a broken protobuf install
-        return (f"--tensorboard needs the `tensorboard` package ({type(e).__name__}: {e}); "
-                f"install it with: {INSTALL_HINT}")
+        return (
+            f"--tensorboard needs the `tensorboard` package ({type(e).__name__}: {e}); "
+            f"install it with: {INSTALL_HINT}"
+        )
     return None
 
 
@@ -64,7 +67,7 @@ def read_events(path: Path) -> list[bytes]:
         (n,) = struct.unpack_from("<Q", data, i)
         if i + 12 + n + 4 > len(data):
             break
-        out.append(data[i + 12:i + 12 + n])
+        out.append(data[i + 12 : i + 12 + n])
         i += 12 + n + 4
     return out
 
@@ -85,17 +88,23 @@ class TensorBoardLog:
 
     def _new_writer(self, suffix: str):
         from tensorboard.summary.writer.event_file_writer import EventFileWriter  # optional extra
-        self._n_files += 1
-        return EventFileWriter(str(self.logdir), flush_secs=FLUSH_SECS,
-                               filename_suffix=f".{os.getpid()}.{self._n_files:03d}{suffix}")
 
-    def start(self, step: int, loss_path: Path | None = None,
-              samples_path: Path | None = None) -> int:
+        self._n_files += 1
+        return EventFileWriter(
+            str(self.logdir),
+            flush_secs=FLUSH_SECS,
+            filename_suffix=f".{os.getpid()}.{self._n_files:03d}{suffix}",
+        )
+
+    def start(
+        self, step: int, loss_path: Path | None = None, samples_path: Path | None = None
+    ) -> int:
         """A worker resumes from `step`: purge logged steps > `step`, open a fresh event file,
         backfill what `loss_path` (.loss.json) and `samples_path` (.samples.json) hold up to
         `step` that no event file has yet (see the module's docstring), and mark the restart
         (SessionLog START at step + 1). Returns the events purged."""
         from tensorboard.compat.proto import event_pb2  # optional extra
+
         if self._writer is not None:
             self._writer.close()
         purged = self._purge_after(step)
@@ -103,19 +112,24 @@ class TensorBoardLog:
             self._writer = self._new_writer(".backfill")
             out_of_order = self._backfill(step, Path(loss_path), samples_path)
             self._writer.close()
-            if out_of_order:   # readers drop what follows a step that goes back: one sorted file
+            if out_of_order:  # readers drop what follows a step that goes back: one sorted file
                 self._rewrite(lambda ev: True, sort=True)
         self._writer = self._new_writer("")
-        self._writer.add_event(event_pb2.Event(
-            step=step + 1, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+        self._writer.add_event(
+            event_pb2.Event(
+                step=step + 1, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+            )
+        )
         self._writer.flush()
         if purged:
-            log.info("tensorboard: %d events past step %d purged (abandoned by the resume)",
-                     purged, step)
+            log.info(
+                "tensorboard: %d events past step %d purged (abandoned by the resume)", purged, step
+            )
         return purged
 
     def _purge_after(self, step: int) -> int:
         from tensorboard.compat.proto import event_pb2  # optional extra
+
         files = sorted(self.logdir.glob(EVENT_GLOB))
         kept, dropped = [], 0
         for f in files:
@@ -136,8 +150,13 @@ class TensorBoardLog:
         """Rewrite every event file as one holding the events `keep(ev)` accepts (in step order
         with `sort`; stable, so a step's events keep their order)."""
         from tensorboard.compat.proto import event_pb2
-        evs = [ev for f in sorted(self.logdir.glob(EVENT_GLOB)) for raw in read_events(f)
-               if not (ev := event_pb2.Event.FromString(raw)).HasField("file_version") and keep(ev)]
+
+        evs = [
+            ev
+            for f in sorted(self.logdir.glob(EVENT_GLOB))
+            for raw in read_events(f)
+            if not (ev := event_pb2.Event.FromString(raw)).HasField("file_version") and keep(ev)
+        ]
         if sort:
             evs.sort(key=lambda ev: ev.step)
         self._write_only(evs)
@@ -163,7 +182,9 @@ class TensorBoardLog:
         """(steps holding `train/loss`, steps holding an `audit/samples` text) in the event
         files, each as sorted disjoint [first, last] ranges."""
         from tensorboard.compat.proto import event_pb2
-        steps, audits = [], []
+
+        steps: list[list[int]] = []
+        audits: list[list[int]] = []
         for f in sorted(self.logdir.glob(EVENT_GLOB)):
             for raw in read_events(f):
                 ev = event_pb2.Event.FromString(raw)
@@ -181,18 +202,27 @@ class TensorBoardLog:
         of them lies before a step the files hold (they then need sorting)."""
         from proxy.run_files.loss_ema import LossEma
         from shared.loss_history import iter_records
+
         steps, audits = self.logged_ranges()
         n_steps = n_audits = 0
         first_new = None
-        pending = []   # the audits to write, in step order, each after its step's record
+        pending = []  # the audits to write, in step order, each after its step's record
         if samples_path is not None:
-            try:   # read only: a garbage file is the run's to handle (proxy/run_files/sidecars.py)
+            try:  # read only: a garbage file is the run's to handle (proxy/run_files/sidecars.py)
                 got = json.loads(Path(samples_path).read_text()).get("audits") or []
             except (OSError, ValueError, AttributeError):
                 got = []
-            pending = sorted((a for a in got if isinstance(a, dict) and isinstance(a.get("step"), int)
-                              and a["step"] <= step and not _in_ranges(audits, a["step"])),
-                             key=lambda a: a["step"])
+            pending = sorted(
+                (
+                    a
+                    for a in got
+                    if isinstance(a, dict)
+                    and isinstance(a.get("step"), int)
+                    and a["step"] <= step
+                    and not _in_ranges(audits, a["step"])
+                ),
+                key=lambda a: a["step"],
+            )
 
         def audits_upto(s: int) -> None:
             nonlocal n_audits, first_new
@@ -218,9 +248,14 @@ class TensorBoardLog:
         audits_upto(step)
         if n_steps or n_audits:
             self._writer.flush()
-            log.info("tensorboard: backfilled %d step records and %d sample audits up to step %d "
-                     "from the run's history (steps already in the event files were left as "
-                     "they are)", n_steps, n_audits, step)
+            log.info(
+                "tensorboard: backfilled %d step records and %d sample audits up to step %d "
+                "from the run's history (steps already in the event files were left as "
+                "they are)",
+                n_steps,
+                n_audits,
+                step,
+            )
         held = [r[1] for r in steps + audits]
         return first_new is not None and bool(held) and first_new < max(held)
 
@@ -230,31 +265,50 @@ class TensorBoardLog:
         import time
         from tensorboard.compat.proto import event_pb2
         from tensorboard.plugins.text.summary_v2 import text_pb
+
         arms = a.get("arms") or {}
-        self.scalars(a["step"], {f"heldout/{n}": v.get("loss") for n, v in arms.items()
-                                 if isinstance(v, dict)}, a.get("time"))
+        self.scalars(
+            a["step"],
+            {f"heldout/{n}": v.get("loss") for n, v in arms.items() if isinstance(v, dict)},
+            a.get("time"),
+        )
         md = "\n\n".join(
             f"**{n}** (held-out {v.get('loss')})\n\n    prompt: "
             + str(v.get("prompt", "")).replace("\n", "\n            ")
-            + "\n      text: " + str(v.get("text", "")).replace("\n", "\n            ")
-            for n, v in arms.items() if isinstance(v, dict))
+            + "\n      text: "
+            + str(v.get("text", "")).replace("\n", "\n            ")
+            for n, v in arms.items()
+            if isinstance(v, dict)
+        )
         if self._writer is not None and md:
-            self._writer.add_event(event_pb2.Event(
-                wall_time=a.get("time") or time.time(), step=a["step"],
-                summary=text_pb(AUDIT_TAG, md)))
+            self._writer.add_event(
+                event_pb2.Event(
+                    wall_time=a.get("time") or time.time(),
+                    step=a["step"],
+                    summary=text_pb(AUDIT_TAG, md),
+                )
+            )
 
     def scalars(self, step: int, values: dict, wall_time: float | None = None) -> None:
         """One Summary event at `step` holding every finite number in `values` (tag -> value);
         others (None, NaN, strings) are skipped."""
 
         from tensorboard.compat.proto import event_pb2, summary_pb2  # optional extra
-        vals = [summary_pb2.Summary.Value(tag=t, simple_value=float(v))
-                for t, v in values.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+
+        vals = [
+            summary_pb2.Summary.Value(tag=t, simple_value=float(v))
+            for t, v in values.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ]
         if not vals or self._writer is None:
             return
-        self._writer.add_event(event_pb2.Event(wall_time=wall_time or time.time(), step=step,
-                                               summary=summary_pb2.Summary(value=vals)))
+        self._writer.add_event(
+            event_pb2.Event(
+                wall_time=wall_time or time.time(),
+                step=step,
+                summary=summary_pb2.Summary(value=vals),
+            )
+        )
 
     def close(self) -> None:
         """Flush and close the live event file."""
@@ -270,12 +324,13 @@ def _add_step(ranges: list[list[int]], s: int) -> None:
     """Add step `s` to sorted disjoint [first, last] `ranges` (events come mostly in order,
     so this is nearly always the last range growing)."""
     import bisect
+
     i = bisect.bisect_right(ranges, [s, float("inf")])
     if i and ranges[i - 1][0] <= s <= ranges[i - 1][1]:
         return
     if i and ranges[i - 1][1] == s - 1:
         ranges[i - 1][1] = s
-        if i < len(ranges) and ranges[i][0] == s + 1:   # joins the next range too
+        if i < len(ranges) and ranges[i][0] == s + 1:  # joins the next range too
             ranges[i - 1][1] = ranges[i][1]
             del ranges[i]
     elif i < len(ranges) and ranges[i][0] == s + 1:
@@ -286,16 +341,22 @@ def _add_step(ranges: list[list[int]], s: int) -> None:
 
 def _in_ranges(ranges: list[list[int]], s: int) -> bool:
     import bisect
+
     i = bisect.bisect_right(ranges, [s, float("inf")])
     return bool(i) and ranges[i - 1][0] <= s <= ranges[i - 1][1]
 
 
 def step_scalars(rec: dict, ema: float | None) -> dict:
     """Tags -> values of one `.loss.json` step record (docs/history.md)."""
-    out = {"train/loss": rec.get("loss"), "train/loss_ema": ema, "train/lr": rec.get("lr"),
-           "train/grad_norm": rec.get("grad_norm"), "perf/tokens_per_s": rec.get("tokens_per_s"),
-           "perf/mfu": rec.get("mfu") if (rec.get("mfu") or 0) <= 1 else None,
-           "train/tokens": rec.get("tokens")}
+    out = {
+        "train/loss": rec.get("loss"),
+        "train/loss_ema": ema,
+        "train/lr": rec.get("lr"),
+        "train/grad_norm": rec.get("grad_norm"),
+        "perf/tokens_per_s": rec.get("tokens_per_s"),
+        "perf/mfu": rec.get("mfu") if (rec.get("mfu") or 0) <= 1 else None,
+        "train/tokens": rec.get("tokens"),
+    }
     for arm, p in (rec.get("p") or {}).items():
         out[f"arms/p/{arm}"] = p
     for arm, v in (rec.get("arm_loss") or {}).items():

@@ -5,6 +5,7 @@
 What it is not: the format or the manifest themselves (shared/checkpoint_format.py,
 shared/checkpoint_manifest.py), or resume (proxy/supervision/resume_planning.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,8 +45,9 @@ def newest_valid(run_dir: Path) -> Path | None:
     """The newest valid checkpoint of `run_dir` (manifest checksums checked), or None."""
     cfg, _ = find_config(run_dir / "run.json", str(run_dir))
     try:
-        info, _ = find_latest_valid(run_dir, cfg.n_params if cfg else None,
-                                    manifest_checksums(read_manifest(run_dir)))
+        info, _ = find_latest_valid(
+            run_dir, cfg.n_params if cfg else None, manifest_checksums(read_manifest(run_dir))
+        )
     except CheckpointError:
         return None
     return info.path if info else None

@@ -3,12 +3,13 @@ the file without holding the history in memory (docs/history.md); their loss EMA
 proxy/run_files/loss_ema.py.
 The history's appender and repair are shared/loss_history.py; this module only reads.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
-TAIL_BYTES = 1 << 17       # the last 128 KiB of .loss.json: a few hundred records
+TAIL_BYTES = 1 << 17  # the last 128 KiB of .loss.json: a few hundred records
 
 
 def tail_records(path, nbytes: int = TAIL_BYTES) -> list[dict]:

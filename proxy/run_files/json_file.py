@@ -4,6 +4,7 @@
 What it is not: a writer (shared/atomic_io.py `atomic_write_json`), or the reader of `.loss.json`
 (shared/loss_history.py, proxy/run_files/history_tail.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,6 +38,7 @@ def read_json(path: Path | str, default: Any = None, *, garbage: Garbage = "defa
         if garbage == "aside" and isinstance(e, ValueError):
             aside = Path(f"{path}.corrupt-{int(time.time())}")
             path.replace(aside)
-            log.warning("%s: unreadable (%s); moved aside to %s and starting it afresh",
-                        path, e, aside.name)
+            log.warning(
+                "%s: unreadable (%s); moved aside to %s and starting it afresh", path, e, aside.name
+            )
         return default

@@ -10,6 +10,7 @@ are skipped: t counts the finite ones. BETA = 0.95: about the last 20 steps weig
 
 What it is not: the raw mean of the last steps (`recent_mean`, printed beside it by the summary).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,7 @@ class LossEma:
 
     @property
     def value(self) -> float | None:
-        return self.m / (1 - self.beta ** self.t) if self.t else None
+        return self.m / (1 - self.beta**self.t) if self.t else None
 
     @classmethod
     def over(cls, records: Iterable[dict], beta: float = BETA) -> LossEma:
@@ -55,6 +56,9 @@ def loss_ema(records: Iterable[dict]) -> float | None:
 def recent_mean(records: list[dict], n: int) -> tuple[float | None, int]:
     """(the plain mean of the finite losses of the last `n` records, how many there were):
     what the losses really were, beside the EMA. (None, 0) when there is none."""
-    xs = [r["loss"] for r in records[-n:] if isinstance(r.get("loss"), (int, float))
-          and math.isfinite(r["loss"])]
+    xs = [
+        r["loss"]
+        for r in records[-n:]
+        if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])
+    ]
     return (sum(xs) / len(xs), len(xs)) if xs else (None, 0)

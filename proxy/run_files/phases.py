@@ -4,6 +4,7 @@ reads or writes the file.
 What it is not: the bandit's reset at a pivot (proxy/mixture/controller.py `next_phase`) or the
 pivot's state machine (proxy/supervision/pivots.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,7 @@ class Phase:
 
     index: int
     label: str
-    start_step: int                      # records from start_step + 1 on belong to this phase
+    start_step: int  # records from start_step + 1 on belong to this phase
     caps: dict[str, float] = field(default_factory=dict)
     floors: dict[str, float] = field(default_factory=dict)
     prior: dict[str, float] | None = None
@@ -34,13 +35,17 @@ def read_phases(layout: RunLayout) -> list[Phase]:
     try:
         return [Phase(**p) for p in json.loads(layout.phases.read_text())["phases"]]
     except FileNotFoundError:
-        raise ConfigError(f"{layout.phases}: missing; recreate it as "
-                          '{"phases": [{"index": 0, "label": "initial", "start_step": 0}]}') from None
+        raise ConfigError(
+            f"{layout.phases}: missing; recreate it as "
+            '{"phases": [{"index": 0, "label": "initial", "start_step": 0}]}'
+        ) from None
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{layout.phases}: unreadable ({e}); restore it from a backup, or "
-                          "rewrite it: one entry per phase (index, label, start_step, caps, "
-                          "floors), as each record of .loss.json names its phase "
-                          "(docs/pivots.md)") from e
+        raise ConfigError(
+            f"{layout.phases}: unreadable ({e}); restore it from a backup, or "
+            "rewrite it: one entry per phase (index, label, start_step, caps, "
+            "floors), as each record of .loss.json names its phase "
+            "(docs/pivots.md)"
+        ) from e
 
 
 def write_phases(layout: RunLayout, phases: list[Phase]) -> None:

@@ -5,6 +5,7 @@ one archived in archive/pivot-B/.
 What it is not: the state machine's moves (proxy/supervision/pivots.py) or the `pivot` command
 (proxy/commands/pivot.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,7 @@ from proxy.run_files.json_file import read_json
 from shared.atomic_io import atomic_write_json
 from shared.run_layout import RunLayout
 
-ARCHIVED_REQUEST = "pivot.request.json"   # the finished request, inside archive/pivot-B/
+ARCHIVED_REQUEST = "pivot.request.json"  # the finished request, inside archive/pivot-B/
 PENDING = ("requested", "boundary", "archived", "recorded")
 
 

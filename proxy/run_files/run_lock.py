@@ -5,6 +5,7 @@ The lock is an advisory flock on `.proxy.lock`: the kernel releases it when the 
 lock left by a dead process never blocks, and its descriptor is close-on-exec, so the worker never
 inherits it. `.proxy.owner.json` names the holder (host, pid, start time) for the refusal message.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,16 +49,23 @@ class RunLock:
             o = None
             try:
                 o = json.loads(self.layout.proxy_owner.read_text())
-                who = (f"{'proxy' if o.get('command', 'run') == 'run' else '`' + o['command'] + '`'}"
-                       f" pid {o['pid']} on host {o['host']} (since {time.ctime(o['started_at'])})")
+                who = (
+                    f"{'proxy' if o.get('command', 'run') == 'run' else '`' + o['command'] + '`'}"
+                    f" pid {o['pid']} on host {o['host']} (since {time.ctime(o['started_at'])})"
+                )
             except (OSError, ValueError, KeyError):
                 who = "another proxy (owner file unreadable)"
             raise RunLockError(
                 f"{self.layout.root}: already owned by {who}; stop it first "
                 f"(kill -TERM <pid>) or use another --run-dir",
-                o if isinstance(o, dict) else None) from None
-        owner = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time(),
-                 "command": self.command}
+                o if isinstance(o, dict) else None,
+            ) from None
+        owner = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at": time.time(),
+            "command": self.command,
+        }
         if self.job is not None:
             owner["job"] = self.job
         atomic_write_json(self.layout.proxy_owner, owner)

@@ -5,6 +5,7 @@ last `keep` of them, rewritten atomically per audit (it is small and bounded).
 `.state.json` = the bandit's `to_dict()` at the step of the checkpoint it goes with, written
 atomically when that checkpoint is durable.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,7 +36,7 @@ class SamplesLog:
 
     def add(self, audit: dict) -> None:
         audit = {k: v for k, v in audit.items() if k != "type"}
-        self.data["audits"] = (self.data["audits"] + [audit])[-self.keep:]
+        self.data["audits"] = (self.data["audits"] + [audit])[-self.keep :]
         self.save()
 
     def save(self) -> None:

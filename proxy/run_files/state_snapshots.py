@@ -10,6 +10,7 @@ One JSON object per line, appended: {"step", "phase_index", "phase_start", "next
 "bandit"} (MixtureController.to_snapshot), or {"rewound_to": S} when the history was cut back to
 S, which invalidates every earlier line with a step past S.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,9 @@ def compact(layout: RunLayout, at: int = COMPACT_AT) -> int:
         try:
             obj = json.loads(raw)
             if "rewound_to" in obj:
-                limit = int(obj["rewound_to"]) if limit is None else min(limit, int(obj["rewound_to"]))
+                limit = (
+                    int(obj["rewound_to"]) if limit is None else min(limit, int(obj["rewound_to"]))
+                )
                 continue
             step = int(obj["step"])
         except (ValueError, TypeError, KeyError):
@@ -84,8 +87,9 @@ def mark_rewound(layout: RunLayout, step: int) -> None:
         _append(layout, {"rewound_to": int(step)})
 
 
-def find_snapshot(layout: RunLayout, phase_index: int, phase_start: int,
-                  upto_step: int) -> dict | None:
+def find_snapshot(
+    layout: RunLayout, phase_index: int, phase_start: int, upto_step: int
+) -> dict | None:
     """The newest valid snapshot of this phase with phase_start <= step <= upto_step, or None.
     Torn or garbage lines (a kill mid-append) are skipped, and so are snapshots of another
     format than SNAPSHOT_FORMAT (written by an older version, whose bandit
@@ -106,8 +110,12 @@ def find_snapshot(layout: RunLayout, phase_index: int, phase_start: int,
             limit = min(limit, int(obj["rewound_to"]))
             continue
         try:
-            if (obj.get("format") == SNAPSHOT_FORMAT and obj["phase_index"] == phase_index
-                    and obj["phase_start"] == phase_start and phase_start <= obj["step"] <= limit):
+            if (
+                obj.get("format") == SNAPSHOT_FORMAT
+                and obj["phase_index"] == phase_index
+                and obj["phase_start"] == phase_start
+                and phase_start <= obj["step"] <= limit
+            ):
                 return obj
         except (KeyError, TypeError):
             continue

@@ -12,6 +12,7 @@ rendezvous itself runs on a fresh port the owner posts (proxy/supervision/nodes.
 What it is not: a rendezvous or a channel for anything else; a node on no shared filesystem and
 not on the endpoint's host is still only caught by the owner's deadline.
 """
+
 from __future__ import annotations
 
 import json
@@ -85,7 +86,9 @@ def second_owner(endpoint: str | None, rdzv_id: str | None, token: str, run_dir)
     d = ask(endpoint)
     if d is None or d.get("rdzv_id") != rdzv_id or d.get("token") == token:
         return None
-    return (f"two owners of job --rdzv-id {rdzv_id}: proxy pid {d.get('pid')} on {d.get('host')} "
-            f"owns it in {d.get('run_dir')}, and this node's --run-dir {run_dir} has no owner "
-            f"of that job, so it is not the same directory: give every node the same --run-dir "
-            f"on the filesystem they share")
+    return (
+        f"two owners of job --rdzv-id {rdzv_id}: proxy pid {d.get('pid')} on {d.get('host')} "
+        f"owns it in {d.get('run_dir')}, and this node's --run-dir {run_dir} has no owner "
+        f"of that job, so it is not the same directory: give every node the same --run-dir "
+        f"on the filesystem they share"
+    )

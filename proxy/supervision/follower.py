@@ -20,8 +20,10 @@ node rank in 1..N-1 (proxy/supervision/nodes.py `assign_node_rank`), then loops:
 - the owner is lost (its record stale, its pid gone): exit 1, naming it; nothing here takes
   over the run (one history, never forked).
 
-What it is not: the owner's supervision (proxy/supervision/supervisor.py) or the node files (proxy/supervision/nodes.py).
+What it is not: the owner's supervision (proxy/supervision/supervisor.py) or the node files
+(proxy/supervision/nodes.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,9 +36,23 @@ import time
 from pathlib import Path
 
 from proxy.supervision import proc_tree
-from proxy.supervision.launch import die_with_parent, rank_env, kill_ranks, local_ranks, reap_leftover_ranks, \
-    signal_pids, static_argv
-from proxy.supervision.nodes import NODE_STALE_S, NodeRecord, read_job, read_json, nodes_dir, record_alive
+from proxy.supervision.launch import (
+    die_with_parent,
+    rank_env,
+    kill_ranks,
+    local_ranks,
+    reap_leftover_ranks,
+    signal_pids,
+    static_argv,
+)
+from proxy.supervision.nodes import (
+    NODE_STALE_S,
+    NodeRecord,
+    read_job,
+    read_json,
+    nodes_dir,
+    record_alive,
+)
 from shared.exit_codes import EXIT_FAILED, EXIT_OK
 from shared.run_layout import RunLayout
 
@@ -48,8 +64,16 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 class Follower:
     """The follower loop of one node; `run()` returns the exit code."""
 
-    def __init__(self, layout: RunLayout, record: NodeRecord, owner: dict, nnodes: int,
-                 nproc_per_node: int, stop_timeout: float, rdzv_timeout: float) -> None:
+    def __init__(
+        self,
+        layout: RunLayout,
+        record: NodeRecord,
+        owner: dict,
+        nnodes: int,
+        nproc_per_node: int,
+        stop_timeout: float,
+        rdzv_timeout: float,
+    ) -> None:
         self.layout, self.rec, self.owner = layout, record, owner
         self.nnodes, self.nproc = nnodes, nproc_per_node
         self.stop_timeout, self.rdzv_timeout = stop_timeout, rdzv_timeout
@@ -59,7 +83,7 @@ class Follower:
         self.incarnation: int | None = None
         self.ranks: list[int] = []
         self._ranks_t = 0.0
-        self._ended_at: float | None = None   # the owner ended our incarnation at (monotonic)
+        self._ended_at: float | None = None  # the owner ended our incarnation at (monotonic)
         self._stop_sent = False
         self._stop_at = math.inf
         self._started = time.monotonic()
@@ -97,7 +121,11 @@ class Follower:
         end = time.monotonic() + self.stop_timeout
         while time.monotonic() < end and self._owner_alive():
             job = read_job(self.layout)
-            if job is not None and job.get("token") == self.rec.token and job.get("state") == "done":
+            if (
+                job is not None
+                and job.get("token") == self.rec.token
+                and job.get("state") == "done"
+            ):
                 return bool(job.get("clean"))
             self.rec.heartbeat()
             time.sleep(0.1)
@@ -107,19 +135,42 @@ class Follower:
     # ------------------------------------------------------------------ the agent
     def _launch(self, job: dict) -> None:
         args = [*job["worker_args"], "--parent-pid", str(os.getpid())]
-        argv = static_argv(sys.executable, args, self.nproc, self.nnodes, self.rec.node_rank,
-                           job["addr"], int(job["port"]), job["run_id"], self.rdzv_timeout)
+        argv = static_argv(
+            sys.executable,
+            args,
+            self.nproc,
+            self.nnodes,
+            self.rec.node_rank,
+            job["addr"],
+            int(job["port"]),
+            job["run_id"],
+            self.rdzv_timeout,
+        )
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen(argv, env=rank_env(env), start_new_session=True, close_fds=True,
-                                     preexec_fn=die_with_parent)
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])
+        )
+        self.proc = subprocess.Popen(
+            argv,
+            env=rank_env(env),
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=die_with_parent,
+        )
         self.incarnation = job["incarnation"]
         self._ended_at, self._stop_sent, self.ranks = None, False, []
-        self.rec.write(agent_pid=self.proc.pid, incarnation=self.incarnation, agent_exit=None,
-                       ranks=[])
-        log.info("incarnation %d: started this node's agent pid %d (node rank %d of %d, store "
-                 "%s:%s)", self.incarnation, self.proc.pid, self.rec.node_rank, self.nnodes,
-                 job["addr"], job["port"])
+        self.rec.write(
+            agent_pid=self.proc.pid, incarnation=self.incarnation, agent_exit=None, ranks=[]
+        )
+        log.info(
+            "incarnation %d: started this node's agent pid %d (node rank %d of %d, store %s:%s)",
+            self.incarnation,
+            self.proc.pid,
+            self.rec.node_rank,
+            self.nnodes,
+            job["addr"],
+            job["port"],
+        )
 
     def _refresh_ranks(self) -> None:
         if self.proc is not None and time.monotonic() - self._ranks_t > 0.5:
@@ -145,6 +196,7 @@ class Follower:
         return True
 
     def _kill_agent(self) -> None:
+        assert self.proc is not None  # called only while an agent runs
         ranks = self.ranks + local_ranks(self.proc.pid, str(self.layout.root))
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -171,8 +223,11 @@ class Follower:
                 job = None  # an earlier owner's, not yet replaced
             if self.stop and not said_stop:
                 said_stop = True
-                log.info("%s received: asking every node to checkpoint and stop (this node's "
-                         "ranks directly, the owner through this node's record)", self.stop)
+                log.info(
+                    "%s received: asking every node to checkpoint and stop (this node's "
+                    "ranks directly, the owner through this node's record)",
+                    self.stop,
+                )
                 self.rec.write(stop_request=self.stop)
             if self.proc is None:
                 if self.stop:
@@ -181,13 +236,20 @@ class Follower:
                     log.info("the owner ended the job (%s): exiting", job.get("why") or "done")
                     return EXIT_OK
                 if not self._owner_alive():
-                    log.error("the run's owner (proxy pid %s on %s) is gone: this node stops "
-                              "(the owner's node holds rank 0 and the history; start the job "
-                              "again)", self.owner.get("pid"), self.owner.get("host"))
+                    log.error(
+                        "the run's owner (proxy pid %s on %s) is gone: this node stops "
+                        "(the owner's node holds rank 0 and the history; start the job "
+                        "again)",
+                        self.owner.get("pid"),
+                        self.owner.get("host"),
+                    )
                     return EXIT_FAILED
-                if (job is not None and job.get("state") == "launch"
-                        and job.get("incarnation") != self.incarnation
-                        and [self.rec.host, self.rec.pid] in job.get("members", [])):
+                if (
+                    job is not None
+                    and job.get("state") == "launch"
+                    and job.get("incarnation") != self.incarnation
+                    and [self.rec.host, self.rec.pid] in job.get("members", [])
+                ):
                     self._launch(job)  # (one this node joined after waits for the next)
                 time.sleep(0.05)
                 continue
@@ -204,29 +266,43 @@ class Follower:
             rc = self.proc.poll()
             if rc is not None:
                 reap_leftover_ranks(self.ranks, str(self.layout.root))
-                log.info("incarnation %s: this node's agent exited with code %d", self.incarnation, rc)
+                log.info(
+                    "incarnation %s: this node's agent exited with code %d", self.incarnation, rc
+                )
                 self.rec.write(agent_pid=None, agent_exit=rc, ranks=[])
                 self.proc, self.ranks = None, []
                 if self.stop:
                     return EXIT_OK if rc == 0 or self._owner_ended_clean() else EXIT_FAILED
                 continue
             now = time.monotonic()
-            ended = (job is None or job.get("incarnation") != self.incarnation
-                     or job.get("state") != "launch" or not self._owner_alive())
+            ended = (
+                job is None
+                or job.get("incarnation") != self.incarnation
+                or job.get("state") != "launch"
+                or not self._owner_alive()
+            )
             if not ended and self._ended_at is not None and self._ended_at != math.inf:
                 self._ended_at = None  # job.json unreadable for a moment (a network filesystem)
             if ended and self._ended_at is None:
                 self._ended_at = now
                 clean = job is not None and job.get("agent_exit") == 0
-                log.log(logging.INFO if clean else logging.WARNING,
-                        "incarnation %s ended on the owner's side (%s) while this node's agent "
-                        "still runs: it gets %.0f s to exit", self.incarnation,
-                        "cleanly" if clean else "its ranks failed or the owner is gone",
-                        self.stop_timeout)
+                log.log(
+                    logging.INFO if clean else logging.WARNING,
+                    "incarnation %s ended on the owner's side (%s) while this node's agent "
+                    "still runs: it gets %.0f s to exit",
+                    self.incarnation,
+                    "cleanly" if clean else "its ranks failed or the owner is gone",
+                    self.stop_timeout,
+                )
             stuck_stop = self._stop_sent and now - self._stop_at > self.stop_timeout
-            if (self._ended_at is not None and now - self._ended_at > self.stop_timeout) or stuck_stop:
-                log.error("this node's agent pid %d and ranks %s did not exit: killing them",
-                          self.proc.pid, self.ranks)
+            if (
+                self._ended_at is not None and now - self._ended_at > self.stop_timeout
+            ) or stuck_stop:
+                log.error(
+                    "this node's agent pid %d and ranks %s did not exit: killing them",
+                    self.proc.pid,
+                    self.ranks,
+                )
                 self._kill_agent()
                 self._ended_at = self._stop_at = math.inf
             proc_tree.reap_orphans({self.proc.pid})
@@ -243,14 +319,20 @@ def _owner_job_problem(owner: dict | None, job: dict) -> str | None:
     if not ojob:
         return f"it is owned by {who}, a single-node run (no --nnodes)"
     if ojob.get("rdzv_id") != job["rdzv_id"]:
-        return (f"it is owned by {who} for the job --rdzv-id {ojob.get('rdzv_id')}, not this "
-                f"node's --rdzv-id {job['rdzv_id']}")
+        return (
+            f"it is owned by {who} for the job --rdzv-id {ojob.get('rdzv_id')}, not this "
+            f"node's --rdzv-id {job['rdzv_id']}"
+        )
     if ojob.get("nnodes") != job["nnodes"]:
-        return (f"mismatched --nnodes: its owner ({who}) runs --nnodes {ojob.get('nnodes')}, this "
-                f"node --nnodes {job['nnodes']}; give every node the same --nnodes")
+        return (
+            f"mismatched --nnodes: its owner ({who}) runs --nnodes {ojob.get('nnodes')}, this "
+            f"node --nnodes {job['nnodes']}; give every node the same --nnodes"
+        )
     if ojob.get("nproc_per_node") != job["nproc_per_node"]:
-        return (f"mismatched --nproc-per-node: its owner ({who}) runs {ojob.get('nproc_per_node')} "
-                f"rank(s) per node, this node {job['nproc_per_node']}; give every node the same")
+        return (
+            f"mismatched --nproc-per-node: its owner ({who}) runs {ojob.get('nproc_per_node')} "
+            f"rank(s) per node, this node {job['nproc_per_node']}; give every node the same"
+        )
     return None
 
 
@@ -261,6 +343,7 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
     from proxy.supervision.nodes import NodeSetupError, assign_node_rank
     from shared.exit_codes import EXIT_USAGE
     import json
+
     owner = err.owner
     why = _owner_job_problem(owner, job)
     end = time.monotonic() + 3.0
@@ -273,29 +356,51 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
             owner = None
         why = _owner_job_problem(owner, job)
     if why is not None:
-        log.error("%s: this node cannot join: %s. Every node of one job runs the same command "
-                  "(--run-dir on a shared filesystem, --nnodes, --nproc-per-node, --rdzv-id)",
-                  layout.root, why)
+        log.error(
+            "%s: this node cannot join: %s. Every node of one job runs the same command "
+            "(--run-dir on a shared filesystem, --nnodes, --nproc-per-node, --rdzv-id)",
+            layout.root,
+            why,
+        )
         return EXIT_USAGE
     from proxy.supervision import beacon  # this node on the endpoint's host answers for the job
-    beacon.serve(a.rdzv_endpoint, {"rdzv_id": job["rdzv_id"], "token": owner["job"]["token"],
-                                   "run_dir": str(layout.root), "host": owner["host"],
-                                   "pid": owner["pid"]})
+
+    beacon.serve(
+        a.rdzv_endpoint,
+        {
+            "rdzv_id": job["rdzv_id"],
+            "token": owner["job"]["token"],
+            "run_dir": str(layout.root),
+            "host": owner["host"],
+            "pid": owner["pid"],
+        },
+    )
     if a.node_rank is not None:
-        log.info("--node-rank %d ignored: the run's owner is node rank 0 and followers take 1..%d "
-                 "in the order they join (docs/architecture.md#several-nodes)", a.node_rank,
-                 job["nnodes"] - 1)
+        log.info(
+            "--node-rank %d ignored: the run's owner is node rank 0 and followers take 1..%d "
+            "in the order they join (docs/architecture.md#several-nodes)",
+            a.node_rank,
+            job["nnodes"] - 1,
+        )
     try:
         rec = assign_node_rank(layout, owner["job"]["token"], job["nnodes"], job["nproc_per_node"])
     except NodeSetupError as e:
         log.error("%s", e)
         return EXIT_USAGE
-    log.info("following the run %s as node rank %d of %d (owner: proxy pid %s on %s); this node "
-             "writes only %s", layout.root, rec.node_rank, job["nnodes"], owner["pid"],
-             owner["host"], rec.path.name)
+    log.info(
+        "following the run %s as node rank %d of %d (owner: proxy pid %s on %s); this node "
+        "writes only %s",
+        layout.root,
+        rec.node_rank,
+        job["nnodes"],
+        owner["pid"],
+        owner["host"],
+        rec.path.name,
+    )
     rec.start_heartbeat()
-    f = Follower(layout, rec, owner, job["nnodes"], job["nproc_per_node"], a.stop_timeout,
-                 a.rdzv_timeout)
+    f = Follower(
+        layout, rec, owner, job["nnodes"], job["nproc_per_node"], a.stop_timeout, a.rdzv_timeout
+    )
     f.install_signal_handlers()
     code = f.run()
     log.info("follower exiting with code %d", code)

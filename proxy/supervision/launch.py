@@ -15,6 +15,7 @@ newest valid checkpoint.
 What it is not: the supervision loop (proxy/supervision/supervisor.py) or process-group set-up inside the
 worker (worker/distributed.py). No torch import here: the proxy stays light.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,12 +38,12 @@ class LaunchOptions:
     """torchrun options passed through from `python -m proxy run` (torchrun's own names)."""
 
     nproc_per_node: int = 1
-    nnodes: str | None = None          # "N" or "MIN:MAX"
+    nnodes: str | None = None  # "N" or "MIN:MAX"
     node_rank: int | None = None
-    rdzv_endpoint: str | None = None   # host:port of the rendezvous
+    rdzv_endpoint: str | None = None  # host:port of the rendezvous
     rdzv_id: str | None = None
-    rdzv_backend: str | None = None    # default c10d when an endpoint is given
-    rdzv_timeout: float = 600.0        # seconds the owner waits for every node to join
+    rdzv_backend: str | None = None  # default c10d when an endpoint is given
+    rdzv_timeout: float = 600.0  # seconds the owner waits for every node to join
 
     @property
     def nodes(self) -> int:
@@ -58,8 +59,15 @@ class LaunchOptions:
     @property
     def uses_torchrun(self) -> bool:
         return self.nproc_per_node > 1 or any(
-            v is not None for v in (self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id,
-                                    self.rdzv_backend))
+            v is not None
+            for v in (
+                self.nnodes,
+                self.node_rank,
+                self.rdzv_endpoint,
+                self.rdzv_id,
+                self.rdzv_backend,
+            )
+        )
 
     def world_size(self) -> int:
         """Ranks in the whole job (nproc_per_node x the maximum number of nodes)."""
@@ -71,8 +79,17 @@ def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> l
 
     Single node without a rendezvous endpoint: `--standalone` (a private store on a free port,
     so several runs on one box never collide)."""
-    argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(opts.nproc_per_node),
-            "--max-restarts", "0", "--monitor-interval", "0.5"]
+    argv = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(opts.nproc_per_node),
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.5",
+    ]
     if opts.rdzv_endpoint is None and opts.nnodes in (None, "1", "1:1"):
         argv.append("--standalone")
     else:
@@ -88,17 +105,49 @@ def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> l
     return argv + ["-m", "worker", *worker_args]
 
 
-def static_argv(python: str, worker_args: list[str], nproc_per_node: int, nnodes: int,
-                node_rank: int, addr: str, port: int, run_id: str, timeout: float) -> list[str]:
+def static_argv(
+    python: str,
+    worker_args: list[str],
+    nproc_per_node: int,
+    nnodes: int,
+    node_rank: int,
+    addr: str,
+    port: int,
+    run_id: str,
+    timeout: float,
+) -> list[str]:
     """argv of torchrun with the static rendezvous (docs/architecture.md#several-nodes): node
     `node_rank` of `nnodes`, the store served by node rank 0's agent at `addr`:`port`, so the
     global rank of local rank l is node_rank x nproc_per_node + l; `timeout` seconds for every
     node's agent to reach the store."""
-    return [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
-            "--max-restarts", "0", "--monitor-interval", "0.5", "--nnodes", str(nnodes),
-            "--node-rank", str(node_rank), "--rdzv-backend", "static", "--master-addr", addr,
-            "--master-port", str(port), "--rdzv-id", run_id,
-            "--rdzv-conf", f"timeout={max(1, int(timeout))}", "-m", "worker", *worker_args]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.5",
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--rdzv-backend",
+        "static",
+        "--master-addr",
+        addr,
+        "--master-port",
+        str(port),
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        f"timeout={max(1, int(timeout))}",
+        "-m",
+        "worker",
+        *worker_args,
+    ]
 
 
 def rank_env(env: dict) -> dict:
@@ -121,6 +170,7 @@ def die_with_parent() -> None:
     and exits, also while it still waits for a rendezvous (docs/signals.md#parent-death).
     The kernel sends it when the spawning thread exits: the proxy spawns from its main thread."""
     import ctypes
+
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
@@ -191,8 +241,13 @@ def wait_for_earlier_workers(layout: RunLayout, grace: float) -> list[int]:
     ours = [p for p in rank_pids(layout) if p != os.getpid() and _is_our_rank(p, str(layout.root))]
     if not ours:
         return []
-    log.warning("worker pid(s) %s of an earlier proxy still run on %s: waiting up to %.0f s for "
-                "their checkpoint and exit before resuming", ours, layout.root, grace)
+    log.warning(
+        "worker pid(s) %s of an earlier proxy still run on %s: waiting up to %.0f s for "
+        "their checkpoint and exit before resuming",
+        ours,
+        layout.root,
+        grace,
+    )
     _wait_then_kill(ours, grace, "worker pid(s) %s did not exit within %.0f s: killing them")
     return ours
 
@@ -215,4 +270,6 @@ def reap_leftover_ranks(pids: list[int], run_dir: str, grace: float = 10.0) -> l
     only), then SIGKILL them. Returns the pids that had to be killed (logged: nothing may be
     left holding a GPU)."""
     ours = [p for p in pids if _is_our_rank(p, run_dir)]
-    return _wait_then_kill(ours, grace, "ranks %s outlived the torchrun agent by %.0f s: killing them")
+    return _wait_then_kill(
+        ours, grace, "ranks %s outlived the torchrun agent by %.0f s: killing them"
+    )

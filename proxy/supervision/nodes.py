@@ -27,6 +27,7 @@ from the counter here. Elastic membership (`--nnodes MIN:MAX`) is given up: the 
 What it is not: the supervision of the owner's incarnations (proxy/supervision/supervisor.py) or the
 follower's loop (proxy/supervision/follower.py); the launch argv is built in proxy/supervision/launch.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,8 @@ from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
 
-HEARTBEAT_S = 1.0        # every node's proxy rewrites its record this often (seconds)
-NODE_STALE_S = 15.0      # a record on another host older than this is a lost node (seconds)
+HEARTBEAT_S = 1.0  # every node's proxy rewrites its record this often (seconds)
+NODE_STALE_S = 15.0  # a record on another host older than this is a lost node (seconds)
 
 
 class NodeSetupError(RuntimeError):
@@ -98,7 +99,7 @@ def record_alive(rec: dict, stale_s: float = NODE_STALE_S) -> bool:
 
 def node_records(layout: RunLayout) -> list[dict]:
     """Every node record in `.nodes/` (live or not), sorted by node rank."""
-    out = []
+    out: list[dict] = []
     d = nodes_dir(layout)
     if not d.is_dir():
         return out
@@ -117,16 +118,21 @@ class NodeRecord:
     """This proxy's own record `.nodes/<host>-<pid>.json`, the one file a follower writes."""
 
     layout: RunLayout
-    role: str            # "owner" | "follower"
+    role: str  # "owner" | "follower"
     node_rank: int
-    token: str           # the job (owner proxy's life) this node belongs to
+    token: str  # the job (owner proxy's life) this node belongs to
     nproc_per_node: int
 
     def __post_init__(self) -> None:
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.path = nodes_dir(self.layout) / f"{self.host}-{self.pid}.json"
-        self.fields: dict = {"agent_pid": None, "ranks": [], "incarnation": None,
-                             "agent_exit": None, "stop_request": None}
+        self.fields: dict = {
+            "agent_pid": None,
+            "ranks": [],
+            "incarnation": None,
+            "agent_exit": None,
+            "stop_request": None,
+        }
         self._t = 0.0
         self._lock = threading.Lock()
         self._beating: threading.Event | None = None
@@ -136,10 +142,19 @@ class NodeRecord:
         with self._lock:
             self.fields.update(changes)
             nodes_dir(self.layout).mkdir(exist_ok=True)
-            atomic_write_json(self.path, {"host": self.host, "pid": self.pid, "role": self.role,
-                                          "node_rank": self.node_rank, "token": self.token,
-                                          "nproc_per_node": self.nproc_per_node,
-                                          "heartbeat": time.time(), **self.fields})
+            atomic_write_json(
+                self.path,
+                {
+                    "host": self.host,
+                    "pid": self.pid,
+                    "role": self.role,
+                    "node_rank": self.node_rank,
+                    "token": self.token,
+                    "nproc_per_node": self.nproc_per_node,
+                    "heartbeat": time.time(),
+                    **self.fields,
+                },
+            )
             self._t = time.monotonic()
 
     def start_heartbeat(self) -> None:
@@ -177,8 +192,11 @@ class NodeRecord:
 
 def live_followers(layout: RunLayout, token: str) -> list[dict]:
     """Records of live followers that joined the job `token`."""
-    return [r for r in node_records(layout)
-            if r.get("role") == "follower" and r.get("token") == token and record_alive(r)]
+    return [
+        r
+        for r in node_records(layout)
+        if r.get("role") == "follower" and r.get("token") == token and record_alive(r)
+    ]
 
 
 def assign_node_rank(layout: RunLayout, token: str, nnodes: int, nproc: int) -> NodeRecord:
@@ -194,15 +212,22 @@ def assign_node_rank(layout: RunLayout, token: str, nnodes: int, nproc: int) -> 
             raise NodeSetupError(
                 f"{layout.root}: the job already has its {nnodes} nodes (owner, and node ranks "
                 f"{who}); this node would be one too many: give every node the same --nnodes, "
-                f"or stop the extra launch")
+                f"or stop the extra launch"
+            )
         rec = NodeRecord(layout, "follower", free[0], token, nproc)
         rec.write()
     return rec
 
 
-def wait_for_followers(layout: RunLayout, token: str, nnodes: int, timeout: float,
-                       stopping=lambda: False, idle=lambda: None,
-                       busy_ok: bool = False) -> list[dict] | None:
+def wait_for_followers(
+    layout: RunLayout,
+    token: str,
+    nnodes: int,
+    timeout: float,
+    stopping=lambda: False,
+    idle=lambda: None,
+    busy_ok: bool = False,
+) -> list[dict] | None:
     """Wait until nnodes-1 live followers of job `token` have joined and none still runs an
     agent of an earlier incarnation (unless `busy_ok`). Returns their records, or None when
     `stopping()` turned true. Raises NodeSetupError after `timeout` seconds, naming the node
@@ -220,20 +245,32 @@ def wait_for_followers(layout: RunLayout, token: str, nnodes: int, timeout: floa
         now = time.monotonic()
         if now > end:
             missing = [r for r in range(1, nnodes) if r not in ranks]
-            present = ", ".join(f"{r['node_rank']} ({r['host']} pid {r['pid']})" for r in fol) or "none"
+            present = (
+                ", ".join(f"{r['node_rank']} ({r['host']} pid {r['pid']})" for r in fol) or "none"
+            )
             raise NodeSetupError(
                 f"rendezvous incomplete after {timeout:.0f} s: node rank(s) "
                 f"{', '.join(map(str, missing)) or '-'} of --nnodes {nnodes} never joined "
                 f"{layout.root} (joined: owner {socket.gethostname()} pid {os.getpid()}, "
                 f"followers {present}"
-                + (f"; still running an earlier incarnation: "
-                   f"{', '.join(str(r['node_rank']) for r in busy)}" if busy else "")
+                + (
+                    f"; still running an earlier incarnation: "
+                    f"{', '.join(str(r['node_rank']) for r in busy)}"
+                    if busy
+                    else ""
+                )
                 + "). Start the same command on the missing node(s), with --run-dir on the "
-                  "filesystem every node shares (a node whose --run-dir is another directory "
-                  "becomes the owner of that one and waits in vain), or raise --rdzv-timeout")
+                "filesystem every node shares (a node whose --run-dir is another directory "
+                "becomes the owner of that one and waits in vain), or raise --rdzv-timeout"
+            )
         if now - said > 10:
-            log.info("waiting for %d node(s) to join %s (have node ranks %s of %d)",
-                     nnodes - 1 - len(ranks), layout.root, ranks or "none", nnodes)
+            log.info(
+                "waiting for %d node(s) to join %s (have node ranks %s of %d)",
+                nnodes - 1 - len(ranks),
+                layout.root,
+                ranks or "none",
+                nnodes,
+            )
             said = now
         idle()
         time.sleep(0.05)

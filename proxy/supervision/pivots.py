@@ -9,6 +9,7 @@ What it is not: the request file's reader and writer (proxy/run_files/pivot_requ
 phase record (proxy/supervision/resume_planning.py `start_pivot_phase`), the `pivot` command
 (proxy/commands/pivot.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,7 +33,7 @@ from shared.run_layout import RunLayout
 log = logging.getLogger("proxy.commands.pivot")
 
 
-FAULT_ENV = "ANDREA_FAULT_PIVOT"          # test hook: the proxy SIGKILLs itself at that moment
+FAULT_ENV = "ANDREA_FAULT_PIVOT"  # test hook: the proxy SIGKILLs itself at that moment
 
 
 def fault_point(moment: str) -> None:
@@ -44,8 +45,9 @@ def fault_point(moment: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int,
-                       max_steps: int) -> int | None:
+def poll_pivot_request(
+    layout: RunLayout, cfg: RunConfig, filed_step: int, max_steps: int
+) -> int | None:
     """Called by the live proxy's watch loop. A request in state "requested" gets its boundary
     B = the next multiple of the checkpoint cadence after `filed_step` + 1 (the worker may be a
     step ahead of what is filed): handshake control stop_at_step = B (reason "pivot") is posted
@@ -58,25 +60,37 @@ def poll_pivot_request(layout: RunLayout, cfg: RunConfig, filed_step: int,
     now = bool(req.get("now"))
     b = next_boundary(cfg, filed_step, now)
     if b >= max_steps:
-        _fail(layout, req, (f"the next step, {b}," if now else
-                            f"the next checkpoint boundary, step {b},")
-              + f" is not before the last step {max_steps}")
+        _fail(
+            layout,
+            req,
+            (f"the next step, {b}," if now else f"the next checkpoint boundary, step {b},")
+            + f" is not before the last step {max_steps}",
+        )
         return None
     posted = update_handshake(layout, lambda d: _post_pivot_stop(d["control"], b, now))["control"]
     if posted.get("reason") != "pivot":  # a collapse alarm's stop is pending: it goes first
         if req.get("waiting_for") != "alarm":
             req.update(waiting_for="alarm")
             write_request(layout, req)
-            log.warning("pivot %r waits: a collapse alarm is stopping the run at step %s; the "
-                        "request stays pending and is served at the next start (`python -m "
-                        "proxy run --run-dir %s`)", req.get("label"), posted.get("stop_at_step"),
-                        layout.root)
+            log.warning(
+                "pivot %r waits: a collapse alarm is stopping the run at step %s; the "
+                "request stays pending and is served at the next start (`python -m "
+                "proxy run --run-dir %s`)",
+                req.get("label"),
+                posted.get("stop_at_step"),
+                layout.root,
+            )
         return None
     req.pop("waiting_for", None)
     req.update(state="boundary", step=b, proxy_pid=os.getpid(), posted_at=time.time())
     write_request(layout, req)
-    log.info("pivot requested (by pid %s, label %r%s): the worker checkpoints and stops at step %d",
-             req.get("requested_by"), req.get("label"), ", --now" if now else "", b)
+    log.info(
+        "pivot requested (by pid %s, label %r%s): the worker checkpoints and stops at step %d",
+        req.get("requested_by"),
+        req.get("label"),
+        ", --now" if now else "",
+        b,
+    )
     fault_point("before-boundary")
     return b
 
@@ -114,9 +128,13 @@ def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:
     old = req.get("step")
     req.update(step=step, planned_step=old)
     write_request(layout, req)
-    log.info("pivot %r: the worker was past step %s when the request reached it; it stops at the "
-             "next checkpoint boundary, step %d, and the pivot happens there", req.get("label"),
-             old, step)
+    log.info(
+        "pivot %r: the worker was past step %s when the request reached it; it stops at the "
+        "next checkpoint boundary, step %d, and the pivot happens there",
+        req.get("label"),
+        old,
+        step,
+    )
     return step
 
 
@@ -127,15 +145,22 @@ def fail_unserved(layout: RunLayout, last_step: int, max_steps: int) -> bool:
     req = pending_request(layout)
     if not req or req.get("state") != "boundary" or last_step < max_steps:
         return False
-    _fail(layout, req, f"the run reached its last step {max_steps} before the pivot's "
-                       f"boundary (step {req.get('step')})")
+    _fail(
+        layout,
+        req,
+        f"the run reached its last step {max_steps} before the pivot's "
+        f"boundary (step {req.get('step')})",
+    )
     return True
 
 
 def _fail(layout: RunLayout, req: dict, why: str) -> None:
     """Give the request state "failed" with `why` and the remedy; nothing else changes."""
-    req.update(state="failed", error=f"{why}: nothing would train in the new phase; run longer "
-               "(run --max-steps N) and pivot again")
+    req.update(
+        state="failed",
+        error=f"{why}: nothing would train in the new phase; run longer "
+        "(run --max-steps N) and pivot again",
+    )
     write_request(layout, req)
     log.warning("pivot %r not served: %s", req.get("label"), req["error"])
 
@@ -154,9 +179,13 @@ def pivot_due(layout: RunLayout, step: int) -> dict | None:
     if b is not None:  # a half-made archive of B
         shutil.rmtree(_tmp_archive(layout, b), ignore_errors=True)
         shutil.rmtree(layout.pivot_archive(b), ignore_errors=True)
-    log.warning("pivot %r was to happen at step %s but the run resumes from step %d: the old "
-                "phase goes on and the request is served again at the next boundary",
-                req.get("label"), b, step)
+    log.warning(
+        "pivot %r was to happen at step %s but the run resumes from step %d: the old "
+        "phase goes on and the request is served again at the next boundary",
+        req.get("label"),
+        b,
+        step,
+    )
     req.update(state="requested", step=None)
     write_request(layout, req)
     return None
@@ -194,10 +223,15 @@ def mark_running(layout: RunLayout, step: int, worker_pid: int | None, first_ste
     req = read_request(layout)
     if not req or req.get("state") != "recorded" or req.get("step") != step:
         return False
-    req.update(state="running", worker_pid=worker_pid, first_step=first_step,
-               running_at=time.time())
+    req.update(
+        state="running", worker_pid=worker_pid, first_step=first_step, running_at=time.time()
+    )
     write_request(layout, req)
     archive_request(layout, step)
-    log.info("pivot %r: new worker pid %s filed step %d; phase in force", req.get("label"),
-             worker_pid, first_step)
+    log.info(
+        "pivot %r: new worker pid %s filed step %d; phase in force",
+        req.get("label"),
+        worker_pid,
+        first_step,
+    )
     return True

@@ -5,6 +5,7 @@ a child subreaper), and naming a process that does not answer.
 What it is not: the supervision loop itself (proxy/supervision/supervisor.py) or the worker's own signal
 handling (worker/signals.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,16 @@ log = logging.getLogger("proxy")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 WORKER_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1)
 PR_SET_CHILD_SUBREAPER = 36
-STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O (D)", "T": "stopped (SIGSTOP?)",
-          "t": "stopped by a tracer", "Z": "zombie", "X": "dead", "I": "idle"}
+STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "in uninterruptible I/O (D)",
+    "T": "stopped (SIGSTOP?)",
+    "t": "stopped by a tracer",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+}
 
 
 class EarlySignals:

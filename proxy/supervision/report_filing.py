@@ -11,6 +11,7 @@ log line or a progress line (docs/handshake.md#reports, docs/architecture.md#the
 What it is not: reading reports or the handshake (shared/handshake.py), the watch loop
 (proxy/supervision/supervisor.py), the sidecars' formats (proxy/run_files/sidecars.py, shared/loss_history.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,7 +32,7 @@ from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
 
-PRINT_SECONDS = 30.0   # at most this long between progress lines (also with a large --print-every)
+PRINT_SECONDS = 30.0  # at most this long between progress lines (also with a large --print-every)
 
 
 def print_seconds() -> float:
@@ -49,20 +50,30 @@ class ReportFiler:
     the phase's audit log; `pending_events`: events to attach to the next step record filed
     (one record per step stays; the list is emptied as they are attached)."""
 
-    def __init__(self, layout: RunLayout, cfg: RunConfig, history: LossHistory,
-                 mix: MixtureController, samples: SamplesLog, stats: LiveStats,
-                 max_steps: int, print_every: int, stop_on_collapse: bool,
-                 pending_events: list[dict], watch: RunWatch) -> None:
+    def __init__(
+        self,
+        layout: RunLayout,
+        cfg: RunConfig,
+        history: LossHistory,
+        mix: MixtureController,
+        samples: SamplesLog,
+        stats: LiveStats,
+        max_steps: int,
+        print_every: int,
+        stop_on_collapse: bool,
+        pending_events: list[dict],
+        watch: RunWatch,
+    ) -> None:
         self.layout, self.cfg, self.history = layout, cfg, history
         self.mix, self.samples, self.stats = mix, samples, stats
         self.max_steps, self.print_every = max_steps, print_every
         self.stop_on_collapse = stop_on_collapse
         self.pending_events = pending_events
-        self.watch = watch                     # progress line, TensorBoard, summary
+        self.watch = watch  # progress line, TensorBoard, summary
         self.collapse = CollapseWatch(layout, stop_on_collapse)
-        self.snapshots: dict[int, dict] = {}   # step -> controller snapshot, until durable
+        self.snapshots: dict[int, dict] = {}  # step -> controller snapshot, until durable
         self._status_t = 0.0
-        self._printed_at: float | None = None   # monotonic time of the last progress line
+        self._printed_at: float | None = None  # monotonic time of the last progress line
 
     def file(self, r: dict) -> None:
         """File one report (a dict with "type"); unknown types are ignored."""
@@ -77,16 +88,24 @@ class ReportFiler:
         elif kind == "audit":
             self._audit(r)
         elif kind == "hello":
-            log.info("worker pid %d up: %s, %s parameters, resumed from step %d, world size %d",
-                     r["pid"], r["device"], f"{r['n_params']:,}", r["resumed_from"],
-                     r["world_size"])
+            log.info(
+                "worker pid %d up: %s, %s parameters, resumed from step %d, world size %d",
+                r["pid"],
+                r["device"],
+                f"{r['n_params']:,}",
+                r["resumed_from"],
+                r["world_size"],
+            )
             self.stats.worker = r
         elif kind == "event":
             if r.get("event") == "stopped":
                 self.stats.exit_code = r.get("exit_code")
                 self.stats.stop_why = r.get("why")
-            log.info("worker event %s: %s", r.get("event", "?"), " ".join(
-                f"{k}={v}" for k, v in r.items() if k not in ("type", "event", "time")))
+            log.info(
+                "worker event %s: %s",
+                r.get("event", "?"),
+                " ".join(f"{k}={v}" for k, v in r.items() if k not in ("type", "event", "time")),
+            )
 
     def _step(self, r: dict) -> None:
         rec = {k: v for k, v in r.items() if k != "type"}
@@ -111,16 +130,23 @@ class ReportFiler:
             write_state(self.layout.state, snap["bandit"])
             append_snapshot(self.layout, snap)
         self.stats.last_checkpoint = {"step": r["step"], "file": r["file"], "reason": r["reason"]}
-        log.info("checkpoint %s (step %d, %s, %s bytes, %.2f s)", r["file"], r["step"],
-                 r["reason"], f"{r['bytes']:,}", r["seconds"])
+        log.info(
+            "checkpoint %s (step %d, %s, %s bytes, %.2f s)",
+            r["file"],
+            r["step"],
+            r["reason"],
+            f"{r['bytes']:,}",
+            r["seconds"],
+        )
 
     def _audit(self, r: dict) -> None:
         alarm = self.collapse.on_audit(r)
         self.samples.add(r)
         if alarm and self.stop_on_collapse:
             at = max(r["step"], self.history.last_step or 0) + 1
-            update_handshake(self.layout, lambda d: d["control"].update(
-                stop_at_step=at, reason="alarm"))
+            update_handshake(
+                self.layout, lambda d: d["control"].update(stop_at_step=at, reason="alarm")
+            )
         for block in format_audit(r):  # prompt and text apart, real line breaks
             log.info("%s", block)
 
@@ -136,10 +162,12 @@ class ReportFiler:
         now = time.monotonic()
         # the first step of this start at once, then every --print-every steps or every
         # PRINT_SECONDS, whichever comes first (docs/operations.md#watching)
-        if (self._printed_at is None or rec["step"] % self.print_every == 0
-                or rec["step"] == self.max_steps or now - self._printed_at >= print_seconds()):
+        if (
+            self._printed_at is None
+            or rec["step"] % self.print_every == 0
+            or rec["step"] == self.max_steps
+            or now - self._printed_at >= print_seconds()
+        ):
             # elapsed, ETA (proxy/observation/progress.py)
             print(self.watch.progress_line(rec, s), flush=True)
             self._printed_at = now
-
-

@@ -8,6 +8,7 @@ history (step last+1, last+2, ... without a gap) to `.loss.json`, each marked "f
 usual resume logic then rewinds whatever lies past the checkpoint it loads, so `.loss.json` ends
 up holding exactly one record per step 1..S, as if the proxy had never died.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,7 +41,12 @@ def salvage_step_reports(layout: RunLayout, history: LossHistory, phases: list) 
     if recs:
         history.append_many(recs)
         history.flush()
-        log.warning("%s: filed %d step reports (steps %d..%d) that the previous proxy never read "
-                    "(it died); nothing was lost", layout.loss.name, len(recs), recs[0]["step"],
-                    recs[-1]["step"])
+        log.warning(
+            "%s: filed %d step reports (steps %d..%d) that the previous proxy never read "
+            "(it died); nothing was lost",
+            layout.loss.name,
+            len(recs),
+            recs[0]["step"],
+            recs[-1]["step"],
+        )
     return len(recs)

@@ -10,6 +10,7 @@ out, finish or roll back a pending pivot (`plan_resume`, docs/pivots.md#crash-sa
 What it is not: spawning or watching the worker (proxy/supervision/supervisor.py), filing its reports
 (proxy/supervision/report_filing.py), or the arm checks at start (proxy/mixture/arm_changes.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,8 +61,9 @@ class ResumePoint:
     verified: str | None = None  # the checksum the scan verified the file against, if any
 
 
-def find_resume_point(layout: RunLayout, cfg: RunConfig, history: LossHistory,
-                      from_scratch: bool) -> ResumePoint:
+def find_resume_point(
+    layout: RunLayout, cfg: RunConfig, history: LossHistory, from_scratch: bool
+) -> ResumePoint:
     """The newest valid checkpoint (docs/checkpoint-format.md#validity). Stale temporaries are
     removed; each rejected file is logged with its rule and, when training will pass its step
     again, moved to rejected/ (never deleted). A run stopped before its first checkpoint (no
@@ -91,14 +93,26 @@ def find_resume_point(layout: RunLayout, cfg: RunConfig, history: LossHistory,
             except CheckpointError as e:
                 log.error("%s", e)
     if info is None:
-        if history.last_step and not from_scratch and not rejected and not manifest \
-                and not _any_quarantined(layout) and history.last_step < cfg.checkpoint_every:
+        if (
+            history.last_step
+            and not from_scratch
+            and not rejected
+            and not manifest
+            and not _any_quarantined(layout)
+            and history.last_step < cfg.checkpoint_every
+        ):
             # stopped by kill -9, a crash or OOM before its first checkpoint: there is nothing
             # to lose by starting again, and nothing to restore (docs/history.md#rewind)
-            log.warning("%s: no checkpoint was ever written (the history ends at step %d, "
-                        "before the first cadence checkpoint at step %d): starting again from "
-                        "step 0; the %d records go to %s", root, history.last_step,
-                        cfg.checkpoint_every, len(history), layout.loss_rewound.name)
+            log.warning(
+                "%s: no checkpoint was ever written (the history ends at step %d, "
+                "before the first cadence checkpoint at step %d): starting again from "
+                "step 0; the %d records go to %s",
+                root,
+                history.last_step,
+                cfg.checkpoint_every,
+                len(history),
+                layout.loss_rewound.name,
+            )
             return ResumePoint(0, None)
         if history.last_step and not from_scratch:
             raise ResumeError(
@@ -107,7 +121,8 @@ def find_resume_point(layout: RunLayout, cfg: RunConfig, history: LossHistory,
                 + (f" ({len(rejected)} rejected, see above)" if rejected else "")
                 + "; restore a checkpoint, or pass --from-scratch to start again from step 0 "
                 "(the history past 0 is then moved to .loss.rewound.json); rejected files "
-                "stay where they are")
+                "stay where they are"
+            )
         return ResumePoint(0, None)
     if rejected:
         log.warning("resuming from %s instead", info.path.name)
@@ -129,18 +144,29 @@ def align_history(layout: RunLayout, history: LossHistory, step: int) -> None:
     reason (and the controller snapshots past it are invalidated); a history that ends before
     `step` is logged as a gap (docs/history.md#rewind)."""
     if history.last_step is not None and history.last_step > step:
-        n = history.rewind(step, layout.loss_rewound,
-                           f"resumed from step {step}; records past it moved aside")
-        log.warning("%s: %d records past step %d moved to %s (they do not match the "
-                    "checkpoint loaded)", layout.loss.name, n, step, layout.loss_rewound.name)
+        n = history.rewind(
+            step, layout.loss_rewound, f"resumed from step {step}; records past it moved aside"
+        )
+        log.warning(
+            "%s: %d records past step %d moved to %s (they do not match the checkpoint loaded)",
+            layout.loss.name,
+            n,
+            step,
+            layout.loss_rewound.name,
+        )
         mark_rewound(layout, step)
     elif (history.last_step or 0) < step:
-        log.warning("%s ends at step %s but the checkpoint is step %d: the history has a gap",
-                    layout.loss.name, history.last_step, step)
+        log.warning(
+            "%s ends at step %s but the checkpoint is step %d: the history has a gap",
+            layout.loss.name,
+            history.last_step,
+            step,
+        )
 
 
-def prepare_mixture(layout: RunLayout, cfg: RunConfig, step: int,
-                    changes: list[ArmChange]) -> tuple[MixtureController, list[str]]:
+def prepare_mixture(
+    layout: RunLayout, cfg: RunConfig, step: int, changes: list[ArmChange]
+) -> tuple[MixtureController, list[str]]:
     """The controller for a resume after update `step` (the phase in force at `step`), and the
     arms changed at `step`. Phases that start after `step` (a resume from before a pivot) are
     removed from phases.json (their archives stay). Raises BanditConfigError (bounds)."""
@@ -148,20 +174,30 @@ def prepare_mixture(layout: RunLayout, cfg: RunConfig, step: int,
     phases = [p for p in every if p.start_step <= step] or every[:1]
     if len(phases) < len(every):  # resumed from before a pivot: those phases never happened
         gone = [p for p in every if p not in phases]
-        log.warning("resuming from step %d, before the start of phase(s) %s: removed from %s "
-                    "(their archives stay under archive/)", step,
-                    ", ".join(f"{p.index} {p.label!r} at step {p.start_step}" for p in gone),
-                    layout.phases.name)
+        log.warning(
+            "resuming from step %d, before the start of phase(s) %s: removed from %s "
+            "(their archives stay under archive/)",
+            step,
+            ", ".join(f"{p.index} {p.label!r} at step {p.start_step}" for p in gone),
+            layout.phases.name,
+        )
         write_phases(layout, phases)
     r = rebuild_mixture(layout, cfg, step, changes, phase=phases[-1])
-    log.info("bandit rebuilt at step %d in %.2f s (%s, %d records replayed)", step, r.seconds,
-             f"from the step-{r.snapshot_step} snapshot" if r.snapshot_step is not None
-             else "from the phase start", r.replayed)
+    log.info(
+        "bandit rebuilt at step %d in %.2f s (%s, %d records replayed)",
+        step,
+        r.seconds,
+        f"from the step-{r.snapshot_step} snapshot"
+        if r.snapshot_step is not None
+        else "from the phase start",
+        r.replayed,
+    )
     return r.mix, r.changed
 
 
-def reconcile_state_file(layout: RunLayout, mix: MixtureController, step: int,
-                         changed: list[str]) -> None:
+def reconcile_state_file(
+    layout: RunLayout, mix: MixtureController, step: int, changed: list[str]
+) -> None:
     """Make `.state.json` describe the checkpoint loaded: when it is missing nothing is written
     (the next checkpoint writes it); when it describes another step or phase, differs from the
     rebuilt bandit, or the arms changed at `step`, the rebuilt bandit is written (the replay
@@ -171,14 +207,26 @@ def reconcile_state_file(layout: RunLayout, mix: MixtureController, step: int,
         return
     replayed = mix.bandit.to_dict()
     if st.get("step") != step or st.get("phase", {}).get("index") != mix.phase.index:
-        log.warning("%s describes step %s, not the loaded checkpoint's step %d: rebuilt by "
-                    "replaying the history", layout.state.name, st.get("step"), step)
+        log.warning(
+            "%s describes step %s, not the loaded checkpoint's step %d: rebuilt by "
+            "replaying the history",
+            layout.state.name,
+            st.get("step"),
+            step,
+        )
     elif st != replayed and changed:
-        log.info("%s at step %d updated for the arm changes (%s)", layout.state.name, step,
-                 ", ".join(changed))
+        log.info(
+            "%s at step %d updated for the arm changes (%s)",
+            layout.state.name,
+            step,
+            ", ".join(changed),
+        )
     elif st != replayed:
-        log.warning("%s differs from the replay of the history at step %d; the replay wins",
-                    layout.state.name, step)
+        log.warning(
+            "%s differs from the replay of the history at step %d; the replay wins",
+            layout.state.name,
+            step,
+        )
     else:
         return
     write_state(layout.state, replayed)
@@ -195,11 +243,16 @@ class ResumePlan:
     mix: MixtureController
     arm_changes: list[ArmChange]
     pivot_step: int | None = None
-    verified: str | None = None    # the checksum the scan verified `path` against, if any
+    verified: str | None = None  # the checksum the scan verified `path` against, if any
 
 
-def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_scratch: bool,
-                stopped_pivot: dict | None = None) -> ResumePlan:
+def plan_resume(
+    layout: RunLayout,
+    cfg: RunConfig,
+    history: LossHistory,
+    from_scratch: bool,
+    stopped_pivot: dict | None = None,
+) -> ResumePlan:
     """Make the run directory describe one checkpoint and build its controller; then carry out,
     finish or roll back a pivot request (docs/pivots.md#crash-safety). `stopped_pivot`: a
     request to pivot at the resume step (`pivot` on a stopped run). Raises ResumeError (no
@@ -212,8 +265,11 @@ def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_sc
     t_history = time.perf_counter()
     if stopped_pivot is not None:
         if point.path is None:
-            raise ResumeError(f"{layout.root} has no valid checkpoint to pivot at; train at "
-                              "least one checkpoint cadence first", code=EXIT_FAILED)
+            raise ResumeError(
+                f"{layout.root} has no valid checkpoint to pivot at; train at "
+                "least one checkpoint cadence first",
+                code=EXIT_FAILED,
+            )
         stopped_pivot.update(state="boundary", step=step)
         write_request(layout, stopped_pivot)
     changes = handle_zombies(layout, cfg.arms, step)
@@ -221,10 +277,16 @@ def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_sc
     mix, changed = prepare_mixture(layout, cfg, step, changes)
     t_mix = time.perf_counter()
     reconcile_state_file(layout, mix, step, changed)
-    log.debug("resume planning: checkpoint scan (sizes, headers, checksum of the newest) %.3f s, "
-              "history aligned %.3f s, arm checks %.3f s, bandit rebuilt %.3f s, .state.json "
-              "%.3f s", t_scan - t0, t_history - t_scan, t_arms - t_history, t_mix - t_arms,
-              time.perf_counter() - t_mix)
+    log.debug(
+        "resume planning: checkpoint scan (sizes, headers, checksum of the newest) %.3f s, "
+        "history aligned %.3f s, arm checks %.3f s, bandit rebuilt %.3f s, .state.json "
+        "%.3f s",
+        t_scan - t0,
+        t_history - t_scan,
+        t_arms - t_history,
+        t_mix - t_arms,
+        time.perf_counter() - t_mix,
+    )
     plan = ResumePlan(step, point.path, mix, changes, verified=point.verified)
     req = pending_request(layout)
     if req is None or req.get("state") == "requested":
@@ -234,39 +296,50 @@ def plan_resume(layout: RunLayout, cfg: RunConfig, history: LossHistory, from_sc
         plan.mix = start_pivot_phase(layout, cfg, mix, req, step, changes)
         plan.pivot_step = step
         fault_point("after-record")
-    elif b == step:                       # recorded before a kill: finish, idempotently
+    elif b == step:  # recorded before a kill: finish, idempotently
         finish_pivot(layout, mix, req, step)
         plan.pivot_step = step
-    elif recorded and b is not None and step > b:   # the new phase already trained past B
+    elif recorded and b is not None and step > b:  # the new phase already trained past B
         if req.get("state") == "recorded":
             mark_running(layout, b, None, step)
     else:
-        pivot_due(layout, step)        # the old phase goes on: serve the request again
+        pivot_due(layout, step)  # the old phase goes on: serve the request again
     return plan
 
 
 def phase_recorded(layout: RunLayout, req: dict) -> bool:
     """True when phases.json's last phase is the one `req` asks for (the commit point)."""
     last = read_phases(layout)[-1]
-    return (last.index > 0 and last.start_step == req.get("step")
-            and last.label == req.get("label"))
+    return last.index > 0 and last.start_step == req.get("step") and last.label == req.get("label")
 
 
-def start_pivot_phase(layout: RunLayout, cfg: RunConfig, mix: MixtureController, req: dict,
-                      step: int, changes: list[ArmChange]) -> MixtureController:
+def start_pivot_phase(
+    layout: RunLayout,
+    cfg: RunConfig,
+    mix: MixtureController,
+    req: dict,
+    step: int,
+    changes: list[ArmChange],
+) -> MixtureController:
     """The pivot at `step` (docs/pivots.md#the-sequence): archive the two
     sidecars (complete or absent), record the new phase in phases.json (the commit point),
     then reset `.state.json`/`.samples.json` for it. Returns the new phase's controller.
     `.loss.json` is not touched. Raises BanditConfigError (bounds)."""
     new = mix.next_phase(req["label"], req["caps"], req["floors"], step)
-    new_mix = new_controller(layout, cfg, new, changes)   # bounds checked before any change
+    new_mix = new_controller(layout, cfg, new, changes)  # bounds checked before any change
     archive_sidecars(layout, step)
     req.update(state="archived", archived_at=time.time())
     write_request(layout, req)
     fault_point("after-archive")
     write_phases(layout, read_phases(layout) + [new])
-    log.info("pivot: phase %d %r starts at step %d with caps %s floors %s",
-             new.index, new.label, step, new.caps, new.floors)
+    log.info(
+        "pivot: phase %d %r starts at step %d with caps %s floors %s",
+        new.index,
+        new.label,
+        step,
+        new.caps,
+        new.floors,
+    )
     finish_pivot(layout, new_mix, req, step)
     return new_mix
 
@@ -275,8 +348,10 @@ def finish_pivot(layout: RunLayout, mix: MixtureController, req: dict, step: int
     """After the phase is recorded: `.state.json` = the fresh bandit at `step`, `.samples.json`
     = an empty log of the new phase, request state "recorded". Idempotent."""
     write_state(layout.state, mix.bandit.to_dict())
-    atomic_write_json(layout.samples, {"phase": {"label": mix.phase.label,
-                                                 "index": mix.phase.index}, "audits": []})
+    atomic_write_json(
+        layout.samples,
+        {"phase": {"label": mix.phase.label, "index": mix.phase.index}, "audits": []},
+    )
     if req.get("state") != "recorded":
         req.update(state="recorded", recorded_at=time.time())
         write_request(layout, req)

@@ -9,6 +9,7 @@ command: the tokenizer is reused when it was made from the same recipe, arms alr
 (their `data/<arm>.done.json` key matches) are kept, the rest are done
 (docs/data.md#crash-safe-creation).
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,9 +37,15 @@ def _recipe(cfg: RunConfig, text_arms: list) -> dict:
     src = cfg.tokenizer
     if cfg.tokenizer not in ("bpe", "bytes"):
         src = str(Path(cfg.tokenizer).expanduser().resolve())
-    return {"tokenizer": src, "vocab_size": cfg.vocab_size, "bpe_sample_bytes": cfg.bpe_sample_bytes,
-            "arms": [[a.name, a.kind, a.source, a.field, source_fingerprint(a)]
-                     for a in sorted(text_arms, key=lambda a: a.name)]}
+    return {
+        "tokenizer": src,
+        "vocab_size": cfg.vocab_size,
+        "bpe_sample_bytes": cfg.bpe_sample_bytes,
+        "arms": [
+            [a.name, a.kind, a.source, a.field, source_fingerprint(a)]
+            for a in sorted(text_arms, key=lambda a: a.name)
+        ],
+    }
 
 
 def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
@@ -54,8 +61,11 @@ def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
     recipe_file = layout.data / "tokenizer.recipe.json"
     if layout.tokenizer.exists() and read_json(recipe_file) == recipe:
         tok = RunTokenizer.load(layout.tokenizer)
-        log.info("tokenizer: kept %s from an interrupted creation (%d tokens)",
-                 layout.tokenizer, tok.vocab_size)
+        log.info(
+            "tokenizer: kept %s from an interrupted creation (%d tokens)",
+            layout.tokenizer,
+            tok.vocab_size,
+        )
         return tok
     if cfg.tokenizer == "bytes":
         tok = RunTokenizer.bytes()
@@ -67,8 +77,10 @@ def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
         log.info("tokenizer: %s (%d tokens), used as given", src, tok.vocab_size)
     else:
         if not text_arms:
-            raise ConfigError("--tokenizer bpe needs at least one text arm to train on; "
-                              "use --tokenizer bytes with pre-tokenized arms")
+            raise ConfigError(
+                "--tokenizer bpe needs at least one text arm to train on; "
+                "use --tokenizer bytes with pre-tokenized arms"
+            )
         t0 = time.perf_counter()
         share = cfg.bpe_sample_bytes // len(text_arms)
         texts = []
@@ -76,15 +88,22 @@ def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
             stop_request.check(f"the BPE sample of arm {a.name}")
             texts += sample_text(a, share)
         n = sum(len(t) for t in texts)
-        log.info("BPE sample: %s characters from %d arms (at most %s per arm, drawn from across "
-                 "each arm; --bpe-sample-bytes %s) in %.1f s", f"{n:,}", len(text_arms),
-                 f"{share:,}", f"{cfg.bpe_sample_bytes:,}", time.perf_counter() - t0)
+        log.info(
+            "BPE sample: %s characters from %d arms (at most %s per arm, drawn from across "
+            "each arm; --bpe-sample-bytes %s) in %.1f s",
+            f"{n:,}",
+            len(text_arms),
+            f"{share:,}",
+            f"{cfg.bpe_sample_bytes:,}",
+            time.perf_counter() - t0,
+        )
         t0 = time.perf_counter()
         tok = RunTokenizer.train_bpe(texts, cfg.vocab_size)
         del texts
         release_free_memory()  # the trainer's working set, before the arms are tokenized
-        log.info("trained BPE tokenizer: %d tokens in %.1f s", tok.vocab_size,
-                 time.perf_counter() - t0)
+        log.info(
+            "trained BPE tokenizer: %d tokens in %.1f s", tok.vocab_size, time.perf_counter() - t0
+        )
         tok.save(layout.tokenizer)
     atomic_write_json(recipe_file, recipe)
     # BPE training is one call into the tokenizers library: a stop that came during it acts
@@ -105,33 +124,45 @@ def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
     pin_mmap_threshold()  # before BPE training too: peak memory that does not grow with the corpus
     names = [a.name for a in cfg.arms]
     resolve_bounds(names, cfg.caps, cfg.floors)  # infeasible boxes refused before any work
-    problems = check_arms(cfg.arms)   # every arm, all at once, before anything is written
+    problems = check_arms(cfg.arms)  # every arm, all at once, before anything is written
     if problems:
         raise ArmSourceError(
             f"{len(problems)} of the {len(cfg.arms)} arms cannot be used; nothing was written:\n"
-            + "\n".join(f"  - {m}" for m in problems))
+            + "\n".join(f"  - {m}" for m in problems)
+        )
     seen: dict[tuple, str] = {}
     for a in cfg.arms:
-        fp = source_fingerprint(a)   # every missing source refused before anything is written
+        fp = source_fingerprint(a)  # every missing source refused before anything is written
         key = (a.kind, a.field, fp)
         if key in seen:
-            log.warning("arms %s and %s read the same source (%s %s): its data counts twice in "
-                        "the mixture; remove one, or give them different sources",
-                        seen[key], a.name, a.kind, a.source or "(embedded)")
+            log.warning(
+                "arms %s and %s read the same source (%s %s): its data counts twice in "
+                "the mixture; remove one, or give them different sources",
+                seen[key],
+                a.name,
+                a.kind,
+                a.source or "(embedded)",
+            )
         seen.setdefault(key, a.name)
     layout.ensure()
     tok = make_tokenizer(layout, cfg)
     cfg.vocab_size = tok.vocab_size
     cfg.validate()
-    log.info("model: %s, %s parameters, checkpoint %s bytes with %d tokens", cfg.preset,
-             f"{cfg.n_params:,}", f"{cfg.checkpoint_bytes:,}", cfg.vocab_size)
+    log.info(
+        "model: %s, %s parameters, checkpoint %s bytes with %d tokens",
+        cfg.preset,
+        f"{cfg.n_params:,}",
+        f"{cfg.checkpoint_bytes:,}",
+        cfg.vocab_size,
+    )
     t0 = time.perf_counter()
     arms = [prepare_arm(a, tok, layout, cfg) for a in cfg.arms]
     write_arm_index(layout, arms)
-    log.info("arms: %s in %.1f s", ", ".join(f"{a.name} {a.n_tokens:,} tokens" for a in arms),
-             time.perf_counter() - t0)
+    log.info(
+        "arms: %s in %.1f s",
+        ", ".join(f"{a.name} {a.n_tokens:,} tokens" for a in arms),
+        time.perf_counter() - t0,
+    )
     write_phases(layout, [Phase(0, "initial", 0, dict(cfg.caps), dict(cfg.floors))])
     atomic_write_json(layout.run_json, cfg.to_json())
     return cfg
-
-

@@ -14,6 +14,7 @@ proxy's pid never changes.
 
 What it is not: the options (proxy/supervision/run_options.py), the run's creation (proxy/supervision/run_setup.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -77,9 +78,9 @@ from shared.worker_options import WorkerOptions
 
 log = logging.getLogger("proxy")
 
-NODE_LOST_GRACE_S = 10.0    # a lost node's peers get this long to fail before they are killed
-STARTUP_GRACE_S = 300.0     # before its hello a worker may be importing torch / compiling
-POLL_IDLE_S = 0.1           # proxy loop period when no report arrived (seconds)
+NODE_LOST_GRACE_S = 10.0  # a lost node's peers get this long to fail before they are killed
+STARTUP_GRACE_S = 300.0  # before its hello a worker may be importing torch / compiling
+POLL_IDLE_S = 0.1  # proxy loop period when no report arrived (seconds)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -103,19 +104,19 @@ class Supervisor:
         self.resumed_step = 0
         self.proc: subprocess.Popen | None = None
         self.filer: ReportFiler | None = None  # the current incarnation's
-        self.subreaper = False                 # orphans of the worker's tree are re-parented here
+        self.subreaper = False  # orphans of the worker's tree are re-parented here
         self._status_t = 0.0
-        self.pending_events: list[dict] = []   # attached to the next step record filed
+        self.pending_events: list[dict] = []  # attached to the next step record filed
         self.watch = RunWatch(layout, cfg, self.max_steps, opts.tensorboard)
-        self.pivot_step: int | None = None     # a pivot at B recorded, its worker's first step due
+        self.pivot_step: int | None = None  # a pivot at B recorded, its worker's first step due
         # several nodes (docs/architecture.md#several-nodes): this proxy is the owner
-        self.node: NodeRecord | None = None    # set by the caller for a multi-node job
+        self.node: NodeRecord | None = None  # set by the caller for a multi-node job
         self.incarnation = 0
-        self.my_ranks: list[int] = []          # this node's ranks (pids mean nothing elsewhere)
+        self.my_ranks: list[int] = []  # this node's ranks (pids mean nothing elsewhere)
         self._ranks_t = 0.0
         self._nodes_t = 0.0
-        self.followers: dict[int, dict] = {}   # node rank -> record, at this incarnation's launch
-        self.node_lost: str | None = None      # why a follower counts as lost this incarnation
+        self.followers: dict[int, dict] = {}  # node rank -> record, at this incarnation's launch
+        self.node_lost: str | None = None  # why a follower counts as lost this incarnation
         self._lost_at: float | None = None
 
     # ------------------------------------------------------------------ signals
@@ -123,6 +124,7 @@ class Supervisor:
         """SIGTERM/SIGINT/SIGHUP -> stop the worker cleanly; SIGUSR1 -> forward. Takes over the
         signals proxy_tree.EarlySignals caught during start-up, and makes the proxy a child
         subreaper so orphans of the worker's tree are re-parented to it and reaped (PID 1 too)."""
+
         def on_stop(signum, frame):
             if self.stop_requested is None:
                 self.stop_requested = signal.Signals(signum).name
@@ -143,35 +145,55 @@ class Supervisor:
     # ------------------------------------------------------------------ one incarnation
     def _spawn(self, resume: Path | None, verified: str | None = None) -> subprocess.Popen:
         o = self.opts
-        wo = WorkerOptions(run_dir=self.layout.root, max_steps=self.max_steps,
-                           usr1_at=o.usr1_at, device=o.device, parent_pid=os.getpid(),
-                           keep_last=o.keep_last, keep_every=o.keep_every, resume_from=resume,
-                           resume_verified=verified, compile=o.compile, precision=o.precision,
-                           micro_batch_size=o.micro_batch_size)
+        wo = WorkerOptions(
+            run_dir=self.layout.root,
+            max_steps=self.max_steps,
+            usr1_at=o.usr1_at,
+            device=o.device,
+            parent_pid=os.getpid(),
+            keep_last=o.keep_last,
+            keep_every=o.keep_every,
+            resume_from=resume,
+            resume_verified=verified,
+            compile=o.compile,
+            precision=o.precision,
+            micro_batch_size=o.micro_batch_size,
+        )
         argv = [sys.executable, "-m", "worker", *wo.to_argv()]
         if self.node is not None:  # the owner: node rank 0 of a static rendezvous
             argv = self._owner_argv(argv[3:])
         elif o.launch.uses_torchrun:  # ranks watch the proxy's pid (--parent-pid), not the agent
             argv = torchrun_argv(sys.executable, argv[3:], o.launch)
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])
+        )
         if self.node is not None:
             env = rank_env(env)
         # the agent dies with the proxy, even by SIGKILL, also while it waits for a rendezvous
-        extra = {"preexec_fn": die_with_parent} if o.launch.uses_torchrun else {}
+        preexec = die_with_parent if o.launch.uses_torchrun else None
         with proc_tree.signals_blocked(not o.launch.uses_torchrun):  # worker unblocks them
-            proc = subprocess.Popen(argv, env=env, start_new_session=True, close_fds=True, **extra)
+            proc = subprocess.Popen(
+                argv, env=env, start_new_session=True, close_fds=True, preexec_fn=preexec
+            )
         if self.node is not None:
-            self.node.write(agent_pid=proc.pid, incarnation=self.incarnation, agent_exit=None,
-                            ranks=[])
+            self.node.write(
+                agent_pid=proc.pid, incarnation=self.incarnation, agent_exit=None, ranks=[]
+            )
         return proc
 
     # ------------------------------------------------------------------ several nodes
     def _job(self) -> dict:
         lo = self.opts.launch
-        return {"token": self.node.token, "rdzv_id": lo.rdzv_id, "nnodes": lo.nodes,
-                "nproc_per_node": lo.nproc_per_node, "owner_host": self.node.host,
-                "owner_pid": self.node.pid, "incarnation": self.incarnation}
+        return {
+            "token": self.node.token,
+            "rdzv_id": lo.rdzv_id,
+            "nnodes": lo.nodes,
+            "nproc_per_node": lo.nproc_per_node,
+            "owner_host": self.node.host,
+            "owner_pid": self.node.pid,
+            "incarnation": self.incarnation,
+        }
 
     def _owner_argv(self, worker_args: list[str]) -> list[str]:
         """Post incarnation n+1 in .nodes/job.json (the worker's arguments without
@@ -179,37 +201,73 @@ class Supervisor:
         this node's agent serves) and return the owner's torchrun argv (node rank 0)."""
         lo = self.opts.launch
         i = worker_args.index("--parent-pid")
-        shared_args = worker_args[:i] + worker_args[i + 2:]
+        shared_args = worker_args[:i] + worker_args[i + 2 :]
         self.incarnation += 1
         addr = store_address(lo.rdzv_endpoint)
         port = free_port(addr)
         run_id = f"{lo.rdzv_id or 'andrea'}-{self.node.token[:8]}-{self.incarnation}"
         members = [[f["host"], f["pid"]] for _, f in sorted(self.followers.items())]
-        write_job(self.layout, {**self._job(), "state": "launch", "addr": addr, "port": port,
-                                "run_id": run_id, "worker_args": shared_args,
-                                "members": members, "posted_at": time.time()})
-        log.info("incarnation %d: %d node(s) x %d rank(s), rank 0 on this node; store %s:%d; "
-                 "followers: %s", self.incarnation, lo.nodes, lo.nproc_per_node, addr, port,
-                 ", ".join(f"node rank {r} {f['host']} pid {f['pid']}"
-                           for r, f in sorted(self.followers.items())))
-        return static_argv(sys.executable, worker_args, lo.nproc_per_node, lo.nodes, 0, addr,
-                           port, run_id, lo.rdzv_timeout)
+        write_job(
+            self.layout,
+            {
+                **self._job(),
+                "state": "launch",
+                "addr": addr,
+                "port": port,
+                "run_id": run_id,
+                "worker_args": shared_args,
+                "members": members,
+                "posted_at": time.time(),
+            },
+        )
+        log.info(
+            "incarnation %d: %d node(s) x %d rank(s), rank 0 on this node; store %s:%d; "
+            "followers: %s",
+            self.incarnation,
+            lo.nodes,
+            lo.nproc_per_node,
+            addr,
+            port,
+            ", ".join(
+                f"node rank {r} {f['host']} pid {f['pid']}"
+                for r, f in sorted(self.followers.items())
+            ),
+        )
+        return static_argv(
+            sys.executable,
+            worker_args,
+            lo.nproc_per_node,
+            lo.nodes,
+            0,
+            addr,
+            port,
+            run_id,
+            lo.rdzv_timeout,
+        )
 
     def _gather_nodes(self) -> bool:
         """Before an incarnation: wait (up to --rdzv-timeout) for every follower to be present
         and idle. False when a stop came meanwhile. Raises SupervisorError naming the missing
         node ranks when they never come."""
+
         def stopping() -> bool:
             self._poll_follower_stops()
             return self.stop_requested is not None
 
         try:
-            fol = wait_for_followers(self.layout, self.node.token, self.opts.launch.nodes,
-                                     self.opts.launch.rdzv_timeout, stopping,
-                                     idle=self.node.heartbeat)
+            fol = wait_for_followers(
+                self.layout,
+                self.node.token,
+                self.opts.launch.nodes,
+                self.opts.launch.rdzv_timeout,
+                stopping,
+                idle=self.node.heartbeat,
+            )
         except NodeSetupError as e:
-            raise SupervisorError(f"{e}; the job cannot go on without them: the newest valid "
-                                  "checkpoint is kept, run the job again") from None
+            raise SupervisorError(
+                f"{e}; the job cannot go on without them: the newest valid "
+                "checkpoint is kept, run the job again"
+            ) from None
         if fol is None:
             return False
         self.followers = {r["node_rank"]: r for r in fol}
@@ -219,9 +277,16 @@ class Supervisor:
     def _poll_follower_stops(self) -> None:
         """A stop signal a follower received (its record's stop_request) stops the job."""
         for r in node_records(self.layout):
-            if (r.get("token") == self.node.token and r.get("role") == "follower"
-                    and r.get("stop_request") and self.stop_requested is None and not r.get("left")):
-                self.stop_requested = f"{r['stop_request']} on node rank {r['node_rank']} ({r['host']})"
+            if (
+                r.get("token") == self.node.token
+                and r.get("role") == "follower"
+                and r.get("stop_request")
+                and self.stop_requested is None
+                and not r.get("left")
+            ):
+                self.stop_requested = (
+                    f"{r['stop_request']} on node rank {r['node_rank']} ({r['host']})"
+                )
 
     def _nodes_tick(self) -> None:
         """While an incarnation runs (about 4 times a second): heartbeat, this node's ranks,
@@ -241,16 +306,28 @@ class Supervisor:
                 r = recs.get((f["host"], f["pid"]))
                 if r is None or not record_alive(r):
                     self.node_lost = f"node rank {rank} ({f['host']} pid {f['pid']}) is gone"
-                elif r.get("incarnation") == self.incarnation and r.get("agent_exit") not in (None, 0):
-                    self.node_lost = (f"the ranks of node rank {rank} ({f['host']}) exited with "
-                                      f"code {r['agent_exit']}")
+                elif r.get("incarnation") == self.incarnation and r.get("agent_exit") not in (
+                    None,
+                    0,
+                ):
+                    self.node_lost = (
+                        f"the ranks of node rank {rank} ({f['host']}) exited with "
+                        f"code {r['agent_exit']}"
+                    )
                 if self.node_lost:
                     self._lost_at = now
-                    log.error("%s: this node's ranks get %.0f s to fail, then the job restarts "
-                              "from the newest valid checkpoint", self.node_lost, NODE_LOST_GRACE_S)
+                    log.error(
+                        "%s: this node's ranks get %.0f s to fail, then the job restarts "
+                        "from the newest valid checkpoint",
+                        self.node_lost,
+                        NODE_LOST_GRACE_S,
+                    )
                     break
-        elif (self._lost_at is not None and now - self._lost_at > NODE_LOST_GRACE_S
-              and self.proc.poll() is None):
+        elif (
+            self._lost_at is not None
+            and now - self._lost_at > NODE_LOST_GRACE_S
+            and self.proc.poll() is None
+        ):
             log.error("%s and this node's ranks still run: killing them", self.node_lost)
             self._kill_group()
             self._lost_at = None
@@ -283,14 +360,25 @@ class Supervisor:
         history = LossHistory(self.layout.loss)  # logs each repair of a torn tail itself, once
         salvage_step_reports(self.layout, history, read_phases(self.layout))  # a dead proxy's
         if self.max_steps != self.cfg.max_steps:
-            log.warning("!!! --max-steps %d differs from the %d planned at creation (run.json): the "
-                        "learning-rate schedule stays the planned one (warm-up %d, cosine to step "
-                        "%d, flat after); recorded in .loss.json as an event !!!", self.max_steps,
-                        self.cfg.max_steps, self.cfg.warmup_steps, self.cfg.lr_decay_steps)
-            self.pending_events.append({
-                "event": "max-steps-changed", "max_steps": self.max_steps,
-                "planned_max_steps": self.cfg.max_steps, "lr_decay_steps": self.cfg.lr_decay_steps,
-                "warmup_steps": self.cfg.warmup_steps, "time": time.time()})
+            log.warning(
+                "!!! --max-steps %d differs from the %d planned at creation (run.json): the "
+                "learning-rate schedule stays the planned one (warm-up %d, cosine to step "
+                "%d, flat after); recorded in .loss.json as an event !!!",
+                self.max_steps,
+                self.cfg.max_steps,
+                self.cfg.warmup_steps,
+                self.cfg.lr_decay_steps,
+            )
+            self.pending_events.append(
+                {
+                    "event": "max-steps-changed",
+                    "max_steps": self.max_steps,
+                    "planned_max_steps": self.cfg.max_steps,
+                    "lr_decay_steps": self.cfg.lr_decay_steps,
+                    "warmup_steps": self.cfg.warmup_steps,
+                    "time": time.time(),
+                }
+            )
         restarts = 0
         clean = False  # the run ends with exit 0 (followers that stopped exit 0 too)
         try:
@@ -301,38 +389,64 @@ class Supervisor:
                     return 0
                 if outcome == "pivot":  # the worker stopped at the boundary: same proxy goes on
                     restarts = 0  # it wrote step_B.bin: progress
-                    log.info("pivot: the worker stopped at boundary step %s; archiving the phase "
-                             "and starting the new one in this proxy (pid %d)", rc, os.getpid())
+                    log.info(
+                        "pivot: the worker stopped at boundary step %s; archiving the phase "
+                        "and starting the new one in this proxy (pid %d)",
+                        rc,
+                        os.getpid(),
+                    )
                     continue
                 if outcome == "fatal":
                     why = self.stats.stop_why or "see the worker's log above"
-                    raise SupervisorError(f"worker exited with code {rc} ({why}): the run cannot "
-                                          f"go on; not restarting", code=EXIT_FATAL)
+                    raise SupervisorError(
+                        f"worker exited with code {rc} ({why}): the run cannot "
+                        f"go on; not restarting",
+                        code=EXIT_FATAL,
+                    )
                 if self.stop_requested:
                     log.error("worker ended badly (%s, code %s) while stopping", outcome, rc)
                     return EXIT_FAILED
                 ckpt = (self.stats.last_checkpoint or {}).get("step")
                 if restarts and ckpt is not None and ckpt > self.resumed_step:
-                    log.info("the worker wrote step_%06d.bin before it %s: it made progress, so "
-                             "the restart count starts again (--max-restarts counts restarts in "
-                             "a row that reach no new checkpoint)", ckpt, outcome)
+                    log.info(
+                        "the worker wrote step_%06d.bin before it %s: it made progress, so "
+                        "the restart count starts again (--max-restarts counts restarts in "
+                        "a row that reach no new checkpoint)",
+                        ckpt,
+                        outcome,
+                    )
                     restarts = 0
                 restarts += 1
                 if restarts > self.opts.max_restarts:
                     raise SupervisorError(
                         f"worker {outcome} (code {rc}) and {self.opts.max_restarts} restarts are "
-                        "used up; see logs/ for the cause, fix it, then run again")
+                        "used up; see logs/ for the cause, fix it, then run again"
+                    )
                 delay = min(30.0, self.opts.backoff * 2 ** (restarts - 1))
-                log.warning("worker %s (code %s): restart %d of %d in %.1f s from the newest "
-                            "valid checkpoint", outcome, rc, restarts, self.opts.max_restarts, delay)
+                log.warning(
+                    "worker %s (code %s): restart %d of %d in %.1f s from the newest "
+                    "valid checkpoint",
+                    outcome,
+                    rc,
+                    restarts,
+                    self.opts.max_restarts,
+                    delay,
+                )
                 self._sleep(delay)
                 if self.stop_requested:
                     clean = True
                     return 0
         finally:
             if self.node is not None:  # followers exit once they see it
-                write_job(self.layout, {**self._job(), "state": "done", "clean": clean,
-                                        "why": self.stop_requested or "the run ended"})
+                write_job(
+                    self.layout,
+                    {
+                        **self._job(),
+                        "state": "done",
+                        "clean": clean,
+                        "why": self.stop_requested or "the run ended",
+                    },
+                )
                 self.node.leave()
             history.close()
             self._write_status(force=True, alive=False)
@@ -351,8 +465,11 @@ class Supervisor:
         step, point, mix = plan.step, plan, plan.mix
         self.arm_changes, self.pivot_step = plan.arm_changes, plan.pivot_step
         self.watch.on_incarnation(step)  # ETA window restarts; TensorBoard purges steps > step
-        samples = SamplesLog(self.layout.samples, {"label": mix.phase.label, "index": mix.phase.index},
-                             self.opts.samples_keep)
+        samples = SamplesLog(
+            self.layout.samples,
+            {"label": mix.phase.label, "index": mix.phase.index},
+            self.opts.samples_keep,
+        )
         samples.trim_after(step, self.layout.archive / "rewound-samples.json")
         reset_handshake(self.layout)
         self._post_policies(mix, policy_period(step + 1, self.cfg.probe_every))
@@ -360,9 +477,19 @@ class Supervisor:
         ema = LossEma.over(tail_records(self.layout.loss))
         self.stats = LiveStats(step=step, ema=ema.value, ema_state=ema)
         self.resumed_step = step  # the step this incarnation resumed from
-        self.filer = ReportFiler(self.layout, self.cfg, history, mix, samples, self.stats,
-                                 self.max_steps, self.opts.print_every,
-                                 self.opts.stop_on_collapse, self.pending_events, self.watch)
+        self.filer = ReportFiler(
+            self.layout,
+            self.cfg,
+            history,
+            mix,
+            samples,
+            self.stats,
+            self.max_steps,
+            self.opts.print_every,
+            self.opts.stop_on_collapse,
+            self.pending_events,
+            self.watch,
+        )
         if step >= self.max_steps:
             log.info("step %d already reaches --max-steps %d: nothing to do", step, self.max_steps)
             return "done", 0
@@ -370,13 +497,18 @@ class Supervisor:
             return "done", 0
         if self.node is not None and not self._gather_nodes():
             return "done", 0  # a stop came while the nodes gathered
-        log.info("starting worker: %s",
-                 f"resume from {point.path.name}" if point.path else "fresh run")
+        log.info(
+            "starting worker: %s", f"resume from {point.path.name}" if point.path else "fresh run"
+        )
         self.stats.new_worker()  # hello and "stopped" are per worker, not per proxy
         self.proc = self._spawn(point.path, point.verified)
         from shared.procfs import seconds_since_start
-        log.debug("start-up: worker %d spawned %.3f s after the proxy's launch", self.proc.pid,
-                  seconds_since_start() or 0.0)
+
+        log.debug(
+            "start-up: worker %d spawned %.3f s after the proxy's launch",
+            self.proc.pid,
+            seconds_since_start() or 0.0,
+        )
         return self._watch(mix, history)
 
     # ------------------------------------------------------------------ watching
@@ -412,8 +544,11 @@ class Supervisor:
         return "; ".join(proc_tree.describe(p) for p in pids)
 
     def _kill_group(self) -> None:
-        ranks = (self._rank_pids() + agent_descendants(self.proc.pid)
-                 if self.opts.launch.uses_torchrun else [])
+        ranks = (
+            self._rank_pids() + agent_descendants(self.proc.pid)
+            if self.opts.launch.uses_torchrun
+            else []
+        )
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -425,15 +560,17 @@ class Supervisor:
         (proc_tree.signals_blocked) and unblocks it once its handler is in: forward at once, so
         signals sent during start-up coalesce in the kernel into one request. torchrun's agent
         would treat SIGUSR1 as "stop all": held until the ranks announce their pids."""
-        while self.usr1_pending and (not self.opts.launch.uses_torchrun
-                                     or self.stats.worker is not None):
+        while self.usr1_pending and (
+            not self.opts.launch.uses_torchrun or self.stats.worker is not None
+        ):
             if not self._signal_worker(signal.SIGUSR1):
                 break  # torchrun ranks not announced yet: forwarded once they are
             self.usr1_pending -= 1
             log.info("SIGUSR1 received: forwarded to worker pid %d", self.proc.pid)
 
-    def _outcome(self, rc: int, hung: bool, stop_sent: bool,
-                 history: LossHistory) -> tuple[str, int | None]:
+    def _outcome(
+        self, rc: int, hung: bool, stop_sent: bool, history: LossHistory
+    ) -> tuple[str, int | None]:
         """What the worker's exit with code `rc` means: "hung", "pivot" (stopped at a pivot's
         boundary B: the new phase starts in this proxy), "done", "fatal" (do not restart) or
         "crashed" (restart from the newest valid checkpoint)."""
@@ -447,31 +584,53 @@ class Supervisor:
                 self._nodes_t = 0.0
                 self._nodes_tick()  # a follower's proxy killed: its ranks stopped with ours
                 if self.node_lost and (history.last_step or 0) < self.max_steps:
-                    log.error("the ranks stopped cleanly but %s: the job restarts from the "
-                              "newest valid checkpoint once every node is back", self.node_lost)
+                    log.error(
+                        "the ranks stopped cleanly but %s: the job restarts from the "
+                        "newest valid checkpoint once every node is back",
+                        self.node_lost,
+                    )
                     return "crashed", rc
             fail_unserved(self.layout, history.last_step or 0, self.max_steps)
             return "done", 0
         if rc == EXIT_FATAL or self.stats.exit_code == EXIT_FATAL:
             return "fatal", rc  # (torchrun reports a rank's code 3 as its own 1)
-        if self.stop_requested and stop_sent and (
-                rc == -signal.SIGTERM or (self.opts.launch.uses_torchrun
-                                          and self.stats.worker is None)):
+        if (
+            self.stop_requested
+            and stop_sent
+            and (
+                rc == -signal.SIGTERM
+                or (self.opts.launch.uses_torchrun and self.stats.worker is None)
+            )
+        ):
             if self.stats.worker is None:
                 log.info("worker stopped by SIGTERM before it was ready; nothing was lost")
             elif self.stats.exit_code is not None:  # it had stopped, checkpoint written
-                log.info("worker had already stopped (%s) when the SIGTERM reached it as it "
-                         "exited; nothing was lost", self.stats.stop_why)
+                log.info(
+                    "worker had already stopped (%s) when the SIGTERM reached it as it "
+                    "exited; nothing was lost",
+                    self.stats.stop_why,
+                )
             else:
-                log.warning("worker ended by SIGTERM (code %d) without its handler; steps "
-                            "after the newest checkpoint are trained again on resume", rc)
+                log.warning(
+                    "worker ended by SIGTERM (code %d) without its handler; steps "
+                    "after the newest checkpoint are trained again on resume",
+                    rc,
+                )
             return "done", 0
-        if (self.stop_requested and stop_sent and self.opts.launch.uses_torchrun
-                and self.stats.exit_code == 0):
+        if (
+            self.stop_requested
+            and stop_sent
+            and self.opts.launch.uses_torchrun
+            and self.stats.exit_code == 0
+        ):
             # a scheduler signalled every process (Slurm's pre-emption): rank 0 stopped cleanly
             # with its checkpoint, the agent's own code is that of the signal it got
-            log.info("the ranks stopped cleanly (%s); torchrun's agent exited with code %d, "
-                     "having got the stop signal itself; nothing was lost", self.stats.stop_why, rc)
+            log.info(
+                "the ranks stopped cleanly (%s); torchrun's agent exited with code %d, "
+                "having got the stop signal itself; nothing was lost",
+                self.stats.stop_why,
+                rc,
+            )
             return "done", 0
         return "crashed", rc
 
@@ -483,8 +642,11 @@ class Supervisor:
         hung = False
         while True:
             if self.stop_requested and stop_sent_at is None:
-                log.info("%s received: asking worker pid %d to checkpoint and stop",
-                         self.stop_requested, self.proc.pid)
+                log.info(
+                    "%s received: asking worker pid %d to checkpoint and stop",
+                    self.stop_requested,
+                    self.proc.pid,
+                )
                 self._signal_worker(signal.SIGTERM)
                 # a worker paused by SIGSTOP (an operator, a debugger, a job-control ^Z) can only
                 # act on the SIGTERM once continued; a running one ignores SIGCONT
@@ -502,14 +664,18 @@ class Supervisor:
                 poll_pivot_request(self.layout, self.cfg, history.last_step or 0, self.max_steps)
             if mix.next_period != posted_next:
                 posted_next = mix.next_period
-                self._post_policies(mix, policy_period(mix.folded_through + 1, self.cfg.probe_every) - 1)
+                self._post_policies(
+                    mix, policy_period(mix.folded_through + 1, self.cfg.probe_every) - 1
+                )
             rc = self.proc.poll()
             if rc is not None:
                 self._file_reports(reader.read())  # what it wrote after the last read
                 history.flush()
                 if self.opts.launch.uses_torchrun:  # nothing may outlive the agent
-                    reap_leftover_ranks(self.my_ranks if self.node is not None
-                                        else rank_pids(self.layout), str(self.layout.root))
+                    reap_leftover_ranks(
+                        self.my_ranks if self.node is not None else rank_pids(self.layout),
+                        str(self.layout.root),
+                    )
                 if self.node is not None:  # followers give their ranks --stop-timeout, then kill
                     write_job(self.layout, {**self._job(), "state": "ended", "agent_exit": rc})
                     self.node.write(agent_pid=None, agent_exit=rc, ranks=[])
@@ -517,16 +683,26 @@ class Supervisor:
                 return self._outcome(rc, hung, stop_sent_at is not None, history)
             now = time.monotonic()
             if stop_sent_at is not None and now - stop_sent_at > self.opts.stop_timeout:
-                log.error("worker did not exit %.0f s after SIGTERM; not answering: %s; killing "
-                          "its process group (SIGKILL)", self.opts.stop_timeout, self._who())
+                log.error(
+                    "worker did not exit %.0f s after SIGTERM; not answering: %s; killing "
+                    "its process group (SIGKILL)",
+                    self.opts.stop_timeout,
+                    self._who(),
+                )
                 self._kill_group()
                 stop_sent_at = math.inf
             ready = self.stats.worker is not None
-            limit = self.opts.hang_timeout if ready else max(self.opts.hang_timeout, STARTUP_GRACE_S)
+            limit = (
+                self.opts.hang_timeout if ready else max(self.opts.hang_timeout, STARTUP_GRACE_S)
+            )
             if not hung and stop_sent_at is None and now - last_report > limit:
-                log.error("worker sent no report for %.0f s (hung?): %s; stopping its process "
-                          "group (SIGTERM + SIGCONT, SIGKILL after %.0f s)", limit, self._who(),
-                          self.opts.stop_timeout)
+                log.error(
+                    "worker sent no report for %.0f s (hung?): %s; stopping its process "
+                    "group (SIGTERM + SIGCONT, SIGKILL after %.0f s)",
+                    limit,
+                    self._who(),
+                    self.opts.stop_timeout,
+                )
                 hung = True
                 self._signal_tree(signal.SIGTERM)
                 self._signal_tree(signal.SIGCONT)
@@ -538,8 +714,11 @@ class Supervisor:
             self._write_status()
             # Every wake-up takes CPU from the worker (on a 2-core box torch's threads feel it):
             # poll fast only while something is happening.
-            time.sleep(0.02 if (reports or self.stop_requested or self.usr1_pending
-                                or stop_sent_at is not None) else POLL_IDLE_S)
+            time.sleep(
+                0.02
+                if (reports or self.stop_requested or self.usr1_pending or stop_sent_at is not None)
+                else POLL_IDLE_S
+            )
 
     def _file_reports(self, reports: list[dict]) -> None:
         """File each report; a pivot checkpoint at another step than the B posted moves the
