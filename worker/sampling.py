@@ -13,7 +13,6 @@ the whole window is recomputed per token, which keeps the code the model's own f
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -40,28 +39,6 @@ def load_weights_only(
     with torch.no_grad():
         model.flat.copy_(torch.from_numpy(w.astype(np.float32, copy=False)))
     return info.step, model.eval()
-
-
-PARAMS_PER_THREAD = 5_000_000  # below this many parameters per thread, more threads lose
-
-
-def set_inference_threads(n_params: int, requested: int | None = None) -> int:
-    """Set torch's intra-op threads for generating with an `n_params` model; returns the number.
-
-    `requested` (>= 1) wins. Otherwise one thread per 5 M parameters, at least 1, at most the
-    cores this process may use and 8: a small model's matmuls are too small to split, and on a
-    box shared with a training run extra threads spin against it (measured on 2 shared cores,
-    andrea-tiny, 3 x 100 tokens: 1.6 s with 1 thread, 11.7 s with 2)."""
-    if requested is not None:
-        n = max(1, requested)
-    else:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
-        n = max(1, min(8, cores, n_params // PARAMS_PER_THREAD))
-    torch.set_num_threads(n)
-    return n
 
 
 @torch.inference_mode()
