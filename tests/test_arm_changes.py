@@ -17,7 +17,9 @@ from shared.config import load_run_config
 from shared.run_layout import RunLayout
 import pytest
 
-COMMON = ["--checkpoint-every", "10", "--probe-every", "5", "--bandit-warmup", "5"]
+# the probe policy (heldout_progress): these tests follow each arm's probe rewards by name
+COMMON = ["--checkpoint-every", "10", "--probe-every", "5", "--bandit-warmup", "5",
+          "--reward", "heldout_progress"]
 TEXTS = {"a": "It was a bright cold day in April, and the clocks were striking thirteen. " * 60,
          "b": "lorem ipsum dolor sit amet, consectetur adipiscing elit " * 90,
          "c": "the quick brown fox jumps over the lazy dog; " * 110,

@@ -31,7 +31,7 @@ KILLS = 24
 CHILD = textwrap.dedent("""
     import os, sys, time
     import numpy as np
-    from shared import checkpoint_format as cf, checkpoint_manifest as cm
+    from shared import checkpoint_dir as cdir, checkpoint_manifest as cm, checkpoint_write as cw
     run_dir, n, first = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     cdir.clean_stale_temporaries(run_dir)
     rng = np.random.default_rng(first)
