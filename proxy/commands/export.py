@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save
 
+from proxy.commands.tool_threads import add_threads_arg
 from proxy.commands.hf_export import HFExportError, write_hf_dir
 from proxy.run_files.checkpoint_lookup import find_config, manifest_entry, newest_valid
 from shared.atomic_io import atomic_write_bytes
@@ -31,13 +32,7 @@ from shared.exit_codes import EXIT_USAGE  # bad arguments: no config for export,
 def add_export_args(p) -> None:
     """Arguments of ``export``: [PATH | --from-run RUN] --to OUT [--format safetensors|hf]
     [--run-dir DIR] [--force]."""
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
-        "keeps its cores; docs/operations.md#beside-a-live-run)",
-    )
+    add_threads_arg(p)
     p.add_argument(
         "path",
         nargs="?",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from proxy.commands.tool_threads import add_threads_arg
 from proxy.run_files.checkpoint_lookup import find_config, manifest_entry
 from shared.checkpoint_format import CheckpointError, expected_size, load_checkpoint, read_header
 from shared.config import parameter_table
@@ -20,13 +21,7 @@ from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fail
 
 def add_inspect_args(p) -> None:
     """Arguments of ``inspect``: PATH [--run-dir DIR]."""
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
-        "keeps its cores; docs/operations.md#beside-a-live-run)",
-    )
+    add_threads_arg(p)
     p.add_argument("path", help="a step_NNNNNN.bin file")
     p.add_argument(
         "--run-dir",

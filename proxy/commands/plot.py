@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from proxy.commands.tool_threads import add_threads_arg
 from proxy.observation.plot import plot_run
 from shared.exit_codes import EXIT_USAGE
 
@@ -22,12 +23,6 @@ def cmd_plot(a) -> int:
 
 def add_plot_args(p) -> None:
     """`plot --run-dir DIR [--out F.png]`."""
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
-        "keeps its cores; docs/operations.md#beside-a-live-run)",
-    )
+    add_threads_arg(p)
     p.add_argument("--run-dir", required=True, metavar="DIR", help="the run to plot")
     p.add_argument("--out", default=None, metavar="F.png", help="PNG path (default DIR/loss.png)")

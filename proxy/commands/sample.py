@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from proxy.commands.tool_threads import add_threads_arg
 from proxy.commands.export import manifest_entry
 from proxy.observation.sample_format import format_sample
 from shared.checkpoint_dir import find_latest_valid
@@ -66,13 +67,7 @@ def add_sample_args(p) -> None:
         default=SAMPLE_TOP_K,
         help="sample among the K most likely tokens; 0 = all (default: %(default)s)",
     )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
-        "keeps its cores; docs/operations.md#beside-a-live-run)",
-    )
+    add_threads_arg(p)
     p.add_argument(
         "--seed",
         type=int,

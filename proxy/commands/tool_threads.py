@@ -41,6 +41,18 @@ def threads_from_argv(argv: list[str]) -> int | None:
     return None
 
 
+def add_threads_arg(p) -> None:
+    """`--threads N` of every read-only command (argparse parser `p`): the number `tool_threads`
+    takes."""
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
+        "keeps its cores; docs/operations.md#beside-a-live-run)",
+    )
+
+
 def tool_threads(requested: int | None = None) -> int:
     """The threads a read-only command uses: `requested` (>= 1), else OMP_NUM_THREADS (a
     positive integer), else 1."""
