@@ -17,18 +17,6 @@ from proxy.observation.tensorboard_log import TensorBoardLog, check_available, s
 log = logging.getLogger("proxy")
 
 
-def add_watch_args(ap) -> None:
-    """`run --tensorboard`."""
-    ap.add_argument(
-        "--tensorboard",
-        action="store_true",
-        help="write live TensorBoard scalars (loss, EMA, lr, grad norm, tokens/s, "
-        "per-arm p and held-out loss, checkpoints) under RUN/tensorboard/; "
-        "view with `tensorboard --logdir RUN/tensorboard`; needs the "
-        "[tensorboard] extra (pip install -e '.[tensorboard]')",
-    )
-
-
 def check_watch_args(a) -> str | None:
     """The error for `--tensorboard` without the package (None when fine); checked before
     anything is created so that the run directory is not touched."""
