@@ -127,7 +127,8 @@ def clean_stale_writes(directory, older_than_s: float = STALE_WRITE_S) -> list[s
     """Delete temporaries of `atomic_write_bytes` (`.NAME.XXXXXXXX.tmp`) in `directory` that
     were last touched more than `older_than_s` seconds ago: a writer killed with SIGKILL between
     the write and the rename leaves one (the target file is intact). Younger ones may belong to
-    a writer at work (a `status` or `pivot` command) and are left. Call it with the run lock
+    a writer at work (a `status` or `pivot` command) and are left; `older_than_s` <= 0 removes
+    them whatever their age (a directory no one else writes into). Call it with the run lock
     held. Returns the names removed, sorted; a missing directory gives []."""
     now, out = time.time(), []
     try:
@@ -138,7 +139,7 @@ def clean_stale_writes(directory, older_than_s: float = STALE_WRITE_S) -> list[s
         if not _TEMP_NAME.match(e.name) or not e.is_file(follow_symlinks=False):
             continue
         try:
-            if now - e.stat(follow_symlinks=False).st_mtime > older_than_s:
+            if older_than_s <= 0 or now - e.stat(follow_symlinks=False).st_mtime > older_than_s:
                 os.unlink(e.path)
                 out.append(e.name)
         except FileNotFoundError:

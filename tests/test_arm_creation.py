@@ -106,6 +106,30 @@ def _sixteen(d):
 
 
 @pytest.mark.slow
+def test_temporaries_a_killed_creation_left_are_removed_by_the_next_attempt_whatever_their_age(
+        tmp_path):
+    """A creation killed between an atomic write and its rename leaves `.NAME.XXXXXXXX.tmp`
+    (seen in CI: a progress record's temporary, seconds old, survived the next attempt, which
+    removed only those older than 60 s). Creation holds the run lock and nothing else writes
+    into a run without run.json, so the next attempt removes them all, young ones too."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text(prose(60_000))
+    run = tmp_path / "run"
+    (run / "data").mkdir(parents=True)
+    left = [run / "data" / ".a.u16.progress.json.xivkyglm.tmp", run / ".tokenizer.json.k2j4h5g6.tmp"]
+    for p in left:
+        p.write_text("{")
+    keep = run / "data" / "notes.tmp"   # not an atomic write's temporary: kept
+    keep.write_text("x")
+    r = run_proxy(run, "--tokenizer", "bytes", "--max-steps", "1", "--checkpoint-every", "1",
+                  f"--arm=a=text:{src / 'a.txt'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not any(p.exists() for p in left) and keep.exists()
+    assert "removed a temporary of an interrupted creation" in r.stderr
+
+
+@pytest.mark.slow
 def test_sixteen_arms_of_mixed_kinds_train_fifty_steps(tmp_path):
     arms = _sixteen(tmp_path / "src")
     assert len(arms) == 16

@@ -1,5 +1,6 @@
 """shared/atomic_io.py: the one fsync-a-directory helper and its one error policy, used by the
 checkpoint writer and every small-file writer alike. Fast."""
+
 from __future__ import annotations
 
 import errno
@@ -55,8 +56,11 @@ def test_stale_temporaries_of_a_killed_writer_are_removed_and_young_ones_and_oth
     import tempfile
     import time
     from shared.atomic_io import clean_stale_writes
-    old = [tempfile.mkstemp(prefix=f".{n}.", suffix=".tmp", dir=tmp_path)[1]
-           for n in (".status.json", "arms.json")]
+
+    old = [
+        tempfile.mkstemp(prefix=f".{n}.", suffix=".tmp", dir=tmp_path)[1]
+        for n in (".status.json", "arms.json")
+    ]
     young = tempfile.mkstemp(prefix="..state.json.", suffix=".tmp", dir=tmp_path)[1]
     keep = [tmp_path / ".status.json", tmp_path / "notes.tmp", tmp_path / ".step_000010.bin.tmp-1"]
     for p in keep:
@@ -68,6 +72,8 @@ def test_stale_temporaries_of_a_killed_writer_are_removed_and_young_ones_and_oth
     assert removed == sorted(os.path.basename(p) for p in old)
     assert os.path.exists(young) and all(p.exists() for p in keep)
     assert clean_stale_writes(tmp_path / "missing") == []
+    assert clean_stale_writes(tmp_path, older_than_s=0) == [os.path.basename(young)]  # any age
+    assert all(p.exists() for p in keep)
 
 
 def test_an_atomic_write_gets_the_mode_a_plain_open_gives_not_mkstemps_0600(tmp_path):
@@ -76,6 +82,7 @@ def test_an_atomic_write_gets_the_mode_a_plain_open_gives_not_mkstemps_0600(tmp_
     import os
     import stat
     from shared.atomic_io import atomic_write_bytes, current_umask
+
     old = os.umask(0o027)
     try:
         assert current_umask() == 0o027

@@ -24,7 +24,7 @@ from shared.arm_data import prepare_arm, write_arm_index
 from shared.arm_sources import check_arms, open_arm, sample_text
 from shared.arm_tokenize import pin_mmap_threshold, release_free_memory
 from shared.arms import ArmSourceError, source_fingerprint
-from shared.atomic_io import atomic_write_json, read_json
+from shared.atomic_io import atomic_write_json, clean_stale_writes, read_json
 from shared.config import ConfigError, RunConfig
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
@@ -145,6 +145,12 @@ def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
             )
         seen.setdefault(key, a.name)
     layout.ensure()
+    # An attempt killed (kill -9) mid-write leaves `.NAME.XXXXXXXX.tmp` files of atomic writes
+    # (a progress record, the tokenizer's recipe). Creation runs under the run lock and nothing
+    # else writes into a run without run.json, so every one of them is dead, whatever its age.
+    for d in (layout.root, layout.data):
+        for name in clean_stale_writes(d, older_than_s=0.0):
+            log.info("removed a temporary of an interrupted creation: %s", d / name)
     tok = make_tokenizer(layout, cfg)
     cfg.vocab_size = tok.vocab_size
     cfg.validate()
