@@ -95,3 +95,14 @@ def test_a_refused_restart_of_an_interrupted_creation_keeps_its_directory(tmp_pa
                   f"--arm=x=text:{tmp_path / 'none.txt'}")
     assert r.returncode == 2 and "arm x:" in r.stderr
     assert (run / "logs" / "proxy.log").read_text().startswith("an earlier attempt")
+
+
+def test_a_refused_start_in_an_empty_directory_that_existed_leaves_it_empty(tmp_path):
+    """It said "nothing was written" but left `.proxy.lock`, `.proxy.owner.json` and logs/ in
+    the directory the user had made for the run; now what the start added goes again."""
+    run = tmp_path / "run"
+    run.mkdir()
+    r = run_proxy(run, "--tokenizer", "bytes", "--max-steps", "1",
+                  f"--arm=x=text:{tmp_path / 'none.txt'}")
+    assert r.returncode == 2 and "arm x:" in r.stderr and "nothing was written" in r.stderr
+    assert run.is_dir() and sorted(p.name for p in run.iterdir()) == []

@@ -118,27 +118,45 @@ def _missing_dirs(root: Path) -> list[Path]:
     return out
 
 
-def _remove_refused(layout: RunLayout, made: list[Path]) -> None:
-    """A start refused before it wrote any data leaves no directory it created: remove the run
-    directory (its lock, owner file and logs/) and the parents made for it. A directory that
-    already existed, or one that holds a tokenizer or token files (work a rerun keeps), stays."""
-    if (
-        not made
-        or layout.tokenizer.exists()
-        or (layout.data.is_dir() and any(layout.data.iterdir()))
-    ):
+def _entries(root: Path) -> set[str] | None:
+    """The names in `root` when it is a directory (what a refused start leaves), else None."""
+    try:
+        return set(os.listdir(root))
+    except OSError:
+        return None
+
+
+def _remove_refused(layout: RunLayout, made: list[Path], before: set[str] | None) -> None:
+    """A start refused before it wrote any data leaves nothing it created: the run directory
+    and the parents made for it are removed; in a directory that already existed (`before`: its
+    names then), what this start added (its lock, owner file, logs/). A directory that holds a
+    tokenizer or token files (work a rerun keeps) is left as it is."""
+    if layout.tokenizer.exists() or (layout.data.is_dir() and any(layout.data.iterdir())):
         return
     for h in list(logging.getLogger().handlers):  # the log file inside it
         if isinstance(h, logging.FileHandler) and Path(h.baseFilename).is_relative_to(layout.root):
             logging.getLogger().removeHandler(h)
             h.close()
-    shutil.rmtree(made[0], ignore_errors=True)
-    for p in made[1:]:
-        try:
-            p.rmdir()
-        except OSError:
-            break
-    log.info("%s removed: this refused start had created it", made[-1])
+    if made:
+        shutil.rmtree(made[0], ignore_errors=True)
+        for p in made[1:]:
+            try:
+                p.rmdir()
+            except OSError:
+                break
+        log.info("%s removed: this refused start had created it", made[-1])
+        return
+    added = sorted((_entries(layout.root) or set()) - (before or set()))
+    for name in added:
+        p = layout.root / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    if added:
+        log.info(
+            "removed what this refused start had added to %s: %s", layout.root, ", ".join(added)
+        )
 
 
 def cmd_run(a) -> int:
@@ -162,6 +180,7 @@ def cmd_run(a) -> int:
         )
         return EXIT_USAGE
     made = _missing_dirs(layout.root)  # what a refusal below removes again
+    before = _entries(layout.root)  # (in a directory that exists: what it held)
     try:
         layout.root.mkdir(parents=True, exist_ok=True)
         layout.logs.mkdir(exist_ok=True)
@@ -271,7 +290,7 @@ def cmd_run(a) -> int:
     except (ConfigError, BanditConfigError) as e:
         log.error("%s", e)
         lock.release()
-        _remove_refused(layout, made)
+        _remove_refused(layout, made, before)
         return EXIT_USAGE
     except SupervisorError as e:
         log.error("%s", e)
