@@ -4,7 +4,7 @@ runs/<name>/
   run.json, tokenizer.json, phases.json, checkpoints.json, step_NNNNNN.bin
   .loss.json  .loss.rewound.json  .samples.json  .state.json
   .handshake.json (+ .handshake.lock)  .reports.jsonl  .proxy.lock  .proxy.owner.json
-  .status.json  .pivot.request.json  .state.snapshots.jsonl
+  .status.json  .pivot.request.json (+ .pivot.request.lock)  .state.snapshots.jsonl
   data/<arm>.train.u16  data/<arm>.heldout.u16  data/arms.json
   archive/pivot-<step>/   logs/
 """
@@ -151,6 +151,7 @@ class RunLayout:
     proxy_owner = property(lambda s: s.root / ".proxy.owner.json")
     status = property(lambda s: s.root / ".status.json")
     pivot_request = property(lambda s: s.root / ".pivot.request.json")
+    pivot_request_lock = property(lambda s: s.root / ".pivot.request.lock")
     state_snapshots = property(lambda s: s.root / ".state.snapshots.jsonl")
     data = property(lambda s: s.root / "data")
     arms_index = property(lambda s: s.root / "data" / "arms.json")

@@ -344,7 +344,9 @@ def test_a_live_pivot_says_when_its_boundary_comes_and_pivot_now_pivots_at_the_n
         assert "pivots at the next checkpoint boundary (checkpoints every 100 steps): about step " \
                "100, " in r.stdout and "s per update" in r.stdout, r.stdout
         assert "`pivot --now` would checkpoint at the next step" in r.stdout
-        (run / ".pivot.request.json").unlink()   # withdrawn before the proxy served it
+        r = pivot(run, "--withdraw")             # (deleting the file raced the proxy's rewrite)
+        assert r.returncode == 0 and "pivot: withdrew 'pivot'" in r.stdout, r.stdout + r.stderr
+        assert not (run / ".pivot.request.json").exists()
         wait_for(lambda: last_step(run) >= 15, 300, what="training to pass step 15")
         r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--label", "now", "--now")
         assert r.returncode == 0, r.stdout + r.stderr
@@ -377,3 +379,42 @@ def test_a_pivot_whose_boundary_is_past_the_last_step_is_refused_at_once_naming_
         assert not (run / ".pivot.request.json").exists()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
+
+
+def test_a_pivot_withdrawn_at_its_boundary_changes_nothing_and_a_second_withdrawal_is_refused(
+        tmp_path):
+    """`pivot --withdraw` in state "boundary" takes back the stop the proxy posted and removes
+    the request under the request lock: the worker does not stop at B (or, if it had already
+    begun, a new one goes on from step_B.bin), the run stays in phase 0, the history has every
+    step once, and nothing is left to withdraw. Then a `--now` pivot withdrawn at once: the same,
+    whichever side of the worker's decision the withdrawal lands on."""
+    run = tmp_path / "run"
+    proc = start(run, "--max-steps", "400", "--checkpoint-every", "50", "--probe-every", "5",
+                 "--bandit-warmup", "10", "--sample-every", "50", "--keep-last", "1000")
+    with cleaned_up(proc, run):
+        wait_for(lambda: last_step(run) >= 5, 300, what="training to pass step 5")
+        r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--no-wait")
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_for(lambda: json.loads((run / ".pivot.request.json").read_text())["state"]
+                 == "boundary", 60, what="the proxy to post the boundary")
+        r = pivot(run, "--withdraw")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "state boundary, boundary step 50" in r.stdout, r.stdout
+        control = json.loads((run / ".handshake.json").read_text())["control"]
+        assert control.get("stop_at_step") is None and control.get("reason") is None, control
+        r = pivot(run, "--withdraw")
+        assert r.returncode == 2 and "no pivot is pending" in r.stderr, r.stdout + r.stderr
+        wait_for(lambda: last_step(run) >= 60, 300, what="training past the withdrawn boundary")
+        r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--now", "--no-wait")
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = pivot(run, "--withdraw")
+        assert r.returncode == 0, r.stdout + r.stderr
+        n = last_step(run)
+        wait_for(lambda: last_step(run) >= n + 20, 300, what="training after the --now withdrawal")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    assert len(phases(run)) == 1
+    recs = loss_records(run)
+    assert [x["step"] for x in recs] == list(range(1, last_step(run) + 1))
+    assert all(x["phase"]["index"] == 0 for x in recs)
+    assert not (run / ".pivot.request.json").exists() and not list((run / "archive").glob("pivot-*"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from proxy.mixture.bandit import BanditConfigError, parse_arm_values, resolve_bounds
 from proxy.observation.progress import fmt_duration, wall_seconds_per_update
@@ -24,16 +25,18 @@ from proxy.run_files.pivot_request import (
     pending_request,
     read_archived_request,
     read_request,
-    request_path,
+    remove_request,
+    request_lock,
     write_request,
 )
 from proxy.run_files.run_lock import RunLock, lock_is_free, owner_pid
 from proxy.run_files.status_file import read_status
-from proxy.supervision.pivots import next_boundary
+from proxy.supervision.pivots import next_boundary, take_back_pivot_stop
 from proxy.supervision.proc_tree import pid_alive
 from proxy.supervision.resume_planning import ResumeError, plan_resume
 from shared.config import ConfigError, RunConfig, load_run_config
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
+from shared.handshake import update_handshake
 from shared.loss_history import LossHistory
 from shared.run_layout import RunLayout, missing_run_json
 
@@ -101,6 +104,13 @@ def cmd_pivot(a) -> int:
     if not layout.run_json.exists():
         return _refuse(missing_run_json(layout.root))
     given = bool(a.caps or a.floors)
+    if a.withdraw:
+        if given or a.keep_bounds or a.no_bounds or a.now or a.label:
+            return _refuse(
+                "--withdraw takes no bounds, --now or --label: it withdraws the "
+                "pending request whatever it asks"
+            )
+        return withdraw(layout)
     if given + a.keep_bounds + a.no_bounds != 1:
         try:
             ph = read_phases(layout)[-1]
@@ -126,13 +136,24 @@ def cmd_pivot(a) -> int:
     except (ConfigError, BanditConfigError) as e:
         return _refuse(f"{e}")
     label = a.label or "pivot"
+    with request_lock(layout):  # the check and the write are one step (docs/pivots.md)
+        then = _request(layout, cfg, caps, floors, label, a)
+    return then() if callable(then) else then  # following it must not hold the lock
+
+
+def _request(
+    layout: RunLayout, cfg: RunConfig, caps: dict, floors: dict, label: str, a
+) -> int | Callable[[], int]:
+    """Under `.pivot.request.lock`: refuse (the exit code) when a request is pending or cannot
+    be served, else write it and return what follows it: `_wait` on a live run, or on a stopped
+    one `_pivot_stopped` (which writes it itself under the run lock)."""
     old = pending_request(layout)
     if old is not None:
         return _refuse(
             f"a pivot is already pending ({layout.pivot_request.name}: label {old.get('label')!r}, "
             f"state {old.get('state')}, step {old.get('step')}); wait for it (`status` "
             "shows it; on a stopped run `python -m proxy run` puts it in force) and "
-            "ask again once it is in force"
+            "ask again once it is in force, or withdraw it (`pivot --withdraw`)"
         )
     req = {
         "label": label,
@@ -144,7 +165,7 @@ def cmd_pivot(a) -> int:
         "step": None,
     }
     if lock_is_free(layout):
-        return _pivot_stopped(layout, cfg, req, a)
+        return lambda: _pivot_stopped(layout, cfg, req, a)
     planned, last = _planned_steps(layout, cfg), _last_filed(layout)
     if last >= planned:
         return _refuse(
@@ -185,11 +206,42 @@ def cmd_pivot(a) -> int:
     if a.no_wait:
         print(
             "pivot: accepted (--no-wait); `python -m proxy status --run-dir DIR` shows its "
-            "progress",
+            "progress; `pivot --withdraw` withdraws it until its new phase is recorded",
             flush=True,
         )
         return 0
-    return _wait(layout, pid, a.timeout)
+    return lambda: _wait(layout, pid, a.timeout)
+
+
+def withdraw(layout: RunLayout) -> int:
+    """`pivot --withdraw`: remove the pending request before its new phase is recorded
+    (docs/pivots.md#withdrawing-a-pivot). Under `.pivot.request.lock`, so the live proxy sees the
+    request whole or not at all. State "requested": the file goes. State "boundary": the stop the
+    proxy posted in the handshake is taken back first, then the file goes; a worker that had
+    already begun stopping there exits, and the proxy starts a new one from step_B.bin in the
+    same phase. Later states (archived, recorded) are the phase change itself: refused (exit 2),
+    saying how to go back. 0 withdrawn; 2 nothing to withdraw or too late."""
+    with request_lock(layout):
+        req = pending_request(layout)
+        if req is None:
+            return _refuse(f"no pivot is pending in {layout.root}; nothing to withdraw")
+        state, b = req.get("state"), req.get("step")
+        if state not in ("requested", "boundary"):
+            return _refuse(
+                f"the pivot {req.get('label')!r} at step {b} is being put in force (state "
+                f"{state}): too late to withdraw; once it is, `pivot --caps ... --floors ...` "
+                "with the old phase's bounds (`status` shows them) pivots back"
+            )
+        if state == "boundary":
+            update_handshake(layout, lambda d: take_back_pivot_stop(d["control"], b))
+        remove_request(layout)
+    print(
+        f"pivot: withdrew {req.get('label')!r} (state {state}"
+        + (f", boundary step {b}" if b is not None else "")
+        + "); the run goes on in the phase in force",
+        flush=True,
+    )
+    return 0
 
 
 def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
@@ -200,12 +252,20 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
         if req is None and b is not None:  # moved into the archive: running
             req = read_archived_request(layout, b)
         state = (req or {}).get("state")
-        if req is not None and state == "failed":
+        if req is None:
+            print(
+                "pivot: the request was withdrawn (`pivot --withdraw`); nothing changed, the "
+                "phase in force runs on",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        if state == "failed":
             print(
                 f"pivot failed: {req.get('error')}; nothing changed, the old phase runs on",
                 file=sys.stderr,
             )
-            request_path(layout).unlink(missing_ok=True)
+            with request_lock(layout):
+                remove_request(layout)
             return EXIT_FAILED
         if req and req.get("step") is not None:
             if b is not None and req["step"] != b:
@@ -306,7 +366,7 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
             try:
                 plan = plan_resume(layout, cfg, history, False, stopped_pivot=req)
             except ResumeError as e:
-                request_path(layout).unlink(missing_ok=True)
+                remove_request(layout)
                 print(f"pivot failed: {e}", file=sys.stderr)
                 return EXIT_FAILED
         finally:
@@ -358,6 +418,12 @@ def add_pivot_args(p) -> None:
         action="store_true",
         help="live run: checkpoint at the next step and pivot there, instead of at the "
         "next checkpoint boundary (the default); docs/pivots.md#the-boundary",
+    )
+    p.add_argument(
+        "--withdraw",
+        action="store_true",
+        help="withdraw the pending pivot instead (until its new phase is recorded); "
+        "docs/pivots.md#withdrawing-a-pivot",
     )
     p.add_argument(
         "--max-steps",

@@ -12,17 +12,21 @@ phase record (proxy/supervision/resume_planning.py `start_pivot_phase`), the `pi
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
 from proxy.run_files.pivot_request import (
     archive_request,
     pending_request,
     read_request,
+    request_lock,
     write_request,
 )
 from shared.atomic_io import fsync_dir
@@ -31,9 +35,25 @@ from shared.handshake import update_handshake
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy.commands.pivot")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 FAULT_ENV = "ANDREA_FAULT_PIVOT"  # test hook: the proxy SIGKILLs itself at that moment
+
+
+def _under_request_lock(
+    move: Callable[Concatenate[RunLayout, P], R],
+) -> Callable[Concatenate[RunLayout, P], R]:
+    """Run a move of the state machine under `.pivot.request.lock` (its read, decision and write
+    are one step for the `pivot` command, which withdraws or writes under the same lock)."""
+
+    @functools.wraps(move)
+    def locked(layout: RunLayout, *args: P.args, **kwargs: P.kwargs) -> R:
+        with request_lock(layout):
+            return move(layout, *args, **kwargs)
+
+    return locked
 
 
 def fault_point(moment: str) -> None:
@@ -45,6 +65,7 @@ def fault_point(moment: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+@_under_request_lock
 def poll_pivot_request(
     layout: RunLayout, cfg: RunConfig, filed_step: int, max_steps: int
 ) -> int | None:
@@ -115,6 +136,15 @@ def _post_pivot_stop(control: dict, b: int, now: bool = False) -> None:
     control.update(stop_at_step=b, reason="pivot", now=now)
 
 
+def take_back_pivot_stop(control: dict, b: int | None) -> None:
+    """Remove a pivot's stop at `b` from the handshake's `control` (`pivot --withdraw`); a
+    collapse alarm's stop, or a pivot's at another step, is left as it is."""
+    if control.get("reason") == "pivot" and control.get("stop_at_step") == b:
+        control.update(stop_at_step=None, reason=None)
+        control.pop("now", None)
+
+
+@_under_request_lock
 def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:
     """The worker started its pivot checkpoint at `step`. B was chosen from the last step the
     proxy had filed, and the worker may already have been past it when the control request
@@ -138,6 +168,7 @@ def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:
     return step
 
 
+@_under_request_lock
 def fail_unserved(layout: RunLayout, last_step: int, max_steps: int) -> bool:
     """The run ended at its last step (`last_step` >= `max_steps`) with a pivot's boundary still
     ahead: nothing would train in the new phase, so the request gets state "failed" with the
@@ -165,6 +196,7 @@ def _fail(layout: RunLayout, req: dict, why: str) -> None:
     log.warning("pivot %r not served: %s", req.get("label"), req["error"])
 
 
+@_under_request_lock
 def pivot_due(layout: RunLayout, step: int) -> dict | None:
     """The request when the pivot must happen at `step` now (state boundary or archived, at
     that step); a boundary/archived request for another step (the worker stopped before B: a
@@ -217,6 +249,7 @@ def archive_sidecars(layout: RunLayout, step: int) -> Path:
     return dest
 
 
+@_under_request_lock
 def mark_running(layout: RunLayout, step: int, worker_pid: int | None, first_step: int) -> bool:
     """The new worker filed `first_step` after the pivot at `step`: state "running", and the
     request moves into archive/pivot-<step>/ (the record of what was asked). True if done."""

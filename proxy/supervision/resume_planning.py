@@ -23,7 +23,7 @@ from proxy.mixture.arm_changes import ArmChange, handle_zombies
 from proxy.mixture.controller import MixtureController
 from proxy.mixture.rebuild import new_controller, rebuild_mixture
 from proxy.run_files.phases import read_phases, write_phases
-from proxy.run_files.pivot_request import pending_request, write_request
+from proxy.run_files.pivot_request import pending_request, request_lock, write_request
 from proxy.run_files.sidecars import read_state, write_state
 from proxy.run_files.state_snapshots import mark_rewound
 from proxy.supervision.pivots import archive_sidecars, fault_point, mark_running, pivot_due
@@ -288,23 +288,33 @@ def plan_resume(
         time.perf_counter() - t_mix,
     )
     plan = ResumePlan(step, point.path, mix, changes, verified=point.verified)
+    with request_lock(layout):  # the `pivot` command withdraws under it (docs/pivots.md)
+        _serve_pivot_request(layout, cfg, plan, changes)
+    return plan
+
+
+def _serve_pivot_request(
+    layout: RunLayout, cfg: RunConfig, plan: ResumePlan, changes: list[ArmChange]
+) -> None:
+    """Carry out, finish or roll back the pending pivot request at the resume step (the table
+    in docs/pivots.md#crash-safety); a request still "requested" waits for the live proxy."""
+    step = plan.step
     req = pending_request(layout)
     if req is None or req.get("state") == "requested":
-        return plan
+        return
     b, recorded = req.get("step"), phase_recorded(layout, req)
     if b == step and not recorded:
-        plan.mix = start_pivot_phase(layout, cfg, mix, req, step, changes)
+        plan.mix = start_pivot_phase(layout, cfg, plan.mix, req, step, changes)
         plan.pivot_step = step
         fault_point("after-record")
     elif b == step:  # recorded before a kill: finish, idempotently
-        finish_pivot(layout, mix, req, step)
+        finish_pivot(layout, plan.mix, req, step)
         plan.pivot_step = step
     elif recorded and b is not None and step > b:  # the new phase already trained past B
         if req.get("state") == "recorded":
             mark_running(layout, b, None, step)
     else:
         pivot_due(layout, step)  # the old phase goes on: serve the request again
-    return plan
 
 
 def phase_recorded(layout: RunLayout, req: dict) -> bool:

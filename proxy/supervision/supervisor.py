@@ -396,6 +396,14 @@ class Supervisor:
                         os.getpid(),
                     )
                     continue
+                if outcome == "withdrawn":
+                    restarts = 0  # it wrote its checkpoint: progress
+                    log.info(
+                        "the worker stopped at step %s for a pivot that was withdrawn; a new "
+                        "worker resumes there in the phase in force",
+                        rc,
+                    )
+                    continue
                 if outcome == "fatal":
                     why = self.stats.stop_why or "see the worker's log above"
                     raise SupervisorError(
@@ -572,7 +580,8 @@ class Supervisor:
         self, rc: int, hung: bool, stop_sent: bool, history: LossHistory
     ) -> tuple[str, int | None]:
         """What the worker's exit with code `rc` means: "hung", "pivot" (stopped at a pivot's
-        boundary B: the new phase starts in this proxy), "done", "fatal" (do not restart) or
+        boundary B: the new phase starts in this proxy), "withdrawn" (stopped for a pivot that
+        was withdrawn meanwhile: a new worker goes on in the same phase), "done", "fatal" (do not restart) or
         "crashed" (restart from the newest valid checkpoint)."""
         if hung:
             return "hung", rc
@@ -580,6 +589,12 @@ class Supervisor:
             b = self._pivot_boundary()
             if b is not None and history.last_step == b and not self.stop_requested:
                 return "pivot", b
+            if (
+                (self.stats.stop_why or "").startswith("pivot ")
+                and (history.last_step or 0) < self.max_steps
+                and not self.stop_requested
+            ):  # it stopped for a pivot withdrawn after it had decided to (`pivot --withdraw`)
+                return "withdrawn", history.last_step
             if self.node is not None and not self.stop_requested:
                 self._nodes_t = 0.0
                 self._nodes_tick()  # a follower's proxy killed: its ranks stopped with ours
