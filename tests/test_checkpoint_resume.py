@@ -181,3 +181,20 @@ def test_step_or_parameter_count_beyond_int32_is_refused_before_training(tmp_pat
         in str(ei.value)
     with pytest.raises(cf.CheckpointError, match="n_params 2,147,483,648 is outside"):
         cf.check_int32_limits(0, INT32_MAX + 1)
+
+
+@pytest.mark.slow
+def test_a_resume_removes_temporaries_a_kill_left_in_data_and_archive_whatever_their_age(tmp_path):
+    """A proxy killed between an atomic write and its rename leaves `.NAME.XXXXXXXX.tmp`. Only
+    the lock holder writes data/ and archive/, so the next start removes every one there; in
+    the root a young one may be a live `pivot` command's and stays until it is 60 s old."""
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "2", "--checkpoint-every", "1").returncode == 0
+    (run / "archive").mkdir(exist_ok=True)
+    dead = [run / "data" / ".arms.json.a1b2c3d4.tmp", run / "archive" / ".x.json.e5f6g7h8.tmp"]
+    young = run / "..status.json.k9l8m7n6.tmp"
+    for p in dead + [young]:
+        p.write_text("{")
+    r = run_proxy(run, "--max-steps", "3", "--checkpoint-every", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not any(p.exists() for p in dead) and young.exists()

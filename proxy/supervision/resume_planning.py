@@ -27,7 +27,7 @@ from proxy.run_files.pivot_request import pending_request, request_lock, write_r
 from proxy.run_files.sidecars import read_state, write_state
 from proxy.run_files.state_snapshots import mark_rewound
 from proxy.supervision.pivots import archive_sidecars, fault_point, mark_running, pivot_due
-from shared.atomic_io import atomic_write_json, clean_stale_writes
+from shared.atomic_io import STALE_WRITE_S, atomic_write_json, clean_stale_writes
 from shared.checkpoint_dir import (
     QUARANTINE_DIR,
     clean_stale_temporaries,
@@ -73,8 +73,10 @@ def find_resume_point(
     root = layout.root
     for p in clean_stale_temporaries(root):
         log.info("removed stale temporary %s", p.name)
-    for d in (root, layout.data, layout.archive):  # a sidecar write cut by a kill -9
-        for name in clean_stale_writes(d):
+    # A write cut by a kill -9. In the root a young one may be a live `pivot` command's; data/
+    # and archive/ are written by the lock holder alone, so every one there is dead.
+    for d, age in ((root, STALE_WRITE_S), (layout.data, 0.0), (layout.archive, 0.0)):
+        for name in clean_stale_writes(d, older_than_s=age):
             log.info("removed stale temporary %s", os.path.join(os.path.relpath(d, root), name))
     manifest = read_manifest(root)
     checks = manifest_checksums(manifest)
