@@ -164,6 +164,23 @@ def proxy_log(run_dir: Path) -> str:
     return p.read_text(errors="replace") if p.exists() else ""
 
 
+def usr1_forwarded(run_dir: Path) -> int:
+    """How many SIGUSR1 the proxy has forwarded to its worker (it logs each after sending it)."""
+    return proxy_log(run_dir).count("SIGUSR1 received: forwarded to worker pid")
+
+
+def usr1_to_paused_worker(proc: subprocess.Popen, run_dir: Path, step: int, n: int = 1) -> None:
+    """Send `n` SIGUSR1 to the proxy while its worker pauses inside update `step`
+    (ANDREA_TEST_PAUSE_AT_STEP), wait until the proxy has forwarded them, then end the pause
+    (`.test-release-<step>`): the worker has the signal before the step's boundary, however
+    slowly a loaded machine delivers it."""
+    before = usr1_forwarded(run_dir)
+    for _ in range(n):
+        proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: usr1_forwarded(run_dir) > before, 120, what="the proxy to forward SIGUSR1")
+    (Path(run_dir) / f".test-release-{step}").touch()
+
+
 def reports(run_dir: Path) -> list[dict]:
     """The current worker incarnation's reports (.reports.jsonl), complete lines only."""
     try:

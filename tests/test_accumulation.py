@@ -110,7 +110,8 @@ def test_sigterm_between_micro_batches_finishes_the_update_and_the_resume_is_bit
     assert r.returncode == 0, r.stderr[-3000:]
     assert "4 micro-batch(es) of 2 sequences" in r.stderr
     b = clone(tpl, tmp_path / "b")
-    proc = start(b, *ACC, env={"ANDREA_TEST_PAUSE_AT_MICRO": "13.2:5"})
+    # the pause lasts until the SIGTERM arrives (worker/fault_injection.py), however late
+    proc = start(b, *ACC, env={"ANDREA_TEST_PAUSE_AT_MICRO": "13.2:600"})
     try:
         wait_report(b, lambda x: x.get("event") == "test-pause-micro", 180,
                     "the pause after micro-batch 2 of update 13")

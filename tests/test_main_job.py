@@ -5,7 +5,7 @@ import signal
 import pytest
 
 from proc_helpers import (checkpoint_steps, last_step, loss_records, pid_alive, run_proxy,
-                          start_proxy, wait_for, worker_pid)
+                          start, start_proxy, wait_for, wait_report, worker_pid)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
 from shared.config import PRESETS, count_parameters
 
@@ -52,11 +52,14 @@ def test_resume_after_sigterm_gives_byte_identical_checkpoint_and_the_same_histo
     common = ["--max-steps", "300", "--checkpoint-every", "100", "--bandit-warmup", "0",
               "--reward", "heldout_progress"]   # the probe's EXP3 policy moves every period
     a, b = tmp_path / "a", tmp_path / "b"
-    assert run_proxy(a, *common).returncode == 0
+    # 300 steps and a creation took over 180 s (run_proxy's default) at load average 16
+    assert run_proxy(a, *common, timeout=900).returncode == 0
 
-    proc = start_proxy(b, *common)
+    # update 150 pauses until the SIGTERM arrives (worker/fault_injection.py): the stop falls
+    # between the cadences however fast the run and however slow the test's polling
+    proc = start(b, *common, env={"ANDREA_TEST_PAUSE_AT_STEP": "150:600"})
     try:
-        wait_for(lambda: last_step(b) >= 100, 120, what="the first cadence")
+        wait_report(b, lambda r: r.get("event") == "test-pause", 180, "the pause in update 150")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
@@ -64,7 +67,7 @@ def test_resume_after_sigterm_gives_byte_identical_checkpoint_and_the_same_histo
             proc.kill()
     stopped_at = last_step(b)
     assert 100 <= stopped_at < 300, "the run must be stopped between cadences for the test to mean anything"
-    assert run_proxy(b, *common).returncode == 0
+    assert run_proxy(b, *common, timeout=900).returncode == 0
 
     final = checkpoint_name(300)
     assert (a / final).read_bytes() == (b / final).read_bytes()

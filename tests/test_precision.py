@@ -141,12 +141,13 @@ def test_bf16_sigterm_after_a_checkpoint_then_resume_is_byte_identical(template,
     assert len({json.dumps(x["p"], sort_keys=True) for x in loss_records(bf16_ref)}) > 1, \
         "the bandit never moved: the bf16 probes would not be part of what resumes"
     b = clone(template, tmp_path / "run")
-    # update 9 pauses 2 s (after the step-6 cadence checkpoint, past the warm-up, inside a
-    # bandit period), so the SIGTERM lands there however fast the machine's bf16 is
-    proc = start(b, *ARGS, "--precision", "bf16", env={**CUDA_PATH, "ANDREA_TEST_PAUSE_AT_STEP": "9:2"})
+    # update 9 pauses (after the step-6 cadence checkpoint, past the warm-up, inside a bandit
+    # period) until the SIGTERM arrives, so the stop lands there however fast the machine's bf16
+    # is and however slowly a loaded machine writes the step-6 checkpoint or delivers the signal
+    proc = start(b, *ARGS, "--precision", "bf16", env={**CUDA_PATH, "ANDREA_TEST_PAUSE_AT_STEP": "9:600"})
     try:
         wait_report(b, lambda r: r.get("event") == "test-pause", 120, "the pause in update 9")
-        wait_for(lambda: 6 in checkpoint_steps(b), 1.5, what="the step-6 checkpoint")
+        wait_for(lambda: 6 in checkpoint_steps(b), 120, what="the step-6 checkpoint")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
     finally:

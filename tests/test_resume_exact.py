@@ -10,8 +10,8 @@ import pytest
 
 from proc_helpers import (assert_same_run, checkpoint_steps, clone, compare_keys, create_template,
                           EXACT, hello_pid, kill_run, last_step, loss_records, manifest,
-                          proxy_log, run, run_processes, start, stopped_step, wait_for,
-                          wait_report)
+                          proxy_log, run, run_processes, start, stopped_step,
+                          usr1_to_paused_worker, wait_for, wait_report)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint, read_header
 from shared.checkpoint_manifest import remove_entries
 
@@ -38,8 +38,9 @@ def reference(template, tmp_path_factory):
 
 def _stop_with_sigterm_after(run_dir, step, *args, env=None):
     """SIGTERM while the worker pauses inside update step+1 (test hook), so the stop lands
-    there however fast the machine is (a fast one ran 20 steps past a step it was polled at)."""
-    env = dict(env or {}, ANDREA_TEST_PAUSE_AT_STEP=f"{step + 1}:3")
+    there however fast the machine is (a fast one ran 20 steps past a step it was polled at);
+    the pause lasts until the SIGTERM arrives, however slowly a loaded machine delivers it."""
+    env = dict(env or {}, ANDREA_TEST_PAUSE_AT_STEP=f"{step + 1}:600")
     proc = start(run_dir, *args, env=env)
     try:
         wait_report(run_dir, lambda r: r.get("event") == "test-pause" and r.get("step") == step + 1,
@@ -76,11 +77,12 @@ def test_sigusr1_checkpoint_then_kill9_of_the_worker_restarts_from_it_bit_exact(
     # SIGUSR1 arrives while the worker pauses inside update 12 (after the step-10 cadence
     # checkpoint), so its checkpoint is step 12 however fast the machine is; the worker pauses
     # again inside update 18, so the kill lands at a known place a few steps later
-    proc = start(b, *EXACT, env={"ANDREA_TEST_PAUSE_AT_STEP": "12:3,18:60"})
+    # (the pause in update 12 ends once the proxy has forwarded the SIGUSR1)
+    proc = start(b, *EXACT, env={"ANDREA_TEST_PAUSE_AT_STEP": "12:600,18:60"})
     try:
         wait_report(b, lambda r: r.get("event") == "test-pause" and r.get("step") == 12, 180,
                     "the pause in step 12")
-        proc.send_signal(signal.SIGUSR1)
+        usr1_to_paused_worker(proc, b, 12)
         usr1 = wait_for(lambda: [st for st, r, _ in manifest(b) if r == "sigusr1"],
                         60, what="the SIGUSR1 checkpoint")[0]
         assert usr1 == 12

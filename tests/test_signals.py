@@ -13,7 +13,7 @@ import pytest
 
 from proc_helpers import (checkpoint_steps, cleaned_up, clone, create_template, hello_pid,
                           kill_run, last_step, loss_records, manifest, output, reports, start,
-                          wait_for, wait_report)
+                          usr1_to_paused_worker, wait_for, wait_report)
 from shared.checkpoint_format import checkpoint_name, is_temporary_name, load_checkpoint
 from shared.checkpoint_manifest import read_manifest
 
@@ -49,15 +49,15 @@ def _stop(proc, timeout=120):
 
 def test_three_quick_sigusr1_plus_a_copy_to_the_worker_group_give_one_checkpoint_and_one_on_a_cadence_step_writes_once(template, tmp_path):
     b = clone(template, tmp_path / "run")
-    proc = start(b, *LONG, env={"ANDREA_TEST_PAUSE_AT_STEP": "4:3,10:3"})
+    # each pause ends once the proxy has forwarded the SIGUSR1 (usr1_to_paused_worker)
+    proc = start(b, *LONG, env={"ANDREA_TEST_PAUSE_AT_STEP": "4:600,10:600"})
     with cleaned_up(proc, b):
         wait_report(b, lambda r: r.get("event") == "test-pause" and r["step"] == 4, 180, "pause 4")
         wpid = hello_pid(b)
-        for _ in range(3):
-            proc.send_signal(signal.SIGUSR1)
         os.killpg(wpid, signal.SIGUSR1)  # a scheduler signalling the worker's group too
+        usr1_to_paused_worker(proc, b, 4, n=3)
         wait_report(b, lambda r: r.get("event") == "test-pause" and r["step"] == 10, 60, "pause 10")
-        proc.send_signal(signal.SIGUSR1)  # during cadence step 10
+        usr1_to_paused_worker(proc, b, 10)  # during cadence step 10
         wait_for(lambda: last_step(b) >= 16, 120, what="step 16")
         assert _stop(proc) == 0
     ck = _checkpoint_reports(b)
@@ -71,10 +71,10 @@ def test_three_quick_sigusr1_plus_a_copy_to_the_worker_group_give_one_checkpoint
 
 def test_usr1_at_boundary_checkpoints_once_at_the_next_cadence_step(template, tmp_path):
     b = clone(template, tmp_path / "run")
-    proc = start(b, *LONG, "--usr1-at", "boundary", env={"ANDREA_TEST_PAUSE_AT_STEP": "4:2"})
+    proc = start(b, *LONG, "--usr1-at", "boundary", env={"ANDREA_TEST_PAUSE_AT_STEP": "4:600"})
     with cleaned_up(proc, b):
         wait_report(b, lambda r: r.get("event") == "test-pause", 180, "pause 4")
-        proc.send_signal(signal.SIGUSR1)
+        usr1_to_paused_worker(proc, b, 4)
         wait_for(lambda: last_step(b) >= 13, 120, what="step 13")
         assert _stop(proc) == 0
     ck = _checkpoint_reports(b)

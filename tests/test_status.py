@@ -99,7 +99,10 @@ def test_status_while_a_proxy_is_creating_the_run_says_so_and_not_that_creation_
     proc = subprocess.Popen(proxy_cmd(run, "--max-steps", "2", "--arm", f"big=text:{src}"),
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: (run / ".proxy.owner.json").exists(), 60, what="the proxy to own the run")
+        # the tokenizer is written before the arms are tokenized: creation is under way, and a
+        # stop from here on leaves an unfinished creation (before it, a stop may leave nothing)
+        wait_for(lambda: (run / ".proxy.owner.json").exists() and (run / "tokenizer.json").exists(),
+                 180, what="the proxy to own the run and write its tokenizer")
         os.kill(proc.pid, signal.SIGSTOP)  # hold it mid-creation
         if (run / "run.json").exists():
             pytest.skip("creation finished before the proxy could be held")

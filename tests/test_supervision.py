@@ -20,6 +20,7 @@ from proc_helpers import (checkpoint_steps, cleaned_up, clone, cmd, create_templ
                           proxy_log, reports, ROOT, run, run_processes, start, wait_for,
                           wait_report)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
+from shared.procfs import process_state
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
@@ -88,22 +89,36 @@ def test_proxy_sigkill_worker_checkpoints_and_exits_nothing_remains_and_the_next
     assert [x["step"] for x in loss_records(b)] == list(range(1, s + 6))
 
 
-def kill_the_first_worker_past_step_12(b) -> tuple[int, int]:
-    """SIGKILL the run's first worker once it passed step 12; (its pid, the restarted one's)."""
-    first = hello_pid(b, 180)
-    wait_for(lambda: last_step(b) >= 12, 120, what="step 12")
-    os.kill(first, signal.SIGKILL)
+def pauses(*steps: int) -> dict:
+    """The env that pauses the run inside each of `steps` (once per run directory) for longer
+    than any test waits: a kill then lands at a known step, whatever the machine's load."""
+    return {"ANDREA_TEST_PAUSE_AT_STEP": ",".join(f"{s}:600" for s in steps)}
+
+
+def kill_at_pause(b, step: int, what: str) -> int:
+    """SIGKILL the current worker while it pauses inside `step` (see `pauses`); its pid."""
+    wait_report(b, lambda r: r.get("event") == "test-pause" and r["step"] == step, 180, what)
+    pid = hello_pid(b, 60)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def kill_the_first_worker_in_step_13(b) -> tuple[int, int]:
+    """SIGKILL the run's first worker inside step 13 (the run must pause there: `pauses(13)`),
+    so the restart resumes from step_000010.bin; (its pid, the restarted one's)."""
+    first = kill_at_pause(b, 13, "the first worker's pause in step 13")
     second = wait_for(lambda: (p := hello_pid(b, 120)) != first and p, 120, what="a restarted worker")
     return first, second
 
 
 def test_worker_crash_restarts_from_the_newest_checkpoint_then_gives_up_after_max_restarts(template, tmp_path):
     b = clone(template, tmp_path / "run")
-    proc = start(b, *LONG, "--max-restarts", "1")
+    # the second worker pauses inside step 15, before it can write step_000020.bin (which would
+    # start the restart count again): the kill there must use the count up
+    proc = start(b, *LONG, "--max-restarts", "1", env=pauses(13, 15))
     with cleaned_up(proc, b):
-        first, second = kill_the_first_worker_past_step_12(b)
-        wait_for(lambda: [r for r in reports(b) if r.get("type") == "step"], 120, what="it to train")
-        os.kill(second, signal.SIGKILL)
+        first, second = kill_the_first_worker_in_step_13(b)
+        assert kill_at_pause(b, 15, "the second worker's pause in step 15") == second
         rc = proc.wait(timeout=120)
     assert rc != 0
     log = proxy_log(b)
@@ -144,7 +159,7 @@ def test_a_stop_reaches_a_worker_paused_by_sigstop_which_checkpoints_and_the_pro
         wpid = hello_pid(b, 180)
         wait_for(lambda: last_step(b) >= 14, 120, what="training")
         os.kill(wpid, signal.SIGSTOP)
-        time.sleep(0.5)
+        wait_for(lambda: process_state(wpid) == "T", 60, what="the worker to be stopped")
         paused_at = last_step(b)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, proxy_log(b)[-3000:]
@@ -175,7 +190,14 @@ def test_orphans_of_the_worker_are_reaped_by_the_proxy_subreaper(template, tmp_p
     with cleaned_up(proc, b):
         orphan = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 180,
                               what="the orphan"))
-        assert psutil.Process(orphan).ppid() == proc.pid, "re-parented to the proxy (subreaper)"
+        # the pid file appears (mv) before its shell exits: until then the shell is the parent
+        def parent(pid: int) -> int | None:
+            try:
+                return psutil.Process(pid).ppid()
+            except psutil.NoSuchProcess:
+                return None
+        wait_for(lambda: parent(orphan) == proc.pid, 60,
+                 what="the orphan to be re-parented to the proxy (subreaper)")
         # sleep 2 exits; without reaping it would stay a zombie child of the proxy
         wait_for(lambda: not psutil.pid_exists(orphan), 60, what="the orphan to be reaped")
         wait_for(lambda: last_step(b) >= 3, 60, what="training")
@@ -253,24 +275,40 @@ def test_nan_loss_is_skipped_and_recorded_and_a_run_of_them_stops_with_the_last_
 @pytest.mark.slow
 def test_a_new_proxy_waits_for_the_worker_a_killed_proxy_left_before_resuming(tmp_path):
     """kill -9 of the proxy leaves its worker writing its last checkpoint (slowed to 3 s here);
-    the same `run` started at once must wait for that worker, then resume from the checkpoint
+    the same `run` started meanwhile must wait for that worker, then resume from the checkpoint
     it wrote, with the history continuous (docs/signals.md#kill--9). Before, the new proxy
-    planned its resume from the older checkpoint while the old worker was still writing."""
+    planned its resume from the older checkpoint while the old worker was still writing.
+    The old worker is held (SIGSTOP) from before the kill until the new proxy has seen it, so
+    the new proxy's start-up, however slow the machine, cannot outlast the old worker's exit."""
     from proc_helpers import hello_pid, loss_records, start, wait_for
-    from proc_helpers import run as run_to_end
     run_dir = tmp_path / "run"
     args = ["--max-steps", "40", "--checkpoint-every", "10", "--probe-every", "5"]
     slow = {"ANDREA_TEST_WRITE_DELAY": "3"}
     a = start(run_dir, *args, env=slow)
-    old = hello_pid(run_dir)
-    wait_for(lambda: len(loss_records(run_dir)) >= 13, timeout=120, what="step 13 filed")
-    a.kill()
-    a.wait()
-    r = run_to_end(run_dir, *args, env=slow)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"worker pid(s) [{old}] of an earlier proxy" in r.stderr
-    m = re.search(r"resume from step_(\d+)\.bin", r.stderr)
-    assert m and int(m.group(1)) >= 13, r.stderr[-3000:]   # the old worker's last checkpoint
+    b = None
+    try:
+        old = hello_pid(run_dir)
+        wait_for(lambda: len(loss_records(run_dir)) >= 13, timeout=120, what="step 13 filed")
+        os.kill(old, signal.SIGSTOP)
+        wait_for(lambda: process_state(old) == "T", 60, what="the old worker to be held")
+        a.kill()
+        a.wait()
+        log = tmp_path / "second.out"
+        with open(log, "wb") as out:
+            b = subprocess.Popen(cmd(run_dir, *args), cwd=ROOT, env=_env(slow), stdout=out,
+                                 stderr=subprocess.STDOUT)
+        wait_for(lambda: f"worker pid(s) [{old}] of an earlier proxy" in log.read_text(), 180,
+                 what="the new proxy to find the old worker")
+        os.kill(old, signal.SIGCONT)  # it now notices its proxy's death, checkpoints and exits
+        assert b.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+        kill_run(run_dir)
+    text = log.read_text()
+    m = re.search(r"resume from step_(\d+)\.bin", text)
+    assert m and int(m.group(1)) >= 13, text[-3000:]   # the old worker's last checkpoint
     assert [x["step"] for x in loss_records(run_dir)] == list(range(1, 41))
 
 
@@ -309,17 +347,18 @@ def test_a_worker_that_wrote_a_new_checkpoint_before_it_crashed_starts_the_resta
     a run of weeks was given up after N crashes however far apart (here: two crashes, each after
     a new checkpoint, used up --max-restarts 1)."""
     b = clone(template, tmp_path / "run")
-    proc = start(b, *LONG, "--max-restarts", "1")
+    # pauses: the first worker in step 13 (resume from 10), the second in 25 (after it wrote
+    # step_000020.bin), the third in 27 (before it can write step_000030.bin)
+    proc = start(b, *LONG, "--max-restarts", "1", env=pauses(13, 25, 27))
     with cleaned_up(proc, b):
-        first, second = kill_the_first_worker_past_step_12(b)
-        start_ckpt = max(checkpoint_steps(b))
+        first, second = kill_the_first_worker_in_step_13(b)
         # the proxy has filed a checkpoint newer than the one the second worker resumed from
-        wait_for(lambda: f"(step {start_ckpt + 10}," in proxy_log(b), 120, what="a new checkpoint filed")
-        os.kill(second, signal.SIGKILL)
+        wait_for(lambda: "(step 20," in proxy_log(b), 120, what="a new checkpoint filed")
+        assert kill_at_pause(b, 25, "the second worker's pause in step 25") == second
         third = wait_for(lambda: (p := hello_pid(b, 120)) not in (first, second) and p, 120,
                          what="a second restart (the count started again)")
-        wait_for(lambda: [r for r in reports(b) if r.get("type") == "step"], 120, what="it to train")
-        os.kill(third, signal.SIGKILL)   # no new checkpoint since its start: the count is used up
+        # no new checkpoint since its start: the count is used up
+        assert kill_at_pause(b, 27, "the third worker's pause in step 27") == third
         rc = proc.wait(timeout=120)
     assert rc != 0
     log = proxy_log(b)

@@ -44,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         "start-up: torch and the trainer imported %.3f s since launch", seconds_since_start() or 0.0
     )
     try:
-        trainer = Trainer(opts, flags, fault_injection.hooks_from_environment(opts.run_dir))
+        hooks = fault_injection.hooks_from_environment(
+            opts.run_dir, lambda: flags.stop_reason is not None
+        )
+        trainer = Trainer(opts, flags, hooks)
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback
         return _fatal(opts.run_dir, e)
     try:

@@ -11,6 +11,12 @@ and supervision tests are deterministic instead of racing a 10 ms step:
   ANDREA_TEST_PAUSE_AT_MICRO=K.I:SECS update K sleeps SECS seconds after its micro-batch I
                                      (1-based), before the next one, once per run directory (it
                                      first reports {"type": "event", "event": "test-pause-micro"})
+                                     Both pauses end early once a stop signal (SIGTERM, SIGINT,
+                                     SIGHUP, parent death) has arrived, or once the test creates
+                                     the file `.test-release-<N>` (`-<K>.<I>`) in the run
+                                     directory (e.g. after the proxy logged that it forwarded a
+                                     SIGUSR1): a test pauses for longer than any loaded machine
+                                     needs, without waiting that long on a fast one.
   ANDREA_TEST_STEAL_SIGNAL=SIGUSR1   a "library" resets that handler before the worker's check
   ANDREA_TEST_WRITE_DELAY=SECS       every checkpoint write sleeps SECS seconds before writing
                                      (a window to signal "during a write")
@@ -27,6 +33,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -49,10 +56,25 @@ def poison_loss(step: int, loss):
     return loss * float("nan") if step in _NAN else loss
 
 
-def pause_in_step(step: int, report, run_dir: Path | None = None) -> None:
+def _sleep(secs: float, stopping: Callable[[], bool] | None, release: Path | None) -> None:
+    """Sleep `secs` seconds, or less: until `stopping()` is true or the file `release` exists
+    (both checked every 10 ms; a signal delivered before the file appeared has had its handler
+    run by then, since Python runs handlers between the loop's bytecodes)."""
+    end = time.monotonic() + secs
+    while (left := end - time.monotonic()) > 0:
+        if (stopping and stopping()) or (release is not None and release.exists()):
+            return
+        time.sleep(min(0.01, left))
+
+
+def pause_in_step(
+    step: int, report, run_dir: Path | None = None, stopping: Callable[[], bool] | None = None
+) -> None:
     """Sleep inside update `step` if ANDREA_TEST_PAUSE_AT_STEP lists `step:secs` (comma-separated
     pairs); each pause happens once per run directory (marker `.test-pause-<step>`), so a
-    restarted worker does not pause again. Reports {"type": "event", "event": "test-pause"} first."""
+    restarted worker does not pause again. Reports {"type": "event", "event": "test-pause"} first.
+    The pause ends early once `stopping()` is true (a stop signal arrived) or the file
+    `.test-release-<step>` exists in `run_dir`."""
     for part in filter(None, os.environ.get("ANDREA_TEST_PAUSE_AT_STEP", "").split(",")):
         n, secs = part.split(":")
         if int(n) != step:
@@ -63,13 +85,18 @@ def pause_in_step(step: int, report, run_dir: Path | None = None) -> None:
                 return
             marker.write_text(str(os.getpid()))
         report({"type": "event", "event": "test-pause", "step": step, "time": time.time()})
-        time.sleep(float(secs))
+        release = Path(run_dir) / f".test-release-{step}" if run_dir is not None else None
+        _sleep(float(secs), stopping, release)
 
 
-def pause_between_micro_batches(step: int, micro: int, report, run_dir: Path) -> None:
+def pause_between_micro_batches(
+    step: int, micro: int, report, run_dir: Path, stopping: Callable[[], bool] | None = None
+) -> None:
     """Sleep between micro-batch `micro` (1-based) and the next of update `step` if
     ANDREA_TEST_PAUSE_AT_MICRO lists `step.micro:secs`; once per run directory (marker
-    `.test-pause-<step>.<micro>`). Reports {"type": "event", "event": "test-pause-micro"} first."""
+    `.test-pause-<step>.<micro>`). Reports {"type": "event", "event": "test-pause-micro"} first.
+    The pause ends early once `stopping()` is true (a stop signal arrived) or the file
+    `.test-release-<step>.<micro>` exists in `run_dir`."""
     for part in filter(None, os.environ.get("ANDREA_TEST_PAUSE_AT_MICRO", "").split(",")):
         where, secs = part.split(":")
         if where != f"{step}.{micro}":
@@ -87,7 +114,7 @@ def pause_between_micro_batches(step: int, micro: int, report, run_dir: Path) ->
                 "time": time.time(),
             }
         )
-        time.sleep(float(secs))
+        _sleep(float(secs), stopping, Path(run_dir) / f".test-release-{where}")
 
 
 def steal_signal() -> None:
@@ -147,10 +174,12 @@ class NoHooks:
 
 class EnvHooks(NoHooks):
     """The hooks above, driven by the ANDREA_TEST_* variables of this module's docstring;
-    `run_dir` holds the once-per-run markers."""
+    `run_dir` holds the once-per-run markers; `stopping()` (if given) is true once a stop
+    signal has arrived, and ends a pause."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, stopping: Callable[[], bool] | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.stopping = stopping
 
     def at_start(self) -> None:
         steal_signal()
@@ -160,15 +189,16 @@ class EnvHooks(NoHooks):
         return poison_loss(step, loss)
 
     def after_micro_batch(self, step: int, micro: int, report) -> None:
-        pause_between_micro_batches(step, micro, report, self.run_dir)
+        pause_between_micro_batches(step, micro, report, self.run_dir, self.stopping)
 
     def after_step(self, step: int, report) -> None:
-        pause_in_step(step, report, self.run_dir)
+        pause_in_step(step, report, self.run_dir, self.stopping)
         hang_in_step(step, self.run_dir)
 
 
-def hooks_from_environment(run_dir: Path) -> NoHooks:
-    """EnvHooks when any ANDREA_TEST_* variable is set, else NoHooks (production)."""
+def hooks_from_environment(run_dir: Path, stopping: Callable[[], bool] | None = None) -> NoHooks:
+    """EnvHooks when any ANDREA_TEST_* variable is set, else NoHooks (production). `stopping`:
+    true once a stop signal has arrived (ends a pause early)."""
     if any(k.startswith("ANDREA_TEST_") for k in os.environ):
-        return EnvHooks(run_dir)
+        return EnvHooks(run_dir, stopping)
     return NoHooks()

@@ -1,0 +1,35 @@
+"""The worker's test pauses (worker/fault_injection.py) end early on a stop signal or on the
+test's release file, so signal tests can pause for longer than a loaded machine needs without
+waiting that long. Fast: in-process, a thread plays the test's part."""
+import threading
+import time
+
+from worker.fault_injection import pause_between_micro_batches, pause_in_step
+
+
+def test_a_pause_ends_when_the_release_file_appears_and_reports_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANDREA_TEST_PAUSE_AT_STEP", "7:600")
+    got = []
+    threading.Timer(0.2, (tmp_path / ".test-release-7").touch).start()
+    t0 = time.monotonic()
+    pause_in_step(7, got.append, tmp_path)
+    assert time.monotonic() - t0 < 60
+    assert [r["event"] for r in got] == ["test-pause"] and got[0]["step"] == 7
+    pause_in_step(7, got.append, tmp_path)  # once per run directory
+    assert len(got) == 1
+
+
+def test_a_pause_ends_once_a_stop_signal_arrived(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANDREA_TEST_PAUSE_AT_MICRO", "3.2:600")
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    t0 = time.monotonic()
+    pause_between_micro_batches(3, 2, lambda r: None, tmp_path, stop.is_set)
+    assert time.monotonic() - t0 < 60
+
+
+def test_without_a_release_or_a_stop_the_pause_lasts_its_seconds(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANDREA_TEST_PAUSE_AT_STEP", "2:0.3")
+    t0 = time.monotonic()
+    pause_in_step(2, lambda r: None, tmp_path, lambda: False)
+    assert time.monotonic() - t0 >= 0.3
