@@ -192,6 +192,8 @@ def test_bad_config_values_are_refused():
         BanditConfig(discount=0.0)
     with pytest.raises(BanditConfigError, match="eta"):
         BanditConfig(eta=math.nan)
+    with pytest.raises(BanditConfigError, match="lambda_rule.*'ratio' or 'max_bound'"):
+        BanditConfig(lambda_rule="ucb")
 
 
 # ----------------------------------------------------------------------------- scaler
@@ -911,10 +913,45 @@ def test_default_policy_posts_stratified_until_a_lower_confidence_bound_says_the
             want = {n: (1 - b.lam) * strat[n] + b.lam * b.target[n] for n in arms}
             assert p == pytest.approx(want, abs=1e-12)
     assert b.target["noise"] == pytest.approx(0.1) and b.target["a"] == pytest.approx(0.45, abs=0.05)
-    assert 0.5 < lams[-1] < 1 and b.gain > 0
+    assert 0.5 < lams[-1] <= 1 and b.gain > 0
     z, se, g = b.config.confidence_z, b.gain_se, b.gain
-    assert b.lam == pytest.approx(1 - z * se / g)
+    assert g - z * se > 0     # the bound at the target is positive: the move is allowed
+    bounds = {j / 100: segment_bound(b, j / 100) for j in range(101)}
+    assert bounds[b.lam] == max(bounds.values())   # and lam is the best bound's on the segment
     assert b.probabilities()["noise"] < 0.2
+
+
+def segment_bound(b, lam):
+    """The lower confidence bound G(lam) - z SE(lam) of p(lam) = (1 - lam) s + lam pi over s
+    (docs/bandit.md#the-default-policy), from the bandit's slopes and target."""
+    s, k, z = b.stratified(), len(b.arms), b.config.confidence_z
+    sl = b.slopes()
+    logs = {a: math.log(((1 - lam) * s[a] + lam * b.target[a]) / s[a]) for a in sl}
+    g = math.fsum(sl[a][0] * logs[a] for a in sl) / k
+    se = math.sqrt(math.fsum((logs[a] * sl[a][1]) ** 2 for a in sl)) / k
+    return g - z * se
+
+
+def test_default_policy_moves_when_the_ratio_rule_would_and_further():
+    """The default (lambda_rule max_bound) and the ratio rule decide on the same evidence when
+    to leave stratified (the lower bound at the target positive), and once moving the default
+    posts the mixture on the segment with the best lower bound: on an unlearnable arm it lowers
+    that arm at least as far as the ratio rule at every step, and further on average."""
+    arms = ["a", "b", "noise"]
+    box = {n: 0.1 for n in arms}, {n: 0.6 for n in arms}
+    recs = trend_records(300, {"a": 0.2, "b": 0.2, "noise": 0.0}, sigma=0.3, seed=3)
+    new, old = (Bandit(arms, *box, BanditConfig(warmup_steps=50, lambda_rule=r), period_steps=10)
+                for r in ("max_bound", "ratio"))
+    assert BanditConfig().lambda_rule == "max_bound"
+    gap = []
+    for r in recs:
+        new.observe(r)
+        old.observe(r)
+        assert (new.lam > 0) == (old.lam > 0), r["step"]
+        pn, po = new.probabilities(), old.probabilities()
+        assert pn["noise"] <= po["noise"] + 1e-12, r["step"]
+        gap.append(po["noise"] - pn["noise"])
+    assert sum(gap) / len(gap) > 0.01 and new.lam > old.lam > 0
 
 
 def test_default_policy_stays_at_stratified_when_the_arms_learn_alike():
@@ -957,6 +994,17 @@ def test_conservative_mixture_matches_its_equations():
     assert mv.lam == pytest.approx(max(0, 1 - 2 * se / g))
     few = conservative_mixture(list("abc"), fits, {}, {}, s, set(), 2.0, 7)
     assert few.lam == 0 and few.target == s
+    # rule max_bound: the same target, gain and SE; lam the grid point of largest G(lam) - z SE(lam)
+    best = conservative_mixture(list("abc"), fits, {n: 0.1 for n in "abc"}, {n: 0.6 for n in "abc"}, s,
+                                set(), 2.0, 4, rule="max_bound")
+    assert (best.target, best.gain, best.gain_se) == (mv.target, mv.gain, mv.gain_se)
+
+    def bound(lam):
+        logs = {n: math.log(((1 - lam) * s[n] + lam * mv.target[n]) / s[n]) for n in "abc"}
+        return (sum(b[n] * logs[n] for n in "abc")
+                - 2 * math.sqrt(sum((logs[n] * mv.slopes[n][1]) ** 2 for n in "abc"))) / 3
+    assert bound(best.lam) == pytest.approx(max(bound(j / 100) for j in range(101)))
+    assert bound(best.lam) >= bound(mv.lam) > 0
 
 
 def test_an_arm_past_one_epoch_stops_counting_and_is_never_raised_above_stratified():

@@ -97,6 +97,7 @@ def conservative_mixture(
     z: float,
     min_periods: int,
     min_share: float = MIN_SHARE,
+    rule: str = "ratio",
 ) -> Move:
     """The default policy's move (docs/bandit.md#the-default-policy).
 
@@ -107,14 +108,19 @@ def conservative_mixture(
                floors'_i = max(floor_i, min_share s_i); caps'_i = min(cap_i, s_i) for `repeated` arms
         G    = (1/K) sum_i b_i ln(pi_i / s_i)                           the log-linear model's gain, nats
         SE   = (1/K) sqrt(sum_i ln(pi_i / s_i)^2 var(b_i))              arms taken as independent
-        lam  = max(0, 1 - z SE / G) when G > 0, else 0                  so lam G = G - z SE, the lower bound
+        lam  = max(0, 1 - z SE / G) when G > 0, else 0                  rule "ratio": lam G = G - z SE
+        lam  = argmax over lam in {0, 0.01, .., 1} of G(lam) - z SE(lam)   rule "max_bound"
+               G(lam), SE(lam): G and SE at p(lam) = (1 - lam) s + lam pi instead of pi
 
     b+ = max(b, 0). floors' keep every arm at min_share (a tenth) of its stratified share or
     more, so no arm is starved and ln(pi_i / s_i) >= ln(min_share). All b+ zero, or fewer than
     two evidence arms, gives pi = s and lam = 0.
     pi maximises sum_i b_i ln pi_i in the box (its KKT conditions are exactly the KL
     projection of b / sum b), the mean-optimal mixture of the log-linear model. `stratified`
-    must lie inside floors/caps (proxy/mixture/bandit.py computes it so). Returns a Move."""
+    must lie inside floors/caps (proxy/mixture/bandit.py computes it so). `rule` is "ratio" or
+    "max_bound" (the default policy's, docs/bandit.md#the-default-policy: the mixture on the
+    segment from s to pi whose lower confidence bound on the gain is largest; stratified when
+    no such bound is positive). Returns a Move; its `gain` and `gain_se` are those of pi."""
     k = len(arms)
     est = {}
     for a in arms:
@@ -143,10 +149,43 @@ def conservative_mixture(
     logs = {a: math.log(target[a] / stratified[a]) for a in free}
     gain = math.fsum(est[a][0] * logs[a] for a in free) / k
     se = math.sqrt(math.fsum(logs[a] * logs[a] * est[a][1] for a in free)) / k
-    if not gain > 0:
+    if rule == "max_bound":
+        lam = _max_bound_lam(free, est, stratified, target, k, z) if gain - z * se > 0 else 0.0
+    elif not gain > 0:
         lam = 0.0
     elif se == 0:
         lam = 1.0
     else:
         lam = max(0.0, 1.0 - z * se / gain)
     return Move(target, lam, gain, se, none.slopes)
+
+
+LAM_STEPS = 100  # the max_bound rule searches lam on this many equal steps of [0, 1]
+
+
+def _max_bound_lam(
+    free: list[str],
+    est: Mapping[str, tuple[float, float]],
+    stratified: Mapping[str, float],
+    target: Mapping[str, float],
+    k: int,
+    z: float,
+) -> float:
+    """The lam in {0, 1/LAM_STEPS, ..., 1} that maximises the lower confidence bound of the gain
+    of p(lam) = (1 - lam) s + lam pi over s, G(lam) - z SE(lam) with G and SE as in
+    `conservative_mixture` at p(lam) instead of pi; 0 when no lam > 0 has a positive bound
+    (the smallest lam on a tie). Pessimism over the segment from stratified to the target:
+    the conservative-bandit rule applied to every mixture on the way (Wu et al. 2016)."""
+    best, best_lam = 0.0, 0.0
+    for j in range(1, LAM_STEPS + 1):
+        lam = j / LAM_STEPS
+        logs = {
+            a: math.log(((1.0 - lam) * stratified[a] + lam * target[a]) / stratified[a])
+            for a in free
+        }
+        g = math.fsum(est[a][0] * logs[a] for a in free) / k
+        se = math.sqrt(math.fsum(logs[a] * logs[a] * est[a][1] for a in free)) / k
+        bound = g - z * se
+        if bound > best:
+            best, best_lam = bound, lam
+    return best_lam
