@@ -161,27 +161,126 @@ def test_the_job_beacon_tells_a_second_owner_of_the_same_job_apart(tmp_path):
     from proxy.supervision.beacon import second_owner, serve
     from proxy.supervision.nodes import free_port
     endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
-    assert second_owner(endpoint, "j", "mine", tmp_path) is None, "nobody listening"
-    assert serve(endpoint, {"rdzv_id": "j", "token": "first", "run_dir": "/shared/run",
-                            "host": "h", "pid": 7})
-    assert not serve(endpoint, {"token": "x"}), "one beacon per endpoint"
-    assert second_owner(endpoint, "j", "first", tmp_path) is None, "the owner itself"
-    assert second_owner(endpoint, "another-job", "mine", tmp_path) is None
-    why = second_owner(endpoint, "j", "mine", tmp_path)
-    assert "two owners of job --rdzv-id j" in why and "/shared/run" in why and str(tmp_path) in why
-    assert not serve("192.0.2.7:29400", {"token": "x"}), "not this machine's address"
+    me = {"rdzv_id": "j", "token": "mine", "run_dir": str(tmp_path), "host": "h2", "pid": 8}
+    assert second_owner(endpoint, me, tmp_path) == (None, False), "nobody listening"
+    b = serve(endpoint, {"rdzv_id": "j", "token": "first", "run_dir": "/shared/run",
+                         "host": "h", "pid": 7})
+    assert b is not None
+    assert serve(endpoint, {"token": "x"}) is None, "one beacon per endpoint"
+    assert second_owner(endpoint, {**me, "token": "first"}, tmp_path) == (None, True), "itself"
+    assert second_owner(endpoint, {**me, "rdzv_id": "other"}, tmp_path) == (None, True)
+    assert second_owner(endpoint, me, tmp_path, lambda tok: tok == "first") == (None, True), \
+        "its records are in this directory: the same directory, not a second owner"
+    why, heard = second_owner(endpoint, me, tmp_path)
+    assert heard and "two owners of job --rdzv-id j" in why
+    assert "/shared/run" in why and str(tmp_path) in why
+    import time
+    end = time.monotonic() + 30
+    while me not in b.reports and time.monotonic() < end:
+        time.sleep(0.01)
+    assert me in b.reports, "the beacon hears who asked (its owner stops too)"
+    b.close()
+    assert serve("192.0.2.7:29400", {"token": "x"}) is None, "not this machine's address"
+
+
+def test_an_owner_record_that_beats_holds_the_run_where_the_lock_is_not_shared(
+        tmp_path, monkeypatch):
+    """A filesystem whose flock is not shared between hosts: the multi-node owner's record
+    (token, heartbeat) holds the run; a clean exit releases it at once."""
+    from proxy.run_files.run_lock import NO_FLOCK_ENV, RunLock, RunLockError, read_owner
+    from shared.run_layout import RunLayout
+    monkeypatch.setenv(NO_FLOCK_ENV, "1")
+    layout = RunLayout(tmp_path)
+    job = {"rdzv_id": "j", "nnodes": 2, "nproc_per_node": 1}
+    first = RunLock(layout, job={**job, "token": "a"})
+    first.acquire()
+    with pytest.raises(RunLockError, match="whose owner record beats") as e:
+        RunLock(layout, job={**job, "token": "b"}).acquire()
+    assert e.value.owner["job"]["token"] == "a", "the refusal carries the owner's job"
+    first.release()
+    assert read_owner(layout)["released"]
+    second = RunLock(layout, job={**job, "token": "b"})
+    second.acquire()  # a released record is free at once
+    assert read_owner(layout)["job"]["token"] == "b"
+    second.release()
+
+
+def test_an_owner_record_of_another_host_is_alive_while_its_heartbeat_moves(tmp_path):
+    import threading
+    import time
+    from proxy.run_files.run_lock import owner_alive, read_owner
+    from shared.atomic_io import atomic_write_json
+    from shared.run_layout import RunLayout
+    layout = RunLayout(tmp_path)
+    rec = {"host": "another-host", "pid": 1, "started_at": time.time(), "command": "run",
+           "job": {"token": "t"}, "heartbeat": time.time()}
+    atomic_write_json(layout.proxy_owner, rec)
+    assert not owner_alive(layout, rec, watch_s=0.5), "a heartbeat that does not move: dead"
+    assert not owner_alive(layout, {**rec, "heartbeat": time.time() - 60}), "stale: dead at once"
+    stop = threading.Event()
+
+    def beat():  # the other host's owner
+        while not stop.wait(0.1):
+            atomic_write_json(layout.proxy_owner, {**rec, "heartbeat": time.time()})
+
+    t = threading.Thread(target=beat)
+    t.start()
+    try:
+        assert owner_alive(layout, read_owner(layout), watch_s=30)
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_of_two_owners_claiming_one_directory_at_once_the_earlier_keeps_it(tmp_path, monkeypatch):
+    """Two hosts that both found the record free both write theirs: at the next beat the later
+    claim yields (`lost`), the earlier one rewrites its record."""
+    import time
+    from proxy.run_files.run_lock import NO_FLOCK_ENV, RunLock, read_owner
+    from shared.atomic_io import atomic_write_json
+    from shared.run_layout import RunLayout
+    monkeypatch.setenv(NO_FLOCK_ENV, "1")
+    layout = RunLayout(tmp_path)
+    lock = RunLock(layout, job={"token": "ours", "rdzv_id": "j", "nnodes": 2})
+    lock.acquire()
+    lost = []
+    lock.on_lost = lambda: lost.append(1)
+    ours = read_owner(layout)
+    later = {**ours, "job": {"token": "later"}, "started_at": ours["started_at"] + 1}
+    atomic_write_json(layout.proxy_owner, later)
+    end = time.monotonic() + 30
+    while read_owner(layout)["job"]["token"] != "ours" and time.monotonic() < end:
+        time.sleep(0.05)
+    assert read_owner(layout)["job"]["token"] == "ours" and lock.lost is None
+    earlier = {**later, "started_at": ours["started_at"] - 1, "heartbeat": time.time()}
+    atomic_write_json(layout.proxy_owner, earlier)
+
+    def beating():  # the earlier claim's host keeps its record alive
+        while lock.lost is None and time.monotonic() < end:
+            atomic_write_json(layout.proxy_owner, {**earlier, "heartbeat": time.time()})
+            time.sleep(0.1)
+    beating()
+    assert lock.lost is not None and lock.lost["job"]["token"] == "later" and lost == [1]
+    lock.release()
+    assert read_owner(layout)["job"]["token"] == "later", "a yielding owner leaves theirs alone"
 
 
 # ---------------------------------------------------------------- bad set-ups (no worker starts)
 
 @pytest.mark.slow
 def test_a_node_with_another_nnodes_job_id_or_run_dir_is_refused_before_it_writes_anything(tmp_path):
+    """Mismatched --nnodes / --rdzv-id, elastic --nnodes, and a second owner: a node whose
+    --run-dir is another directory is refused at once (the job beacon), and the owner it asked
+    stops too; where the filesystem does not share the lock, the owner record makes the second
+    node a follower. Nothing of the run is written."""
     run = tmp_path / "run"
-    owner = launch(run, "owner", *ARMS, "--rdzv-timeout", "60")
+    owner = launch(run, "owner", *ARMS, "--rdzv-timeout", "120", nnodes="4")
+    b = None
     try:
         wait_for(lambda: records(run), 30, what="the owner's record")
-        for kw, says in ((dict(nnodes="4"), "mismatched --nnodes: its owner"),
-                         (dict(rdzv_id="other"), "for the job --rdzv-id job1, not this node's")):
+        for kw, says in ((dict(nnodes="2"), "mismatched --nnodes: its owner"),
+                         (dict(nnodes="4", rdzv_id="other"),
+                          "for the job --rdzv-id job1, not this node's")):
             r = subprocess.run(node_cmd(run, *ARMS, **kw), cwd=ROOT, env=_env(None),
                                capture_output=True, text=True, timeout=60)
             assert r.returncode == 2, r.stderr[-2000:]
@@ -190,16 +289,26 @@ def test_a_node_with_another_nnodes_job_id_or_run_dir_is_refused_before_it_write
         r = subprocess.run(node_cmd(run, *ARMS, nnodes="1:2"), cwd=ROOT, env=_env(None),
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "a run trains on a fixed number of nodes" in r.stderr
+        # a filesystem that does not share flock between hosts: the beating record decides
+        b = launch(run, "b", *ARMS, nnodes="4", env={"ANDREA_TEST_NO_FLOCK": "1"})
+        wait_for(lambda: node_of(run, b).get("role") == "follower", 60, what="b to follow")
+        assert node_of(run, b)["node_rank"] == 1
+        owner.send_signal(signal.SIGTERM)  # a stop while the nodes gather: nothing started
+        assert owner.wait(30) == 0
+        assert b.wait(60) in (0, 1), out(run, "b")[-2000:]
+
+        owner = launch(run, "owner", *ARMS, "--rdzv-timeout", "120")
+        wait_for(lambda: node_of(run, owner), 30, what="the new owner's record")
         other = tmp_path / "not-shared"  # a node whose --run-dir is another directory
         r = subprocess.run(node_cmd(other, *ARMS), cwd=ROOT, env=_env(None),
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, r.stderr[-2000:]
         assert "two owners of job --rdzv-id job1" in r.stderr and str(run) in r.stderr, r.stderr
         assert not (other / ".nodes").exists() and not (other / "run.json").exists()
-        owner.send_signal(signal.SIGTERM)  # a stop while the nodes gather: nothing started
-        assert owner.wait(30) == 0
+        assert owner.wait(60) == 2, "the owner that was asked stops too, not at its deadline"
+        assert "this one stops too" in out(run, "owner") and str(other) in out(run, "owner")
     finally:
-        reap(owner, run=run)
+        reap(owner, b, run=run)
     assert not (run / "run.json").exists(), "the job never formed: no run may be created"
 
 

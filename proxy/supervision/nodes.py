@@ -180,6 +180,18 @@ class NodeRecord:
         if changes or time.monotonic() - self._t >= HEARTBEAT_S:
             self.write(**changes)
 
+    def forget(self) -> None:
+        """Stop beating and remove the record (a refused or yielding owner: it never owned
+        anything), and `.nodes/` when nothing else is in it."""
+        if self._beating is not None:
+            self._beating.set()
+        with self._lock:
+            self.path.unlink(missing_ok=True)
+            try:
+                nodes_dir(self.layout).rmdir()
+            except OSError:
+                pass
+
     def leave(self) -> None:
         """Mark the record as left (kept for `status`: which node ran what, last)."""
         if self._beating is not None:
