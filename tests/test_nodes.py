@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import sysconfig
 import zlib
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from proc_helpers import (ROOT, _env, assert_same_run, checkpoint_steps, clone, cmd,
+from proc_helpers import (ROOT, TINY, _env, assert_same_run, checkpoint_steps, clone, cmd,
                           create_template, last_step, loss_records, manifest, run_processes,
                           wait_for)
 
@@ -28,12 +29,16 @@ PLAN = ["--max-steps", str(FINAL), "--checkpoint-every", "10", "--probe-every", 
         "--warmup-steps", "5", "--bandit-warmup", "0"]
 
 
+def beacon_port(run) -> int:
+    """The endpoint's port (the job beacon's): one per test directory, so tests run side by
+    side (pytest-xdist) never meet."""
+    return 20000 + zlib.crc32(str(Path(run).parent).encode()) % 20000
+
+
 def node_cmd(run, *args, nnodes="2", rdzv_id="job1"):
-    """One node's command; the endpoint's port (the job beacon's) is one per test directory, so
-    tests run side by side (pytest-xdist) never meet."""
-    port = 20000 + zlib.crc32(str(Path(run).parent).encode()) % 20000
+    """One node's command."""
     return [*cmd(run, *args), "--nnodes", nnodes, "--nproc-per-node", "1",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", rdzv_id]
+            "--rdzv-endpoint", f"127.0.0.1:{beacon_port(run)}", "--rdzv-id", rdzv_id]
 
 
 def launch(run, name, *args, env=None, **kw) -> subprocess.Popen:
@@ -481,3 +486,86 @@ def test_an_agent_waiting_for_its_rendezvous_dies_with_its_launcher_killed_by_si
             psutil.Process(agent).kill()
         except (psutil.NoSuchProcess, UnboundLocalError):
             pass
+
+
+# ---------------------------------------------------------------- the Slurm recipe
+
+FAKE_SLURM = ROOT / "tests" / "fake_slurm"  # srun and scontrol stand-ins: "nodes" are processes
+
+
+def sbatch(run, name, *args) -> subprocess.Popen:
+    """`sbatch --nodes=2 scripts/slurm_multinode.sh RUN TINY args` as job 4242, on this machine
+    (tests/fake_slurm: srun starts one task per node here and forwards signals as srun does;
+    scontrol names 127.0.0.1 for every node and says when the job requeues itself). The batch
+    shell's output goes to run/../<name>.out."""
+    env = {
+        "PATH": f"{FAKE_SLURM}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "fake[1-2]",
+        "ANDREA_PYTHON": sys.executable, "ANDREA_GPUS_PER_NODE": "1",
+        "ANDREA_RDZV_PORT": str(beacon_port(run)),
+        "ANDREA_TEST_PAUSE_AT_STEP": "4:3,10:8,16:8",
+    }
+    log = open(Path(run).parent / f"{name}.out", "ab")
+    return subprocess.Popen(["bash", "scripts/slurm_multinode.sh", str(run), *TINY, *args],
+                            cwd=ROOT, env=_env(env), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def new_checkpoints(run, before) -> list[tuple[int, str]]:
+    return [(s, why) for s, why, _ in manifest(run) if (s, why) not in before]
+
+
+@pytest.mark.slow
+def test_the_slurm_recipe_trains_two_nodes_through_a_checkpoint_request_time_limit_and_preemption(
+        template, tmp_path):
+    """scripts/slurm_multinode.sh under stand-ins for srun and scontrol: one shared directory,
+    two nodes started together. USR2 to the batch shell checkpoints and training goes on; USR1
+    (the time limit) stops every node with one checkpoint, exit 0, and the job requeues
+    itself; SIGTERM to every process of the job (pre-emption) stops it with one checkpoint,
+    exit 0; each requeue resumes where the last stop left off, one history to the end."""
+    run = clone(template, tmp_path / "run")
+    job = sbatch(run, "job1", *PLAN)
+    try:
+        wait_for(lambda: paused(run, 4), 240, what="two nodes training")
+        assert len(records(run)) == 2 and hello(run)["world_size"] == 2
+        before = {(s, why) for s, why, _ in manifest(run)}
+        job.send_signal(signal.SIGUSR2)  # scancel --signal=USR2 --batch: a checkpoint
+        wait_for(lambda: new_checkpoints(run, before), 120, what="the requested checkpoint")
+        assert [why for _, why in new_checkpoints(run, before)] == ["sigusr1"]
+        wait_for(lambda: paused(run, 10), 120, what="training to go on after the checkpoint")
+        before = {(s, why) for s, why, _ in manifest(run)}
+        job.send_signal(signal.SIGUSR1)  # --signal=B:USR1@300: the time limit is near
+        assert job.wait(120) == 0, out(run, "job1")[-3000:]
+        wait_for(lambda: not run_processes(run), 30, what="every process of both nodes to exit")
+    finally:
+        reap(job, run=run)
+    stop = new_checkpoints(run, before)
+    assert [why for _, why in stop] == ["sigterm"] and stop[0][0] >= 10, stop
+    assert "fake scontrol: requeue 4242" in out(run, "job1")
+
+    job = sbatch(run, "job2", *PLAN)  # the requeued job; pre-empted while it trains
+    try:
+        wait_for(lambda: paused(run, 16), 240, what="the requeued job training")
+        assert hello(run)["resumed_from"] == stop[0][0]
+        before = {(s, why) for s, why, _ in manifest(run)}
+        for pid in tree(job):  # Slurm signals every process of the job
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        assert job.wait(120) == 0, out(run, "job2")[-3000:]
+        wait_for(lambda: not run_processes(run), 30, what="every process of both nodes to exit")
+    finally:
+        reap(job, run=run)
+    stop = new_checkpoints(run, before)
+    assert [why for _, why in stop] == ["sigterm"] and stop[0][0] >= 16, stop
+    assert "requeue" not in out(run, "job2"), "pre-emption: Slurm requeues, not the script"
+
+    job = sbatch(run, "job3", *PLAN)
+    try:
+        assert job.wait(240) == 0, out(run, "job3")[-3000:]
+    finally:
+        reap(job, run=run)
+    assert hello(run)["resumed_from"] == stop[0][0]
+    assert [r["step"] for r in loss_records(run)] == list(range(1, FINAL + 1))
+    assert (run / ".proxy.owner.json").exists() and len(records(run)) == 6
