@@ -127,6 +127,29 @@ def test_followers_take_the_lowest_free_node_rank_and_one_too_many_is_refused(tm
         assign_node_rank(layout, "tok", 3, 1)
 
 
+def test_of_two_followers_that_took_one_node_rank_at_once_the_later_moves(tmp_path):
+    """Where `.nodes/.lock` is not shared between hosts, two followers can take one node rank;
+    the owner gathers only distinct ranks, and the later joiner moves to a free one."""
+    import time
+    from proxy.supervision.nodes import NodeRecord, NodeSetupError, wait_for_followers
+    from shared.run_layout import RunLayout
+    layout = RunLayout(tmp_path)
+    first = NodeRecord(layout, "follower", 1, "tok", 1)
+    first.pid, first.path = os.getppid(), first.path.with_name(f"{first.host}-{os.getppid()}.json")
+    first.write(nnodes=3)
+    later = NodeRecord(layout, "follower", 1, "tok", 1)  # this process, joined later
+    later.write(nnodes=3)
+    with pytest.raises(NodeSetupError):
+        wait_for_followers(layout, "tok", 3, timeout=0.2)  # ranks 1 and 1: not gathered
+    later.start_heartbeat()
+    end = time.monotonic() + 30
+    while later.node_rank == 1 and time.monotonic() < end:
+        time.sleep(0.05)
+    assert later.node_rank == 2 and first.node_rank == 1
+    assert sorted(r["node_rank"] for r in wait_for_followers(layout, "tok", 3, 30)) == [1, 2]
+    later.leave()
+
+
 def test_the_rendezvous_deadline_names_the_node_ranks_that_never_joined(tmp_path):
     from proxy.supervision.nodes import NodeSetupError, assign_node_rank, wait_for_followers
     from shared.run_layout import RunLayout
@@ -335,25 +358,47 @@ def template(tmp_path_factory):
     return create_template(tmp_path_factory.mktemp("nodes") / "template", *ARMS, *PLAN)
 
 
+def stops(run, before) -> list[tuple[int, str]]:
+    """Checkpoints (step, why) written since `before` (a set of them)."""
+    return [(s, why) for s, why, _ in manifest(run) if (s, why) not in before]
+
+
+def written(run) -> set[tuple[int, str]]:
+    return {(s, why) for s, why, _ in manifest(run)}
+
+
+def one(run, before, why) -> int:
+    """The step of the one checkpoint for `why` written since `before` (a cadence checkpoint
+    may come with it); fails when there is none or more than one."""
+    new = [s for s, w in stops(run, before) if w == why]
+    assert len(new) == 1, stops(run, before)
+    return new[0]
+
+
+def wrote(run, before, why) -> bool:
+    return any(w == why for _, w in stops(run, before))
+
+
 @pytest.mark.slow
 def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_ranks(template, tmp_path):
     """One run, one owner, one history, one mixture: rank 0 and every file on the owner's side;
-    SIGUSR1 to the owner checkpoints and both go on; SIGTERM to the follower alone, then to both
-    nodes at once, stops everything with one agreed checkpoint and exit 0; the node that arrives
-    first owns the run. The final checkpoint is byte-identical to one node with
-    --nproc-per-node 2, and every update drew its rows from the same arms."""
+    SIGUSR1 to the owner, then to the follower, checkpoints once and both go on; SIGINT to the
+    follower, SIGHUP to the owner, then SIGTERM to every process of both nodes at once, each
+    stops everything with one agreed checkpoint and exit 0; the node that arrives first owns
+    the run. The final checkpoint is byte-identical to one node with --nproc-per-node 2, and
+    every update drew its rows from the same arms."""
     ref, two = clone(template, tmp_path / "ref"), clone(template, tmp_path / "two")
     r = subprocess.run([*cmd(ref, *PLAN), "--nproc-per-node", "2"], cwd=ROOT, env=_env(None),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
-    # start 1: a (owner) and b (follower); SIGUSR1 to the owner, then SIGTERM to the follower
-    pause = {"ANDREA_TEST_PAUSE_AT_STEP": "6:8,12:3,20:3"}
+    # start 1: a (owner) and b (follower); SIGUSR1 to each, then SIGINT to the follower
+    pause = {"ANDREA_TEST_PAUSE_AT_STEP": "4:8,8:8,12:8,16:8,20:8"}
     a = launch(two, "a", *PLAN, env=pause)
     wait_for(lambda: records(two), 30, what="the owner's record")
     b = launch(two, "b", *PLAN, env=pause)
     try:
-        wait_for(lambda: paused(two, 6), 240, what="two nodes training")
+        wait_for(lambda: paused(two, 4), 240, what="two nodes training")
         assert node_of(two, a)["role"] == "owner" and node_of(two, b)["role"] == "follower"
         assert node_of(two, b)["node_rank"] == 1 and hello(two)["world_size"] == 2
         assert rank0_pid(two) in tree(a), "global rank 0 must run on the owner's node"
@@ -366,40 +411,57 @@ def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_
         assert [(n["node_rank"], n["role"], n["alive"]) for n in st["nodes"]] == \
             [(0, "owner", True), (1, "follower", True)]
         assert all(n["ranks"] for n in st["nodes"])
-        a.send_signal(signal.SIGUSR1)  # in the pause of update 6
-        wait_for(lambda: paused(two, 12), 120, what="training to go on after SIGUSR1")
-        assert a.poll() is None and b.poll() is None
-        b.send_signal(signal.SIGTERM)  # in the pause of update 12: the follower only
+        for proc, at in ((a, 4), (b, 8)):  # SIGUSR1 to the owner, then to the follower
+            wait_for(lambda: paused(two, at), 120, what=f"update {at}")
+            before = written(two)
+            proc.send_signal(signal.SIGUSR1)
+            wait_for(lambda: wrote(two, before, "sigusr1"), 120, what="the SIGUSR1 checkpoint")
+            assert one(two, before, "sigusr1") >= at
+            assert a.poll() is None and b.poll() is None, "a checkpoint request stops nothing"
+        wait_for(lambda: paused(two, 12), 120, what="update 12")
+        before = written(two)
+        b.send_signal(signal.SIGINT)  # the follower only
         assert b.wait(120) == 0 and a.wait(120) == 0, out(two, "a")[-3000:] + out(two, "b")[-3000:]
         wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
     finally:
         reap(a, b, run=two)
-    ckpts = [(s, why) for s, why, _ in manifest(two)]
-    # one SIGUSR1 checkpoint: at 6, or at 7 when rank 0 was already waiting in update 6's
-    # boundary collective for the rank that paused (the flag is then read at the next boundary)
-    assert [s for s, why in ckpts if why == "sigusr1"] in ([6], [7]), ckpts
-    assert ckpts[-1] == (12, "sigterm"), ckpts
-    assert "SIGTERM on node rank 1" in out(two, "a")
+    assert one(two, before, "sigterm") >= 12  # the reason of every stop signal
+    assert "SIGINT on node rank 1" in out(two, "a") and "SIGUSR1 received" in out(two, "b")
     assert "following the run" not in (two / "logs" / "proxy.log").read_text(), \
         "the follower must not write the owner's log"
 
-    # start 2: b first (it owns the run now), then a; SIGTERM to every process of both nodes
-    # at once (proxies, torchrun agents, ranks), as Slurm's pre-emption does
+    # start 2: b first (it owns the run now), then a; SIGHUP to the owner
     b = launch(two, "b", *PLAN, env=pause)
     wait_for(lambda: node_of(two, b), 30, what="b's record")
     a = launch(two, "a", *PLAN, env=pause)
     try:
-        wait_for(lambda: paused(two, 20), 240, what="two nodes training again")
+        wait_for(lambda: paused(two, 16), 240, what="two nodes training again")
         assert node_of(two, b)["role"] == "owner" and rank0_pid(two) in tree(b)
+        before = written(two)
+        b.send_signal(signal.SIGHUP)
+        assert a.wait(120) == 0 and b.wait(120) == 0, out(two, "b")[-3000:]
+        wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
+    finally:
+        reap(a, b, run=two)
+    assert one(two, before, "sigterm") >= 16
+
+    # start 3: SIGTERM to every process of both nodes at once (proxies, torchrun agents,
+    # ranks), as Slurm's pre-emption does
+    a = launch(two, "a", *PLAN, env=pause)
+    wait_for(lambda: node_of(two, a), 30, what="a's record")
+    b = launch(two, "b", *PLAN, env=pause)
+    try:
+        wait_for(lambda: paused(two, 20), 240, what="two nodes training again")
+        before = written(two)
         for pid in tree(a) | tree(b):
             os.kill(pid, signal.SIGTERM)
         assert a.wait(120) == 0 and b.wait(120) == 0
         wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
     finally:
         reap(a, b, run=two)
-    assert [(s, why) for s, why, _ in manifest(two)][-1] == (20, "sigterm")
+    assert one(two, before, "sigterm") >= 20
 
-    # start 3: to the end
+    # start 4: to the end
     a = launch(two, "a", *PLAN)
     wait_for(lambda: node_of(two, a), 30, what="a's record")
     b = launch(two, "b", *PLAN)
@@ -511,10 +573,6 @@ def sbatch(run, name, *args) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def new_checkpoints(run, before) -> list[tuple[int, str]]:
-    return [(s, why) for s, why, _ in manifest(run) if (s, why) not in before]
-
-
 @pytest.mark.slow
 def test_the_slurm_recipe_trains_two_nodes_through_a_checkpoint_request_time_limit_and_preemption(
         template, tmp_path):
@@ -528,26 +586,26 @@ def test_the_slurm_recipe_trains_two_nodes_through_a_checkpoint_request_time_lim
     try:
         wait_for(lambda: paused(run, 4), 240, what="two nodes training")
         assert len(records(run)) == 2 and hello(run)["world_size"] == 2
-        before = {(s, why) for s, why, _ in manifest(run)}
+        before = written(run)
         job.send_signal(signal.SIGUSR2)  # scancel --signal=USR2 --batch: a checkpoint
-        wait_for(lambda: new_checkpoints(run, before), 120, what="the requested checkpoint")
-        assert [why for _, why in new_checkpoints(run, before)] == ["sigusr1"]
+        wait_for(lambda: wrote(run, before, "sigusr1"), 120, what="the requested checkpoint")
+        assert one(run, before, "sigusr1") >= 4
         wait_for(lambda: paused(run, 10), 120, what="training to go on after the checkpoint")
-        before = {(s, why) for s, why, _ in manifest(run)}
+        before = written(run)
         job.send_signal(signal.SIGUSR1)  # --signal=B:USR1@300: the time limit is near
         assert job.wait(120) == 0, out(run, "job1")[-3000:]
         wait_for(lambda: not run_processes(run), 30, what="every process of both nodes to exit")
     finally:
         reap(job, run=run)
-    stop = new_checkpoints(run, before)
-    assert [why for _, why in stop] == ["sigterm"] and stop[0][0] >= 10, stop
+    stop = one(run, before, "sigterm")
+    assert stop >= 10
     assert "fake scontrol: requeue 4242" in out(run, "job1")
 
     job = sbatch(run, "job2", *PLAN)  # the requeued job; pre-empted while it trains
     try:
         wait_for(lambda: paused(run, 16), 240, what="the requeued job training")
-        assert hello(run)["resumed_from"] == stop[0][0]
-        before = {(s, why) for s, why, _ in manifest(run)}
+        assert hello(run)["resumed_from"] == stop
+        before = written(run)
         for pid in tree(job):  # Slurm signals every process of the job
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -557,8 +615,8 @@ def test_the_slurm_recipe_trains_two_nodes_through_a_checkpoint_request_time_lim
         wait_for(lambda: not run_processes(run), 30, what="every process of both nodes to exit")
     finally:
         reap(job, run=run)
-    stop = new_checkpoints(run, before)
-    assert [why for _, why in stop] == ["sigterm"] and stop[0][0] >= 16, stop
+    stop = one(run, before, "sigterm")
+    assert stop >= 16
     assert "requeue" not in out(run, "job2"), "pre-emption: Slurm requeues, not the script"
 
     job = sbatch(run, "job3", *PLAN)
@@ -566,6 +624,6 @@ def test_the_slurm_recipe_trains_two_nodes_through_a_checkpoint_request_time_lim
         assert job.wait(240) == 0, out(run, "job3")[-3000:]
     finally:
         reap(job, run=run)
-    assert hello(run)["resumed_from"] == stop[0][0]
+    assert hello(run)["resumed_from"] == stop
     assert [r["step"] for r in loss_records(run)] == list(range(1, FINAL + 1))
     assert (run / ".proxy.owner.json").exists() and len(records(run)) == 6
