@@ -11,11 +11,14 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import time
 import zlib
 from pathlib import Path
 
 import psutil
 import pytest
+
+from worker.signals import USR1_BURST_S
 
 from proc_helpers import (ROOT, TINY, _env, assert_same_run, checkpoint_steps, clone, cmd,
                           create_template, last_step, loss_records, manifest, run_processes,
@@ -335,6 +338,24 @@ def test_a_node_with_another_nnodes_job_id_or_run_dir_is_refused_before_it_write
         assert not (other / ".nodes").exists() and not (other / "run.json").exists()
         assert owner.wait(60) == 2, "the owner that was asked stops too, not at its deadline"
         assert "this one stops too" in out(run, "owner") and str(other) in out(run, "owner")
+
+        # the beacon served by a follower (the owner's --rdzv-endpoint is elsewhere): the
+        # second owner is refused all the same, and the follower tells its owner
+        port = beacon_port(run) + 1
+        owner = subprocess.Popen(
+            [*node_cmd(run, *ARMS, "--rdzv-timeout", "120", nnodes="4")[:-4],
+             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job1"],
+            cwd=ROOT, env=_env(None), stdout=open(tmp_path / "owner2.out", "wb"),
+            stderr=subprocess.STDOUT)
+        wait_for(lambda: node_of(run, owner), 30, what="the third owner's record")
+        b = launch(run, "b", *ARMS, nnodes="4")
+        wait_for(lambda: node_of(run, b).get("role") == "follower", 60, what="b to follow")
+        r = subprocess.run(node_cmd(other, *ARMS, nnodes="4"), cwd=ROOT, env=_env(None),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "two owners of job --rdzv-id job1" in r.stderr, r.stderr
+        assert owner.wait(60) == 2
+        assert "refused by the job beacon of node rank 1" in (tmp_path / "owner2.out").read_text()
+        assert b.wait(60) in (0, 1)
     finally:
         reap(owner, b, run=run)
     assert not (run / "run.json").exists(), "the job never formed: no run may be created"
@@ -412,10 +433,14 @@ def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_
             [(0, "owner", True), (1, "follower", True)]
         assert all(n["ranks"] for n in st["nodes"])
         for proc, at in ((a, 4), (b, 8)):  # SIGUSR1 to the owner, then to the follower
-            wait_for(lambda: paused(two, at), 120, what=f"update {at}")
+            wait_for(lambda at=at: paused(two, at), 120, what=f"update {at}")
+            # a SIGUSR1 within USR1_BURST_S of the last request joins it (worker/signals.py):
+            # the second one waits at least that long (a lower bound: it lands later, or in a
+            # later update, never wrongly)
+            time.sleep(2 * USR1_BURST_S)
             before = written(two)
             proc.send_signal(signal.SIGUSR1)
-            wait_for(lambda: wrote(two, before, "sigusr1"), 120, what="the SIGUSR1 checkpoint")
+            wait_for(lambda b4=before: wrote(two, b4, "sigusr1"), 120, what="the checkpoint")
             assert one(two, before, "sigusr1") >= at
             assert a.poll() is None and b.poll() is None, "a checkpoint request stops nothing"
         wait_for(lambda: paused(two, 12), 120, what="update 12")

@@ -27,6 +27,7 @@ from proxy.supervision.follower import follow
 from proxy.supervision.nodes import (
     NodeRecord,
     NodeSetupError,
+    live_followers,
     node_records,
     wait_for_followers,
     write_job,
@@ -365,6 +366,14 @@ class _OwnerChecks:
         return why is None
 
     def again(self) -> None:
+        for f in live_followers(self.layout, self.me["token"]):  # heard by a follower's beacon
+            r = f.get("second_owner")
+            if isinstance(r, dict) and r.get("token") != self.me["token"]:
+                raise NodeSetupError(
+                    beacon.two_owners(r, self.layout.root)
+                    + f" (that node was refused by the job beacon of node rank "
+                    f"{f.get('node_rank')}; this one stops too: the job cannot form)"
+                )
         if self.served is not None:
             for r in list(self.served.reports):
                 if (

@@ -45,9 +45,11 @@ from proxy.supervision.launch import (
     signal_pids,
     static_argv,
 )
+from proxy.supervision.beacon import Beacon
 from proxy.supervision.nodes import (
     NODE_STALE_S,
     NodeRecord,
+    node_records,
     read_job,
     read_json,
     nodes_dir,
@@ -87,6 +89,8 @@ class Follower:
         self._stop_sent = False
         self._stop_at = math.inf
         self._started = time.monotonic()
+        self.beacon: Beacon | None = None  # the job beacon this node serves, if any
+        self.rdzv_id: str | None = None
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -214,10 +218,22 @@ class Follower:
                 self.proc.wait()
             self.rec.leave()
 
+    def _relay_second_owners(self) -> None:
+        """A second owner of this job (another run directory) told the beacon this node serves
+        (proxy/supervision/beacon.py): put it into the record, where the owner reads it."""
+        if self.beacon is None or self.rec.fields.get("second_owner"):
+            return
+        tokens = {r.get("token") for r in node_records(self.layout)}
+        for r in list(self.beacon.reports):
+            if r.get("rdzv_id") == self.rdzv_id and r.get("token") not in tokens:
+                self.rec.write(second_owner=r)
+                return
+
     def _loop(self) -> int:
         said_stop = False
         while True:
             self.rec.heartbeat()
+            self._relay_second_owners()
             job = read_job(self.layout)
             if job is not None and job.get("token") != self.rec.token:
                 job = None  # an earlier owner's, not yet replaced
@@ -365,7 +381,7 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
         return EXIT_USAGE
     from proxy.supervision import beacon  # this node on the endpoint's host answers for the job
 
-    beacon.serve(
+    served = beacon.serve(
         a.rdzv_endpoint,
         {
             "rdzv_id": job["rdzv_id"],
@@ -401,6 +417,7 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
     f = Follower(
         layout, rec, owner, job["nnodes"], job["nproc_per_node"], a.stop_timeout, a.rdzv_timeout
     )
+    f.beacon, f.rdzv_id = served, job["rdzv_id"]
     f.install_signal_handlers()
     code = f.run()
     log.info("follower exiting with code %d", code)
