@@ -438,6 +438,23 @@ def wrote(run, before, why) -> bool:
     return any(w == why for _, w in stops(run, before))
 
 
+HOLDS = {"ANDREA_TEST_PAUSE_AT_STEP": "4:hold,8:hold,12:hold,16:hold,20:hold"}
+
+
+def release(run, step) -> None:
+    """Let the update held at `step` go on (worker/fault_injection.py: `N:hold`)."""
+    (Path(run) / f".test-release-{step}").touch()
+
+
+def signal_then_release(run, proc, sig, name, says, step) -> None:
+    """Send `sig` to node `name`'s proxy while update `step` is held, wait until its log says
+    `says` (the signal reached that node's ranks), then let the update go on."""
+    seen = len(out(run, name))
+    proc.send_signal(sig)
+    wait_for(lambda: says in out(run, name)[seen:], 120, what=f"{name}: {says}")
+    release(run, step)
+
+
 @pytest.mark.slow
 def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_ranks(template, tmp_path):
     """One run, one owner, one history, one mixture: rank 0 and every file on the owner's side;
@@ -445,17 +462,17 @@ def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_
     follower, SIGHUP to the owner, then SIGTERM to every process of both nodes at once, each
     stops everything with one agreed checkpoint and exit 0; the node that arrives first owns
     the run. The final checkpoint is byte-identical to one node with --nproc-per-node 2, and
-    every update drew its rows from the same arms."""
+    every update drew its rows from the same arms. Each signal is sent while an update is held
+    (worker/fault_injection.py), so no step of it races the clock."""
     ref, two = clone(template, tmp_path / "ref"), clone(template, tmp_path / "two")
     r = subprocess.run([*cmd(ref, *PLAN), "--nproc-per-node", "2"], cwd=ROOT, env=_env(None),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
     # start 1: a (owner) and b (follower); SIGUSR1 to each, then SIGINT to the follower
-    pause = {"ANDREA_TEST_PAUSE_AT_STEP": "4:8,8:8,12:8,16:8,20:8"}
-    a = launch(two, "a", *PLAN, env=pause)
+    a = launch(two, "a", *PLAN, env=HOLDS)
     wait_for(lambda: records(two), 30, what="the owner's record")
-    b = launch(two, "b", *PLAN, env=pause)
+    b = launch(two, "b", *PLAN, env=HOLDS)
     try:
         wait_for(lambda: paused(two, 4), 240, what="two nodes training")
         assert node_of(two, a)["role"] == "owner" and node_of(two, b)["role"] == "follower"
@@ -470,59 +487,61 @@ def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_
         assert [(n["node_rank"], n["role"], n["alive"]) for n in st["nodes"]] == \
             [(0, "owner", True), (1, "follower", True)]
         assert all(n["ranks"] for n in st["nodes"])
-        for proc, at in ((a, 4), (b, 8)):  # SIGUSR1 to the owner, then to the follower
+        for proc, name, at in ((a, "a", 4), (b, "b", 8)):  # SIGUSR1 to the owner, the follower
             wait_for(lambda at=at: paused(two, at), 120, what=f"update {at}")
             # a SIGUSR1 within USR1_BURST_S of the last request joins it (worker/signals.py):
-            # the second one waits at least that long (a lower bound: it lands later, or in a
-            # later update, never wrongly)
+            # the second one waits at least that long (a lower bound, never a race)
             time.sleep(2 * USR1_BURST_S)
             before = written(two)
-            proc.send_signal(signal.SIGUSR1)
+            signal_then_release(two, proc, signal.SIGUSR1, name, "SIGUSR1 received", at)
             wait_for(lambda b4=before: wrote(two, b4, "sigusr1"), 120, what="the checkpoint")
-            assert one(two, before, "sigusr1") >= at
+            assert at <= one(two, before, "sigusr1") < at + 4
             assert a.poll() is None and b.poll() is None, "a checkpoint request stops nothing"
         wait_for(lambda: paused(two, 12), 120, what="update 12")
         before = written(two)
-        b.send_signal(signal.SIGINT)  # the follower only
+        signal_then_release(two, b, signal.SIGINT, "b", "SIGINT received", 12)  # follower only
         assert b.wait(120) == 0 and a.wait(120) == 0, out(two, "a")[-3000:] + out(two, "b")[-3000:]
         wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
     finally:
         reap(a, b, run=two)
-    assert one(two, before, "sigterm") >= 12  # the reason of every stop signal
-    assert "SIGINT on node rank 1" in out(two, "a") and "SIGUSR1 received" in out(two, "b")
+    assert 12 <= one(two, before, "sigterm") < 16  # `sigterm`: the reason of every stop signal
+    assert "SIGINT on node rank 1" in out(two, "a")
     assert "following the run" not in (two / "logs" / "proxy.log").read_text(), \
         "the follower must not write the owner's log"
 
     # start 2: b first (it owns the run now), then a; SIGHUP to the owner
-    b = launch(two, "b", *PLAN, env=pause)
+    b = launch(two, "b", *PLAN, env=HOLDS)
     wait_for(lambda: node_of(two, b), 30, what="b's record")
-    a = launch(two, "a", *PLAN, env=pause)
+    a = launch(two, "a", *PLAN, env=HOLDS)
     try:
         wait_for(lambda: paused(two, 16), 240, what="two nodes training again")
         assert node_of(two, b)["role"] == "owner" and rank0_pid(two) in tree(b)
         before = written(two)
-        b.send_signal(signal.SIGHUP)
+        signal_then_release(two, b, signal.SIGHUP, "b", "SIGHUP received", 16)
         assert a.wait(120) == 0 and b.wait(120) == 0, out(two, "b")[-3000:]
         wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
     finally:
         reap(a, b, run=two)
-    assert one(two, before, "sigterm") >= 16
+    assert 16 <= one(two, before, "sigterm") < 20
 
     # start 3: SIGTERM to every process of both nodes at once (proxies, torchrun agents,
     # ranks), as Slurm's pre-emption does
-    a = launch(two, "a", *PLAN, env=pause)
+    a = launch(two, "a", *PLAN, env=HOLDS)
     wait_for(lambda: node_of(two, a), 30, what="a's record")
-    b = launch(two, "b", *PLAN, env=pause)
+    b = launch(two, "b", *PLAN, env=HOLDS)
     try:
         wait_for(lambda: paused(two, 20), 240, what="two nodes training again")
         before = written(two)
+        seen = len(out(two, "a"))
         for pid in tree(a) | tree(b):
             os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: "SIGTERM received" in out(two, "a")[seen:], 120, what="the stop")
+        release(two, 20)
         assert a.wait(120) == 0 and b.wait(120) == 0
         wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
     finally:
         reap(a, b, run=two)
-    assert one(two, before, "sigterm") >= 20
+    assert 20 <= one(two, before, "sigterm") < FINAL
 
     # start 4: to the end
     a = launch(two, "a", *PLAN)
@@ -628,7 +647,7 @@ def sbatch(run, name, *args) -> subprocess.Popen:
         "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "fake[1-2]",
         "ANDREA_PYTHON": sys.executable, "ANDREA_GPUS_PER_NODE": "1",
         "ANDREA_RDZV_PORT": str(beacon_port(run)),
-        "ANDREA_TEST_PAUSE_AT_STEP": "4:3,10:8,16:8",
+        "ANDREA_TEST_PAUSE_AT_STEP": "4:hold,10:hold,16:hold",
     }
     log = open(Path(run).parent / f"{name}.out", "ab")
     return subprocess.Popen(["bash", "scripts/slurm_multinode.sh", str(run), *TINY, *args],
@@ -650,18 +669,20 @@ def test_the_slurm_recipe_trains_two_nodes_through_a_checkpoint_request_time_lim
         wait_for(lambda: paused(run, 4), 240, what="two nodes training")
         assert len(records(run)) == 2 and hello(run)["world_size"] == 2
         before = written(run)
-        job.send_signal(signal.SIGUSR2)  # scancel --signal=USR2 --batch: a checkpoint
+        # scancel --signal=USR2 --batch: a checkpoint
+        signal_then_release(run, job, signal.SIGUSR2, "job1", "SIGUSR1 received", 4)
         wait_for(lambda: wrote(run, before, "sigusr1"), 120, what="the requested checkpoint")
-        assert one(run, before, "sigusr1") >= 4
+        assert 4 <= one(run, before, "sigusr1") < 10
         wait_for(lambda: paused(run, 10), 120, what="training to go on after the checkpoint")
         before = written(run)
-        job.send_signal(signal.SIGUSR1)  # --signal=B:USR1@300: the time limit is near
+        # --signal=B:USR1@300: the time limit is near
+        signal_then_release(run, job, signal.SIGUSR1, "job1", "SIGTERM received", 10)
         assert job.wait(120) == 0, out(run, "job1")[-3000:]
         wait_for(lambda: not run_processes(run), 30, what="every process of both nodes to exit")
     finally:
         reap(job, run=run)
     stop = one(run, before, "sigterm")
-    assert stop >= 10
+    assert 10 <= stop < 16
     assert "fake scontrol: requeue 4242" in out(run, "job1")
 
     job = sbatch(run, "job2", *PLAN)  # the requeued job; pre-empted while it trains
@@ -669,17 +690,20 @@ def test_the_slurm_recipe_trains_two_nodes_through_a_checkpoint_request_time_lim
         wait_for(lambda: paused(run, 16), 240, what="the requeued job training")
         assert hello(run)["resumed_from"] == stop
         before = written(run)
+        seen = len(out(run, "job2"))
         for pid in tree(job):  # Slurm signals every process of the job
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        wait_for(lambda: "SIGTERM received" in out(run, "job2")[seen:], 120, what="the stop")
+        release(run, 16)
         assert job.wait(120) == 0, out(run, "job2")[-3000:]
         wait_for(lambda: not run_processes(run), 30, what="every process of both nodes to exit")
     finally:
         reap(job, run=run)
     stop = one(run, before, "sigterm")
-    assert stop >= 16
+    assert 16 <= stop < FINAL
     assert "requeue" not in out(run, "job2"), "pre-emption: Slurm requeues, not the script"
     steps = [r["step"] for r in loss_records(run)]
     assert steps == list(range(1, last_step(run) + 1)) and steps[-1] >= stop, "one history"

@@ -7,7 +7,10 @@ and supervision tests are deterministic instead of racing a 10 ms step:
                                      is then skipped and recorded; docs/architecture.md#bad-input-and-faults)
   ANDREA_TEST_PAUSE_AT_STEP=N:SECS[,N:SECS]  update N sleeps SECS seconds before its boundary,
                                      once per run directory (it first reports
-                                     {"type": "event", "event": "test-pause"})
+                                     {"type": "event", "event": "test-pause"}); SECS `hold`:
+                                     it waits until the test creates `.test-release-N` in the
+                                     run directory (at most an hour), so a test that signals
+                                     there never races the clock
   ANDREA_TEST_PAUSE_AT_MICRO=K.I:SECS update K sleeps SECS seconds after its micro-batch I
                                      (1-based), before the next one, once per run directory (it
                                      first reports {"type": "event", "event": "test-pause-micro"})
@@ -63,7 +66,14 @@ def pause_in_step(step: int, report, run_dir: Path | None = None) -> None:
                 return
             marker.write_text(str(os.getpid()))
         report({"type": "event", "event": "test-pause", "step": step, "time": time.time()})
-        time.sleep(float(secs))
+        if secs == "hold" and run_dir is not None:
+            end = time.monotonic() + 3600
+            while not (Path(run_dir) / f".test-release-{step}").exists():
+                if time.monotonic() > end:
+                    break
+                time.sleep(0.02)
+        else:
+            time.sleep(float(secs))
 
 
 def pause_between_micro_batches(step: int, micro: int, report, run_dir: Path) -> None:
