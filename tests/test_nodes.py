@@ -587,7 +587,8 @@ def test_a_node_killed_by_sigkill_restarts_the_job_and_a_killed_owner_leaves_not
                  and "resumed_from" in hello(run), 240, what="a new incarnation with the new node")
         assert hello(run)["resumed_from"] == newest
         wait_for(lambda: last_step(run) >= newest + 3, 120, what="training to resume")
-        assert [r["step"] for r in loss_records(run)] == list(range(1, last_step(run) + 1))
+        steps = [r["step"] for r in loss_records(run)]  # one read: training goes on meanwhile
+        assert steps == list(range(1, steps[-1] + 1)), "one history, never forked"
         a.kill()
         a.wait(30)
         assert c.wait(120) == 1, out(run, "c")[-3000:]

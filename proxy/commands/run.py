@@ -343,7 +343,7 @@ class _OwnerChecks:
         }
         self.served = beacon.serve(a.rdzv_endpoint, self.me)
         self.heard = self.served is not None
-        self.t0 = self.last = time.monotonic()
+        self.t0 = self.last = self.scanned = time.monotonic()
         self.warned = False
 
     def _same_dir(self, token: str) -> bool:
@@ -366,6 +366,9 @@ class _OwnerChecks:
         return why is None
 
     def again(self) -> None:
+        if time.monotonic() - self.scanned < 1.0:  # called every poll: read the files each second
+            return
+        self.scanned = time.monotonic()
         for f in live_followers(self.layout, self.me["token"]):  # heard by a follower's beacon
             r = f.get("second_owner")
             if isinstance(r, dict) and r.get("token") != self.me["token"]:
