@@ -6,9 +6,11 @@
 #
 # What happens:
 #  * srun starts one `proxy run` per node with the same options; RUN_DIR must be on a filesystem
-#    every node shares (flock must work across hosts: NFSv4, Lustre mounted with flock, GPFS).
-#    The first proxy to take the run lock owns the run (history, bandit, checkpoints; global
-#    rank 0 runs on its node); the others follow (docs/architecture.md#several-nodes).
+#    every node shares (NFS, Lustre, GPFS; its flock need not be shared between hosts: the
+#    owner's record in RUN_DIR beats). The first proxy to claim the run owns it (history, bandit,
+#    checkpoints; global rank 0 runs on its node); the others follow
+#    (docs/architecture.md#several-nodes). Exercised on one machine by tests/test_nodes.py with
+#    the stand-ins in tests/fake_slurm/ (srun, scontrol).
 #  * --rdzv-id is the job id, so a requeued job (same id) on the same directory resumes it; a
 #    second job given the same directory is refused while the first one runs.
 #  * --signal=B:USR1@300: 300 s before the time limit Slurm signals this batch shell; the trap
@@ -39,12 +41,13 @@ RUN_DIR=${1:?usage: sbatch slurm_multinode.sh RUN_DIR [proxy run options]}
 shift
 PY=${ANDREA_PYTHON:-.venv/bin/python}
 GPUS=${ANDREA_GPUS_PER_NODE:-8}
+PORT=${ANDREA_RDZV_PORT:-29400}   # the job beacon's port on the first node (the store's is picked)
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 
 # One proxy per node, in the background so this shell can take signals while it waits.
 srun --ntasks-per-node=1 --kill-on-bad-exit=0 \
     "$PY" -m proxy run --run-dir "$RUN_DIR" --nnodes "$SLURM_JOB_NUM_NODES" \
-    --nproc-per-node "$GPUS" --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$HEAD:29400" "$@" &
+    --nproc-per-node "$GPUS" --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$HEAD:$PORT" "$@" &
 STEP=$!
 REQUEUE=0
 
@@ -63,10 +66,10 @@ trap on_checkpoint USR2
 trap on_term TERM INT
 
 while kill -0 "$STEP" 2>/dev/null; do
-    wait "$STEP"
-    RC=$?
+    wait "$STEP"   # a trap interrupts it (status > 128): wait again while srun runs
 done
-wait "$STEP" 2>/dev/null; RC=${RC:-$?}
+wait "$STEP"       # srun's own exit code, which bash keeps
+RC=$?
 echo "$(date -Is) srun step exited with code $RC"
 if [ "$REQUEUE" = 1 ] && [ "$RC" = 0 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
     scontrol requeue "$SLURM_JOB_ID"

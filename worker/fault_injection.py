@@ -7,11 +7,14 @@ and supervision tests are deterministic instead of racing a 10 ms step:
                                      is then skipped and recorded; docs/architecture.md#bad-input-and-faults)
   ANDREA_TEST_PAUSE_AT_STEP=N:SECS[,N:SECS]  update N sleeps SECS seconds before its boundary,
                                      once per run directory (it first reports
-                                     {"type": "event", "event": "test-pause"})
+                                     {"type": "event", "event": "test-pause"}); SECS `hold`:
+                                     it waits until the test creates `.test-release-N` in the
+                                     run directory (at most an hour), so a test that signals
+                                     there never races the clock
   ANDREA_TEST_PAUSE_AT_MICRO=K.I:SECS update K sleeps SECS seconds after its micro-batch I
                                      (1-based), before the next one, once per run directory (it
                                      first reports {"type": "event", "event": "test-pause-micro"})
-                                     Both pauses end early once a stop signal (SIGTERM, SIGINT,
+                                     Both pauses (but `hold`) end early once a stop signal (SIGTERM, SIGINT,
                                      SIGHUP, parent death) has arrived, or once the test creates
                                      the file `.test-release-<N>` (`-<K>.<I>`) in the run
                                      directory (e.g. after the proxy logged that it forwarded a
@@ -86,7 +89,10 @@ def pause_in_step(
             marker.write_text(str(os.getpid()))
         report({"type": "event", "event": "test-pause", "step": step, "time": time.time()})
         release = Path(run_dir) / f".test-release-{step}" if run_dir is not None else None
-        _sleep(float(secs), stopping, release)
+        if secs == "hold":  # only the release file ends it: a test signals inside the hold
+            _sleep(3600.0, None, release)
+        else:
+            _sleep(float(secs), stopping, release)
 
 
 def pause_between_micro_batches(

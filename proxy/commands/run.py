@@ -11,6 +11,7 @@ import logging
 import logging.handlers
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -20,10 +21,17 @@ from pathlib import Path
 from proxy.mixture.arm_changes import commit_arm_set, plan_arm_set
 from proxy.mixture.bandit import BanditConfigError
 from proxy.run_files.phases import read_phases
-from proxy.run_files.run_lock import RunLock, RunLockError
+from proxy.run_files.run_lock import RunLock, RunLockError, read_owner
 from proxy.supervision import beacon
 from proxy.supervision.follower import follow
-from proxy.supervision.nodes import NodeRecord, NodeSetupError, wait_for_followers, write_job
+from proxy.supervision.nodes import (
+    NodeRecord,
+    NodeSetupError,
+    live_followers,
+    node_records,
+    wait_for_followers,
+    write_job,
+)
 from proxy.supervision.proc_tree import EarlySignals
 from proxy.supervision.run_options import (
     check_resume_args,
@@ -223,12 +231,16 @@ def cmd_run(a) -> int:
     node = None
     try:
         if job is not None:
-            idle = _owner_checks(a, job, layout)
-            if idle is None:
-                return EXIT_USAGE
+            # the record first: an owner that asks the beacon tells "same directory" from
+            # "another directory" by the records it finds here (proxy/supervision/beacon.py)
             node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
             node.write()
             node.start_heartbeat()  # also through creation, resume planning, back-off
+            checks = _OwnerChecks(a, job, layout)
+            if not checks.first():
+                node.forget()
+                node = None
+                return EXIT_USAGE
             write_job(
                 layout, {**job, "state": "gathering", "incarnation": 0}
             )  # not the last owner's
@@ -239,6 +251,13 @@ def cmd_run(a) -> int:
                 nodes,
                 a.rdzv_timeout,
             )
+
+            def idle(node: NodeRecord = node) -> None:
+                node.heartbeat()
+                checks.again()
+                if lock.lost is not None:
+                    raise _Yield(lock.lost)
+
             try:  # before anything of the run is written: a job that cannot form writes nothing
                 if (
                     wait_for_followers(
@@ -247,7 +266,7 @@ def cmd_run(a) -> int:
                         nodes,
                         a.rdzv_timeout,
                         lambda: EarlySignals.stop is not None,
-                        lambda: [f() for f in (node.heartbeat, idle)],
+                        idle,
                     )
                     is None
                 ):
@@ -258,6 +277,14 @@ def cmd_run(a) -> int:
             except NodeSetupError as e:
                 log.error("%s", e)
                 return EXIT_USAGE
+            except _Yield as y:  # an earlier claim of this directory won: follow it
+                node.forget()
+                node = None
+                checks.close()
+                lock.release()
+                setup_logging(None)  # a follower writes nothing in the run directory
+                return follow(layout, a, job, RunLockError("", y.owner))
+            lock.on_lost = lambda: os.kill(os.getpid(), signal.SIGTERM)  # stop: one history
         resumed, creation_s = layout.run_json.exists(), None
         if resumed:
             cfg = load_run_config(layout.run_json)
@@ -309,34 +336,101 @@ def cmd_run(a) -> int:
         lock.release()
 
 
-def _owner_checks(a, job: dict, layout: RunLayout):
-    """The owner of a multi-node job serves the job beacon at --rdzv-endpoint when that is its
-    host (proxy/supervision/beacon.py), else asks it: a beacon of the same job id for another
-    owner means this --run-dir is not the job's directory. Returns None (refused, logged) or the
-    check to repeat while the nodes gather (it raises NodeSetupError)."""
-    info = {
-        "rdzv_id": a.rdzv_id,
-        "token": job["token"],
-        "run_dir": str(layout.root),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-    }
-    if beacon.serve(a.rdzv_endpoint, info):
-        return lambda: None
-    why = beacon.second_owner(a.rdzv_endpoint, a.rdzv_id, job["token"], layout.root)
-    if why:
-        log.error("%s", why)
-        return None
-    last = [time.monotonic()]
+class _Yield(Exception):
+    """The owner record of an earlier claim of this run directory replaced ours
+    (proxy/run_files/run_lock.py): this proxy becomes its follower."""
 
-    def again() -> None:  # the endpoint's node may start later
-        if time.monotonic() - last[0] > 2.0:
-            last[0] = time.monotonic()
-            why = beacon.second_owner(a.rdzv_endpoint, a.rdzv_id, job["token"], layout.root)
-            if why:
-                raise NodeSetupError(why)
+    def __init__(self, owner: dict) -> None:
+        super().__init__("yield")
+        self.owner = owner
 
-    return again
+
+class _OwnerChecks:
+    """Two owners of one job in two directories (proxy/supervision/beacon.py): the owner serves
+    the job beacon at --rdzv-endpoint when that is its host, else asks it, at the start and
+    every 2 s while the nodes gather (the endpoint's node may start later). A second owner is
+    refused; the beacon's owner, told by it, stops too (NodeSetupError from `again`)."""
+
+    def __init__(self, a, job: dict, layout: RunLayout) -> None:
+        self.a, self.layout = a, layout
+        self.me = {
+            "rdzv_id": a.rdzv_id,
+            "token": job["token"],
+            "run_dir": str(layout.root),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        self.served = beacon.serve(a.rdzv_endpoint, self.me)
+        self.heard = self.served is not None
+        self.t0 = self.last = self.scanned = time.monotonic()
+        self.warned = False
+
+    def _same_dir(self, token: str) -> bool:
+        """A proxy of job `token` has (or had) a record in this run directory."""
+        return (
+            any(r.get("token") == token for r in node_records(self.layout))
+            or ((read_owner(self.layout) or {}).get("job") or {}).get("token") == token
+        )
+
+    def first(self) -> bool:
+        """False (logged) when this proxy is a second owner."""
+        if self.served is not None:
+            return True
+        why, self.heard = beacon.second_owner(
+            self.a.rdzv_endpoint, self.me, self.layout.root, self._same_dir
+        )
+        if why:
+            log.error("%s", why)
+            self.close()
+        return why is None
+
+    def again(self) -> None:
+        if time.monotonic() - self.scanned < 1.0:  # called every poll: read the files each second
+            return
+        self.scanned = time.monotonic()
+        for f in live_followers(self.layout, self.me["token"]):  # heard by a follower's beacon
+            r = f.get("second_owner")
+            if isinstance(r, dict) and r.get("token") != self.me["token"]:
+                raise NodeSetupError(
+                    beacon.two_owners(r, self.layout.root)
+                    + f" (that node was refused by the job beacon of node rank "
+                    f"{f.get('node_rank')}; this one stops too: the job cannot form)"
+                )
+        if self.served is not None:
+            for r in list(self.served.reports):
+                if (
+                    r.get("rdzv_id") == self.me["rdzv_id"]
+                    and r.get("token") != self.me["token"]
+                    and not self._same_dir(str(r.get("token")))
+                ):
+                    raise NodeSetupError(
+                        beacon.two_owners(r, self.layout.root)
+                        + " (that node was refused; this one stops too: the job cannot form)"
+                    )
+            return
+        if time.monotonic() - self.last < 2.0:
+            return
+        self.last = time.monotonic()
+        why, heard = beacon.second_owner(
+            self.a.rdzv_endpoint, self.me, self.layout.root, self._same_dir
+        )
+        if why:
+            raise NodeSetupError(why)
+        self.heard = self.heard or heard
+        if not self.heard and not self.warned and self.last - self.t0 > 10:
+            self.warned = True
+            log.warning(
+                "nothing answers at --rdzv-endpoint %s: no node of this job runs on its host "
+                "yet. Give --rdzv-endpoint the address of one of the job's nodes (the first "
+                "node, as torchrun expects): a node with another --run-dir is then refused at "
+                "once, not only at the --rdzv-timeout deadline",
+                self.a.rdzv_endpoint,
+            )
+
+    def close(self) -> None:
+        if self.served is not None:
+            self.served.close()
+            self.served = None
 
 
 def _nodes_of(a) -> int:

@@ -1,16 +1,22 @@
-"""The job beacon at `--rdzv-endpoint` (docs/architecture.md#several-nodes): catches two owners of one job.
+"""The job beacon at `--rdzv-endpoint` (docs/architecture.md#several-nodes): catches two owners of
+one job that do not share a run directory.
 
 A node whose `--run-dir` is not the directory the other nodes share finds that directory's lock
 free and becomes the owner of it: two owners of one job, each waiting for followers that never
-come. The run directory cannot tell them apart, the endpoint can: the proxy on the endpoint's host
-(when `--rdzv-endpoint`'s host is an address of its machine) listens on that port and answers
-every connection with one JSON line naming the job it serves (rdzv id, the owner's token, the run
-directory, host and pid). Any other owner of the same job id asks it; a different token means a
-second owner, refused with exit 2 naming both run directories. The port is free for this: the
-rendezvous itself runs on a fresh port the owner posts (proxy/supervision/nodes.py).
+come. The run directory cannot tell them apart, the endpoint can: a proxy of the job on the
+endpoint's host (owner or follower, when `--rdzv-endpoint`'s host is an address of its machine)
+listens on that port and answers every connection with one JSON line naming the job it serves
+(rdzv id, the owner's token, the run directory, host and pid). Every owner elsewhere asks it,
+sending its own line back; a different token of the same job id, whose node record is not in the
+asker's run directory (so: another directory), is a second owner: the asker is refused (exit 2)
+naming both run directories, and the beacon's owner, told by that line, stops too while its
+nodes still gather (the job cannot form until the nodes share one directory). The port is free
+for this: the rendezvous itself runs on a fresh port the owner posts (proxy/supervision/nodes.py).
 
-What it is not: a rendezvous or a channel for anything else; a node on no shared filesystem and
-not on the endpoint's host is still only caught by the owner's deadline.
+What it is not: a rendezvous or a channel for anything else. Two owners in ONE directory whose
+filesystem does not share flock between hosts are told apart by the owner record
+(proxy/run_files/run_lock.py). When no node runs on the endpoint's host, nothing answers: the
+owner says so, and a second owner is then only caught at the deadline.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Callable
 
 
 def _split(endpoint: str | None) -> tuple[str, int] | None:
@@ -26,12 +33,55 @@ def _split(endpoint: str | None) -> tuple[str, int] | None:
     return (host, int(port)) if host and port.isdigit() else None
 
 
-def serve(endpoint: str | None, info: dict) -> bool:
+class Beacon:
+    """A listening beacon (from `serve`): `info` is what it answers (replaceable), `reports`
+    the lines askers sent back (dicts, appended by its thread), `close()` stops it."""
+
+    def __init__(self, sock: socket.socket, info: dict) -> None:
+        self.sock, self.info = sock, info
+        self.reports: list[dict] = []
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with c:
+                try:
+                    c.settimeout(1.0)
+                    c.sendall((json.dumps(self.info) + "\n").encode())
+                    d = json.loads(_read_line(c) or b"null")
+                    if isinstance(d, dict):
+                        self.reports.append(d)
+                except (OSError, ValueError):
+                    pass
+
+
+def _read_line(c: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n") and len(data) < 65536:
+        chunk = c.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def serve(endpoint: str | None, info: dict) -> Beacon | None:
     """Listen at `endpoint` in a daemon thread, answering each connection with `info` as one
-    JSON line. False when the endpoint's host is not this machine or the port is taken."""
+    JSON line and keeping the line the asker sends back. None when the endpoint's host is not
+    this machine or the port is taken."""
     where = _split(endpoint)
     if where is None:
-        return False
+        return None
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -39,56 +89,55 @@ def serve(endpoint: str | None, info: dict) -> bool:
         s.listen(16)
     except OSError:
         s.close()
-        return False
-    line = (json.dumps(info) + "\n").encode()
-
-    def loop() -> None:
-        while True:
-            try:
-                c, _ = s.accept()
-            except OSError:
-                return
-            with c:
-                try:
-                    c.settimeout(1.0)
-                    c.sendall(line)
-                except OSError:
-                    pass
-
-    threading.Thread(target=loop, name="job-beacon", daemon=True).start()
-    return True
+        return None
+    b = Beacon(s, info)
+    threading.Thread(target=b._loop, name="job-beacon", daemon=True).start()
+    return b
 
 
-def ask(endpoint: str | None, timeout: float = 1.0) -> dict | None:
-    """The job the beacon at `endpoint` serves, or None (nobody listening, or not a beacon)."""
+def ask(endpoint: str | None, me: dict | None = None, timeout: float = 1.0) -> dict | None:
+    """The job the beacon at `endpoint` serves, or None (nobody listening, or not a beacon);
+    `me` (this proxy's own line) is sent back to it."""
     where = _split(endpoint)
     if where is None:
         return None
     try:
         with socket.create_connection(where, timeout=timeout) as c:
             c.settimeout(timeout)
-            data = b""
-            while not data.endswith(b"\n") and len(data) < 65536:
-                chunk = c.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-        d = json.loads(data)
+            d = json.loads(_read_line(c))
+            if me is not None:
+                c.sendall((json.dumps(me) + "\n").encode())
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) and "token" in d else None
 
 
-def second_owner(endpoint: str | None, rdzv_id: str | None, token: str, run_dir) -> str | None:
-    """Why this proxy, owner of job `token` in `run_dir`, is a second owner of job `rdzv_id`
-    (a sentence naming both run directories), or None when the beacon at `endpoint` serves this
-    job, another job id, or nobody."""
-    d = ask(endpoint)
-    if d is None or d.get("rdzv_id") != rdzv_id or d.get("token") == token:
-        return None
+def two_owners(them: dict, run_dir) -> str:
+    """The refusal naming both owners' run directories (`them`: the other owner's line)."""
     return (
-        f"two owners of job --rdzv-id {rdzv_id}: proxy pid {d.get('pid')} on {d.get('host')} "
-        f"owns it in {d.get('run_dir')}, and this node's --run-dir {run_dir} has no owner "
-        f"of that job, so it is not the same directory: give every node the same --run-dir "
-        f"on the filesystem they share"
+        f"two owners of job --rdzv-id {them.get('rdzv_id')}: proxy pid {them.get('pid')} on "
+        f"{them.get('host')} owns it in {them.get('run_dir')}, and this node's --run-dir "
+        f"{run_dir} is another directory (neither holds the other's node record): give every "
+        f"node the same --run-dir on the filesystem they share"
     )
+
+
+def second_owner(
+    endpoint: str | None,
+    me: dict,
+    run_dir,
+    same_dir: Callable[[str], bool] = lambda token: False,
+) -> tuple[str | None, bool]:
+    """Ask the beacon at `endpoint` as the owner `me` (rdzv_id, token, run_dir, host, pid) of
+    a job in `run_dir`. Returns (why this proxy is a second owner, a sentence naming both run
+    directories, or None; whether a beacon answered at all). Not a second owner: the beacon
+    serves this job's token, another job id, or a token whose records `same_dir(token)` finds
+    in this run directory (two owners of one directory: the owner record decides)."""
+    d = ask(endpoint, me)
+    if d is None:
+        return None, False
+    if d.get("rdzv_id") != me.get("rdzv_id") or d.get("token") == me.get("token"):
+        return None, True
+    if same_dir(str(d.get("token"))):
+        return None, True
+    return two_owners(d, run_dir), True

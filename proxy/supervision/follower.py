@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from proxy.run_files.run_lock import HEARTBEAT_S, owner_alive, read_owner
 from proxy.supervision import proc_tree
 from proxy.supervision.launch import (
     die_with_parent,
@@ -45,9 +46,11 @@ from proxy.supervision.launch import (
     signal_pids,
     static_argv,
 )
+from proxy.supervision.beacon import Beacon
 from proxy.supervision.nodes import (
     NODE_STALE_S,
     NodeRecord,
+    node_records,
     read_job,
     read_json,
     nodes_dir,
@@ -59,6 +62,7 @@ from shared.run_layout import RunLayout
 log = logging.getLogger("proxy")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+STALE_OWNER_WAIT_S = 20.0  # a held lock under a dead owner's record: wait for the new (seconds)
 
 
 class Follower:
@@ -87,6 +91,8 @@ class Follower:
         self._stop_sent = False
         self._stop_at = math.inf
         self._started = time.monotonic()
+        self.beacon: Beacon | None = None  # the job beacon this node serves, if any
+        self.rdzv_id: str | None = None
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -214,10 +220,22 @@ class Follower:
                 self.proc.wait()
             self.rec.leave()
 
+    def _relay_second_owners(self) -> None:
+        """A second owner of this job (another run directory) told the beacon this node serves
+        (proxy/supervision/beacon.py): put it into the record, where the owner reads it."""
+        if self.beacon is None or self.rec.fields.get("second_owner"):
+            return
+        tokens = {r.get("token") for r in node_records(self.layout)}
+        for r in list(self.beacon.reports):
+            if r.get("rdzv_id") == self.rdzv_id and r.get("token") not in tokens:
+                self.rec.write(second_owner=r)
+                return
+
     def _loop(self) -> int:
         said_stop = False
         while True:
             self.rec.heartbeat()
+            self._relay_second_owners()
             job = read_job(self.layout)
             if job is not None and job.get("token") != self.rec.token:
                 job = None  # an earlier owner's, not yet replaced
@@ -342,19 +360,39 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
     before anything is written. Returns the exit code."""
     from proxy.supervision.nodes import NodeSetupError, assign_node_rank
     from shared.exit_codes import EXIT_USAGE
-    import json
 
     owner = err.owner
+    t0, said = time.monotonic(), False
+    # The lock's new holder may not have replaced the last owner's record yet (nodes started
+    # together; a requeued job finds its own last start's record, of the same --rdzv-id): wait
+    # for a live owner's record, never follow a released or dead one.
+    while True:
+        alive = owner is not None and (
+            owner_alive(layout, owner, watch_s=2 * HEARTBEAT_S)
+            if owner.get("job")
+            else not owner.get("released")  # a single-node owner's record does not beat
+        )
+        waited = time.monotonic() - t0
+        if waited > STALE_OWNER_WAIT_S or (alive and (owner.get("job") or waited > 3.0)):
+            break
+        if owner is not None and not alive and not said:
+            said = True
+            log.info(
+                "%s: the lock is held, but the owner record still names proxy pid %s on %s, "
+                "which has stopped: waiting for the new owner's record",
+                layout.root,
+                owner.get("pid"),
+                owner.get("host"),
+            )
+        time.sleep(0.05)
+        owner = read_owner(layout)
     why = _owner_job_problem(owner, job)
-    end = time.monotonic() + 3.0
-    # a new owner may be writing its file (the old one's, without a job, is still there)
-    while why is not None and not (owner or {}).get("job") and time.monotonic() < end:
-        time.sleep(0.1)
-        try:
-            owner = json.loads(layout.proxy_owner.read_text())
-        except (OSError, ValueError):
-            owner = None
-        why = _owner_job_problem(owner, job)
+    if why is None and not alive:
+        why = (
+            f"its lock is held, but its owner record names proxy pid {owner.get('pid')} on "
+            f"{owner.get('host')}, which is gone, and no live owner replaced it within "
+            f"{STALE_OWNER_WAIT_S:.0f} s"
+        )
     if why is not None:
         log.error(
             "%s: this node cannot join: %s. Every node of one job runs the same command "
@@ -365,7 +403,7 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
         return EXIT_USAGE
     from proxy.supervision import beacon  # this node on the endpoint's host answers for the job
 
-    beacon.serve(
+    served = beacon.serve(
         a.rdzv_endpoint,
         {
             "rdzv_id": job["rdzv_id"],
@@ -401,6 +439,7 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
     f = Follower(
         layout, rec, owner, job["nnodes"], job["nproc_per_node"], a.stop_timeout, a.rdzv_timeout
     )
+    f.beacon, f.rdzv_id = served, job["rdzv_id"]
     f.install_signal_handlers()
     code = f.run()
     log.info("follower exiting with code %d", code)

@@ -127,6 +127,7 @@ class NodeRecord:
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.path = nodes_dir(self.layout) / f"{self.host}-{self.pid}.json"
         self.fields: dict = {
+            "joined_at": time.time(),  # who keeps a node rank two followers took at once
             "agent_pid": None,
             "ranks": [],
             "incarnation": None,
@@ -168,6 +169,8 @@ class NodeRecord:
         def beat() -> None:
             while not stop.wait(HEARTBEAT_S):
                 try:
+                    if self.role == "follower" and self.fields.get("incarnation") is None:
+                        self._yield_taken_rank()
                     if time.monotonic() - self._t >= HEARTBEAT_S * 0.9:
                         self.write()
                 except OSError as e:  # a full or unreachable filesystem: say so, keep trying
@@ -175,10 +178,48 @@ class NodeRecord:
 
         threading.Thread(target=beat, name="node-heartbeat", daemon=True).start()
 
+    def _yield_taken_rank(self) -> None:
+        """Where `.nodes/.lock` is not shared between hosts, two followers may take one node
+        rank at once: the later joiner (joined_at, then file name) moves to the lowest rank no
+        live follower holds, before it ever launched an agent (the owner gathers only distinct
+        ranks). Left as it is when no rank is free (the owner's deadline names the nodes)."""
+        me = (self.fields["joined_at"], self.path.name)
+        others = [r for r in live_followers(self.layout, self.token) if r["file"] != self.path.name]
+        if not any(
+            r.get("node_rank") == self.node_rank
+            and (float(r.get("joined_at") or 0), r["file"]) < me
+            for r in others
+        ):
+            return
+        held = {r.get("node_rank") for r in others}
+        free = [r for r in range(1, 1 << 16) if r not in held]
+        nnodes = int(self.fields.get("nnodes") or 0)
+        if free and (not nnodes or free[0] < nnodes):
+            log.warning(
+                "node rank %d was taken at the same moment by another node: this node is "
+                "node rank %d",
+                self.node_rank,
+                free[0],
+            )
+            self.node_rank = free[0]
+            self.write()
+
     def heartbeat(self, **changes) -> None:
         """Rewrite the record if HEARTBEAT_S passed or something changed."""
         if changes or time.monotonic() - self._t >= HEARTBEAT_S:
             self.write(**changes)
+
+    def forget(self) -> None:
+        """Stop beating and remove the record (a refused or yielding owner: it never owned
+        anything), and `.nodes/` when nothing else is in it."""
+        if self._beating is not None:
+            self._beating.set()
+        with self._lock:
+            self.path.unlink(missing_ok=True)
+            try:
+                nodes_dir(self.layout).rmdir()
+            except OSError:
+                pass
 
     def leave(self) -> None:
         """Mark the record as left (kept for `status`: which node ran what, last)."""
@@ -215,7 +256,7 @@ def assign_node_rank(layout: RunLayout, token: str, nnodes: int, nproc: int) -> 
                 f"or stop the extra launch"
             )
         rec = NodeRecord(layout, "follower", free[0], token, nproc)
-        rec.write()
+        rec.write(nnodes=nnodes)
     return rec
 
 
@@ -236,9 +277,9 @@ def wait_for_followers(
     said = 0.0
     while True:
         fol = live_followers(layout, token)
-        ranks = sorted(r["node_rank"] for r in fol)
+        ranks = sorted({r["node_rank"] for r in fol})  # a rank two took at once counts once
         busy = [r for r in fol if _agent_running(r)]
-        if len(ranks) >= nnodes - 1 and (busy_ok or not busy):
+        if len(ranks) >= nnodes - 1 and len(fol) == len(ranks) and (busy_ok or not busy):
             return fol
         if stopping():
             return None
