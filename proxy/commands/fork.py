@@ -17,6 +17,7 @@ read tolerantly up to STEP), so a fork never sees a torn file.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -35,7 +36,6 @@ from shared.checkpoint_format import (
     validate_checkpoint,
 )
 from shared.checkpoint_manifest import (
-    ManifestEntry,
     manifest_checksums,
     read_manifest,
     record_checkpoint,
@@ -123,18 +123,7 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     _link_or_copy(ck, dst.root / ck.name)
     entry = entries.get(step)
     if entry is not None:
-        record_checkpoint(
-            dst.root,
-            ManifestEntry(
-                step=entry.step,
-                file=entry.file,
-                nbytes=entry.nbytes,
-                checksum=entry.checksum,
-                reason=entry.reason,
-                pinned=True,
-                time=entry.time,
-            ),
-        )
+        record_checkpoint(dst.root, dataclasses.replace(entry, pinned=True))
     with LossHistory(dst.loss) as h:  # streamed in batches: memory flat in the history
         batch = []
         for r in iter_records(src.loss):
