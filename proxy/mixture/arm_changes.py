@@ -45,6 +45,7 @@ from shared.arm_data import (
     read_arm_index_doc,
     write_arm_index_doc,
 )
+from shared.arm_checks import check_arms
 from shared.arms import ArmSourceError, content_fingerprint, source_fingerprint
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, ConfigError, RunConfig
@@ -231,8 +232,6 @@ def plan_arm_set(
                 "retire it"
             )
     added = [s for s in new_specs if s.name not in old and s.name not in index]
-    from shared.arm_sources import check_arms
-
     problems = check_arms(added)  # every new arm, all at once, before any work
     if problems:
         raise ConfigError(
