@@ -36,6 +36,7 @@ from proxy.run_files.pivot_request import pending_request
 from proxy.run_files.run_lock import read_owner
 from proxy.run_files.sidecars import read_state
 from proxy.run_files.status_file import read_status
+from proxy.supervision.nodes import node_records, nodes_dir, read_json, record_alive
 from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_format import CheckpointError, validate_checkpoint
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
@@ -58,12 +59,6 @@ def _proxy_alive(owner: dict | None, run_dir) -> bool:
     started before it wrote the file (so not a recycled pid); the owner of a multi-node job on
     another host: its node record's heartbeat is fresh (proxy/supervision/nodes.py)."""
     if owner and owner.get("job") and owner.get("host") != socket.gethostname():
-        from proxy.supervision.nodes import (
-            nodes_dir,
-            read_json,
-            record_alive,
-        )  # several nodes: its heartbeat
-
         rec = read_json(nodes_dir(RunLayout(run_dir)) / f"{owner['host']}-{owner['pid']}.json")
         return rec is not None and record_alive(rec)
     if not owner or owner.get("host") != socket.gethostname():
@@ -259,8 +254,6 @@ def _nodes(layout: RunLayout, owner: dict | None) -> list[dict]:
     """The nodes of a multi-node run's current job (docs/architecture.md#several-nodes): each
     node record of the owner's job (host, pid, role, node rank, its ranks' pids, heartbeat age,
     alive); [] for a single-node run."""
-    from proxy.supervision.nodes import node_records, record_alive
-
     token = ((owner or {}).get("job") or {}).get("token")
     if not token:
         return []
