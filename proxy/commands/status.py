@@ -311,23 +311,35 @@ def _duration(s: float) -> str:
 
 
 def format_status(d: dict) -> str:
-    """The human-readable table of `collect_status`'s dict."""
+    """The human-readable table of `collect_status`'s dict: who runs it, the phase, training
+    progress, the newest checkpoint and the arms, one line each (`nodes`: one per node)."""
+    return "\n".join(
+        _run_lines(d) + _phase_lines(d) + _progress_lines(d) + _checkpoint_lines(d) + _arm_lines(d)
+    )
+
+
+def _holder(d: dict) -> str:
+    """Who holds (or last held) the run lock, in words."""
     if not d["proxy_pid"]:
-        holder = "no proxy (none has held the run lock)"
-    elif d.get("lock_holder", "run") == "run":
-        holder = (
+        return "no proxy (none has held the run lock)"
+    if d.get("lock_holder", "run") == "run":
+        return (
             f"proxy pid {d['proxy_pid']} on {d['proxy_host']} "
             f"({'alive' if d['proxy_alive'] else 'not running'})"
         )
-    else:  # a stopped run's pivot took the lock last: that pid was never a proxy
-        holder = (
-            f"no proxy since the `{d['lock_holder']}` command (pid {d['proxy_pid']}, "
-            f"{'running' if d['proxy_alive'] else 'done'}) last held the run lock"
-        )
+    # a stopped run's pivot took the lock last: that pid was never a proxy
+    return (
+        f"no proxy since the `{d['lock_holder']}` command (pid {d['proxy_pid']}, "
+        f"{'running' if d['proxy_alive'] else 'done'}) last held the run lock"
+    )
+
+
+def _run_lines(d: dict) -> list[str]:
+    """run, health, processes, step, and each node of a multi-node run."""
     lines = [
         f"run         {d['run_dir']}  ({d['preset']}, {d['n_params']:,} parameters)",
         f"health      {d['health']}",
-        f"processes   {holder}, worker pid {d['worker_pid'] or '-'}"
+        f"processes   {_holder(d)}, worker pid {d['worker_pid'] or '-'}"
         + (f" (state {d['worker_state']})" if d["worker_pid"] else ""),
         f"step        {d['step']:,} / {d['max_steps']:,}"
         + (
@@ -347,6 +359,12 @@ def format_status(d: dict) -> str:
             f"({'alive' if n['alive'] else 'gone'}, heartbeat {n['heartbeat_age_s']:.0f} s "
             f"ago), ranks {', '.join(map(str, n['ranks'])) or '-'}"
         )
+    return lines
+
+
+def _phase_lines(d: dict) -> list[str]:
+    """The current phase and a pending pivot request."""
+    lines = []
     ph = d.get("phase") or {}
     if ph.get("index") is not None:
         lines.append(
@@ -360,6 +378,12 @@ def format_status(d: dict) -> str:
             f"pivot       pending: {pr['label']!r} ({pr['state']}{at}) caps "
             f"{_bounds(pr.get('caps'))} floors {_bounds(pr.get('floors'))}"
         )
+    return lines
+
+
+def _progress_lines(d: dict) -> list[str]:
+    """loss and its EMA, skipped updates, tokens/s, the update's shape and the projection."""
+    lines = []
     if d["loss"] is not None:
         ema = f"{d['loss_ema']:.4f}" if d["loss_ema"] is not None else "-"
         lines.append(f"loss        {d['loss']:.4f}  (EMA {ema})")
@@ -385,6 +409,11 @@ def format_status(d: dict) -> str:
             f"projected   {_duration(d['eta_s'])} to step {d['target_steps']:,} "
             f"({d['seconds_per_update']:.2f} s per update)"
         )
+    return lines
+
+
+def _checkpoint_lines(d: dict) -> list[str]:
+    """The newest valid checkpoint, then every invalid one above it."""
     c = d["last_checkpoint"]
     if c:
         extra = ", ".join(
@@ -396,25 +425,26 @@ def format_status(d: dict) -> str:
             )
             if x
         )
-        lines.append(
-            f"checkpoint  {c['file']} (step {c['step']:,}" + (f", {extra})" if extra else ")")
-        )
+        lines = [f"checkpoint  {c['file']} (step {c['step']:,}" + (f", {extra})" if extra else ")")]
     else:
-        lines.append("checkpoint  none yet")
-    for bad in d.get("invalid_checkpoints", []):
-        lines.append(f"INVALID     {bad}")
-    if d["arms"]:
-        lines.append(
-            "arms        "
-            + "  ".join(
-                f"{n}: p={a['p']:.3f}"
-                + (f" pulls={a['pulls']}" if a.get("pulls") is not None else "")
-                + (f" held<={a['held']:.3f} (repetitive)" if a.get("held") is not None else "")
-                for n, a in d["arms"].items()
-                if a.get("p") is not None
-            )
+        lines = ["checkpoint  none yet"]
+    return lines + [f"INVALID     {bad}" for bad in d.get("invalid_checkpoints", [])]
+
+
+def _arm_lines(d: dict) -> list[str]:
+    """Each arm's probability, pulls and repetition hold, on one line."""
+    if not d["arms"]:
+        return []
+    return [
+        "arms        "
+        + "  ".join(
+            f"{n}: p={a['p']:.3f}"
+            + (f" pulls={a['pulls']}" if a.get("pulls") is not None else "")
+            + (f" held<={a['held']:.3f} (repetitive)" if a.get("held") is not None else "")
+            for n, a in d["arms"].items()
+            if a.get("p") is not None
         )
-    return "\n".join(lines)
+    ]
 
 
 def add_status_args(p) -> None:
