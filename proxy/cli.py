@@ -1,20 +1,22 @@
 """`python -m proxy COMMAND`: the operator's interface (docs/operations.md#start-and-resume).
 
 The commands are listed in COMMANDS below, once; each module of proxy/commands/ defines its own
-command's options (`add_*_args`) and its `cmd_*` function. This is the top of the proxy's layers
+command's options (`add_*_args`) and its `cmd_*` function. Only the chosen command's module is
+imported (`_SETUP` names it), so a short command such as `status` does not pay for loading
+`run`'s supervision and mixture code. This is the top of the proxy's layers
 (docs/architecture.md#the-proxys-layers): nothing imports it but `python -m proxy`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 import sys
+from collections.abc import Callable, Iterable
 
-from proxy.commands import export, fork, inspect, pivot, plot, run, sample, status
 from proxy.commands.run_config_file import parse_run_args
-from proxy.supervision.run_options import add_run_args
 from shared.config import ConfigError
 from shared.exit_codes import EXIT_USAGE
 
@@ -37,39 +39,54 @@ COMMANDS = (  # name, one line of help; each command's options are defined by it
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `python -m proxy` parser: one sub-command per COMMANDS entry, each with `func`."""
+_SETUP = {  # name: the module of proxy/commands/ that defines it, its options' and command's names
+    "run": ("proxy.commands.run", "add_run_args", "cmd_run"),
+    "status": ("proxy.commands.status", "add_status_args", "cmd_status"),
+    "inspect": ("proxy.commands.inspect", "add_inspect_args", "cmd_inspect"),
+    "sample": ("proxy.commands.sample", "add_sample_args", "cmd_sample"),
+    "pivot": ("proxy.commands.pivot", "add_pivot_args", "cmd_pivot"),
+    "fork": ("proxy.commands.fork", "add_fork_args", "cmd_fork"),
+    "plot": ("proxy.commands.plot", "add_plot_args", "cmd_plot"),
+    "export": ("proxy.commands.export", "add_export_args", "cmd_export"),
+}
+
+
+def _command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable]:
+    """(add_args, cmd) of command `name`, importing its module (and only it) now."""
+    module, add_args, cmd = _SETUP[name]
+    m = importlib.import_module(module)
+    return getattr(m, add_args), getattr(m, cmd)
+
+
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The `python -m proxy` parser: one sub-command per COMMANDS entry. The sub-commands named
+    in `commands` (default: all) get their options and `func`, importing their modules; the
+    others only their name and help line, which is all the top-level help and the error for an
+    unknown command show."""
     ap = argparse.ArgumentParser(
         prog="python -m proxy",
         description="ANDREA's training system: the supervising proxy and its tools "
         "(docs/README.md).",
     )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    helps = dict(COMMANDS)
-    setup = {
-        "run": (add_run_args, run.cmd_run),
-        "status": (status.add_status_args, status.cmd_status),
-        "inspect": (inspect.add_inspect_args, inspect.cmd_inspect),
-        "sample": (sample.add_sample_args, sample.cmd_sample),
-        "pivot": (pivot.add_pivot_args, pivot.cmd_pivot),
-        "fork": (fork.add_fork_args, fork.cmd_fork),
-        "plot": (plot.add_plot_args, plot.cmd_plot),
-        "export": (export.add_export_args, export.cmd_export),
-    }
-    for name, _ in COMMANDS:
-        add_args, func = setup[name]
-        p = sub.add_parser(name, help=helps[name], description=helps[name])
-        add_args(p)
-        p.set_defaults(func=func)
+    wanted = set(_SETUP if commands is None else commands)
+    for name, help_line in COMMANDS:
+        p = sub.add_parser(name, help=help_line, description=help_line)
+        if name in wanted:
+            add_args, func = _command(name)
+            add_args(p)
+            p.set_defaults(func=func)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     # SIGUSR1's default action kills: ignore it until the supervisor installs its handler.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    ap = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["run"]:  # --config FILE.toml: command line > file > default
+    chosen = argv[:1] if argv[:1] and argv[0] in _SETUP else []
+    ap = build_parser(chosen)
+    if chosen == ["run"]:  # --config FILE.toml: command line > file > default
+        run = importlib.import_module("proxy.commands.run")
         run.setup_logging(None)
         sub = next(x for x in ap._actions if isinstance(x, argparse._SubParsersAction))
         try:

@@ -16,6 +16,8 @@ worker then never loads it), field (jsonl/parquet arms) and what creation used o
 (documents, source_bytes, bad_records, first_bad), and compression (the token stream's zstd
 ratio, shared/arm_redundancy.py; the bandit's repetition guard reads it). The top-level "changes" list is the proxy's
 arm-change log (proxy/mixture/arm_changes.py); arms added on a restart are appended to "arms".
+This module is the file's only reader and writer: the change log is kept by editing the content
+`read_arm_index_doc` returns and storing it with `write_arm_index_doc`.
 
 Completion: each tokenized arm gets `data/<arm>.done.json` (its entry plus the key it was made
 with: spec, source fingerprint, tokenizer sha256, cap, context) once its token file is whole
@@ -344,17 +346,36 @@ def arm_compression(layout: RunLayout, arm: ArmData) -> float:
 
 
 def write_arm_index(layout: RunLayout, arms: list[ArmData]) -> None:
-    atomic_write_json(layout.arms_index, {"arms": [asdict(a) for a in arms]})
+    """A new `data/arms.json` holding `arms` (at creation; no change log yet)."""
+    write_arm_index_doc(layout, {"arms": [asdict(a) for a in arms]})
+
+
+def write_arm_index_doc(layout: RunLayout, d: dict) -> None:
+    """Replace `data/arms.json` with `d` (its whole content: "arms" and the proxy's "changes"),
+    atomically (shared/atomic_io.py). The only writer of the file: the arm-change log
+    (proxy/mixture/arm_changes.py) and the audit fork edit a copy read by `read_arm_index_doc`."""
+    atomic_write_json(layout.arms_index, d)
+
+
+def read_arm_index_doc(layout: RunLayout) -> dict:
+    """The whole content of `data/arms.json` as stored ("arms", and "changes" when the run has an
+    arm-change log), after checking that every entry of "arms" is a valid ArmData. Raises
+    ArmSourceError naming the file when it is missing or garbage."""
+    return _read_index(layout)[0]
 
 
 def read_arm_index(layout: RunLayout, include_retired: bool = False) -> dict[str, ArmData]:
     """The run's arms by name; retired (zombie) arms only with `include_retired` (the worker
     never loads them, docs/architecture.md#arms). Raises ArmSourceError naming the file when missing or
     garbage."""
+    arms = _read_index(layout)[1]
+    return arms if include_retired else {n: a for n, a in arms.items() if not a.retired}
+
+
+def _read_index(layout: RunLayout) -> tuple[dict, dict[str, ArmData]]:
     try:
         d = json.loads(layout.arms_index.read_text())
-        arms = {a["name"]: ArmData(**a) for a in d["arms"]}
-        return arms if include_retired else {n: a for n, a in arms.items() if not a.retired}
+        return d, {a["name"]: ArmData(**a) for a in d["arms"]}
     except FileNotFoundError:
         raise ArmSourceError(
             f"{layout.arms_index}: missing; the run directory is incomplete "

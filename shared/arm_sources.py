@@ -9,8 +9,9 @@ record or one Parquet row; documents are joined with SEPARATOR (docs/data.md#the
 Bad records (invalid JSON, a missing or non-text field, undecodable bytes) are counted in
 `reader.bad` with the first `file:line`; they never abort the read.
 
-What it is not: tokenization (`shared/arm_tokenize.py`) or pre-tokenized `tokens` arms (read
-directly as memory maps there).
+What it is not: tokenization (`shared/arm_tokenize.py`), pre-tokenized `tokens` arms (read
+directly as memory maps there), or the cheap checks of an arm before any work
+(`shared/arm_checks.py`).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def _dir_files(p: Path) -> list[Path]:
     )
 
 
-def _open_binary(path: Path):
+def open_binary(path: Path):
     """A binary reader of `path`, decompressing .gz and .zst; returns (reader, raw file)."""
     raw = open(path, "rb")
     name = path.name.lower()
@@ -183,7 +184,7 @@ class ZstdFrames(io.RawIOBase):
         return b"".join(out)
 
 
-def _corrupt(arm: ArmSpec, path: Path, e: Exception) -> ArmSourceError:
+def corrupt_error(arm: ArmSpec, path: Path, e: Exception) -> ArmSourceError:
     return ArmSourceError(
         f"arm {arm.name}: {path} is corrupt or truncated ({type(e).__name__}: "
         f"{e}); re-download or recompress it, or remove it from the arm"
@@ -265,7 +266,7 @@ class JsonlReader(ArmReader):
     def pieces(self) -> Iterator[Piece]:
         base, key = 0, self.arm.field
         for f in self.files:
-            reader, raw = _open_binary(f)
+            reader, raw = open_binary(f)
             try:
                 with reader:
                     for lineno, line in enumerate(reader, 1):
@@ -300,10 +301,10 @@ class JsonlReader(ArmReader):
                         self.documents += 1
                         yield Piece(text, True, base + raw.tell())
             except (OSError, EOFError, zlib.error) as e:
-                raise _corrupt(self.arm, f, e) from e
+                raise corrupt_error(self.arm, f, e) from e
             except Exception as e:  # zstandard.ZstdError
                 if type(e).__module__.startswith("zstandard") or "Zstd" in type(e).__name__:
-                    raise _corrupt(self.arm, f, e) from e
+                    raise corrupt_error(self.arm, f, e) from e
                 raise
             base += f.stat().st_size
 
@@ -459,172 +460,3 @@ def sample_text(arm: ArmSpec, budget: int, piece: int = 1 << 16) -> list[str]:
     if cur:
         out.append("".join(cur))
     return out
-
-
-HEAD_RECORDS = 100  # JSON Lines records looked at by the up-front check
-HEAD_BYTES = 1 << 20  # at most this much (decompressed) read by it
-BINARY_PROBE = 8000  # bytes of a single-file text arm looked at for NUL (git's rule)
-
-
-def _describe(arm: ArmSpec, files: list[Path]) -> str:
-    return str(files[0]) if len(files) == 1 else f"source {arm.source!r} ({len(files):,} files)"
-
-
-def _check_jsonl_head(arm: ArmSpec, files: list[Path]) -> list[str]:
-    """The first HEAD_RECORDS non-blank lines of a JSON Lines arm (across its files, at most
-    HEAD_BYTES decompressed): they decompress, parse, and at least one has the field as text."""
-    lines = parsed = with_field = 0
-    first_bad, fields, seen = "", None, 0
-    for f in files:
-        try:
-            reader, _raw = _open_binary(f)
-            with reader:
-                for lineno, line in enumerate(reader, 1):
-                    seen += len(line)
-                    if not line.strip():
-                        continue
-                    lines += 1
-                    try:
-                        obj = json.loads(line)
-                    except ValueError:  # UnicodeDecodeError included
-                        first_bad = first_bad or f"{f}:{lineno}"
-                    else:
-                        parsed += 1
-                        if isinstance(obj, dict):
-                            if isinstance(obj.get(arm.field), str):
-                                with_field += 1
-                            elif fields is None:
-                                fields = sorted(obj)
-                    if lines >= HEAD_RECORDS or seen >= HEAD_BYTES:
-                        break
-        except (OSError, EOFError, zlib.error) as e:
-            return [str(_corrupt(arm, f, e))]
-        except Exception as e:  # zstandard.ZstdError
-            if type(e).__module__.startswith("zstandard") or "Zstd" in type(e).__name__:
-                return [str(_corrupt(arm, f, e))]
-            raise
-        if lines >= HEAD_RECORDS or seen >= HEAD_BYTES:
-            break
-    if not lines:
-        return [
-            (
-                f"arm {arm.name}: {_describe(arm, files)} holds no records; give it JSON Lines "
-                "(one object per line) or remove the arm"
-            )
-        ]
-    if not parsed:
-        return [
-            (
-                f"arm {arm.name}: none of the first {lines:,} lines is JSON (first at "
-                f"{first_bad}); is it JSON Lines? use kind text for plain text"
-            )
-        ]
-    if not with_field:
-        has = (
-            f"they have fields {', '.join(map(repr, fields[:12]))}"
-            f"{' ...' if len(fields) > 12 else ''}"
-            if fields
-            else "they are not objects"
-        )
-        return [
-            (
-                f"arm {arm.name}: none of the first {parsed:,} records has a text field "
-                f"{arm.field!r} ({has}); name the text's field: "
-                f"--arm {arm.name}=jsonl:{arm.source}:FIELD"
-            )
-        ]
-    return []
-
-
-def check_arm(arm: ArmSpec) -> list[str]:
-    """Cheap up-front checks of one arm (docs/data.md#checks-before-any-work), reading at most
-    HEAD_BYTES of it: the source exists and matches files; it is not empty; a JSON Lines arm's
-    first records decompress, parse and carry the field; every Parquet file has the column and
-    they hold rows; a single-file text arm is not binary (NUL bytes in its first BINARY_PROBE
-    bytes). Returns the problems as messages naming the arm, the file and the fix ([] when it is
-    usable); raises nothing for a bad arm."""
-    from shared.arms import EMBEDDED_KINDS, source_fingerprint, token_files
-
-    try:
-        source_fingerprint(arm)  # the source exists and names files
-        if arm.kind in EMBEDDED_KINDS:
-            return []
-        files = token_files(arm) if arm.kind == "tokens" else resolve_files(arm)
-    except ArmSourceError as e:
-        return [str(e)]
-    except OSError as e:
-        return [
-            (
-                f"arm {arm.name}: source {arm.source!r} cannot be read ({e}); fix the path or "
-                "its permissions, or remove the arm"
-            )
-        ]
-    try:
-        total = sum(f.stat().st_size for f in files)
-    except OSError as e:
-        return [f"arm {arm.name}: {e}; fix the path or remove the arm"]
-    if total == 0:
-        return [
-            (
-                f"arm {arm.name}: {_describe(arm, files)} is empty (0 bytes); give it data or "
-                "remove the arm"
-            )
-        ]
-    if arm.kind == "jsonl":
-        return _check_jsonl_head(arm, files)
-    if arm.kind == "parquet":
-        try:
-            ParquetReader(arm).check()
-            import pyarrow.parquet as pq
-
-            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-        except ArmSourceError as e:
-            return [str(e)]
-        except Exception as e:  # noqa: BLE001 - pyarrow's own errors, named in the message
-            return [
-                (
-                    f"arm {arm.name}: {files[0]} is not a readable Parquet file ({e}); fix or "
-                    "remove it"
-                )
-            ]
-        if not rows:
-            return [
-                (
-                    f"arm {arm.name}: {_describe(arm, files)} holds no rows; give it data or "
-                    "remove the arm"
-                )
-            ]
-    if arm.kind == "text" and len(files) == 1:
-        try:
-            with open(files[0], "rb") as fh:
-                head = fh.read(BINARY_PROBE)
-        except OSError as e:
-            return [
-                (
-                    f"arm {arm.name}: {files[0]} cannot be read ({e}); fix its permissions or "
-                    "remove the arm"
-                )
-            ]
-        if b"\0" in head:
-            return [
-                (
-                    f"arm {arm.name}: {files[0]} is binary (NUL bytes in its first "
-                    f"{BINARY_PROBE:,} bytes), not text; for token ids use "
-                    f"--arm {arm.name}=tokens:{arm.source}, else remove the arm"
-                )
-            ]
-        if not head.strip():
-            with open(files[0], "rb") as fh:
-                if not any(chunk.strip() for chunk in iter(lambda: fh.read(1 << 20), b"")):
-                    return [
-                        (
-                            f"arm {arm.name}: {files[0]} holds only whitespace; give it text "
-                            "or remove the arm"
-                        )
-                    ]
-    return []
-
-
-def check_arms(arms: list[ArmSpec]) -> list[str]:
-    """`check_arm` of every arm, in order: all problems at once (docs/data.md#checks-before-any-work)."""
-    return [msg for a in arms for msg in check_arm(a)]

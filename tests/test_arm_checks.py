@@ -9,7 +9,7 @@ import pytest
 from proc_helpers import run_proxy
 from test_arm_sources import prose
 
-from shared.arm_sources import check_arm, check_arms
+from shared.arm_checks import check_arm, check_arms
 from shared.arms import parse_arm_option
 
 

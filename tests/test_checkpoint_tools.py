@@ -109,9 +109,10 @@ def test_export_writes_named_weights_that_a_fresh_model_loads_and_runs_identical
 
 def test_export_refuses_an_output_of_the_wrong_kind_and_a_path_that_is_no_checkpoint(
         run_with_checkpoint, tmp_path):
-    """Found by a new-user session: `--to dir/` wrote a file named `dir`, `--format hf --to
-    model.safetensors` made a folder of that name, and a missing or directory PATH was reported
-    as "no run.json beside the file". The hf folder was also left 0700 by mkdtemp."""
+    """`export` refuses, exit 2 and nothing written: `--to dir/` for a safetensors file,
+    `--format hf --to model.safetensors` for a folder, a checkpoint file that does not exist
+    ("no such checkpoint file") and a run directory given as PATH (it points at --from-run).
+    The hf folder it makes gets the umask's permissions."""
     import stat
     run, _, path = run_with_checkpoint
     r = _proxy("export", str(path), "--to", f"{tmp_path / 'out'}/")
@@ -132,8 +133,8 @@ def test_export_refuses_an_output_of_the_wrong_kind_and_a_path_that_is_no_checkp
 
 
 def test_export_makes_the_folder_of_its_output_file(run_with_checkpoint, tmp_path):
-    """`--to new/dir/model.safetensors` failed with a FileNotFoundError traceback (exit 1) while
-    `--format hf` and `plot --out` make their folders."""
+    """`--to new/dir/model.safetensors` makes new/dir/, as `--format hf` and `plot --out` make
+    their folders."""
     from safetensors.numpy import load_file
     _, _, path = run_with_checkpoint
     out = tmp_path / "new" / "dir" / "model.safetensors"

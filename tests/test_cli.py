@@ -60,3 +60,19 @@ def test_run_dir_whose_parent_cannot_be_created_gets_one_line_naming_it(tmp_path
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "ERROR" in ln]
     assert len(lines) == 1 and str(target) in lines[0] and "cannot be created" in lines[0]
+
+
+def test_a_short_command_imports_only_its_own_command_module(tmp_path):
+    code = (
+        "import sys\n"
+        "from proxy.cli import main\n"
+        f"rc = main(['status', '--run-dir', {str(tmp_path / 'none')!r}])\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('proxy.commands.'))\n"
+        "print(rc, ' '.join(loaded), 'proxy.supervision.supervisor' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    rc, *loaded, supervisor = r.stdout.split()
+    assert rc == "2" and "proxy.commands.status" in loaded
+    assert "proxy.commands.run" not in loaded and supervisor == "False"

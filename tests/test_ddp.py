@@ -221,10 +221,10 @@ def test_two_ranks_with_accumulation_match_one_rank_in_one_pass(tmp_path):
 
 
 def test_leaving_the_process_group_right_after_a_collective_never_deadlocks(tmp_path):
-    """worker/distributed.py leave_process_group: destroying a gloo group the instant DDP's
-    all-reduce completes deadlocked (its destructor joins gloo's threads while holding the GIL
-    they need); a CI run hung there. 20 rounds of DDP backward then teardown, in a child with a
-    deadline (before the fix this hung within the first few rounds)."""
+    """worker/distributed.py leave_process_group: leaving a gloo group the instant DDP's
+    all-reduce completes does not deadlock (destroying it then would: its destructor joins
+    gloo's threads while holding the GIL they need). 20 rounds of DDP backward then teardown,
+    in a child with a deadline."""
     child = textwrap.dedent("""
         import sys, torch, torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP

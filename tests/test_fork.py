@@ -54,3 +54,13 @@ def test_fork_refuses_a_used_directory_and_a_step_without_a_checkpoint(tmp_path)
     assert not (tmp_path / "g" / "run.json").exists()
     r = fork(str(a), tmp_path / "h")          # default: the newest valid checkpoint
     assert r.returncode == 0 and "step 20" in r.stdout
+
+
+def test_fork_of_a_run_with_a_garbage_arm_index_is_refused_naming_the_file(tmp_path):
+    a = tmp_path / "a"
+    assert run_proxy(a, "--max-steps", "10", "--checkpoint-every", "10").returncode == 0
+    (a / "data" / "arms.json").write_text("{not json")
+    r = fork(str(a), tmp_path / "g")
+    assert r.returncode == 2, r.stderr
+    assert "fork refused" in r.stderr and "arms.json" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "g").exists()  # refused before anything was written

@@ -55,8 +55,8 @@ def test_a_sample_shows_prompt_and_continuation_apart_with_real_line_breaks():
 
 
 def test_status_of_a_run_no_proxy_ever_held_says_so_not_pid_none(tmp_path):
-    """Found by a new-user walk-through: `status` of a just-created run printed
-    "proxy pid None on None"."""
+    """`status` of a just-created run, whose lock no proxy ever held, says "no proxy" (not
+    "proxy pid None on None")."""
     from proc_helpers import create_template
     from proxy.commands.status import collect_status, format_status
     run = create_template(tmp_path / "run")
@@ -66,8 +66,8 @@ def test_status_of_a_run_no_proxy_ever_held_says_so_not_pid_none(tmp_path):
 
 
 def test_printed_commands_name_the_interpreter_that_runs_this(tmp_path, monkeypatch):
-    """The summary's `next:` commands once said a bare `python`, which may be another
-    interpreter without the project installed."""
+    """The summary's `next:` commands name the interpreter running the proxy, not a bare
+    `python`, which may be another interpreter without the project installed."""
     import sys
     from proxy.observation.progress import python_command
     monkeypatch.chdir(tmp_path)

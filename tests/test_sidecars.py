@@ -62,8 +62,8 @@ def test_samples_json_keeps_only_the_last_n_audits_of_the_phase(tmp_path):
 
 
 def test_a_torn_history_tail_and_a_stale_temporary_are_repaired_on_resume_and_said_once(tmp_path):
-    """The repair warning was printed twice (the history logged it, and the supervisor logged
-    its list again)."""
+    """A torn last record of the history and a stale temporary are repaired at the resume,
+    and the repair warning is logged once (by the history, not again by the supervisor)."""
     run = tmp_path / "run"
     assert run_proxy(run, "--max-steps", "40", *COMMON).returncode == 0
     loss = run / ".loss.json"

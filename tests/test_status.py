@@ -121,8 +121,8 @@ def test_status_while_a_proxy_is_creating_the_run_says_so_and_not_that_creation_
 
 
 def test_status_and_the_summary_measure_against_the_runs_plan_not_the_last_starts_max_steps(tmp_path):
-    """A run planned for 40 steps and started once with --max-steps 20 was shown as
-    "finished, 20 / 20" and the end summary told the user to pass --max-steps 40; a plain
+    """A run planned for 40 steps and started once with --max-steps 20 is shown as stopped at
+    20 / 40 (not "finished"), and its end summary does not ask for --max-steps 40: a plain
     `run` goes on to the plan. Past the plan the summary says the learning rate is flat."""
     from proc_helpers import create_template, run
     r_dir = create_template(tmp_path / "run", "--max-steps", "40", "--checkpoint-every", "10")

@@ -313,10 +313,10 @@ def test_a_new_proxy_waits_for_the_worker_a_killed_proxy_left_before_resuming(tm
 
 
 def test_a_sigterm_that_reaches_a_worker_after_it_stopped_is_not_called_a_loss(tmp_path, caplog):
-    """Found by a breaker: SIGTERM landing while the worker exited after its final checkpoint
-    (Python restores default handlers at interpreter exit: code -15) was logged as "ended by
-    SIGTERM without its handler; steps ... trained again". The worker's "stopped" event says
-    the checkpoint was written; and that event belongs to one worker, not to the next."""
+    """A SIGTERM landing while the worker exits after its final checkpoint (Python restores
+    default handlers at interpreter exit: code -15) is not logged as "ended by SIGTERM without
+    its handler; steps ... trained again": the worker's "stopped" event says the checkpoint was
+    written, and that event counts for its own worker only, not for the next."""
     import logging
     import signal as sig
     from proc_helpers import create_template

@@ -14,6 +14,7 @@ import time
 from shared.config import ArmSourceError
 from shared.exit_codes import EXIT_FATAL
 from shared.handshake import ReportWriter
+from shared.procfs import seconds_since_start
 from shared.run_layout import RunLayout
 from shared.worker_options import WorkerOptions
 from worker import fault_injection
@@ -33,8 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("filelock").setLevel(max(logging.INFO, logging.getLogger().level))
     if opts.parent_pid:
         flags.watch_parent(opts.parent_pid)
-
-    from shared.procfs import seconds_since_start
 
     log = logging.getLogger("worker")
     log.debug("start-up: worker interpreter %.3f s since launch", seconds_since_start() or 0.0)

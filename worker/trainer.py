@@ -373,11 +373,31 @@ class Trainer:
         return why
 
     def train_step(self, k: int, probs: dict) -> dict:
-        """Optimizer update k: its batch in `self.accum` micro-batches, then clip and AdamW."""
+        """Optimizer update k with the proxy's probabilities `probs` {arm: p}; returns its step
+        report (docs/handshake.md#reports). The maths (`_forward_backward`, `_clip`,
+        `_update_losses`, `_apply_or_skip`), then the record (`_step_record`), the probe when
+        one is due, and the timing (`_add_timing`: the update alone, without the probe)."""
         t0 = time.perf_counter()
         cfg = self.cfg
         batch = self.sampler.draw(cfg.seed, k, probs, cfg.batch_size, self.rank, self.world_size)
         lr = learning_rate(k, cfg)
+        seq = self._forward_backward(k, batch)
+        gnorm_v = self._clip()
+        loss_v, arm_loss = self._update_losses(seq, batch.arm_index)
+        skipped = self._apply_or_skip(k, lr, loss_v, gnorm_v)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        train_time = time.perf_counter() - t0
+        rec = self._step_record(k, probs, batch, lr, loss_v, gnorm_v, arm_loss, skipped)
+        if self.probe_plan.active and k % self.probe_plan.every == 0 and self.rank == 0:
+            rec["probe"] = self.probe()
+        self._add_timing(rec, t0, train_time)
+        return rec
+
+    def _forward_backward(self, k: int, batch) -> torch.Tensor:
+        """Zeroed gradients, then forward and backward of this rank's slice of update k's batch
+        in `self.accum` micro-batches; returns the per-sequence losses, float32 (rows,), in row
+        order (detached)."""
         self.model.train()
         self.opt.zero_grad()
         seqs = []
@@ -388,11 +408,37 @@ class Trainer:
                 (seq.mean() * self.micro_scale).backward()  # sum = the slice's mean gradient
             seqs.append(seq.detach())
             self.hooks.after_micro_batch(k, i + 1, self.reports.write)
+        return torch.cat(seqs)
+
+    def _clip(self) -> float:
+        """Clip the gradients to `grad_clip` (0: no clipping); returns their norm before."""
+        clip = self.cfg.grad_clip
         gnorm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            self.model.parameters(), clip if clip > 0 else float("inf")
         )
-        loss_v, arm_loss = self._update_losses(torch.cat(seqs), batch.arm_index)
-        gnorm_v = float(gnorm)
+        return float(gnorm)
+
+    def _apply_or_skip(self, k: int, lr: float, loss_v: float, gnorm_v: float) -> str | None:
+        """AdamW at `lr` when the loss and the gradient norm are finite; else the update is not
+        applied and the reason is returned (the record's "skipped")."""
+        if math.isfinite(loss_v) and math.isfinite(gnorm_v):
+            self._apply_update(lr)
+            return None
+        return self._skip_update(k, loss_v, gnorm_v)
+
+    def _step_record(
+        self,
+        k: int,
+        probs: dict,
+        batch,
+        lr: float,
+        loss_v: float,
+        gnorm_v: float,
+        arm_loss: dict,
+        skipped: str | None,
+    ) -> dict:
+        """The step report of update k without its probe and timing (docs/history.md)."""
+        cfg = self.cfg
         rec = {
             "type": "step",
             "step": k,
@@ -405,15 +451,14 @@ class Trainer:
             "grad_norm": gnorm_v,
             "arm_loss": arm_loss,
         }
-        if math.isfinite(loss_v) and math.isfinite(gnorm_v):
-            self._apply_update(lr)
-        else:
-            rec["skipped"] = self._skip_update(k, loss_v, gnorm_v)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        train_time = time.perf_counter() - t0
-        if self.probe_plan.active and k % self.probe_plan.every == 0 and self.rank == 0:
-            rec["probe"] = self.probe()
+        if skipped is not None:
+            rec["skipped"] = skipped
+        return rec
+
+    def _add_timing(self, rec: dict, t0: float, train_time: float) -> None:
+        """The record's step_time (s, since `t0`, probe included), tokens_per_s (global, over
+        `train_time`: the update alone), mfu and wall-clock time."""
+        cfg = self.cfg
         rec["step_time"] = time.perf_counter() - t0
         tokens_per_s = cfg.batch_size * cfg.model.block_size / max(train_time, 1e-9)
         rec["tokens_per_s"] = tokens_per_s  # global (all ranks), the update alone (no probe)
@@ -421,7 +466,6 @@ class Trainer:
         if self.rank == 0:
             self.peak.measure_later()  # CPU, first update of a machine without a cached peak
         rec["time"] = time.time()
-        return rec
 
     @torch.no_grad()
     def probe(self) -> dict[str, float]:
@@ -597,6 +641,16 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
         """Train until max_steps or a stop; returns the process exit code."""
+        self._start()
+        while True:
+            b = self._one_update()
+            if b.reasons and self.step > 0:
+                self.checkpoint(self.step, list(b.reasons))
+            if b.stop:
+                return self._stop(b)
+
+    def _start(self) -> None:
+        """Announce the worker, then check that its signal handlers survived library start-up."""
         self.announce()
         self.hooks.at_start()  # a test may replace a signal handler here
         lost = self.flags.verify_and_repair()  # after library start-up (NCCL takes SIGUSR1)
@@ -609,72 +663,80 @@ class Trainer:
                     "time": time.time(),
                 }
             )
+
+    def _one_update(self) -> Boundary:
+        """Update k = step + 1 unless the run is over or stopping, then the boundary decision."""
+        k = self.step + 1
+        if k > self.max_steps:
+            return self._boundary([], True, {})
+        if self.flags.stop_reason and not self.dist.enabled:
+            return self._boundary(["sigterm"], True, {})
+        probs, control = self._policy_for(k)
+        probs = self._unless_a_rank_stops(probs)
+        if probs is None:
+            return self._boundary(["sigterm"], True, control)
+        self._train_and_report(k, probs)
+        return self._decide_boundary(k, control)
+
+    def _unless_a_rank_stops(self, probs: dict | None) -> dict | None:
+        """`probs`, or None when any rank is stopping (a collective on several ranks): then no
+        rank starts the update, so none waits in DDP for one that never comes."""
+        if (
+            self.dist.enabled
+            and wdist.agree(self.dist, [int(probs is None or bool(self.flags.stop_reason))])[0]
+        ):
+            self.flags.stop_reason = self.flags.stop_reason or "SIGTERM (another rank)"
+            return None
+        return probs
+
+    def _train_and_report(self, k: int, probs: dict) -> None:
+        """Update k, then its step report and, when due, its sample audit."""
+        rec = self.train_step(k, probs)
+        if k == self.resumed_from + 1:
+            log.debug(
+                "start-up: first step %d of this worker done %.3f s since its launch (the step "
+                "%.3f s)",
+                k,
+                seconds_since_start() or 0.0,
+                rec["step_time"],
+            )
+        self.hooks.after_step(k, self.reports.write)
+        self.step = k
+        self.reports.write(rec)
+        if k % self.cfg.sample_every == 0 and self.rank == 0:
+            self.reports.write(self.sample_audit(k, rec.get("probe")))
+
+    def _stop(self, b: Boundary) -> int:
+        """The stop at boundary `b`: wait for the last checkpoint write, report "stopped", leave
+        the process group; returns the exit code (docs/architecture.md#exit-codes)."""
         code = EXIT_OK
-        while True:
-            k = self.step + 1
-            control: dict = {}
-            if k > self.max_steps:
-                b = self._boundary([], True, control)
-            elif self.flags.stop_reason and not self.dist.enabled:
-                b = self._boundary(["sigterm"], True, control)
-            else:
-                probs, control = self._policy_for(k)
-                if (
-                    self.dist.enabled
-                    and wdist.agree(
-                        self.dist, [int(probs is None or bool(self.flags.stop_reason))]
-                    )[0]
-                ):
-                    probs = None  # a rank is stopping: none starts update k (no DDP hang)
-                    self.flags.stop_reason = self.flags.stop_reason or "SIGTERM (another rank)"
-                if probs is None:
-                    b = self._boundary(["sigterm"], True, control)
-                else:
-                    rec = self.train_step(k, probs)
-                    if k == self.resumed_from + 1:
-                        log.debug(
-                            "start-up: first step %d of this worker done %.3f s since its "
-                            "launch (the step %.3f s)",
-                            k,
-                            seconds_since_start() or 0.0,
-                            rec["step_time"],
-                        )
-                    self.hooks.after_step(k, self.reports.write)
-                    self.step = k
-                    self.reports.write(rec)
-                    if k % self.cfg.sample_every == 0 and self.rank == 0:
-                        self.reports.write(self.sample_audit(k, rec.get("probe")))
-                    b = self._decide_boundary(k, control)
-            if b.reasons and self.step > 0:
-                self.checkpoint(self.step, list(b.reasons))
-            if b.stop:
-                why = b.why
-                r = self.ckpt.wait()
-                if r is not None and r.error:
-                    code = EXIT_FATAL  # docs/checkpoint-format.md#disk: the stop path exits non-zero, saying so
-                    log.error(
-                        "stopping (%s) but the checkpoint of step %d (%s) FAILED: %s; "
-                        "exiting with code %d: steps after the newest durable checkpoint "
-                        "will be trained again on resume",
-                        why,
-                        r.step,
-                        r.reason,
-                        r.error,
-                        code,
-                    )
-                if "alarm" in b.reasons:
-                    code = EXIT_FATAL
-                log.info("stopping at step %d (%s)", self.step, why)
-                self.reports.write(
-                    {
-                        "type": "event",
-                        "event": "stopped",
-                        "step": self.step,
-                        "why": why,
-                        "exit_code": code,
-                        "time": time.time(),
-                    }
-                )
-                self._ddp, self.train_module = None, self.model  # DDP's Reducer holds the group
-                wdist.shutdown(self.dist)
-                return code
+        why = b.why
+        r = self.ckpt.wait()
+        if r is not None and r.error:
+            code = EXIT_FATAL  # docs/checkpoint-format.md#disk: the stop path exits non-zero
+            log.error(
+                "stopping (%s) but the checkpoint of step %d (%s) FAILED: %s; "
+                "exiting with code %d: steps after the newest durable checkpoint "
+                "will be trained again on resume",
+                why,
+                r.step,
+                r.reason,
+                r.error,
+                code,
+            )
+        if "alarm" in b.reasons:
+            code = EXIT_FATAL
+        log.info("stopping at step %d (%s)", self.step, why)
+        self.reports.write(
+            {
+                "type": "event",
+                "event": "stopped",
+                "step": self.step,
+                "why": why,
+                "exit_code": code,
+                "time": time.time(),
+            }
+        )
+        self._ddp, self.train_module = None, self.model  # DDP's Reducer holds the group
+        wdist.shutdown(self.dist)
+        return code

@@ -17,13 +17,16 @@ read tolerantly up to STEP), so a fork never sees a torn file.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import shutil
 import sys
 from pathlib import Path
 
 from proxy.mixture.arm_changes import arms_as_of, specs_of
+from proxy.run_files.phases import copy_phases
+from shared.arm_data import read_arm_index_doc, write_arm_index_doc
+from shared.arms import ArmSourceError
 from shared.atomic_io import atomic_write_json
 from shared.checkpoint_dir import find_latest_valid
 from shared.checkpoint_format import (
@@ -33,7 +36,6 @@ from shared.checkpoint_format import (
     validate_checkpoint,
 )
 from shared.checkpoint_manifest import (
-    ManifestEntry,
     manifest_checksums,
     read_manifest,
     record_checkpoint,
@@ -105,35 +107,23 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
         raise ForkError(
             f"--from {src_dir}:{step}: {e}; checkpoints in the manifest: {have}"
         ) from None
+    try:
+        arms = arms_as_of(read_arm_index_doc(src), step)  # the arms of STEP
+    except ArmSourceError as e:
+        raise ForkError(f"--from {src_dir}: {e}") from None
     dst.ensure()
     for name in ("tokenizer.json",):
         shutil.copy2(src.root / name, dst.root / name)
     for f in sorted(src.data.iterdir()):
         if f.is_file() and f.name != src.arms_index.name:
             _link_or_copy(f, dst.data / f.name)
-    arms = arms_as_of(json.loads(src.arms_index.read_text()), step)  # the arms of STEP
-    atomic_write_json(dst.arms_index, arms)
+    write_arm_index_doc(dst, arms)
     cfg.arms = specs_of(arms, cfg.arms)
-    phases = json.loads(src.phases.read_text())
-    phases["phases"] = [p for p in phases["phases"] if p["start_step"] <= step] or phases["phases"][
-        :1
-    ]
-    atomic_write_json(dst.phases, phases)
+    copy_phases(src, dst, step)
     _link_or_copy(ck, dst.root / ck.name)
     entry = entries.get(step)
     if entry is not None:
-        record_checkpoint(
-            dst.root,
-            ManifestEntry(
-                step=entry.step,
-                file=entry.file,
-                nbytes=entry.nbytes,
-                checksum=entry.checksum,
-                reason=entry.reason,
-                pinned=True,
-                time=entry.time,
-            ),
-        )
+        record_checkpoint(dst.root, dataclasses.replace(entry, pinned=True))
     with LossHistory(dst.loss) as h:  # streamed in batches: memory flat in the history
         batch = []
         for r in iter_records(src.loss):

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from proxy.commands.tool_threads import add_threads_arg
+from proxy.commands.tool_threads import add_threads_arg, set_torch_threads, tool_threads
 from proxy.commands.export import manifest_entry
 from proxy.observation.sample_format import format_sample
 from shared.checkpoint_dir import find_latest_valid
@@ -131,7 +131,6 @@ def cmd_sample(a) -> int:
             return EXIT_USAGE
         import torch  # heavy: only `sample` needs it, so it is imported only here
 
-        from proxy.commands.tool_threads import set_torch_threads, tool_threads
         from worker.sampling import generate_batched, load_weights_only
 
         set_torch_threads(tool_threads(a.threads))

@@ -36,6 +36,7 @@ from proxy.run_files.pivot_request import pending_request
 from proxy.run_files.run_lock import read_owner
 from proxy.run_files.sidecars import read_state
 from proxy.run_files.status_file import read_status
+from proxy.supervision.nodes import node_records, nodes_dir, read_json, record_alive
 from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_format import CheckpointError, validate_checkpoint
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
@@ -58,12 +59,6 @@ def _proxy_alive(owner: dict | None, run_dir) -> bool:
     started before it wrote the file (so not a recycled pid); the owner of a multi-node job on
     another host: its node record's heartbeat is fresh (proxy/supervision/nodes.py)."""
     if owner and owner.get("job") and owner.get("host") != socket.gethostname():
-        from proxy.supervision.nodes import (
-            nodes_dir,
-            read_json,
-            record_alive,
-        )  # several nodes: its heartbeat
-
         rec = read_json(nodes_dir(RunLayout(run_dir)) / f"{owner['host']}-{owner['pid']}.json")
         return rec is not None and record_alive(rec)
     if not owner or owner.get("host") != socket.gethostname():
@@ -78,13 +73,13 @@ def _proxy_alive(owner: dict | None, run_dir) -> bool:
 
 
 def collect_status(run_dir) -> dict:
-    """Everything `status` shows, as a dict (the `--json` output)."""
+    """Everything `status` shows, as a dict (the `--json` output): the plan, progress,
+    checkpoints, arms, phase, processes and a one-line health, in that order."""
     layout = RunLayout(run_dir)
     cfg = load_run_config(layout.run_json)
     st = read_status(layout)
     owner = read_owner(layout)
-    hs = read_handshake(layout)
-    worker = hs.get("worker") or {}
+    worker = read_handshake(layout).get("worker") or {}
     recs = tail_records(layout.loss)
     now = time.time()
 
@@ -97,79 +92,10 @@ def collect_status(run_dir) -> dict:
         "max_steps": cfg.max_steps,
         "start_max_steps": st.get("max_steps") or cfg.max_steps,
     }
-    last = recs[-1] if recs else None
-    d["step"] = last["step"] if last else 0
-    d["loss"] = last.get("loss") if last else None
-    d["loss_ema"] = loss_ema(recs)
-    recent = recs[-20:]
-    times: list[float] = [
-        r["step_time"] for r in recent if isinstance(r.get("step_time"), (int, float))
-    ]
-    tok_per_step = cfg.batch_size * cfg.model.block_size
-    tps = [r["tokens_per_s"] for r in recent if isinstance(r.get("tokens_per_s"), (int, float))]
-    wall = wall_seconds_per_update(recs)
-    # wall-clock tokens/s over the ETA's window (checkpoints and audits included, as the progress
-    # line's ETA); the worker's own per-update figures are averaged by time, not by record,
-    # when the records are too few for a window (the mean of rates ran well above the truth)
-    d["tokens_per_s"] = (
-        tok_per_step / wall
-        if wall
-        else tok_per_step * len(tps) / sum(tok_per_step / t for t in tps)
-        if tps and all(t > 0 for t in tps)
-        else tok_per_step * len(times) / sum(times)
-        if times and sum(times) > 0
-        else None
-    )
-    d["last_step_age_s"] = now - last["time"] if last and last.get("time") else None
-    d["skipped_recent"] = sum(1 for r in recent if r.get("skipped"))
-
-    present = dict(list_checkpoints(layout.root))
-    entries = read_manifest(layout.root)
-    checks = manifest_checksums(entries)
-    d["invalid_checkpoints"] = []
-    valid = None
-    for s in sorted(present, reverse=True):  # newest valid: size, header, name, checksum
-        try:
-            validate_checkpoint(present[s], None, checks.get(s))
-            valid = s
-            break
-        except CheckpointError as exc:
-            d["invalid_checkpoints"].append(str(exc))  # it names the file
-    if valid is not None:
-        s = valid
-        e = entries.get(s)
-        d["last_checkpoint"] = {
-            "step": s,
-            "file": os.path.basename(str(present[s])),
-            "reason": e.reason if e else None,
-            "pinned": e.pinned if e else None,
-            "age_s": now - e.time if e else None,
-        }
-    else:
-        d["last_checkpoint"] = None
-    d["checkpoints"] = sorted(present)
-
-    state = read_state(layout.state, garbage="default") or {}
-    if state.get("arms"):
-        held = (state.get("repetition") or {}).get("held") or {}
-        d["arms"] = {
-            n: {"p": a.get("p"), "pulls": a.get("pulls"), "held": held.get(n)}
-            for n, a in sorted(state["arms"].items())
-        }
-    elif last and last.get("p"):
-        d["arms"] = {n: {"p": p, "pulls": None} for n, p in sorted(last["p"].items())}
-    else:
-        d["arms"] = {}
-
-    phases = phase_entries(layout) or [{}]
-    ph = phases[-1]
-    d["phase"] = {k: ph.get(k) for k in ("index", "label", "start_step", "caps", "floors")}
-    req = pending_request(layout)
-    d["pivot_request"] = (
-        {k: req.get(k) for k in ("label", "caps", "floors", "state", "step", "requested_at")}
-        if req
-        else None
-    )
+    d.update(_progress(cfg, recs, now))
+    d.update(_checkpoints(layout, now))
+    d["arms"] = _arms(layout, recs[-1] if recs else None)
+    d.update(_phase_and_pivot(layout))
     proxy_alive = _proxy_alive(owner, layout.root)
     d["target_steps"] = d["start_max_steps"] if proxy_alive else d["max_steps"]
     d.update(_batch_and_eta(cfg, worker, recs, d["step"], d["target_steps"]))
@@ -186,46 +112,148 @@ def collect_status(run_dir) -> dict:
         worker_state=wstate,
     )
     d["nodes"] = _nodes(layout, owner)
+    d["health"] = _health(d, recs, worker, run_dir)
+    return d
+
+
+def _step_times(recs: list[dict]) -> list[float]:
+    """The worker's own seconds per update over the last 20 records that have one."""
+    return [r["step_time"] for r in recs[-20:] if isinstance(r.get("step_time"), (int, float))]
+
+
+def _progress(cfg, recs: list[dict], now: float) -> dict:
+    """step, loss and its EMA, tokens/s, the last step's age (s) and the recent skipped updates,
+    from the history's tail `recs`."""
+    last = recs[-1] if recs else None
+    recent = recs[-20:]
+    times = _step_times(recs)
+    tok_per_step = cfg.batch_size * cfg.model.block_size
+    tps = [r["tokens_per_s"] for r in recent if isinstance(r.get("tokens_per_s"), (int, float))]
+    wall = wall_seconds_per_update(recs)
+    # wall-clock tokens/s over the ETA's window (checkpoints and audits included, as the progress
+    # line's ETA); the worker's own per-update figures are averaged by time, not by record,
+    # when the records are too few for a window (the mean of rates ran well above the truth)
+    tokens_per_s = (
+        tok_per_step / wall
+        if wall
+        else tok_per_step * len(tps) / sum(tok_per_step / t for t in tps)
+        if tps and all(t > 0 for t in tps)
+        else tok_per_step * len(times) / sum(times)
+        if times and sum(times) > 0
+        else None
+    )
+    return {
+        "step": last["step"] if last else 0,
+        "loss": last.get("loss") if last else None,
+        "loss_ema": loss_ema(recs),
+        "tokens_per_s": tokens_per_s,
+        "last_step_age_s": now - last["time"] if last and last.get("time") else None,
+        "skipped_recent": sum(1 for r in recent if r.get("skipped")),
+    }
+
+
+def _checkpoints(layout: RunLayout, now: float) -> dict:
+    """The invalid checkpoints found above the newest valid one (each message names its file),
+    the newest valid one with its manifest entry, and every checkpoint step present."""
+    present = dict(list_checkpoints(layout.root))
+    entries = read_manifest(layout.root)
+    checks = manifest_checksums(entries)
+    invalid: list[str] = []
+    valid = None
+    for s in sorted(present, reverse=True):  # newest valid: size, header, name, checksum
+        try:
+            validate_checkpoint(present[s], None, checks.get(s))
+            valid = s
+            break
+        except CheckpointError as exc:
+            invalid.append(str(exc))  # it names the file
+    newest = None
+    if valid is not None:
+        e = entries.get(valid)
+        newest = {
+            "step": valid,
+            "file": os.path.basename(str(present[valid])),
+            "reason": e.reason if e else None,
+            "pinned": e.pinned if e else None,
+            "age_s": now - e.time if e else None,
+        }
+    return {
+        "invalid_checkpoints": invalid,
+        "last_checkpoint": newest,
+        "checkpoints": sorted(present),
+    }
+
+
+def _arms(layout: RunLayout, last: dict | None) -> dict:
+    """Each arm's probability, pulls and repetition hold, from `.state.json`; else the newest
+    record's probabilities; else nothing."""
+    state = read_state(layout.state, garbage="default") or {}
+    if state.get("arms"):
+        held = (state.get("repetition") or {}).get("held") or {}
+        return {
+            n: {"p": a.get("p"), "pulls": a.get("pulls"), "held": held.get(n)}
+            for n, a in sorted(state["arms"].items())
+        }
+    if last and last.get("p"):
+        return {n: {"p": p, "pulls": None} for n, p in sorted(last["p"].items())}
+    return {}
+
+
+def _phase_and_pivot(layout: RunLayout) -> dict:
+    """The current phase (phases.json's newest entry) and the pivot request waiting, if any."""
+    ph = (phase_entries(layout) or [{}])[-1]
+    req = pending_request(layout)
+    return {
+        "phase": {k: ph.get(k) for k in ("index", "label", "start_step", "caps", "floors")},
+        "pivot_request": (
+            {k: req.get(k) for k in ("label", "caps", "floors", "state", "step", "requested_at")}
+            if req
+            else None
+        ),
+    }
+
+
+def _health(d: dict, recs: list[dict], worker: dict, run_dir) -> str:
+    """One line on the run's health from the collected status `d` (processes, step, plan), the
+    history's tail `recs` and the handshake's worker entry."""
+    last = recs[-1] if recs else None
+    times = _step_times(recs)
     usual = (sum(times) / len(times)) if times else 0.0
     age = d["last_step_age_s"]
-    if proxy_alive and worker_alive:
+    wpid, wstate = d["worker_pid"], d["worker_state"]
+    worker_alive = wstate not in (None, "Z", "X")
+    if d["proxy_alive"] and worker_alive:
         if wstate == "T":
-            health = f"STOPPED (worker pid {wpid} is stopped: SIGSTOP?); the proxy's hang timeout will act"
-        elif age is None or (
+            return f"STOPPED (worker pid {wpid} is stopped: SIGSTOP?); the proxy's hang timeout will act"
+        if age is None or (
             worker.get("started_at") and last and last.get("time", 0) < worker["started_at"]
         ):
-            health = "starting (worker up, no step yet)"
-        elif age > max(STALE_S, 10 * usual):
-            health = f"STALLED: no step for {age:.0f} s (worker state {wstate})"
-        else:
-            health = "running"
-    elif proxy_alive:
-        health = "proxy up, no worker (starting, restarting or finishing)"
-    elif worker_alive:
-        health = (
+            return "starting (worker up, no step yet)"
+        if age > max(STALE_S, 10 * usual):
+            return f"STALLED: no step for {age:.0f} s (worker state {wstate})"
+        return "running"
+    if d["proxy_alive"]:
+        return "proxy up, no worker (starting, restarting or finishing)"
+    if worker_alive:
+        return (
             f"PROXY GONE but worker pid {wpid} still runs (it should checkpoint and exit "
             "within seconds)"
         )
-    elif d["step"] >= d["max_steps"]:
-        health = "finished"
-    elif d["start_max_steps"] != d["max_steps"] and d["step"] >= d["start_max_steps"]:
-        health = (
+    if d["step"] >= d["max_steps"]:
+        return "finished"
+    if d["start_max_steps"] != d["max_steps"] and d["step"] >= d["start_max_steps"]:
+        return (
             f"stopped at the last start's --max-steps {d['start_max_steps']:,}, before the "
             f"plan's {d['max_steps']:,} (resume with `python -m proxy run --run-dir "
             f"{run_dir}`)"
         )
-    else:
-        health = f"stopped (resume with `python -m proxy run --run-dir {run_dir}`)"
-    d["health"] = health
-    return d
+    return f"stopped (resume with `python -m proxy run --run-dir {run_dir}`)"
 
 
 def _nodes(layout: RunLayout, owner: dict | None) -> list[dict]:
     """The nodes of a multi-node run's current job (docs/architecture.md#several-nodes): each
     node record of the owner's job (host, pid, role, node rank, its ranks' pids, heartbeat age,
     alive); [] for a single-node run."""
-    from proxy.supervision.nodes import node_records, record_alive
-
     token = ((owner or {}).get("job") or {}).get("token")
     if not token:
         return []
@@ -283,23 +311,35 @@ def _duration(s: float) -> str:
 
 
 def format_status(d: dict) -> str:
-    """The human-readable table of `collect_status`'s dict."""
+    """The human-readable table of `collect_status`'s dict: who runs it, the phase, training
+    progress, the newest checkpoint and the arms, one line each (`nodes`: one per node)."""
+    return "\n".join(
+        _run_lines(d) + _phase_lines(d) + _progress_lines(d) + _checkpoint_lines(d) + _arm_lines(d)
+    )
+
+
+def _holder(d: dict) -> str:
+    """Who holds (or last held) the run lock, in words."""
     if not d["proxy_pid"]:
-        holder = "no proxy (none has held the run lock)"
-    elif d.get("lock_holder", "run") == "run":
-        holder = (
+        return "no proxy (none has held the run lock)"
+    if d.get("lock_holder", "run") == "run":
+        return (
             f"proxy pid {d['proxy_pid']} on {d['proxy_host']} "
             f"({'alive' if d['proxy_alive'] else 'not running'})"
         )
-    else:  # a stopped run's pivot took the lock last: that pid was never a proxy
-        holder = (
-            f"no proxy since the `{d['lock_holder']}` command (pid {d['proxy_pid']}, "
-            f"{'running' if d['proxy_alive'] else 'done'}) last held the run lock"
-        )
+    # a stopped run's pivot took the lock last: that pid was never a proxy
+    return (
+        f"no proxy since the `{d['lock_holder']}` command (pid {d['proxy_pid']}, "
+        f"{'running' if d['proxy_alive'] else 'done'}) last held the run lock"
+    )
+
+
+def _run_lines(d: dict) -> list[str]:
+    """run, health, processes, step, and each node of a multi-node run."""
     lines = [
         f"run         {d['run_dir']}  ({d['preset']}, {d['n_params']:,} parameters)",
         f"health      {d['health']}",
-        f"processes   {holder}, worker pid {d['worker_pid'] or '-'}"
+        f"processes   {_holder(d)}, worker pid {d['worker_pid'] or '-'}"
         + (f" (state {d['worker_state']})" if d["worker_pid"] else ""),
         f"step        {d['step']:,} / {d['max_steps']:,}"
         + (
@@ -319,6 +359,12 @@ def format_status(d: dict) -> str:
             f"({'alive' if n['alive'] else 'gone'}, heartbeat {n['heartbeat_age_s']:.0f} s "
             f"ago), ranks {', '.join(map(str, n['ranks'])) or '-'}"
         )
+    return lines
+
+
+def _phase_lines(d: dict) -> list[str]:
+    """The current phase and a pending pivot request."""
+    lines = []
     ph = d.get("phase") or {}
     if ph.get("index") is not None:
         lines.append(
@@ -332,6 +378,12 @@ def format_status(d: dict) -> str:
             f"pivot       pending: {pr['label']!r} ({pr['state']}{at}) caps "
             f"{_bounds(pr.get('caps'))} floors {_bounds(pr.get('floors'))}"
         )
+    return lines
+
+
+def _progress_lines(d: dict) -> list[str]:
+    """loss and its EMA, skipped updates, tokens/s, the update's shape and the projection."""
+    lines = []
     if d["loss"] is not None:
         ema = f"{d['loss_ema']:.4f}" if d["loss_ema"] is not None else "-"
         lines.append(f"loss        {d['loss']:.4f}  (EMA {ema})")
@@ -357,6 +409,11 @@ def format_status(d: dict) -> str:
             f"projected   {_duration(d['eta_s'])} to step {d['target_steps']:,} "
             f"({d['seconds_per_update']:.2f} s per update)"
         )
+    return lines
+
+
+def _checkpoint_lines(d: dict) -> list[str]:
+    """The newest valid checkpoint, then every invalid one above it."""
     c = d["last_checkpoint"]
     if c:
         extra = ", ".join(
@@ -368,25 +425,26 @@ def format_status(d: dict) -> str:
             )
             if x
         )
-        lines.append(
-            f"checkpoint  {c['file']} (step {c['step']:,}" + (f", {extra})" if extra else ")")
-        )
+        lines = [f"checkpoint  {c['file']} (step {c['step']:,}" + (f", {extra})" if extra else ")")]
     else:
-        lines.append("checkpoint  none yet")
-    for bad in d.get("invalid_checkpoints", []):
-        lines.append(f"INVALID     {bad}")
-    if d["arms"]:
-        lines.append(
-            "arms        "
-            + "  ".join(
-                f"{n}: p={a['p']:.3f}"
-                + (f" pulls={a['pulls']}" if a.get("pulls") is not None else "")
-                + (f" held<={a['held']:.3f} (repetitive)" if a.get("held") is not None else "")
-                for n, a in d["arms"].items()
-                if a.get("p") is not None
-            )
+        lines = ["checkpoint  none yet"]
+    return lines + [f"INVALID     {bad}" for bad in d.get("invalid_checkpoints", [])]
+
+
+def _arm_lines(d: dict) -> list[str]:
+    """Each arm's probability, pulls and repetition hold, on one line."""
+    if not d["arms"]:
+        return []
+    return [
+        "arms        "
+        + "  ".join(
+            f"{n}: p={a['p']:.3f}"
+            + (f" pulls={a['pulls']}" if a.get("pulls") is not None else "")
+            + (f" held<={a['held']:.3f} (repetitive)" if a.get("held") is not None else "")
+            for n, a in d["arms"].items()
+            if a.get("p") is not None
         )
-    return "\n".join(lines)
+    ]
 
 
 def add_status_args(p) -> None:

@@ -24,13 +24,13 @@ of the incarnation (`stamp_changes`). Replays apply the log at the same steps, s
 the log existed have per-arm "retired" entries only; they are read as retire changes.
 
 What it is not: the bandit arithmetic of joining or leaving (proxy/mixture/bandit.py), tokenizing an
-arm (shared/arm_data.py).
+arm, or reading and writing `data/arms.json` (shared/arm_data.py, the file's one owner: this
+module edits the content it reads and hands it back).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -38,7 +38,14 @@ from dataclasses import dataclass
 
 from proxy.mixture.bandit import BanditConfigError, resolve_bounds
 from proxy.run_files.phases import read_phases
-from shared.arm_data import ArmData, prepare_arm, read_arm_index
+from shared.arm_data import (
+    ArmData,
+    prepare_arm,
+    read_arm_index,
+    read_arm_index_doc,
+    write_arm_index_doc,
+)
+from shared.arm_checks import check_arms
 from shared.arms import ArmSourceError, content_fingerprint, source_fingerprint
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, ConfigError, RunConfig
@@ -61,11 +68,6 @@ class ArmChange:
     action: str
     arm: str
     reason: str
-
-
-def _load(layout: RunLayout) -> dict:
-    read_arm_index(layout, include_retired=True)  # the missing/garbage file errors, named
-    return json.loads(layout.arms_index.read_text())
 
 
 def _changes_of(d: dict) -> list[ArmChange]:
@@ -96,7 +98,7 @@ def read_changes(layout: RunLayout) -> list[ArmChange]:
     """The run's arm-change log, oldest first. Raises ArmSourceError naming `data/arms.json`
     when it is missing or unreadable."""
     try:
-        return _changes_of(_load(layout))
+        return _changes_of(read_arm_index_doc(layout))
     except (KeyError, TypeError, ValueError) as e:
         raise ArmSourceError(
             f"{layout.arms_index}: arm-change log unreadable ({e}); restore the file from a backup"
@@ -109,7 +111,7 @@ def append_changes(
     """Append changes (step, action, arm, reason) to the log, keeping the per-arm "retired"
     status the worker reads in step with it; one atomic rewrite of `data/arms.json` (with `d`,
     an already-edited copy of it, when given). Returns the whole log."""
-    d = _load(layout) if d is None else d
+    d = read_arm_index_doc(layout) if d is None else d
     changes = _changes_of(d)
     nxt = max((c.id for c in changes), default=-1) + 1
     by_name = {a["name"]: a for a in d["arms"]}
@@ -119,7 +121,7 @@ def append_changes(
         changes.append(ArmChange(nxt + i, step, action, arm, reason))
         by_name[arm]["retired"] = {"step": step, "reason": reason} if action == "retire" else None
     _store(d, changes)
-    atomic_write_json(layout.arms_index, d)
+    write_arm_index_doc(layout, d)
     return changes
 
 
@@ -128,7 +130,7 @@ def stamp_changes(layout: RunLayout, resume_step: int) -> list[ArmChange]:
     moved back to it (a resume from an older checkpoint must not train on a removed arm, nor
     without an added one, past that checkpoint). Written back when anything moved, so every
     later replay agrees. Returns the whole log."""
-    d = _load(layout)
+    d = read_arm_index_doc(layout)
     changes = _changes_of(d)
     fixed = [
         c
@@ -143,7 +145,7 @@ def stamp_changes(layout: RunLayout, resume_step: int) -> list[ArmChange]:
             ):
                 a["retired"]["step"] = resume_step
         _store(d, fixed)
-        atomic_write_json(layout.arms_index, d)
+        write_arm_index_doc(layout, d)
     return fixed
 
 
@@ -230,8 +232,6 @@ def plan_arm_set(
                 "retire it"
             )
     added = [s for s in new_specs if s.name not in old and s.name not in index]
-    from shared.arm_sources import check_arms
-
     problems = check_arms(added)  # every new arm, all at once, before any work
     if problems:
         raise ConfigError(
@@ -297,7 +297,7 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
                     (layout.root / a.path).unlink(missing_ok=True)
                 (layout.data / f"{a.name}.done.json").unlink(missing_ok=True)
             raise
-    d = _load(layout)
+    d = read_arm_index_doc(layout)
     for a in prepared:
         entry = dataclasses.asdict(a)
         d["arms"].append(entry)

@@ -567,6 +567,24 @@ class Bandit:
         self.version += 1
 
     # -- arms and phases --------------------------------------------------------------------
+    def _per_arm_dicts(self) -> tuple[dict[str, Any], ...]:
+        """The phase's per-arm dicts, keyed by arm name, that an arm leaves (`retire`) or joins
+        (`add_arm`) with; `logw` apart, which both re-base on its largest value."""
+        return (
+            self.floors,
+            self.caps,
+            self.pulls,
+            self.pulls_lifetime,
+            self.ema_acc,
+            self.ema_n,
+            self.last_probe,
+            self.prior,
+            self.p_acc,
+            self.period_sum,
+            self.period_n,
+            self.fits,
+        )
+
     def retire(self, name: str, reason: str) -> None:
         """Move arm `name` to the retired section (with `reason` and its stats); never pulled again.
 
@@ -606,21 +624,7 @@ class Bandit:
             "last_probe": self.last_probe[name],
         }
         self.arms = rest
-        for d in (
-            self.floors,
-            self.caps,
-            self.pulls,
-            self.pulls_lifetime,
-            self.ema_acc,
-            self.ema_n,
-            self.last_probe,
-            self.prior,
-            self.logw,
-            self.p_acc,
-            self.period_sum,
-            self.period_n,
-            self.fits,
-        ):
+        for d in (*self._per_arm_dicts(), self.logw):
             del d[name]
         self.held.pop(name, None)
         self.repeated.pop(name, None)
@@ -676,20 +680,7 @@ class Bandit:
                 self.prior[name] = float(old.get("prior", 0.0))
         top = max(self.logw.values())
         self.logw = {a: self.logw[a] - top for a in self.arms}
-        for d in (
-            self.floors,
-            self.caps,
-            self.pulls,
-            self.pulls_lifetime,
-            self.ema_acc,
-            self.ema_n,
-            self.last_probe,
-            self.prior,
-            self.p_acc,
-            self.period_sum,
-            self.period_n,
-            self.fits,
-        ):
+        for d in self._per_arm_dicts():
             items: list[tuple[str, Any]] = sorted(d.items())
             d.clear()
             d.update(items)

@@ -186,6 +186,8 @@ def suggested_prompt(layout) -> str:
     arm's token file, decoded (at most PROMPT_CHARS characters, cut at a word's end), so the
     suggestion fits a C corpus as well as Python; "The " when it cannot be read."""
     try:
+        # the tokenizers library costs ~0.35 s to import: only `run`'s start-up line needs it,
+        # and `status` imports this module
         import numpy as np
         from shared.arm_data import read_arm_index
         from shared.tokenizer import RunTokenizer

@@ -36,6 +36,9 @@ import time
 from typing import Any
 from pathlib import Path
 
+from proxy.run_files.loss_ema import LossEma
+from shared.loss_history import iter_records
+
 log = logging.getLogger("proxy")
 
 INSTALL_HINT = "pip install -e '.[tensorboard]'"
@@ -200,9 +203,6 @@ class TensorBoardLog:
     def _backfill(self, step: int, loss_path: Path, samples_path: Path | None) -> bool:
         """Write the records and audits up to `step` that the event files lack; True when one
         of them lies before a step the files hold (they then need sorting)."""
-        from proxy.run_files.loss_ema import LossEma
-        from shared.loss_history import iter_records
-
         steps, audits = self.logged_ranges()
         n_steps = n_audits = 0
         first_new = None

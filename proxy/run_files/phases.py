@@ -52,6 +52,16 @@ def write_phases(layout: RunLayout, phases: list[Phase]) -> None:
     atomic_write_json(layout.phases, {"phases": [dataclasses.asdict(p) for p in phases]})
 
 
+def copy_phases(src: RunLayout, dst: RunLayout, step: int) -> None:
+    """Write into `dst` the phases of `src` that started at or before checkpoint `step` (at least
+    the first), each entry as the source stores it, fields this version does not know included
+    (an audit fork, proxy/commands/fork.py). Raises OSError or ValueError when the source's file
+    is missing or not JSON."""
+    d = json.loads(src.phases.read_text())
+    d["phases"] = [p for p in d["phases"] if p["start_step"] <= step] or d["phases"][:1]
+    atomic_write_json(dst.phases, d)
+
+
 def phase_entries(layout: RunLayout) -> list[dict]:
     """The raw entries of `phases.json`, oldest first; [] when it is missing or unreadable (for
     readers that must not fail on it: `status`, `plot`)."""

@@ -86,8 +86,6 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     """Define every `run` option on parser `ap`, each with its help text and default. The
     defaults are stated once: run.json's in RunConfig (these options default to None, so that a
     resume can tell an option given from one left out), the rest in ProxyOptions."""
-    rc, po = RunConfig(), ProxyOptions()
-    g = ap.add_argument_group("the run (fixed at creation in run.json)")
     ap.add_argument(
         "--run-dir",
         required=True,
@@ -101,6 +99,15 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
         help="read any of these options from a TOML file (keys: the long names, "
         "with _ or -); the command line overrides it (docs/configuration.md)",
     )
+    rc, po = RunConfig(), ProxyOptions()
+    _add_run_json_args(ap.add_argument_group("the run (fixed at creation in run.json)"), rc)
+    _add_arm_args(ap.add_argument_group("arms and the bandit"), rc)
+    _add_start_args(ap.add_argument_group("this start (may change at every start)"), po)
+    _add_launch_args(ap.add_argument_group("several ranks (torchrun) and speed"))
+
+
+def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
+    """The options fixed at creation in run.json (defaults: `rc`'s, shown in the help)."""
     g.add_argument(
         "--preset",
         choices=sorted(PRESETS),
@@ -175,7 +182,10 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
         metavar="N",
         help="explicit cap on tokens per arm, said in the log (default: every token of every arm)",
     )
-    g = ap.add_argument_group("arms and the bandit")
+
+
+def _add_arm_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
+    """The arms and the bandit's options."""
     g.add_argument(
         "--arm",
         action="append",
@@ -218,7 +228,10 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"steps sampled from the prior before the bandit adapts ({rc.bandit_warmup})",
     )
-    g = ap.add_argument_group("this start (may change at every start)")
+
+
+def _add_start_args(g: argparse._ArgumentGroup, po: ProxyOptions) -> None:
+    """The options of this start (they may change at every start; defaults: `po`'s)."""
     g.add_argument(
         "--max-steps",
         type=int,
@@ -313,7 +326,10 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start at step 0 even though the history has records but no checkpoint",
     )
-    g = ap.add_argument_group("several ranks (torchrun) and speed")
+
+
+def _add_launch_args(g: argparse._ArgumentGroup) -> None:
+    """The options of several ranks (torchrun's) and of speed."""
     g.add_argument(
         "--nproc-per-node",
         type=int,

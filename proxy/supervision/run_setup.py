@@ -21,7 +21,8 @@ from proxy.mixture.bandit import resolve_bounds
 from proxy.run_files.phases import Phase, write_phases
 from shared import stop_request
 from shared.arm_data import prepare_arm, write_arm_index
-from shared.arm_sources import check_arms, open_arm, sample_text
+from shared.arm_checks import check_arms
+from shared.arm_sources import open_arm, sample_text
 from shared.arm_tokenize import pin_mmap_threshold, release_free_memory
 from shared.arms import ArmSourceError, source_fingerprint
 from shared.atomic_io import atomic_write_json, clean_stale_writes, read_json
@@ -118,7 +119,7 @@ def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
 
     Raises ConfigError (bad numbers, infeasible caps/floors, missing, corrupt or tiny arm
     sources) before the run directory holds a run.json; arms already complete are kept. Every
-    arm is checked before anything is written (shared/arm_sources.check_arms): all problems in
+    arm is checked before anything is written (shared/arm_checks.check_arms): all problems in
     one ArmSourceError (docs/data.md#checks-before-any-work)."""
     cfg.validate()
     pin_mmap_threshold()  # before BPE training too: peak memory that does not grow with the corpus
