@@ -46,17 +46,20 @@ from proxy.supervision.launch import (
     signal_pids,
     static_argv,
 )
+from proxy.supervision import beacon
 from proxy.supervision.beacon import Beacon
 from proxy.supervision.nodes import (
     NODE_STALE_S,
     NodeRecord,
+    NodeSetupError,
+    assign_node_rank,
     node_records,
     read_job,
     read_json,
     nodes_dir,
     record_alive,
 )
-from shared.exit_codes import EXIT_FAILED, EXIT_OK
+from shared.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
@@ -358,9 +361,6 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
     """`run` on a run directory whose lock another proxy holds, with --nnodes > 1: join it as a
     follower when it is the owner of the same job, else refuse (exit 2) naming the mismatch,
     before anything is written. Returns the exit code."""
-    from proxy.supervision.nodes import NodeSetupError, assign_node_rank
-    from shared.exit_codes import EXIT_USAGE
-
     owner = err.owner
     t0, said = time.monotonic(), False
     # The lock's new holder may not have replaced the last owner's record yet (nodes started
@@ -401,8 +401,7 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
             why,
         )
         return EXIT_USAGE
-    from proxy.supervision import beacon  # this node on the endpoint's host answers for the job
-
+    # this node on the endpoint's host answers for the job
     served = beacon.serve(
         a.rdzv_endpoint,
         {

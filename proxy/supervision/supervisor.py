@@ -73,6 +73,7 @@ from shared.config import RunConfig
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
 from shared.loss_history import LossHistory
+from shared.procfs import seconds_since_start
 from shared.run_layout import RunLayout
 from shared.worker_options import WorkerOptions
 
@@ -510,8 +511,6 @@ class Supervisor:
         )
         self.stats.new_worker()  # hello and "stopped" are per worker, not per proxy
         self.proc = self._spawn(point.path, point.verified)
-        from shared.procfs import seconds_since_start
-
         log.debug(
             "start-up: worker %d spawned %.3f s after the proxy's launch",
             self.proc.pid,
