@@ -98,8 +98,9 @@ def test_a_refused_restart_of_an_interrupted_creation_keeps_its_directory(tmp_pa
 
 
 def test_a_refused_start_in_an_empty_directory_that_existed_leaves_it_empty(tmp_path):
-    """It said "nothing was written" but left `.proxy.lock`, `.proxy.owner.json` and logs/ in
-    the directory the user had made for the run; now what the start added goes again."""
+    """A start refused at the arm checks says "nothing was written", and in a directory the user
+    made for the run it leaves it as it found it: no `.proxy.lock`, `.proxy.owner.json` or
+    logs/ (what the start added is removed)."""
     run = tmp_path / "run"
     run.mkdir()
     r = run_proxy(run, "--tokenizer", "bytes", "--max-steps", "1",
