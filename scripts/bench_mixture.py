@@ -1,50 +1,51 @@
 #!/usr/bin/env python3
 """Benchmark (docs/bandit.md#how-we-show-it-works): does the default mixture policy pay?
 
-Same tiny model (andrea-test), same compute, same seeds, on two arm sets of different character
-(A: the embedded default arms, docstrings / code / reference docs; B: the standard library's C
-headers, its test files and IDLE's English prose; local files only), each in the box floors 0.1,
-caps 0.6 on every arm:
+Same tiny model (andrea-test), same compute, same seeds, on arm sets of different character,
+local files only, each in the box floors 0.1, caps 0.6 on every arm:
+  A     the embedded default arms (docstrings / code / reference docs)           role: alike
+  B     this Python's C headers, its test files and IDLE's English prose           role: alike
+  C     the codecs' generated charmap tables, C headers, pydoc's topics            role: alike
+  D     two real arms beside an unlearnable one (base64 of seeded random bytes)    mixing matters
+  F     a small arm (the LICENSE) repeated many epochs within the run, two large    candidate
+  trap  A plus a repetitive, list-like arm ("- item 3: region region region")      role: trap
+A set counts as "mixing matters" only where the smoothed oracle's gain within the limits is at
+least three standard errors (else it is judged as alike). Policies (rows):
   static      the natural mixture (proportional to each arm's training tokens), projected into the box
   stratified  uniform within the box (Aioli's strong baseline; the reference of every ratio)
   odm         the bandit with reward train_loss (ODM, Albalak et al. 2023)
-  default     the bandit with its default configuration (reward heldout_progress)
-  fixed[...]  the oracle: every fixed mixture of a grid over the box (step --grid-step, 0.1),
-              best one per set = the "available gain" (stratified - best fixed); the default's
-              captured share = (stratified - default) / (stratified - best fixed)
-Runs in-process (no proxy): the worker's model, optimizer, sampler and the proxy's
-MixtureController, with the same one-period policy lag as a real run, and the probe the worker
-runs (shared/config.py `probe_plan`: its size from the config, <= probe_budget of training FLOPs).
-The comparison charges the bandit for its probes: every policy that does not probe (static,
-stratified, fixed) trains extra steps whose training FLOPs equal the default's probe forwards
-(a forward is 1/3 of a training step per token), with its learning-rate schedule stretched to
-match; so all rows spend the same compute. For a given seed every policy starts from the same
-initialisation.
+  probe       the bandit with the held-out probe's reward (heldout_progress), its probe charged
+  default     the bandit as a run gets it: reward train_slope, lambda_rule max_bound (free: no
+              probe; docs/bandit.md#the-default-policy)
+  fixed[...]  the oracle: fixed mixtures over the box (`--oracle-design grid|sparse|mini`), smoothed
+              by a quadratic fit; the default's captured share = (stratified - default) /
+              (stratified - best fixed within the limits)
+Runs in-process (no proxy): the worker's model, optimizer and sampler and the proxy's
+MixtureController, with the same one-period policy lag as a real run. A policy that reads the
+probe is charged for it: every row that does not probe trains extra steps whose FLOPs equal the
+probe's forwards (a forward is 1/3 of a training step per token), with its learning-rate schedule
+stretched to match, so all rows spend the same compute. For a given seed every policy starts from
+the same initialisation.
 
 What is scored: at the end, each arm's mean loss (nats/token) on a FIXED evaluation set from the
-arm's held-out split (never trained on) that is DISJOINT from the bandit's probe windows
-(`ArmSampler.heldout_windows(name, probe_sequences)`, for every probe size in use), so the
-heldout_progress reward never sees the windows it is judged on. The evaluation windows are the
-non-overlapping block+1 tiles of the held-out split minus every tile that overlaps a probe window:
-all of them by default, or `--eval-windows N` evenly spaced among them. Per seed: the mean over
-arms and the worst arm. The table averages over seeds, gives ratios to stratified, and the paired
-(same-seed) difference to stratified with its standard error over seeds. It also checks that no
-posted p ever left its box.
+arm's held-out split (never trained on) that is DISJOINT from the probe windows, so the probe's
+reward never sees the windows it is judged on. Per seed: the mean over the learnable arms (D's
+noise arm left out, and the mean over all arms reported too) and the worst arm. Each row: n, the
+paired (same-seed) difference to stratified with its standard deviation, 95 % interval and t;
+the targets of docs/bandit.md#targets with Holm's correction over the sets in one invocation;
+that no posted p ever left its box; the trap arm's p against its value after the warm-up; what
+a target missed, by how much.
 
-`--trap` adds the collapse trap: set A plus an arm of repetitive, list-like text ("- item 3:
-region region region"); the default must never raise that arm's probability above the prior it
-holds after the warm-up (the repetition guard, docs/bandit.md#the-repetition-guard), and the odm
-row and a `default[no guard]` row (the default with the guard off) show whether the trap is real.
+`--variant` adds rows of the default policy under other values of BanditConfig fields, e.g.
+`--variant z1:confidence_z=1`. `--cache FILE...` keeps every run's result, keyed by what it is a
+function of (the policy source's hash for bandit rows), so a rerun trains only what is missing;
+`--cached-only` reports without training. `--quick` (sets A, D, F, trap; 150 steps; 2 seeds; no
+oracle) is what the slow test runs. The last lines are one machine-readable `RESULT {...}` per
+arm set.
 
-The run configuration's bandit knobs (bandit_warmup, probe_every, probe_sequences) are options;
-`--variant` adds rows of the default policy under other values of them or of BanditConfig
-fields, e.g. `--variant fast:warmup=0,probe_every=5,eta=0.5`. `--cache FILE` keeps the fixed
-mixtures' results (they do not depend on the bandit) so a rerun only trains the bandit rows.
-The last lines are one machine-readable `RESULT {...}` per arm set.
-
-    python scripts/bench_mixture.py [--sets A B] [--steps 300] [--seeds 1 2 3 4 5] [--trap]
-        [--grid-step 0.1 | --no-oracle] [--cache FILE] [--eval-windows 0] [--bandit-warmup 50]
-        [--probe-every 10] [--probe-sequences 8] [--policies ...] [--variant NAME:KEY=V,...]
+    python scripts/bench_mixture.py [--sets A B C D F trap] [--steps 300] [--seeds 1 2 3 4 5]
+        [--oracle-sets D F] [--oracle-design mini] [--oracle-seeds 3] [--no-oracle] [--quick]
+        [--cache FILE ...] [--cached-only] [--policies ...] [--variant NAME:KEY=V,...]
 """
 import argparse
 import copy
