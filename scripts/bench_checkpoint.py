@@ -32,6 +32,7 @@ sides of the load pair read a file just written (page cache warm for both).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pathlib
 import statistics
@@ -457,9 +458,11 @@ def lost_training_time(d: pathlib.Path, a) -> None:
                 fig = "checkpoint_cost_vs_torch_save" if side == "ours" else \
                     f"checkpoint_cost_{side}_vs_torch_save"
                 ours_side = side == "ours"
+                def num(x):   # strict JSON: an unbounded end (baseline lost in noise) is null
+                    return round(x, 4) if math.isfinite(x) else None
                 print("RESULT " + json.dumps({
-                    "figure": fig, "ratio": round(ratio, 4), "low": round(lo, 4),
-                    "high": round(hi, 4), "target": target if ours_side else None,
+                    "figure": fig, "ratio": num(ratio), "low": num(lo),
+                    "high": num(hi), "target": target if ours_side else None,
                     "met": met if ours_side else None, "rounds": len(rows)}))
 
 
