@@ -16,12 +16,15 @@ current directory), alternating the two sides of each pair and reporting medians
           (also shown: vs write_checkpoint of the live arrays, no copy, in the training thread)
   load    load_checkpoint (validated, one readinto) vs np.fromfile of the same file
           target <= 1.20; also shown: the load with the manifest checksum verified (resume)
-  cost    (--cost) lost training time: a window of --window real andrea-12m training steps
-          (worker.trainer.Trainer.train_step, batch 1 x 1024) with one checkpoint taken after
-          its first step, minus the same window without one; ours (Trainer.checkpoint: the
-          copy and checksum run in the writer thread while training goes on) vs nanoGPT's
-          blocking save (torch.save of the weights and AdamW state in the training thread).
-          Paired rounds (scripts/bench_stats.py); the ratio of the median costs counts.
+  cost    (--cost) lost training time per checkpoint, in probes: K+1 real andrea-12m training
+          steps (worker.trainer.Trainer.train_step, batch 1 x 1024) without a checkpoint, then
+          K+1 with one taken after the first and its write waited for; the difference is the
+          cost, against a baseline seconds old. Ours (Trainer.checkpoint: the copy and
+          checksum run in the writer thread while training goes on) vs nanoGPT's blocking save
+          (torch.save of the weights and AdamW state in the training thread), probes
+          alternating, --cost-rounds pairs. Ratio of the mean costs with a bootstrap interval;
+          verdict from the paired differences ours - 0.5 x torch.save  target <= 0.5
+          Wall time, process CPU and training-thread CPU (CPU time hardly moves with load).
 
 Both sides of the write pair end in fsync, so neither is flattered by the page cache; both
 sides of the load pair read a file just written (page cache warm for both).
@@ -29,6 +32,7 @@ sides of the load pair read a file just written (page cache warm for both).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pathlib
 import statistics
@@ -73,9 +77,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n-params", type=int, default=N_12M)
     ap.add_argument("--cost", action="store_true",
                     help="also measure a checkpoint's cost as lost training time (slow: trains)")
-    ap.add_argument("--window", type=int, default=41, help="training steps per --cost window")
-    ap.add_argument("--every", type=int, default=10, help="--cost: steps between checkpoints")
-    ap.add_argument("--cost-rounds", type=int, default=8, help="--cost: paired rounds")
+    ap.add_argument("--k-steps", type=int, default=6,
+                    help="--cost: steps after the checkpoint's own step in each probe (K)")
+    ap.add_argument("--cost-rounds", type=int, default=16, help="--cost: pairs of probes")
     ap.add_argument("--cost-only", action="store_true", help="measure --cost alone")
     ap.add_argument("--profile", action="store_true",
                     help="CPU time of each stage of a background checkpoint, per thread")
@@ -284,20 +288,35 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
         print(f"  {name:<46} CPU {statistics.median(x[0] for x in xs):.3f} s   wall "
               f"{statistics.median(x[1] for x in xs):.3f} s")
     buf = bytearray(cf.expected_size(n))
-    c0 = time.thread_time()
-    zlib.crc32(buf)
-    print(f"  {'crc32 of the same bytes (its own thread)':<46} CPU {time.thread_time() - c0:.3f} s")
+    for name, fn in (("crc32 of the same bytes (checkpoint_format)", cf.crc32),
+                     ("zlib.crc32 of the same bytes", zlib.crc32)):
+        c0 = time.thread_time()
+        fn(buf)
+        print(f"  {name:<46} CPU {time.thread_time() - c0:.3f} s")
+    del buf
+    # nanoGPT's blocking save of the same three tensors, in this (the training) thread: all of
+    # its CPU is time training waits for; its wall time adds the page-cache writes' waits
+    saves = []
+    for i in range(rounds):
+        c0, t0 = time.thread_time(), time.perf_counter()
+        torch.save({"model": w, "exp_avg": m, "exp_avg_sq": v}, d / "ckpt.pt")
+        saves.append((time.thread_time() - c0, time.perf_counter() - t0))
+        os.unlink(d / "ckpt.pt")
+    saves = saves[1:] or saves
+    print(f"  {'torch.save of the same tensors (blocking)':<46} CPU "
+          f"{statistics.median(x[0] for x in saves):.3f} s   wall "
+          f"{statistics.median(x[1] for x in saves):.3f} s")
 
 
 COST_CHILD = r"""
-import json, logging, os, sys, time
+import json, logging, os, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
 from worker.signals import SignalFlags
 from worker.trainer import Trainer, WorkerOptions
 from worker.checkpointer import WRITER_NICE
-run, rounds, steps, every, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-extra = sys.argv[7].split(",") if len(sys.argv) > 7 and sys.argv[7] else []
+run, pairs, K, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+extra = sys.argv[6].split(",") if len(sys.argv) > 6 and sys.argv[6] else []
 logging.getLogger("worker").setLevel(logging.WARNING)
 tr = Trainer(WorkerOptions(run_dir=run, device="cpu", keep_last=2, keep_every=0), SignalFlags())
 probs = {n: 1.0 / len(tr.sampler.names) for n in tr.sampler.names}
@@ -322,83 +341,129 @@ def optimizer_state_dict():   # what torch.optim.AdamW.state_dict() holds: the s
 def blocking(step):   # nanoGPT train.py: torch.save(checkpoint, os.path.join(out_dir, "ckpt.pt"))
     torch.save({"model": tr.model.state_dict(), "optimizer": optimizer_state_dict(),
                 "iter_num": step}, os.path.join(out, "ckpt.pt"))
-def window(save):
-    c0, t0 = os.times(), time.perf_counter()
-    for i in range(steps):
+def clocks():
+    t = os.times()
+    return time.perf_counter(), t.user + t.system, time.thread_time()
+def steps(n, save=None):
+    # n training steps, `save` (if any) after the first; then the write still in flight is
+    # waited for, so all of it counts. Returns (wall, process CPU, training-thread CPU).
+    a = clocks()
+    for i in range(n):
         k[0] += 1
         tr.train_step(k[0], probs)
-        if save is not None and (i + 1) % every == 0 and i + 1 < steps:
+        if save is not None and i == 0:
             save(k[0])
-    tr.ckpt.wait()   # a write still going at the end counts against the window
-    c1 = os.times()
-    return time.perf_counter() - t0, (c1.user + c1.system) - (c0.user + c0.system)
-window(None)          # warm-up: allocator, thread pool, first checkpoint buffer touched
-window(ours)
-window(blocking)
-table = {"never": None, "ours": ours, "blocking": blocking, "plain": plain, "sync_copy": sync_copy}
-names = ["never", "ours", "blocking"] + extra
-for r in range(rounds):
-    got = {}
+    tr.ckpt.wait()
+    b = clocks()
+    return [y - x for x, y in zip(a, b)]
+def probe(save):
+    # the K+1 steps before (no checkpoint) and the K+1 steps from the checkpoint on: the
+    # checkpoint's cost is the difference, against a baseline taken seconds before it
+    before = steps(K + 1)
+    after = steps(K + 1, save)
+    return [y - x for x, y in zip(before, after)]
+steps(2 * K, None); steps(K + 1, ours); steps(K + 1, blocking)   # warm-up
+table = {"ours": ours, "blocking": blocking, "plain": plain, "sync_copy": sync_copy}
+names = ["ours", "blocking"] + extra
+for r in range(pairs):
     order = names[r % len(names):] + names[:r % len(names)]   # rotate: each side in each slot
     if r % 2:
         order.reverse()
-    for side in order:
-        got[side] = window(table[side])
-    print(json.dumps({"round": r + 1, **{s: {"wall": w, "cpu": c} for s, (w, c) in got.items()}}),
+    got = {side: probe(table[side]) for side in order}
+    print(json.dumps({"pair": r + 1, "load": os.getloadavg()[0],
+                      **{s: dict(zip(("wall", "cpu", "thread_cpu"), v)) for s, v in got.items()}}),
           flush=True)
 """
 
 
+def bootstrap_ratio_ci(a: list[float], b: list[float], seed: int = 0, n: int = 2000,
+                       conf: float = 0.95) -> tuple[float, float, float]:
+    """(ratio, low, high): sum(a) / sum(b) (the ratio of the mean costs) and its percentile
+    bootstrap interval, resampling the pairs (a_i, b_i) together (Efron & Tibshirani, "An
+    Introduction to the Bootstrap", 1993, ch. 13). Resamples whose sum(b) <= 0 count as an
+    infinite ratio (the baseline cost is lost in the noise). Raises ValueError on no pairs."""
+    import random
+    if not a or len(a) != len(b):
+        raise ValueError(f"bootstrap_ratio_ci needs pairs: {len(a)} and {len(b)} values")
+    rng = random.Random(seed)
+    idx = range(len(a))
+    rs = []
+    for _ in range(n):
+        pick = [rng.choice(idx) for _ in idx]
+        sb = sum(b[i] for i in pick)
+        rs.append(sum(a[i] for i in pick) / sb if sb > 0 else float("inf"))
+    rs.sort()
+    lo, hi = rs[int((1 - conf) / 2 * n)], rs[int((1 + conf) / 2 * n) - 1]
+    return sum(a) / sum(b) if sum(b) > 0 else float("inf"), lo, hi
+
+
 def lost_training_time(d: pathlib.Path, a) -> None:
-    """What checkpoints cost a real training loop, as lost time over long windows: a window of
-    --window steps with a checkpoint every --every steps minus the same window without any,
-    ours (Trainer.checkpoint) vs nanoGPT's blocking torch.save, in one fresh process (not the
-    one that created the run: create_run pins glibc's mmap threshold), sides interleaved in
-    rotating order, --cost-rounds rounds."""
+    """What a checkpoint costs a real training loop, as lost time, measured so that a loaded
+    machine can still decide: in one fresh process (not the one that created the run:
+    create_run pins glibc's mmap threshold), each probe times K+1 training steps without a
+    checkpoint and right after them K+1 steps with one taken after the first (the write waited
+    for at the end, so all of it counts); the cost is the difference, against a baseline
+    seconds old instead of minutes. Probes of ours (Trainer.checkpoint) and nanoGPT's blocking
+    torch.save alternate, in rotating order, --cost-rounds pairs. The figure is the ratio of
+    the mean costs with a bootstrap interval over pairs, plus a paired test of
+    ours - 0.5 x torch.save (95 % interval of its median) that decides the target without
+    dividing by a noisy number. Wall time, process CPU time and the training thread's CPU time
+    are all reported: CPU time hardly moves with other processes' load."""
     import json
     import subprocess
-    from scripts.bench_stats import PairedRatio, ROOT as REPO
+    from scripts.bench_stats import ROOT as REPO, decide, median_ci
     from scripts.bench_train import make_run_fresh
     run = make_run_fresh(d / "cost", 1)
     out = d / "nanogpt"
     out.mkdir()
-    n_ckpt = (a.window - 1) // a.every
-    print(f"cost    {a.cost_rounds} rounds of three {a.window}-step windows (batch 1 x 1024): "
-          f"never, ours, nanoGPT torch.save, {n_ckpt} checkpoints each, in rotating order, one "
-          f"fresh process; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
-          flush=True)
+    K, target = a.k_steps, 0.5
+    print(f"cost    {a.cost_rounds} pairs of probes (K+1 = {K + 1} steps without, then {K + 1} "
+          f"with a checkpoint after the first; batch 1 x 1024): ours vs nanoGPT torch.save"
+          f"{', ' + a.diagnose if a.diagnose else ''}, order rotating, one fresh process; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
     p = subprocess.Popen([sys.executable, "-c", COST_CHILD, REPO, str(run), str(a.cost_rounds),
-                          str(a.window), str(a.every), str(out), a.diagnose],
-                         stdout=subprocess.PIPE,
-                         text=True, env=dict(os.environ, PYTHONPATH=REPO))
+                          str(K), str(out), a.diagnose], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=REPO))
     rows = []
+    assert p.stdout is not None
     for line in p.stdout:
         r = json.loads(line)
         rows.append(r)
-        lo = (r["ours"]["wall"] - r["never"]["wall"]) / n_ckpt
-        lb = (r["blocking"]["wall"] - r["never"]["wall"]) / n_ckpt
-        co = (r["ours"]["cpu"] - r["never"]["cpu"]) / n_ckpt
-        cb = (r["blocking"]["cpu"] - r["never"]["cpu"]) / n_ckpt
-        more = "".join(
-            f", {x} {(r[x]['wall'] - r['never']['wall']) / n_ckpt:+.3f} s "
-            f"(+{(r[x]['cpu'] - r['never']['cpu']) / n_ckpt:.3f} s CPU)"
-            for x in r if x not in ("round", "never", "ours", "blocking"))
-        print(f"  round {r['round']}: window {r['never']['wall']:.2f} s without; lost per "
-              f"checkpoint: ours {lo:+.3f} s (+{co:.3f} s CPU), torch.save {lb:+.3f} s "
-              f"(+{cb:.3f} s CPU), ratio {lo / lb:.3f}{more}", flush=True)
+        sides = [x for x in r if x not in ("pair", "load")]
+        print(f"  pair {r['pair']:>2} (load {r['load']:.1f}): " + ", ".join(
+            f"{x} {r[x]['wall']:+.3f} s wall / {r[x]['cpu']:+.3f} s CPU / "
+            f"{r[x]['thread_cpu']:+.3f} s thread" for x in sides), flush=True)
     if p.wait() != 0:
         raise SystemExit(f"cost child exited {p.returncode}")
-    ours_lost = [(r["ours"]["wall"] - r["never"]["wall"]) / n_ckpt for r in rows]
-    blk_lost = [(r["blocking"]["wall"] - r["never"]["wall"]) / n_ckpt for r in rows]
-    pr = PairedRatio([o / b for o, b in zip(ours_lost, blk_lost)], ours_lost, blk_lost)
-    print(f"cost    lost training time per checkpoint: ours {statistics.median(ours_lost):+.3f} s, "
-          f"nanoGPT torch.save {statistics.median(blk_lost):+.3f} s (medians; load average "
-          f"{os.getloadavg()[0]:.2f} at the end)")
-    print(pr.report("checkpoint_cost_vs_torch_save", 0.5))
-    for x in a.diagnose.split(",") if a.diagnose else []:
-        lost = [(r[x]["wall"] - r["never"]["wall"]) / n_ckpt for r in rows]
-        print(PairedRatio([v / b for v, b in zip(lost, blk_lost)], lost, blk_lost)
-              .report(f"checkpoint_cost_{x}_vs_torch_save", None))
+    loads = [r["load"] for r in rows]
+    print(f"cost    {len(rows)} pairs; load average {min(loads):.1f}..{max(loads):.1f} during, "
+          f"{os.getloadavg()[0]:.2f} at the end; seed 0 (bootstrap)")
+    blk = {m: [r["blocking"][m] for r in rows] for m in ("wall", "cpu", "thread_cpu")}
+    sides = ["ours"] + [x for x in a.diagnose.split(",") if x]
+    for side in sides:
+        for m in ("wall", "cpu", "thread_cpu"):
+            x = [r[side][m] for r in rows]
+            ratio, lo, hi = bootstrap_ratio_ci(x, blk[m])
+            diff = [xi - target * bi for xi, bi in zip(x, blk[m])]
+            dlo, dhi = median_ci(diff)
+            se = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
+            met = decide(dlo, dhi, 0.0) if len(diff) >= 6 else None
+            verdict = {True: "meets", False: "misses", None: "cannot decide"}[met]
+            print(f"  {side:<9} {m:<10} mean cost {statistics.fmean(x):+.3f} s vs torch.save "
+                  f"{statistics.fmean(blk[m]):+.3f} s: ratio {ratio:.3f} [{lo:.3f}..{hi:.3f}] "
+                  f"(bootstrap 95 %); {side} - {target} x torch.save: median "
+                  f"{statistics.median(diff):+.3f} s [{dlo:+.3f}..{dhi:+.3f}], mean s.e. "
+                  f"{se:.3f}: {verdict} the target {target}")
+            if m == "wall":
+                fig = "checkpoint_cost_vs_torch_save" if side == "ours" else \
+                    f"checkpoint_cost_{side}_vs_torch_save"
+                ours_side = side == "ours"
+                def num(x):   # strict JSON: an unbounded end (baseline lost in noise) is null
+                    return round(x, 4) if math.isfinite(x) else None
+                print("RESULT " + json.dumps({
+                    "figure": fig, "ratio": num(ratio), "low": num(lo),
+                    "high": num(hi), "target": target if ours_side else None,
+                    "met": met if ours_side else None, "rounds": len(rows)}))
 
 
 if __name__ == "__main__":

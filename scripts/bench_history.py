@@ -10,6 +10,13 @@ and the file pages mapped in) and its time, `--repeats` times; the target is 150
 
     python scripts/bench_history.py [--records 200000] [--dir /tmp]
     python scripts/bench_history.py --memory [--records 200000] [--repeats 6]
+    python scripts/bench_history.py --plot [--records 200000] [--repeats 6] [--baseline-rev REV]
+
+`--plot` measures `python -m proxy plot`'s work (proxy.observation.plot.plot_run: read the
+history, draw, write the PNG) on a long history, in fresh processes, side by side with the
+plot module of git revision REV (default 041693b: it read the whole history as a list), rounds
+interleaved with alternating order: peak RSS (VmHWM) and time of each, the paired ratio of the
+peaks and the verdict against 150 MB (docs/operations.md#watching).
 """
 
 import argparse
@@ -128,6 +135,101 @@ def memory(args) -> None:
         print(result_line(f"history_{what}_peak_rss_vs_150MB", peaks, target=1.0))
 
 
+_PLOT_CHILD = r"""
+import importlib.util, json, sys, time
+sys.path.insert(0, sys.argv[3])
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+src, run = sys.argv[1], sys.argv[2]
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot  # noqa: F401  (both sides import it: part of the floor)
+spec = importlib.util.spec_from_file_location("plot_under_test", src)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+base, t = hwm(), time.perf_counter()
+mod.plot_run(run)
+print(json.dumps({"seconds": time.perf_counter() - t, "base_mb": base, "peak_mb": hwm()}))
+"""
+
+
+def plot_memory(args) -> None:
+    """Peak RSS and time of plot_run on a long history: this tree's plot module vs the one
+    at --baseline-rev, each in a fresh process, rounds interleaved with alternating order."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_rewind import record
+    from bench_stats import PairedRatio
+
+    root = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:
+        path = os.path.join(d, ".loss.json")
+        with open(path, "wb") as f:
+            f.write(
+                b"[\n"
+                + b",\n".join(
+                    json.dumps(record(k, rng), separators=(",", ":")).encode()
+                    for k in range(1, args.records + 1)
+                )
+                + b"\n]\n"
+            )
+        before = os.path.join(d, "plot_before.py")
+        with open(before, "wb") as f:
+            f.write(
+                subprocess.run(
+                    ["git", "show", f"{args.baseline_rev}:proxy/observation/plot.py"],
+                    cwd=root,
+                    capture_output=True,
+                    check=True,
+                ).stdout
+            )
+        after = os.path.join(root, "proxy", "observation", "plot.py")
+        print(
+            f"plot: {args.records:,} records, {os.path.getsize(path) / 2**20:.0f} MiB; seed 0; "
+            f"{args.repeats} rounds, fresh processes, order alternating; baseline plot.py at "
+            f"{args.baseline_rev}; load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
+        got: dict[str, list[dict]] = {"before": [], "after": []}
+        for i in range(args.repeats):
+            for side in ("before", "after") if i % 2 == 0 else ("after", "before"):
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        _PLOT_CHILD,
+                        before if side == "before" else after,
+                        d,
+                        root,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                got[side].append(json.loads(out.stdout.splitlines()[-1]))
+            b, a = got["before"][-1], got["after"][-1]
+            print(
+                f"  round {i + 1}: peak RSS before {b['peak_mb']:.1f} MB ({b['seconds']:.1f} s), "
+                f"after {a['peak_mb']:.1f} MB ({a['seconds']:.1f} s); floor after imports "
+                f"{a['base_mb']:.1f} MB; load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    pb = [r["peak_mb"] for r in got["before"]]
+    pa = [r["peak_mb"] for r in got["after"]]
+    print(
+        PairedRatio([x / y for x, y in zip(pa, pb)], pa, pb).report("plot_peak_rss_vs_before", None)
+    )
+    print(
+        PairedRatio([x / MEMORY_TARGET_MB for x in pa], pa, [MEMORY_TARGET_MB] * len(pa)).report(
+            "plot_peak_rss_vs_150MB", 1.0
+        )
+    )
+    ta = [r["seconds"] for r in got["after"]]
+    tb = [r["seconds"] for r in got["before"]]
+    print(PairedRatio([x / y for x, y in zip(ta, tb)], ta, tb).report("plot_time_vs_before", None))
+
+
 def _read_all(path):
     from shared.loss_history import read_records
     return read_records(path, monotonic=False)
@@ -139,7 +241,13 @@ def main() -> None:
     ap.add_argument("--dir", default=None)                    # where the temporary history goes
     ap.add_argument("--memory", action="store_true", help="peak RSS of the resume steps")
     ap.add_argument("--repeats", type=int, default=6, help="--memory: processes per step")
+    ap.add_argument("--plot", action="store_true", help="peak RSS of plot_run, before vs after")
+    ap.add_argument("--baseline-rev", default="041693b", help="--plot: git revision of the "
+                    "baseline proxy/observation/plot.py")
     args = ap.parse_args()
+    if args.plot:
+        plot_memory(args)
+        return
     if args.memory:
         memory(args)
         return

@@ -16,7 +16,10 @@ order alternates (ours first, then nanoGPT first, ...: scripts/bench_stats.py):
              torch 2), load its state_dict, and run one update of the same batch shape; timed
              from the launch to the end of that update.
 Each round's ratio is ours / nanoGPT; the median of the paired ratios with its 95 % interval
-decides (target <= 1.0: no slower), or says it cannot. Run with ANDREA_LOG_LEVEL=DEBUG to see
+decides (target <= 1.0: no slower), or says it cannot. Beside wall time, each side's CPU time
+(ours: the proxy and its worker, sampled from /proc every 10 ms; nanoGPT: its process) is
+paired the same way: other processes' load stretches wall time, hardly CPU time, and start-up is
+mostly single-threaded imports, so the CPU ratio is what a quiet machine's wall ratio tends to. Run with ANDREA_LOG_LEVEL=DEBUG to see
 each stage of ours (docs/operations.md#start-and-resume). A measurement, never a test.
 """
 from __future__ import annotations
@@ -36,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 REFERENCE = r'''
-import sys, time
+import json, os, sys, time
 t0 = float(sys.argv[3])
 sys.path.insert(0, sys.argv[1] + "/scripts"); sys.path.insert(0, sys.argv[1])
 import torch
@@ -56,7 +59,8 @@ x = torch.randint(0, V, (1, T + 1))
 loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
 opt.zero_grad(set_to_none=True); loss.backward()
 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); opt.step()
-print(time.time() - t0)
+t = os.times()   # CPU of this process to here (the nanoGPT side has no children)
+print(json.dumps({"wall": time.time() - t0, "cpu": t.user + t.system}))
 '''
 
 SAVE = r'''
@@ -93,18 +97,42 @@ def _last_step(run: Path) -> int:
     return recs[-1]["step"] if recs else 0
 
 
-def ours(run: Path, step: int, env: dict) -> float:
+def _tree_cpu(pid: int, seen: dict[int, float]) -> float:
+    """CPU seconds (user + system) of `pid` and its live descendants, remembering in `seen`
+    the last value read of each process (one that has exited keeps its last reading)."""
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return sum(seen.values())
+    for q in procs:
+        try:
+            c = q.cpu_times()
+            seen[q.pid] = c.user + c.system
+        except psutil.NoSuchProcess:
+            pass
+    return sum(seen.values())
+
+
+def ours(run: Path, step: int, env: dict) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the proxy and its worker) from launch to step + 1 in
+    the history. The CPU is sampled every 10 ms while waiting, so a process that exits
+    early (none should) keeps its last reading."""
     t0 = time.time()
     p = subprocess.Popen([sys.executable, "-m", "proxy", "run", "--run-dir", str(run),
                           "--max-steps", str(step + 1), "--print-every", "1000"], cwd=ROOT,
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: dict[int, float] = {}
     while _last_step(run) < step + 1:
         if p.poll() is not None and _last_step(run) < step + 1:
             raise SystemExit(f"proxy exited with {p.returncode} before step {step + 1}")
+        _tree_cpu(p.pid, seen)
         time.sleep(0.01)
     dt = time.time() - t0
+    cpu = _tree_cpu(p.pid, seen)
     p.wait(600)
-    return dt
+    return dt, cpu
 
 
 def _dims(cfg) -> list[str]:
@@ -112,11 +140,13 @@ def _dims(cfg) -> list[str]:
             str(cfg.model.n_layer), str(cfg.model.block_size)]
 
 
-def reference(ckpt: Path, cfg, env: dict) -> float:
+def reference(ckpt: Path, cfg, env: dict) -> tuple[float, float]:
+    """(wall seconds from launch to the end of the first update, CPU seconds of it)."""
     t0 = time.time()
     out = subprocess.run([sys.executable, "-c", REFERENCE, str(ROOT), str(ckpt), repr(t0),
                           *_dims(cfg)], env=env, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return r["wall"], r["cpu"]
 
 
 def main() -> int:
@@ -124,7 +154,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--dir", default=None)
     a = ap.parse_args()
-    from scripts.bench_stats import interleaved
+    from scripts.bench_stats import PairedRatio, interleaved
     from shared.checkpoint_format import checkpoint_name
     from shared.config import load_run_config
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -146,18 +176,30 @@ def main() -> int:
               f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
         step = [1]
 
-        def run_ours() -> float:
-            dt = ours(run, step[0], env)
+        def run_ours():
+            got = ours(run, step[0], env)
             step[0] += 1
-            return dt
+            return got
 
-        pr = interleaved(run_ours, lambda: reference(pt, cfg, env), a.rounds, lambda o, f: o / f,
-                         lambda i, o, f, x: print(f"  round {i}: ours {o:.2f} s, nanoGPT "
-                                                  f"{f:.2f} s, ratio {x:.3f}", flush=True))
-        print(f"\nmedian: ours {statistics.median(pr.a):.2f} s, nanoGPT "
-              f"{statistics.median(pr.b):.2f} s to the first resumed step (load average "
-              f"{os.getloadavg()[0]:.2f} at the end)")
+        def show(i, o, f, x):
+            print(f"  round {i}: ours {o[0]:.2f} s ({o[1]:.2f} s CPU), nanoGPT {f[0]:.2f} s "
+                  f"({f[1]:.2f} s CPU), ratio {x:.3f} wall, {o[1] / f[1]:.3f} CPU; load "
+                  f"{os.getloadavg()[0]:.2f}", flush=True)
+
+        pr = interleaved(run_ours, lambda: reference(pt, cfg, env), a.rounds,
+                         lambda o, f: o[0] / f[0], show)
+        print(f"\nmedian: ours {statistics.median(o[0] for o in pr.a):.2f} s, nanoGPT "
+              f"{statistics.median(f[0] for f in pr.b):.2f} s to the first resumed step (load "
+              f"average {os.getloadavg()[0]:.2f} at the end)")
         print(pr.report("resume_vs_nanogpt", 1.0))
+        cpu = PairedRatio([o[1] / f[1] for o, f in zip(pr.a, pr.b)], [o[1] for o in pr.a],
+                          [f[1] for f in pr.b])
+        print(f"CPU seconds to the first resumed step (proxy + worker vs nanoGPT's process): "
+              f"median ours {statistics.median(cpu.a):.2f} s, nanoGPT "
+              f"{statistics.median(cpu.b):.2f} s. CPU time hardly moves with other processes' "
+              f"load, and start-up is mostly single-threaded imports, so this ratio is what the "
+              f"wall ratio tends to on a quiet machine")
+        print(cpu.report("resume_cpu_vs_nanogpt", 1.0))
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
-import zlib
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from shared.checkpoint_format import (
     CheckpointError,
     check_int32_limits,
     checkpoint_name,
+    crc32,
     expected_size,
     format_crc,
 )
@@ -101,7 +101,7 @@ def write_checkpoint(
 
     header = _HEADER.pack(step, n)
     views = [memoryview(arr).cast("B") for arr in arrays]  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
-    crc = BackgroundCrc(zlib.crc32(header))
+    crc = BackgroundCrc(crc32(header))
     for view in views:
         crc.feed(view)
 

@@ -477,3 +477,27 @@ def test_retention_keeps_exactly_pinned_newest_and_multiples(steps, pinned_pick,
     protected = pinned | newest | {s for s in steps if keep_every and s % keep_every == 0}
     assert set(delete) == set(steps) - protected
     assert delete == sorted(set(delete))
+
+
+def test_the_checksum_function_gives_zlib_crc32_values_for_every_length_and_running_value():
+    """The manifest's checksum is zlib.crc32's (docs/checkpoint-format.md): the faster crc32
+    used to compute it returns the same value for any bytes, length and starting value, also
+    over a buffer fed in uneven pieces, and over numpy float32 memory."""
+    import random
+
+    from shared.checkpoint_format import crc32
+
+    rng = random.Random(0)
+    for n in (0, 1, 7, 64, 4095, 4096, 65_537, 1 << 20):
+        data = rng.randbytes(n)
+        for start in (0, 1, 0xFFFFFFFF, rng.getrandbits(32)):
+            assert crc32(data, start) == zlib.crc32(data, start), (n, start)
+    data = rng.randbytes(3_000_001)
+    running, cut = 0, 0
+    while cut < len(data):
+        step = rng.randint(1, 300_000)
+        running = crc32(memoryview(data)[cut : cut + step], running)
+        cut += step
+    assert running == zlib.crc32(data)
+    arr = np.random.default_rng(0).standard_normal(100_003, dtype=np.float32)
+    assert crc32(arr) == zlib.crc32(arr.tobytes())

@@ -6,6 +6,7 @@ import sys
 
 from proc_helpers import ROOT, run_proxy
 from proxy.observation.plot import series
+from proxy.run_files.loss_ema import loss_ema
 import pytest
 
 
@@ -63,3 +64,64 @@ def test_plot_series_has_ema_probe_per_arm_and_a_mixture_summing_to_one():
     assert len(s["steps"]) == 19 and s["ema"][0] == s["loss"][0] and s["ema"][-1] > s["loss"][-1]
     assert s["probe"]["a"][0] == [5, 10, 15, 20]
     assert all(abs(a + b - 1) < 1e-12 for a, b in zip(s["mix"]["a"], s["mix"]["b"]))
+
+
+def _records(n, spike_at=None):
+    """n records in step order, as a generator (nothing held): a falling loss, a NaN every
+    1,000 steps, a mixture of two arms (a third from step n/2), a probe every 10 steps."""
+    for k in range(1, n + 1):
+        r = {"step": k, "loss": 5.0 - k / n + (k % 7) / 100, "p": {"a": 0.25, "b": 0.75}}
+        if k > n // 2:
+            r["p"] = {"a": 0.2, "b": 0.3, "c": 0.5}
+        if k % 1000 == 0:
+            r["loss"] = float("nan")
+        if k == spike_at:
+            r["loss"] = 50.0
+        if k % 10 == 0:
+            r["probe"] = {"a": 3.0 + k / n}
+        if k in (17, n - 3):
+            r["alarm"] = "collapse"
+        yield r
+
+
+def test_plot_series_of_a_long_history_stays_within_max_points_and_keeps_its_extremes():
+    """Past max_points the series are buckets: at most max_points of them, the spike and the
+    lowest loss kept in the band, the mean of the losses and the final EMA exact, each
+    bucket's mixture summing to one (an arm that appears later counts 0 before)."""
+    n, cap = 30_001, 64
+    s = series(_records(n, spike_at=12_345), max_points=cap)
+    losses = [r["loss"] for r in _records(n, spike_at=12_345) if r["loss"] == r["loss"]]
+    assert s["count"] == len(losses) == n - 30
+    for key in ("steps", "loss", "loss_low", "loss_high", "ema"):
+        assert cap // 2 < len(s[key]) <= cap, (key, len(s[key]))
+    assert max(s["loss_high"]) == 50.0 and min(s["loss_low"]) == min(losses)
+    sizes = [s["width"]] * (len(s["steps"]) - 1)
+    sizes.append(s["count"] - sum(sizes))
+    assert sum(m * c for m, c in zip(s["loss"], sizes)) == pytest.approx(sum(losses), rel=1e-9)
+    assert s["ema"][-1] == pytest.approx(loss_ema(_records(n, spike_at=12_345)))
+    assert s["steps"] == sorted(s["steps"]) and s["steps"][0] == 1
+    assert len(s["mix_steps"]) <= cap and len(s["probe"]["a"][0]) <= cap
+    assert s["mix"]["c"][0] == 0.0 and s["mix"]["c"][-1] == pytest.approx(0.5)
+    for i in range(len(s["mix_steps"])):
+        assert sum(s["mix"][a][i] for a in ("a", "b", "c")) == pytest.approx(1.0)
+    assert s["alarms"][0] == 17 and s["alarms"][-1] <= n - 3
+
+
+def test_plot_reads_a_long_history_in_memory_that_does_not_grow_with_it(tmp_path):
+    """read_series streams the file: the Python heap's peak while reading 60,000 records is
+    below 4 MiB (the records as a list: 37 MiB)."""
+    import tracemalloc
+    from proxy.observation.plot import read_series
+    from shared.loss_history import LossHistory
+
+    path = tmp_path / ".loss.json"
+    with LossHistory(path) as h:
+        h.append_many(_records(60_000))
+    tracemalloc.start()
+    try:
+        s = read_series(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert s["count"] == 60_000 - 60 and len(s["steps"]) <= 2048
+    assert peak < 4 << 20, f"peak {peak / 2**20:.1f} MiB"
