@@ -22,6 +22,7 @@ from proxy.observation.progress import fmt_duration, wall_seconds_per_update
 from proxy.run_files.history_tail import tail_records
 from proxy.run_files.phases import read_phases
 from proxy.run_files.pivot_request import (
+    RequestLockTimeout,
     pending_request,
     read_archived_request,
     read_request,
@@ -29,7 +30,7 @@ from proxy.run_files.pivot_request import (
     request_lock,
     write_request,
 )
-from proxy.run_files.run_lock import RunLock, lock_is_free, owner_pid
+from proxy.run_files.run_lock import RunLock, lock_is_free, owner_pid, read_owner
 from proxy.run_files.status_file import read_status
 from proxy.supervision.pivots import next_boundary, take_back_pivot_stop
 from proxy.supervision.proc_tree import pid_alive
@@ -103,6 +104,14 @@ def cmd_pivot(a) -> int:
     layout = RunLayout(a.run_dir)
     if not layout.run_json.exists():
         return _refuse(missing_run_json(layout.root))
+    try:
+        return _pivot(layout, a)
+    except RequestLockTimeout as e:  # a `pivot` command suspended inside it, say
+        return _refuse(f"{e}; nothing was changed, ask again once it is free")
+
+
+def _pivot(layout: RunLayout, a) -> int:
+    """cmd_pivot's body; raises RequestLockTimeout when the request lock stays held."""
     given = bool(a.caps or a.floors)
     if a.withdraw:
         if given or a.keep_bounds or a.no_bounds or a.now or a.label:
@@ -166,6 +175,13 @@ def _request(
     }
     if lock_is_free(layout):
         return lambda: _pivot_stopped(layout, cfg, req, a)
+    other = pivot_in_progress(layout)
+    if other is not None:
+        return _refuse(
+            f"another `pivot` command (pid {other.get('pid')}) is putting a pivot in force on "
+            "this stopped run; wait for it to finish (then `status` shows the phase) and ask "
+            "again"
+        )
     planned, last = _planned_steps(layout, cfg), _last_filed(layout)
     if last >= planned:
         return _refuse(
@@ -213,6 +229,13 @@ def _request(
     return lambda: _wait(layout, pid, a.timeout)
 
 
+def pivot_in_progress(layout: RunLayout) -> dict | None:
+    """The run lock's owner record when a `pivot` command holds the lock (a stopped run's pivot
+    being carried out, docs/pivots.md#stopped-runs), else None (no holder, or a proxy)."""
+    owner = read_owner(layout) or {}
+    return owner if owner.get("command") == "pivot" and not lock_is_free(layout) else None
+
+
 def withdraw(layout: RunLayout) -> int:
     """`pivot --withdraw`: remove the pending request before its new phase is recorded
     (docs/pivots.md#withdrawing-a-pivot). Under `.pivot.request.lock`, so the live proxy sees the
@@ -225,6 +248,13 @@ def withdraw(layout: RunLayout) -> int:
         req = pending_request(layout)
         if req is None:
             return _refuse(f"no pivot is pending in {layout.root}; nothing to withdraw")
+        other = pivot_in_progress(layout)
+        if other is not None:
+            return _refuse(
+                f"a `pivot` command (pid {other.get('pid')}) is putting the pivot "
+                f"{req.get('label')!r} in force on this stopped run: too late to withdraw; once "
+                "it is, a pivot with the old phase's bounds (`status` shows them) pivots back"
+            )
         state, b = req.get("state"), req.get("step")
         if state not in ("requested", "boundary"):
             return _refuse(
@@ -352,6 +382,14 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
     except Exception as e:  # noqa: BLE001 - a proxy started in between
         return _refuse(f"{e}")
     try:
+        with request_lock(layout):  # a request written since this command looked
+            old = pending_request(layout)
+        if old is not None:
+            return _refuse(
+                f"a pivot is already pending ({layout.pivot_request.name}: label "
+                f"{old.get('label')!r}, state {old.get('state')}); `python -m proxy run` puts "
+                "it in force, or `pivot --withdraw` withdraws it"
+            )
         history = LossHistory(layout.loss)
         try:
             last = history.last_step or 0
@@ -371,6 +409,13 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
                 return EXIT_FAILED
         finally:
             history.close()
+        if plan.pivot_step is None:  # not carried out (the request went meanwhile)
+            print(
+                "pivot failed: the request was gone before its phase was recorded; nothing "
+                "changed, the phase in force runs on",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
         ph = read_phases(layout)[-1]
         more = f" --max-steps {a.max_steps}" if a.max_steps else ""  # not stored: pass it on
         print(f"pivot: archived to archive/pivot-{plan.step}", flush=True)

@@ -37,6 +37,7 @@ from shared.run_layout import RunLayout
 log = logging.getLogger("proxy.commands.pivot")
 P = ParamSpec("P")
 R = TypeVar("R")
+MOVE_LOCK_TIMEOUT_S = 1.0  # the live proxy's wait for the request lock before it defers a move
 
 
 FAULT_ENV = "ANDREA_FAULT_PIVOT"  # test hook: the proxy SIGKILLs itself at that moment
@@ -46,11 +47,14 @@ def _under_request_lock(
     move: Callable[Concatenate[RunLayout, P], R],
 ) -> Callable[Concatenate[RunLayout, P], R]:
     """Run a move of the state machine under `.pivot.request.lock` (its read, decision and write
-    are one step for the `pivot` command, which withdraws or writes under the same lock)."""
+    are one step for the `pivot` command, which withdraws or writes under the same lock). The
+    lock is held for milliseconds; one still held after MOVE_LOCK_TIMEOUT_S raises
+    RequestLockTimeout, and the live proxy tries the move again at its next poll
+    (proxy/supervision/supervisor.py `_pivot_move`) rather than stall its watch loop."""
 
     @functools.wraps(move)
     def locked(layout: RunLayout, *args: P.args, **kwargs: P.kwargs) -> R:
-        with request_lock(layout):
+        with request_lock(layout, timeout=MOVE_LOCK_TIMEOUT_S):
             return move(layout, *args, **kwargs)
 
     return locked

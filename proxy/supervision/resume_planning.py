@@ -23,7 +23,12 @@ from proxy.mixture.arm_changes import ArmChange, handle_zombies
 from proxy.mixture.controller import MixtureController
 from proxy.mixture.rebuild import new_controller, rebuild_mixture
 from proxy.run_files.phases import read_phases, write_phases
-from proxy.run_files.pivot_request import pending_request, request_lock, write_request
+from proxy.run_files.pivot_request import (
+    RequestLockTimeout,
+    pending_request,
+    request_lock,
+    write_request,
+)
 from proxy.run_files.sidecars import read_state, write_state
 from proxy.run_files.state_snapshots import mark_rewound
 from proxy.supervision.pivots import archive_sidecars, fault_point, mark_running, pivot_due
@@ -45,7 +50,8 @@ log = logging.getLogger("proxy")
 
 
 class ResumeError(RuntimeError):
-    """No checkpoint to resume from although the run has a history; `code` is the exit code."""
+    """No checkpoint to resume from although the run has a history, or a pending pivot that
+    cannot be served now; `code` is the exit code."""
 
     def __init__(self, msg: str, code: int = EXIT_USAGE) -> None:
         super().__init__(msg)
@@ -290,8 +296,15 @@ def plan_resume(
         time.perf_counter() - t_mix,
     )
     plan = ResumePlan(step, point.path, mix, changes, verified=point.verified)
-    with request_lock(layout):  # the `pivot` command withdraws under it (docs/pivots.md)
-        _serve_pivot_request(layout, cfg, plan, changes)
+    try:
+        with request_lock(layout):  # the `pivot` command withdraws under it (docs/pivots.md)
+            _serve_pivot_request(layout, cfg, plan, changes)
+    except RequestLockTimeout as e:
+        raise ResumeError(
+            f"{e}; the pending pivot cannot be served or rolled back while it is held: end "
+            "or continue that process, then run the same command again",
+            code=EXIT_FAILED,
+        ) from None
     return plan
 
 

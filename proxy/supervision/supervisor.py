@@ -24,14 +24,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from proxy.mixture.controller import MixtureController
 from proxy.observation.run_watch import RunWatch
 from proxy.run_files.history_tail import tail_records
 from proxy.run_files.loss_ema import LossEma
 from proxy.run_files.phases import read_phases
-from proxy.run_files.pivot_request import pending_request
+from proxy.run_files.pivot_request import RequestLockTimeout, pending_request
 from proxy.run_files.sidecars import SamplesLog
 from proxy.run_files.status_file import LiveStats, write_status
 from proxy.supervision import proc_tree
@@ -77,6 +79,7 @@ from shared.procfs import seconds_since_start
 from shared.run_layout import RunLayout
 from shared.worker_options import WorkerOptions
 
+DEFERRED = object()  # what `Supervisor._pivot_move` returns when the request lock stayed held
 log = logging.getLogger("proxy")
 
 NODE_LOST_GRACE_S = 10.0  # a lost node's peers get this long to fail before they are killed
@@ -110,6 +113,7 @@ class Supervisor:
         self.pending_events: list[dict] = []  # attached to the next step record filed
         self.watch = RunWatch(layout, cfg, self.max_steps, opts.tensorboard)
         self.pivot_step: int | None = None  # a pivot at B recorded, its worker's first step due
+        self._lock_warned_at = -math.inf  # the last "pivot ... deferred" warning (monotonic s)
         # several nodes (docs/architecture.md#several-nodes): this proxy is the owner
         self.node: NodeRecord | None = None  # set by the caller for a multi-node job
         self.incarnation = 0
@@ -604,7 +608,7 @@ class Supervisor:
                         self.node_lost,
                     )
                     return "crashed", rc
-            fail_unserved(self.layout, history.last_step or 0, self.max_steps)
+            self._pivot_move(fail_unserved, self.layout, history.last_step or 0, self.max_steps)
             return "done", 0
         if rc == EXIT_FATAL or self.stats.exit_code == EXIT_FATAL:
             return "fatal", rc  # (torchrun reports a rank's code 3 as its own 1)
@@ -672,10 +676,19 @@ class Supervisor:
                 last_report = time.monotonic()
             self._file_reports(reports)
             if self.pivot_step is not None and (history.last_step or 0) > self.pivot_step:
-                mark_running(self.layout, self.pivot_step, self.proc.pid, self.pivot_step + 1)
-                self.pivot_step = None
+                done = self._pivot_move(
+                    mark_running, self.layout, self.pivot_step, self.proc.pid, self.pivot_step + 1
+                )
+                if done is not DEFERRED:
+                    self.pivot_step = None
             if not self.stop_requested:  # `proxy pivot` on this live run
-                poll_pivot_request(self.layout, self.cfg, history.last_step or 0, self.max_steps)
+                self._pivot_move(
+                    poll_pivot_request,
+                    self.layout,
+                    self.cfg,
+                    history.last_step or 0,
+                    self.max_steps,
+                )
             if mix.next_period != posted_next:
                 posted_next = mix.next_period
                 self._post_policies(
@@ -741,10 +754,24 @@ class Supervisor:
             self.filer.file(r)
             if r.get("type") != "checkpoint_started":
                 continue
-            if r.get("reason") == "pivot":
-                follow_worker_boundary(self.layout, r["step"])
+            if r.get("reason") == "pivot":  # deferred: pivot_due serves it again
+                self._pivot_move(follow_worker_boundary, self.layout, r["step"])
             if self._pivot_boundary() == r["step"]:
                 fault_point("during-checkpoint")  # crash test hook (docs/pivots.md)
+
+    def _pivot_move(self, move: Callable[..., Any], *args: Any) -> Any:
+        """Call a move of the pivot state machine (proxy/supervision/pivots.py); when another
+        process holds `.pivot.request.lock` past MOVE_LOCK_TIMEOUT_S (a `pivot` command
+        suspended inside it, say), return DEFERRED and warn at most every 30 s: the watch loop
+        goes on and the move is tried again (docs/pivots.md#withdrawing-a-pivot)."""
+        try:
+            return move(*args)
+        except RequestLockTimeout as e:
+            now = time.monotonic()
+            if now - self._lock_warned_at > 30.0:
+                self._lock_warned_at = now
+                log.warning("pivot %s deferred: %s", move.__name__.replace("_", " "), e)
+            return DEFERRED
 
     def _pivot_boundary(self) -> int | None:
         """B of a pivot request whose boundary is posted, else None."""
