@@ -186,11 +186,6 @@ def test_a_pivot_withdrawn_after_a_sigterm_stopped_its_run_leaves_the_run_in_its
     assert_sound(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG 1 in the tester's notes: a `pivot` command holding "
-    "the run lock is taken for a live proxy and the request is written",
-)
 def test_a_pivot_on_a_run_whose_lock_another_pivot_command_holds_is_refused(tmp_path):
     """While a `pivot` command holds a stopped run's lock (recording its own pivot), a second
     `pivot` must be refused (exit 2) and write nothing; it must not take that command for a
@@ -208,14 +203,10 @@ def test_a_pivot_on_a_run_whose_lock_another_pivot_command_holds_is_refused(tmp_
     finally:
         lock.release()
     assert r.returncode == 2, r.stdout + r.stderr
+    assert "another `pivot` command" in r.stderr and "is putting a pivot in force" in r.stderr
     assert not request(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG 3 in the tester's notes: RequestLockTimeout escapes the watch loop and the "
-    "proxy exits with a traceback",
-)
 def test_a_live_proxy_outlives_another_process_holding_the_request_lock_too_long(tmp_path):
     """Another process holding `.pivot.request.lock` past the proxy's lock timeout (a `pivot
     --withdraw` suspended by ^Z inside it) must not end the live proxy: it says so in its log
