@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Collection
 from typing import Any
 
 __all__ = [
@@ -123,13 +124,16 @@ _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")  # tempfile.mkstemp in 
 STALE_WRITE_S = 60.0
 
 
-def clean_stale_writes(directory, older_than_s: float = STALE_WRITE_S) -> list[str]:
+def clean_stale_writes(
+    directory, older_than_s: float = STALE_WRITE_S, targets: Collection[str] = ()
+) -> list[str]:
     """Delete temporaries of `atomic_write_bytes` (`.NAME.XXXXXXXX.tmp`) in `directory` that
     were last touched more than `older_than_s` seconds ago: a writer killed with SIGKILL between
     the write and the rename leaves one (the target file is intact). Younger ones may belong to
     a writer at work (a `status` or `pivot` command) and are left; `older_than_s` <= 0 removes
-    them whatever their age (a directory no one else writes into). Call it with the run lock
-    held. Returns the names removed, sorted; a missing directory gives []."""
+    them whatever their age (a directory no one else writes into), and so does a NAME in
+    `targets` (files whose every writer the caller has excluded by its locks). Call it with the
+    run lock held. Returns the names removed, sorted; a missing directory gives []."""
     now, out = time.time(), []
     try:
         entries = list(os.scandir(directory))
@@ -139,7 +143,11 @@ def clean_stale_writes(directory, older_than_s: float = STALE_WRITE_S) -> list[s
         if not _TEMP_NAME.match(e.name) or not e.is_file(follow_symlinks=False):
             continue
         try:
-            if older_than_s <= 0 or now - e.stat(follow_symlinks=False).st_mtime > older_than_s:
+            if (
+                older_than_s <= 0
+                or e.name[1:-13] in targets  # "." NAME ".XXXXXXXX.tmp"
+                or now - e.stat(follow_symlinks=False).st_mtime > older_than_s
+            ):
                 os.unlink(e.path)
                 out.append(e.name)
         except FileNotFoundError:

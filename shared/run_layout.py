@@ -158,6 +158,31 @@ class RunLayout:
     archive = property(lambda s: s.root / "archive")
     logs = property(lambda s: s.root / "logs")
 
+    @property
+    def own_files(self) -> frozenset[str]:
+        """The names of the root's files that only the run lock's holder writes, or a `pivot`
+        command under `.pivot.request.lock` (the request): with both locks held, an atomic
+        write's temporary of one of them is dead whatever its age."""
+        return frozenset(
+            p.name
+            for p in (
+                self.run_json,
+                self.tokenizer,
+                self.phases,
+                self.root / "checkpoints.json",
+                self.root / "fork.json",
+                self.loss,
+                self.loss_rewound,
+                self.samples,
+                self.state,
+                self.handshake,
+                self.proxy_owner,
+                self.status,
+                self.pivot_request,
+                self.state_snapshots,
+            )
+        )
+
     def arm_tokens(self, arm: str, split: str) -> Path:
         """Token file of `arm` for `split` ("train" or "heldout"): flat uint16, no header."""
         return self.data / f"{arm}.{split}.u16"

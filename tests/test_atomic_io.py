@@ -72,6 +72,9 @@ def test_stale_temporaries_of_a_killed_writer_are_removed_and_young_ones_and_oth
     assert removed == sorted(os.path.basename(p) for p in old)
     assert os.path.exists(young) and all(p.exists() for p in keep)
     assert clean_stale_writes(tmp_path / "missing") == []
+    named = tempfile.mkstemp(prefix="..pivot.request.json.", suffix=".tmp", dir=tmp_path)[1]
+    assert clean_stale_writes(tmp_path, targets={".pivot.request.json"}) == [
+        os.path.basename(named)]  # a young one whose every writer the caller's locks exclude
     assert clean_stale_writes(tmp_path, older_than_s=0) == [os.path.basename(young)]  # any age
     assert all(p.exists() for p in keep)
 

@@ -184,17 +184,22 @@ def test_step_or_parameter_count_beyond_int32_is_refused_before_training(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_resume_removes_temporaries_a_kill_left_in_data_and_archive_whatever_their_age(tmp_path):
-    """A proxy killed between an atomic write and its rename leaves `.NAME.XXXXXXXX.tmp`. Only
-    the lock holder writes data/ and archive/, so the next start removes every one there; in
-    the root a young one may be a live `pivot` command's and stays until it is 60 s old."""
+def test_a_resume_removes_temporaries_a_kill_left_of_the_runs_own_files_whatever_their_age(
+        tmp_path):
+    """A proxy (or `pivot`) killed between an atomic write and its rename leaves
+    `.NAME.XXXXXXXX.tmp`. Only the lock holder writes data/ and archive/, and the root's own
+    files only it or a `pivot` under the request lock, so the next start removes every such
+    temporary at once; a young temporary of another name in the root (an export into the run
+    directory, say) may be live and stays until it is 60 s old."""
     run = tmp_path / "run"
     assert run_proxy(run, "--max-steps", "2", "--checkpoint-every", "1").returncode == 0
     (run / "archive").mkdir(exist_ok=True)
-    dead = [run / "data" / ".arms.json.a1b2c3d4.tmp", run / "archive" / ".x.json.e5f6g7h8.tmp"]
-    young = run / "..status.json.k9l8m7n6.tmp"
-    for p in dead + [young]:
+    dead = [run / "data" / ".arms.json.a1b2c3d4.tmp", run / "archive" / ".x.json.e5f6g7h8.tmp",
+            run / "..status.json.k9l8m7n6.tmp", run / "..pivot.request.json.piacwrp6.tmp",
+            run / ".phases.json.q1w2e3r4.tmp"]
+    live = run / ".model.safetensors.t5y6u7i8.tmp"
+    for p in dead + [live]:
         p.write_text("{")
     r = run_proxy(run, "--max-steps", "3", "--checkpoint-every", "1")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert not any(p.exists() for p in dead) and young.exists()
+    assert not [p.name for p in dead if p.exists()] and live.exists()

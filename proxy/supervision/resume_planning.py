@@ -67,6 +67,21 @@ class ResumePoint:
     verified: str | None = None  # the checksum the scan verified the file against, if any
 
 
+def _clean_killed_writes(layout: RunLayout) -> list[tuple[Path, str]]:
+    """Remove the temporaries of atomic writes cut by a kill -9: (directory, name) of each. Called
+    with the run lock held. data/ and archive/ are written by the lock holder alone, so every one
+    there is dead; so is one of the root's own files (`RunLayout.own_files`) once the request
+    lock is held too (a `pivot` command writes the request under it). Anything else in the root
+    (an export into the run directory, say) is removed only when older than STALE_WRITE_S."""
+    out = [(d, n) for d in (layout.data, layout.archive) for n in clean_stale_writes(d, 0.0)]
+    try:
+        with request_lock(layout, timeout=5.0):
+            names = clean_stale_writes(layout.root, STALE_WRITE_S, targets=layout.own_files)
+    except RequestLockTimeout:  # a `pivot` at work: its temporary may be live
+        names = clean_stale_writes(layout.root, STALE_WRITE_S)
+    return out + [(layout.root, n) for n in names]
+
+
 def find_resume_point(
     layout: RunLayout, cfg: RunConfig, history: LossHistory, from_scratch: bool
 ) -> ResumePoint:
@@ -79,11 +94,8 @@ def find_resume_point(
     root = layout.root
     for p in clean_stale_temporaries(root):
         log.info("removed stale temporary %s", p.name)
-    # A write cut by a kill -9. In the root a young one may be a live `pivot` command's; data/
-    # and archive/ are written by the lock holder alone, so every one there is dead.
-    for d, age in ((root, STALE_WRITE_S), (layout.data, 0.0), (layout.archive, 0.0)):
-        for name in clean_stale_writes(d, older_than_s=age):
-            log.info("removed stale temporary %s", os.path.join(os.path.relpath(d, root), name))
+    for d, name in _clean_killed_writes(layout):
+        log.info("removed stale temporary %s", os.path.join(os.path.relpath(d, root), name))
     manifest = read_manifest(root)
     checks = manifest_checksums(manifest)
     info, rejected = scan_for_resume(root, cfg.n_params, checks)
