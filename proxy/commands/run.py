@@ -169,42 +169,19 @@ def _remove_refused(layout: RunLayout, made: list[Path], before: set[str] | None
 
 
 def cmd_run(a) -> int:
+    """The `run` command: create or resume the run in --run-dir and supervise its training
+    (docs/operations.md). Exit codes: shared/exit_codes.py (0 done or stopped cleanly, 2 refused
+    before training, others from the supervisor)."""
     EarlySignals.install()  # stop/SIGUSR1 during creation: remembered, never fatal
 
     setup_logging(None)
-    try:
-        check_run_options(a)
-    except ConfigError as e:
-        log.error("%s", e)
-        return EXIT_USAGE
     layout = RunLayout(a.run_dir)
-    if not layout.run_json.exists() and (alien := foreign_entries(layout.root)):
-        log.error(
-            "--run-dir %s: holds files that are not a run's (%s%s); a new run needs a new "
-            "or empty directory (or one whose creation was interrupted): give another "
-            "--run-dir",
-            layout.root,
-            ", ".join(alien[:5]),
-            f" and {len(alien) - 5} more" if len(alien) > 5 else "",
-        )
-        return EXIT_USAGE
+    refused = _prepare_directory(a, layout)
+    if refused is not None:
+        return refused
     made = _missing_dirs(layout.root)  # what a refusal below removes again
     before = _entries(layout.root)  # (in a directory that exists: what it held)
-    try:
-        layout.root.mkdir(parents=True, exist_ok=True)
-        layout.logs.mkdir(exist_ok=True)
-    except OSError as e:  # a file in the way, no permission, a read-only filesystem
-        what = (
-            "is a file, not a directory"
-            if layout.root.is_file()
-            else f"cannot be created ({e.strerror or e})"
-        )
-        log.error(
-            "--run-dir %s: %s; give a directory path (an existing run, or a new path "
-            "whose parent you may write to)",
-            layout.root,
-            what,
-        )
+    if _make_directory(layout) is not None:
         return EXIT_USAGE
     nodes = _nodes_of(a)
     job = None
@@ -229,88 +206,18 @@ def cmd_run(a) -> int:
         "start-up: proxy interpreter, imports and run lock %.3f s since launch",
         seconds_since_start() or 0.0,
     )
-    node = None
+    owned = _OwnedJob()
     try:
         if job is not None:
-            # the record first: an owner that asks the beacon tells "same directory" from
-            # "another directory" by the records it finds here (proxy/supervision/beacon.py)
-            node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
-            node.write()
-            node.start_heartbeat()  # also through creation, resume planning, back-off
-            checks = _OwnerChecks(a, job, layout)
-            if not checks.first():
-                node.forget()
-                node = None
-                return EXIT_USAGE
-            write_job(
-                layout, {**job, "state": "gathering", "incarnation": 0}
-            )  # not the last owner's
-            log.info(
-                "owner of %s (node rank 0 of %d, global rank 0 here): waiting up to %.0f s "
-                "for the other node(s)",
-                layout.root,
-                nodes,
-                a.rdzv_timeout,
-            )
-
-            def idle(node: NodeRecord = node) -> None:
-                node.heartbeat()
-                checks.again()
-                if lock.lost is not None:
-                    raise _Yield(lock.lost)
-
-            try:  # before anything of the run is written: a job that cannot form writes nothing
-                if (
-                    wait_for_followers(
-                        layout,
-                        job["token"],
-                        nodes,
-                        a.rdzv_timeout,
-                        lambda: EarlySignals.stop is not None,
-                        idle,
-                    )
-                    is None
-                ):
-                    log.info(
-                        "%s received while the nodes gathered: nothing started", EarlySignals.stop
-                    )
-                    return EXIT_OK
-            except NodeSetupError as e:
-                log.error("%s", e)
-                return EXIT_USAGE
-            except _Yield as y:  # an earlier claim of this directory won: follow it
-                node.forget()
-                node = None
-                checks.close()
-                lock.release()
-                setup_logging(None)  # a follower writes nothing in the run directory
-                return follow(layout, a, job, RunLockError("", y.owner))
-            lock.on_lost = lambda: os.kill(os.getpid(), signal.SIGTERM)  # stop: one history
-        resumed, creation_s = layout.run_json.exists(), None
-        if resumed:
-            cfg = load_run_config(layout.run_json)
-            check_resume_args(a, cfg, layout)
-            cfg = _apply_arm_list(a, cfg, layout)
-            log.info(
-                "resuming run %s (%s, %s parameters)", layout.root, cfg.preset, f"{cfg.n_params:,}"
-            )
-        else:
-            cfg = config_from_args(a)
-            log.info("creating run %s (%s)", layout.root, cfg.preset)
-            t_create = time.monotonic()
-            cfg = create_run(layout, cfg)
-            creation_s = time.monotonic() - t_create
-            log.info(
-                "created: %s parameters, vocabulary %d, checkpoint %s bytes",
-                f"{cfg.n_params:,}",
-                cfg.vocab_size,
-                f"{cfg.checkpoint_bytes:,}",
-            )
+            code = _gather_job(a, layout, lock, job, nodes, owned)
+            if code is not None:
+                return code
+        cfg, resumed, creation_s = _open_run(a, layout)
         _print_settings(cfg, a, resumed=resumed, layout=layout)
         opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
         sup = Supervisor(layout, cfg, opts)
         sup.watch.creation_s = creation_s  # the summary names creation and training apart
-        sup.node = node
+        sup.node = owned.node
         sup.install_signal_handlers()
         code = sup.run()
         log.info("proxy exiting with code %d at step %s", code, sup.stats.step)
@@ -332,9 +239,144 @@ def cmd_run(a) -> int:
         )
         return EXIT_OK
     finally:
-        if node is not None:
-            node.leave()
+        if owned.node is not None:
+            owned.node.leave()
         lock.release()
+
+
+def _prepare_directory(a, layout: RunLayout) -> int | None:
+    """Refusals before anything is written: bad options, or a --run-dir that holds what is not
+    a run's. Returns EXIT_USAGE (logged) or None."""
+    try:
+        check_run_options(a)
+    except ConfigError as e:
+        log.error("%s", e)
+        return EXIT_USAGE
+    if not layout.run_json.exists() and (alien := foreign_entries(layout.root)):
+        log.error(
+            "--run-dir %s: holds files that are not a run's (%s%s); a new run needs a new "
+            "or empty directory (or one whose creation was interrupted): give another "
+            "--run-dir",
+            layout.root,
+            ", ".join(alien[:5]),
+            f" and {len(alien) - 5} more" if len(alien) > 5 else "",
+        )
+        return EXIT_USAGE
+    return None
+
+
+def _make_directory(layout: RunLayout) -> int | None:
+    """Create the run directory and logs/; EXIT_USAGE (logged, naming the path and the cause)
+    when it cannot be, else None."""
+    try:
+        layout.root.mkdir(parents=True, exist_ok=True)
+        layout.logs.mkdir(exist_ok=True)
+    except OSError as e:  # a file in the way, no permission, a read-only filesystem
+        what = (
+            "is a file, not a directory"
+            if layout.root.is_file()
+            else f"cannot be created ({e.strerror or e})"
+        )
+        log.error(
+            "--run-dir %s: %s; give a directory path (an existing run, or a new path "
+            "whose parent you may write to)",
+            layout.root,
+            what,
+        )
+        return EXIT_USAGE
+    return None
+
+
+class _OwnedJob:
+    """The owner's node record of a several-node job while this proxy holds it (`cmd_run`
+    leaves it on the way out)."""
+
+    node: NodeRecord | None = None
+
+
+def _gather_job(a, layout: RunLayout, lock: RunLock, job: dict, nodes: int, owned) -> int | None:
+    """Own a several-node job (docs/architecture.md#several-nodes): write this node's record,
+    check that no other owner answers for the job, and wait for the other nodes before
+    anything of the run is written. Sets `owned.node` while the record is ours. Returns an exit
+    code when the start ends here (refused, stopped, or yielded to an earlier owner, whose
+    follower this proxy then became), else None."""
+    # the record first: an owner that asks the beacon tells "same directory" from
+    # "another directory" by the records it finds here (proxy/supervision/beacon.py)
+    node = owned.node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
+    node.write()
+    node.start_heartbeat()  # also through creation, resume planning, back-off
+    checks = _OwnerChecks(a, job, layout)
+    if not checks.first():
+        node.forget()
+        owned.node = None
+        return EXIT_USAGE
+    write_job(layout, {**job, "state": "gathering", "incarnation": 0})  # not the last owner's
+    log.info(
+        "owner of %s (node rank 0 of %d, global rank 0 here): waiting up to %.0f s "
+        "for the other node(s)",
+        layout.root,
+        nodes,
+        a.rdzv_timeout,
+    )
+
+    def idle() -> None:
+        node.heartbeat()
+        checks.again()
+        if lock.lost is not None:
+            raise _Yield(lock.lost)
+
+    try:  # before anything of the run is written: a job that cannot form writes nothing
+        if (
+            wait_for_followers(
+                layout,
+                job["token"],
+                nodes,
+                a.rdzv_timeout,
+                lambda: EarlySignals.stop is not None,
+                idle,
+            )
+            is None
+        ):
+            log.info("%s received while the nodes gathered: nothing started", EarlySignals.stop)
+            return EXIT_OK
+    except NodeSetupError as e:
+        log.error("%s", e)
+        return EXIT_USAGE
+    except _Yield as y:  # an earlier claim of this directory won: follow it
+        node.forget()
+        owned.node = None
+        checks.close()
+        lock.release()
+        setup_logging(None)  # a follower writes nothing in the run directory
+        return follow(layout, a, job, RunLockError("", y.owner))
+    lock.on_lost = lambda: os.kill(os.getpid(), signal.SIGTERM)  # stop: one history
+    return None
+
+
+def _open_run(a, layout: RunLayout) -> tuple[RunConfig, bool, float | None]:
+    """(config, resumed, creation seconds or None): the run in `layout` resumed with the
+    options it may change, or created from the options (shared/arm_data, run_setup). Raises
+    ConfigError / BanditConfigError (refused) and StopRequested (stopped during creation)."""
+    if layout.run_json.exists():
+        cfg = load_run_config(layout.run_json)
+        check_resume_args(a, cfg, layout)
+        cfg = _apply_arm_list(a, cfg, layout)
+        log.info(
+            "resuming run %s (%s, %s parameters)", layout.root, cfg.preset, f"{cfg.n_params:,}"
+        )
+        return cfg, True, None
+    cfg = config_from_args(a)
+    log.info("creating run %s (%s)", layout.root, cfg.preset)
+    t_create = time.monotonic()
+    cfg = create_run(layout, cfg)
+    creation_s = time.monotonic() - t_create
+    log.info(
+        "created: %s parameters, vocabulary %d, checkpoint %s bytes",
+        f"{cfg.n_params:,}",
+        cfg.vocab_size,
+        f"{cfg.checkpoint_bytes:,}",
+    )
+    return cfg, False, creation_s
 
 
 class _Yield(Exception):
