@@ -408,7 +408,8 @@ def lost_training_time(d: pathlib.Path, a) -> None:
     the mean costs with a bootstrap interval over pairs, plus a paired test of
     ours - 0.5 x torch.save (95 % interval of its median) that decides the target without
     dividing by a noisy number. Wall time, process CPU time and the training thread's CPU time
-    are all reported: CPU time hardly moves with other processes' load."""
+    are all reported: CPU time hardly moves with other processes' load; beside the ratio of the
+    means, the ratio of the median costs (one burst of other load cannot wreck it)."""
     import json
     import subprocess
     from scripts.bench_stats import ROOT as REPO, decide, median_ci
@@ -449,9 +450,12 @@ def lost_training_time(d: pathlib.Path, a) -> None:
             se = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
             met = decide(dlo, dhi, 0.0) if len(diff) >= 6 else None
             verdict = {True: "meets", False: "misses", None: "cannot decide"}[met]
+            mb = statistics.median(blk[m])   # robust to one burst, unlike the ratio of means
+            med = f"{statistics.median(x) / mb:.3f}" if mb > 0 else "unbounded"
             print(f"  {side:<9} {m:<10} mean cost {statistics.fmean(x):+.3f} s vs torch.save "
                   f"{statistics.fmean(blk[m]):+.3f} s: ratio {ratio:.3f} [{lo:.3f}..{hi:.3f}] "
-                  f"(bootstrap 95 %); {side} - {target} x torch.save: median "
+                  f"(bootstrap 95 %), ratio of the medians {med}; {side} - {target} x "
+                  f"torch.save: median "
                   f"{statistics.median(diff):+.3f} s [{dlo:+.3f}..{dhi:+.3f}], mean s.e. "
                   f"{se:.3f}: {verdict} the target {target}")
             if m == "wall":
