@@ -97,13 +97,14 @@ def test_a_refused_restart_of_an_interrupted_creation_keeps_its_directory(tmp_pa
     assert (run / "logs" / "proxy.log").read_text().startswith("an earlier attempt")
 
 
-def test_a_refused_start_in_an_empty_directory_that_existed_leaves_it_empty(tmp_path):
+def test_a_refused_start_in_a_directory_that_existed_leaves_only_its_log(tmp_path):
     """A start refused at the arm checks says "nothing was written", and in a directory the user
-    made for the run it leaves it as it found it: no `.proxy.lock`, `.proxy.owner.json` or
-    logs/ (what the start added is removed)."""
+    made for the run it leaves no `.proxy.lock` or `.proxy.owner.json`; only logs/ with the
+    attempt's log, from which `status` names the refusal."""
     run = tmp_path / "run"
     run.mkdir()
     r = run_proxy(run, "--tokenizer", "bytes", "--max-steps", "1",
                   f"--arm=x=text:{tmp_path / 'none.txt'}")
     assert r.returncode == 2 and "arm x:" in r.stderr and "nothing was written" in r.stderr
-    assert run.is_dir() and sorted(p.name for p in run.iterdir()) == []
+    assert run.is_dir() and sorted(p.name for p in run.iterdir()) == ["logs"]
+    assert "arm x:" in (run / "logs" / "proxy.log").read_text()

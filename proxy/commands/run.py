@@ -138,8 +138,9 @@ def _entries(root: Path) -> set[str] | None:
 def _remove_refused(layout: RunLayout, made: list[Path], before: set[str] | None) -> None:
     """A start refused before it wrote any data leaves nothing it created: the run directory
     and the parents made for it are removed; in a directory that already existed (`before`: its
-    names then), what this start added (its lock, owner file, logs/). A directory that holds a
-    tokenizer or token files (work a rerun keeps) is left as it is."""
+    names then), what this start added (its lock and owner file) but logs/, whose log `status`
+    quotes. A directory that holds a tokenizer or token files (work a rerun keeps) is left as
+    it is."""
     if layout.tokenizer.exists() or (layout.data.is_dir() and any(layout.data.iterdir())):
         return
     for h in list(logging.getLogger().handlers):  # the log file inside it
@@ -155,7 +156,9 @@ def _remove_refused(layout: RunLayout, made: list[Path], before: set[str] | None
                 break
         log.info("%s removed: this refused start had created it", made[-1])
         return
-    added = sorted((_entries(layout.root) or set()) - (before or set()))
+    # logs/ stays: `status` names the refusal from the attempt's log (shared/run_layout.py
+    # `last_creation_error`) in a directory the user made for the run
+    added = sorted((_entries(layout.root) or set()) - (before or set()) - {layout.logs.name})
     for name in added:
         p = layout.root / name
         if p.is_dir() and not p.is_symlink():

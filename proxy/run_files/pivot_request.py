@@ -36,14 +36,18 @@ def request_lock(layout: RunLayout, timeout: float = LOCK_TIMEOUT_S) -> Iterator
     write a request or withdraw one; the proxy takes the handshake's lock inside it, never the
     other way round. Reentrant in a process (one FileLock per path), so a move may call another.
     Raises RequestLockTimeout naming the lock after `timeout` seconds."""
-    try:
-        with FileLock(str(layout.pivot_request_lock), timeout=timeout, is_singleton=True):
-            yield
+    lock = FileLock(str(layout.pivot_request_lock), is_singleton=True)  # one per path: the
+    try:  # same arguments every time (a singleton refuses others), the timeout per acquire
+        lock.acquire(timeout=timeout)
     except Timeout:
         raise RequestLockTimeout(
             f"{layout.pivot_request_lock}: not acquired in {timeout:.0f} s; another process "
             "holds it (a stuck proxy or `pivot` command?)"
         ) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def request_path(layout: RunLayout) -> Path:
