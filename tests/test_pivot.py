@@ -329,14 +329,19 @@ def test_pivot_now_stops_at_the_next_step_and_a_stop_rule_with_now_ignores_the_c
     assert next_boundary(cfg, 25, now=True) == 26
 
 
+def _start_live(run, every: int):
+    """A live 400-step run checkpointing and auditing every `every` steps, keeping them all."""
+    return start(run, "--max-steps", "400", "--checkpoint-every", str(every), "--probe-every",
+                 "5", "--bandit-warmup", "10", "--sample-every", str(every), "--keep-last", "1000")
+
+
 def test_a_live_pivot_says_when_its_boundary_comes_and_pivot_now_pivots_at_the_next_step(tmp_path):
     """With the cadence at 100 and --max-steps 90 the pivot failed only after it was accepted
     ("the next checkpoint boundary, step 100, is not before the last step 60") and nothing said
     when a boundary would come; it is refused at once with the way out, and `--now` pivots at
     the next step. The waiting line is printed when it changes, not on every poll."""
     run = tmp_path / "run"
-    proc = start(run, "--max-steps", "400", "--checkpoint-every", "100", "--probe-every", "5",
-                 "--bandit-warmup", "10", "--sample-every", "100", "--keep-last", "1000")
+    proc = _start_live(run, every=100)
     with cleaned_up(proc, run):
         wait_for(lambda: last_step(run) >= 12, 300, what="training to pass step 12")
         r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--no-wait")
@@ -390,8 +395,7 @@ def test_a_pivot_withdrawn_at_its_boundary_changes_nothing_and_a_second_withdraw
     0; a worker that had already begun stopping is followed by a new one from step_B.bin) or
     after (refused as too late, and the pivot completes); either way every step is filed once."""
     run = tmp_path / "run"
-    proc = start(run, "--max-steps", "400", "--checkpoint-every", "50", "--probe-every", "5",
-                 "--bandit-warmup", "10", "--sample-every", "50", "--keep-last", "1000")
+    proc = _start_live(run, every=50)
     with cleaned_up(proc, run):
         wait_for(lambda: last_step(run) >= 5, 300, what="training to pass step 5")
         r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--no-wait")
