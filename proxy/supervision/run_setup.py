@@ -128,7 +128,8 @@ def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
     problems = check_arms(cfg.arms)  # every arm, all at once, before anything is written
     if problems:
         raise ArmSourceError(
-            f"{len(problems)} of the {len(cfg.arms)} arms cannot be used; nothing was written:\n"
+            f"{len(problems)} of the {len(cfg.arms)} arms cannot be used; nothing was written (in "
+            "a directory you made, logs/ keeps this attempt's log for `status`):\n"
             + "\n".join(f"  - {m}" for m in problems)
         )
     seen: dict[tuple, str] = {}
