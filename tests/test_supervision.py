@@ -105,7 +105,10 @@ def kill_at_pause(b, step: int, what: str) -> int:
 
 def kill_the_first_worker_in_step_13(b) -> tuple[int, int]:
     """SIGKILL the run's first worker inside step 13 (the run must pause there: `pauses(13)`),
-    so the restart resumes from step_000010.bin; (its pid, the restarted one's)."""
+    once step_000010.bin is on disk (its write runs in the background and can still be in
+    flight in step 13 on a loaded machine), so the restart resumes from it; (its pid, the
+    restarted one's)."""
+    wait_for(lambda: 10 in [s for s, *_ in manifest(b)], 180, what="step_000010.bin on disk")
     first = kill_at_pause(b, 13, "the first worker's pause in step 13")
     second = wait_for(lambda: (p := hello_pid(b, 120)) != first and p, 120, what="a restarted worker")
     return first, second
@@ -366,6 +369,30 @@ def test_a_worker_that_wrote_a_new_checkpoint_before_it_crashed_starts_the_resta
     assert "restarts are used up" in log
     recs = loss_records(b)
     assert [x["step"] for x in recs] == list(range(1, len(recs) + 1))
+
+
+def test_a_worker_killed_while_its_first_checkpoint_is_still_being_written_starts_again_from_step_0(
+        template, tmp_path):
+    """The first cadence write (step 10) runs in the background; a worker SIGKILLed in step 13
+    before it landed left 12 records and no checkpoint. Before, the proxy refused to restart
+    ("no valid checkpoint exists ... --from-scratch") since the history went past step 10: the
+    run died for good on a loaded machine. Now it starts again from step 0."""
+    b = clone(template, tmp_path / "run")
+    env = {**pauses(13), "ANDREA_TEST_WRITE_DELAY": "600"}  # no write lands while it runs
+    proc = start(b, *LONG, env=env)
+    with cleaned_up(proc, b):
+        wait_report(b, lambda r: r.get("type") == "checkpoint_started" and r["step"] == 10, 180,
+                    "the first cadence write to start")
+        first = kill_at_pause(b, 13, "the first worker's pause in step 13")
+        assert not manifest(b) and not checkpoint_steps(b)
+        wait_for(lambda: (p := hello_pid(b, 120)) != first and p, 180, what="a restarted worker")
+        assert wait_report(b, lambda r: r.get("type") == "hello", 10)["resumed_from"] == 0
+        assert proc.poll() is None
+    log = proxy_log(b)
+    assert "no checkpoint was ever written (the history ends at step 12" in log, log[-3000:]
+    assert "restart 1 of 3" in log and "no valid checkpoint exists" not in log
+    rewound = json.loads((b / ".loss.rewound.json").read_text())
+    assert {x["step"] for x in rewound} >= {1, 12}, "the 12 records were kept aside"
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again_from_step_0_in_the_proxy_and_on_the_next_start(template, tmp_path):

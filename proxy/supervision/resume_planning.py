@@ -89,8 +89,11 @@ def find_resume_point(
     removed; each rejected file is logged with its rule and, when training will pass its step
     again, moved to rejected/ (never deleted). A run stopped before its first checkpoint (no
     file, none rejected, an empty manifest, a history short of the first cadence step) starts
-    again from step 0 with a warning. Raises ResumeError when the history has records but no
-    checkpoint is valid otherwise, unless `from_scratch`."""
+    again from step 0 with a warning. "Short" is up to step 2 x checkpoint_every: the first
+    cadence write may still be in flight until the boundary of the second one waits for it
+    (worker/checkpointer.py `snapshot`), so a kill at any step before that can leave no file.
+    Raises ResumeError when the history has records but no checkpoint is valid otherwise,
+    unless `from_scratch`."""
     root = layout.root
     for p in clean_stale_temporaries(root):
         log.info("removed stale temporary %s", p.name)
@@ -119,14 +122,14 @@ def find_resume_point(
             and not rejected
             and not manifest
             and not _any_quarantined(layout)
-            and history.last_step < cfg.checkpoint_every
+            and history.last_step <= 2 * cfg.checkpoint_every
         ):
-            # stopped by kill -9, a crash or OOM before its first checkpoint: there is nothing
-            # to lose by starting again, and nothing to restore (docs/history.md#rewind)
+            # stopped by kill -9, a crash or OOM before its first checkpoint landed: there is
+            # nothing to lose by starting again, and nothing to restore (docs/history.md#rewind)
             log.warning(
-                "%s: no checkpoint was ever written (the history ends at step %d, "
-                "before the first cadence checkpoint at step %d): starting again from "
-                "step 0; the %d records go to %s",
+                "%s: no checkpoint was ever written (the history ends at step %d, before "
+                "the first cadence checkpoint at step %d was sure to be on disk): starting "
+                "again from step 0; the %d records go to %s",
                 root,
                 history.last_step,
                 cfg.checkpoint_every,
