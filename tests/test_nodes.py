@@ -434,6 +434,22 @@ def one(run, before, why) -> int:
     return new[0]
 
 
+def stop_step(run, before) -> int:
+    """The step at which a stop checkpointed since `before` (a set of checkpoints): its one
+    `sigterm` checkpoint, or, where the stop fell on a cadence step whose checkpoint was already
+    written, that one: a rank that gets the signal while it waits in the boundary's collective
+    acts on it at the start of the next update, which stops at the same step and writes no
+    second file (worker/trainer.py `_unless_a_rank_stops`). Either way it is the newest
+    checkpoint and the history ends there: no step lost."""
+    new = stops(run, before)
+    term = [s for s, w in new if w == "sigterm"]
+    assert new and len(term) <= 1, new
+    newest = max(s for s, _ in new)
+    assert newest == last_step(run), (new, last_step(run))
+    assert term == [newest] or (not term and (newest, "cadence") in new), new
+    return newest
+
+
 def wrote(run, before, why) -> bool:
     return any(w == why for _, w in stops(run, before))
 
@@ -504,7 +520,7 @@ def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_
         wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
     finally:
         reap(a, b, run=two)
-    assert 12 <= one(two, before, "sigterm") < 16  # `sigterm`: the reason of every stop signal
+    assert 12 <= stop_step(two, before) < 16  # `sigterm`: the reason of every stop signal
     assert "SIGINT on node rank 1" in out(two, "a")
     assert "following the run" not in (two / "logs" / "proxy.log").read_text(), \
         "the follower must not write the owner's log"
@@ -522,7 +538,7 @@ def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_
         wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
     finally:
         reap(a, b, run=two)
-    assert 16 <= one(two, before, "sigterm") < 20
+    assert 16 <= stop_step(two, before) < 20
 
     # start 3: SIGTERM to every process of both nodes at once (proxies, torchrun agents,
     # ranks), as Slurm's pre-emption does
@@ -541,7 +557,7 @@ def test_two_nodes_stopped_and_resumed_from_either_node_match_one_node_with_two_
         wait_for(lambda: not run_processes(two), 30, what="every process of both nodes to exit")
     finally:
         reap(a, b, run=two)
-    assert 20 <= one(two, before, "sigterm") < FINAL
+    assert 20 <= stop_step(two, before) < FINAL
 
     # start 4: to the end
     a = launch(two, "a", *PLAN)
@@ -682,7 +698,7 @@ def test_the_slurm_recipe_trains_two_nodes_through_a_checkpoint_request_time_lim
         wait_for(lambda: not run_processes(run), 30, what="every process of both nodes to exit")
     finally:
         reap(job, run=run)
-    stop = one(run, before, "sigterm")
+    stop = stop_step(run, before)
     assert 10 <= stop < 16
     assert "fake scontrol: requeue 4242" in out(run, "job1")
 
@@ -703,7 +719,7 @@ def test_the_slurm_recipe_trains_two_nodes_through_a_checkpoint_request_time_lim
         wait_for(lambda: not run_processes(run), 30, what="every process of both nodes to exit")
     finally:
         reap(job, run=run)
-    stop = one(run, before, "sigterm")
+    stop = stop_step(run, before)
     assert 16 <= stop < FINAL
     assert "requeue" not in out(run, "job2"), "pre-emption: Slurm requeues, not the script"
     steps = [r["step"] for r in loss_records(run)]
