@@ -96,7 +96,7 @@ def test_two_ranks_sigusr1_then_sigterm_to_the_proxy_give_one_checkpoint_and_sto
         assert checkpoint_steps(run) == [usr1_step], "SIGUSR1 must give exactly one checkpoint"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
-        wait_for(lambda: not leftovers(run), 30, what="every process of the run to exit")
+        wait_for(lambda: not leftovers(run), 120, what="every process of the run to exit")
         assert not pid_alive(agent) and not any(pid_alive(p) for p in pids)
     finally:
         finish(proc, run)
@@ -121,7 +121,7 @@ def test_a_signal_to_one_rank_only_still_gives_one_checkpoint_and_a_clean_stop_o
         assert checkpoint_steps(run) == [usr1_step]
         psutil.Process(other).send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, "the worker stopped cleanly, so the proxy exits 0"
-        wait_for(lambda: not leftovers(run), 30, what="every process of the run to exit")
+        wait_for(lambda: not leftovers(run), 120, what="every process of the run to exit")
     finally:
         finish(proc, run)
     final = last_step(run)
@@ -147,7 +147,7 @@ def test_kill_9_of_one_rank_restarts_all_ranks_from_the_newest_checkpoint(tmp_pa
         wait_for(lambda: last_step(run) >= newest + 3, 120, what="training to resume")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
-        wait_for(lambda: not leftovers(run), 30, what="every process of the run to exit")
+        wait_for(lambda: not leftovers(run), 120, what="every process of the run to exit")
     finally:
         finish(proc, run)
     log = (tmp_path / "proxy-test.log").read_text()
@@ -192,7 +192,7 @@ def test_kill_9_of_the_proxy_stops_every_rank_and_the_agent_with_a_checkpoint(tm
         proc.kill()
         proc.wait(timeout=30)
         wait_for(lambda: not any(pid_alive(p) for p in pids), 60, what="the ranks to stop")
-        wait_for(lambda: not leftovers(run), 30, what="the agent to exit")
+        wait_for(lambda: not leftovers(run), 120, what="the agent to exit")
     finally:
         finish(proc, run)
     assert [r for r in manifest(run) if r[1] == "sigterm"], \

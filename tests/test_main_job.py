@@ -26,13 +26,13 @@ def test_sigusr1_checkpoints_and_training_goes_on_then_sigterm_stops_both_with_e
         wpid = worker_pid(run)
         assert wpid and pid_alive(wpid)
         proc.send_signal(signal.SIGUSR1)
-        wait_for(lambda: checkpoint_steps(run), 30, what="the SIGUSR1 checkpoint")
+        wait_for(lambda: checkpoint_steps(run), 120, what="the SIGUSR1 checkpoint")
         usr1_step = checkpoint_steps(run)[0]
-        wait_for(lambda: last_step(run) >= usr1_step + 5, 30, what="training to continue")
+        wait_for(lambda: last_step(run) >= usr1_step + 5, 120, what="training to continue")
         assert proc.poll() is None and pid_alive(wpid)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-        wait_for(lambda: not pid_alive(wpid), 10, what="the worker to exit")
+        assert proc.wait(timeout=120) == 0
+        wait_for(lambda: not pid_alive(wpid), 60, what="the worker to exit")
     finally:
         if proc.poll() is None:
             proc.kill()

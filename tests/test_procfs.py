@@ -25,7 +25,7 @@ def test_read_stat_of_this_process_matches_the_os():
 
 def test_a_zombie_reads_Z_and_a_reaped_process_reads_gone():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    wait_for(lambda: process_state(child.pid) == "Z", 30, what="the child to exit unreaped")
+    wait_for(lambda: process_state(child.pid) == "Z", 120, what="the child to exit unreaped")
     child.wait()
     assert process_state(child.pid) is None and read_stat(child.pid) is None
 

@@ -114,7 +114,7 @@ def test_kill9_of_proxy_and_worker_then_a_new_run_resumes_bit_exact(template, re
     finally:
         if proc.poll() is None:
             proc.kill()
-    wait_for(lambda: not run_processes(b), 30, what="the run's processes to go")
+    wait_for(lambda: not run_processes(b), 120, what="the run's processes to go")
     assert max(checkpoint_steps(b)) == 20
     r = run(b, *EXACT)
     assert r.returncode == 0, r.stderr[-3000:]

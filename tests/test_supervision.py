@@ -79,7 +79,7 @@ def test_proxy_sigkill_worker_checkpoints_and_exits_nothing_remains_and_the_next
     assert noticed < 30  # docs/signals.md#parent-death: within a few seconds (PDEATHSIG: at the end of the step)
     s = stopped[-1]["step"]
     assert max(checkpoint_steps(b)) == s, "the worker checkpoints on its own"
-    wait_for(lambda: not run_processes(b), 30, what="no process of the run to remain")
+    wait_for(lambda: not run_processes(b), 120, what="no process of the run to remain")
     after = status_json(b)
     assert not after["proxy_alive"] and after["worker_pid"] is None and after["health"].startswith("stopped")
     assert after["last_checkpoint"]["step"] == s
