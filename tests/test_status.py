@@ -186,3 +186,39 @@ def test_status_of_a_failed_creation_names_its_error_not_an_interruption(tmp_pat
     out = st.stdout + st.stderr
     assert "the last attempt to create this run failed" in out and "has no column 'text'" in out, out
     assert "stopped or killed" not in out
+
+
+def test_status_tells_a_run_whose_proxy_was_killed_from_one_that_stopped_and_names_the_lost_steps(tmp_path):
+    """kill -9 of the proxy and its worker: `status` says the run stopped uncleanly and which
+    steps after the newest checkpoint will be trained again; after a clean start and stop it
+    says plain "stopped" again (before, both read "stopped")."""
+    import signal
+    from proc_helpers import (cleaned_up, create_template, hello_pid, last_step, manifest, start,
+                              wait_for, wait_report)
+    b = create_template(tmp_path / "run", "--max-steps", "400", "--checkpoint-every", "10")
+    proc = start(b, env={"ANDREA_TEST_PAUSE_AT_STEP": "15:600"})
+    with cleaned_up(proc, b):
+        wait_report(b, lambda r: r.get("event") == "test-pause", 180, "the pause in step 15")
+        wait_for(lambda: last_step(b) >= 14 and 10 in [s for s, *_ in manifest(b)], 120,
+                 what="step 14 filed and step_000010.bin on disk")
+        wpid = hello_pid(b, 10)
+        proc.send_signal(signal.SIGSTOP)  # so it neither restarts the worker nor ends cleanly
+        os.kill(wpid, signal.SIGKILL)
+        proc.kill()
+        proc.wait(30)
+
+    def health() -> str:
+        r = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(b)],
+                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return next(l for l in r.stdout.splitlines() if l.startswith("health"))
+
+    h = health()
+    assert "stopped uncleanly" in h and f"proxy pid {proc.pid}" in h, h
+    assert "steps 11..14 after the newest checkpoint are trained again" in h, h
+    from proc_helpers import run
+    r = run(b, "--max-steps", "20")
+    assert r.returncode == 0, r.stderr[-3000:]
+    h = health()
+    assert "stopped" in h and "uncleanly" not in h, h

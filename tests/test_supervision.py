@@ -82,6 +82,8 @@ def test_proxy_sigkill_worker_checkpoints_and_exits_nothing_remains_and_the_next
     wait_for(lambda: not run_processes(b), 120, what="no process of the run to remain")
     after = status_json(b)
     assert not after["proxy_alive"] and after["worker_pid"] is None and after["health"].startswith("stopped")
+    assert after["proxy_ended_cleanly"] is False and "stopped uncleanly" in after["health"]
+    assert "nothing is lost" in after["health"], after["health"]  # the worker checkpointed
     assert after["last_checkpoint"]["step"] == s
     # the next run starts cleanly (the dead proxy's lock does not block) and loses no record
     r = run(b, "--max-steps", str(s + 5), "--checkpoint-every", "10", timeout=300)

@@ -112,6 +112,9 @@ def collect_status(run_dir) -> dict:
         worker_state=wstate,
     )
     d["nodes"] = _nodes(layout, owner)
+    # the proxy writes proxy_alive false as it ends, whatever ended it but SIGKILL, the OOM
+    # killer or a power loss: a dead proxy whose last word says alive never ran its end
+    d["proxy_ended_cleanly"] = None if proxy_alive else not st.get("proxy_alive", False)
     d["health"] = _health(d, recs, worker, run_dir)
     return d
 
@@ -245,6 +248,18 @@ def _health(d: dict, recs: list[dict], worker: dict, run_dir) -> str:
         return (
             f"stopped at the last start's --max-steps {d['start_max_steps']:,}, before the "
             f"plan's {d['max_steps']:,} (resume with `python -m proxy run --run-dir "
+            f"{run_dir}`)"
+        )
+    if d.get("proxy_ended_cleanly") is False:
+        ckpt = (d.get("last_checkpoint") or {}).get("step") or 0
+        lost = (
+            f"steps {ckpt + 1:,}..{d['step']:,} after the newest checkpoint are trained again"
+            if d["step"] > ckpt
+            else "the newest checkpoint holds the last step: nothing is lost"
+        )
+        return (
+            f"stopped uncleanly: proxy pid {d['proxy_pid']} ended without its stop (kill -9, "
+            f"the OOM killer, a reboot?); {lost} (resume with `python -m proxy run --run-dir "
             f"{run_dir}`)"
         )
     return f"stopped (resume with `python -m proxy run --run-dir {run_dir}`)"
