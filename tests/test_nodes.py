@@ -411,6 +411,29 @@ def test_a_rendezvous_that_never_completes_stops_naming_the_missing_node_before_
     assert not (run / "run.json").exists() and not (run / "data").exists()
 
 
+@pytest.mark.slow
+def test_a_stop_while_the_nodes_gather_ends_owner_and_follower_with_exit_0(tmp_path):
+    """SIGTERM to the owner while it waits for the other nodes of --nnodes 4: it writes nothing
+    and exits 0, and so does the follower that had joined (it exited 1, "the run's owner is
+    gone", as if the owner had died)."""
+    run = tmp_path / "run"
+    a = launch(run, "a", *ARMS, nnodes="4")
+    try:
+        wait_for(lambda: node_of(run, a), 120, what="the owner's record")
+        b = launch(run, "b", *ARMS, nnodes="4")
+        wait_for(lambda: node_of(run, b), 120, what="the follower's record")
+        assert node_of(run, b)["role"] == "follower"
+        a.send_signal(signal.SIGTERM)
+        assert a.wait(120) == 0, out(run, "a")[-2000:]
+        assert b.wait(120) == 0, out(run, "b")[-2000:]
+    finally:
+        reap(a, run=run)
+        if "b" in locals():
+            reap(b, run=run)
+    assert "stopped cleanly before this node's ranks started" in out(run, "b")
+    assert not (run / "run.json").exists()
+
+
 # ---------------------------------------------------------------- training on two nodes
 
 @pytest.fixture(scope="module")

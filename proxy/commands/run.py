@@ -210,6 +210,28 @@ def cmd_run(a) -> int:
         seconds_since_start() or 0.0,
     )
     owned = _OwnedJob()
+    code = None  # the exit code, for the owner's node record (None: an exception escaped)
+    try:
+        code = _run_locked(a, layout, lock, job, nodes, owned, made, before)
+        return code
+    finally:
+        if owned.node is not None:
+            owned.node.leave(exit_code=code)
+        lock.release()
+
+
+def _run_locked(
+    a,
+    layout: RunLayout,
+    lock: RunLock,
+    job: dict | None,
+    nodes: int,
+    owned: _OwnedJob,
+    made: list[Path],
+    before: set[str] | None,
+) -> int:
+    """cmd_run once the run lock is held: gather the nodes, open or create the run,
+    supervise; returns the exit code (the caller releases the lock and leaves the job)."""
     try:
         if job is not None:
             code = _gather_job(a, layout, lock, job, nodes, owned)
@@ -241,10 +263,6 @@ def cmd_run(a) -> int:
             e,
         )
         return EXIT_OK
-    finally:
-        if owned.node is not None:
-            owned.node.leave()
-        lock.release()
 
 
 def _prepare_directory(a, layout: RunLayout) -> int | None:

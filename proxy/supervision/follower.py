@@ -123,6 +123,12 @@ class Follower:
             return record_alive(rec)
         return time.monotonic() - self._started < NODE_STALE_S
 
+    def _owner_left_cleanly(self) -> bool:
+        """The owner's node record says it left with exit code 0 (a stop while the nodes
+        gathered, or between incarnations: proxy/supervision/nodes.py `NodeRecord.leave`)."""
+        rec = read_json(nodes_dir(self.layout) / f"{self.owner['host']}-{self.owner['pid']}.json")
+        return bool(rec and rec.get("left") and rec.get("exit_code") == 0)
+
     def _owner_ended_clean(self) -> bool:
         """After a stop whose agent exited non-zero (a scheduler signalled the agent too): wait
         up to --stop-timeout for the owner to end the job, True when it ended it cleanly (the
@@ -257,6 +263,14 @@ class Follower:
                     log.info("the owner ended the job (%s): exiting", job.get("why") or "done")
                     return EXIT_OK
                 if not self._owner_alive():
+                    if self._owner_left_cleanly():
+                        log.info(
+                            "the run's owner (proxy pid %s on %s) stopped cleanly before "
+                            "this node's ranks started: exiting",
+                            self.owner.get("pid"),
+                            self.owner.get("host"),
+                        )
+                        return EXIT_OK
                     log.error(
                         "the run's owner (proxy pid %s on %s) is gone: this node stops "
                         "(the owner's node holds rank 0 and the history; start the job "

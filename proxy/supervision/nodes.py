@@ -221,12 +221,14 @@ class NodeRecord:
             except OSError:
                 pass
 
-    def leave(self) -> None:
-        """Mark the record as left (kept for `status`: which node ran what, last)."""
+    def leave(self, exit_code: int | None = None) -> None:
+        """Mark the record as left (kept for `status`: which node ran what, last), with the
+        proxy's exit code when known: a follower whose owner left before any incarnation
+        exits with success only when the owner did (proxy/supervision/follower.py)."""
         if self._beating is not None:
             self._beating.set()
         try:
-            self.write(left=True, ranks=[], agent_pid=None)
+            self.write(left=True, ranks=[], agent_pid=None, exit_code=exit_code)
         except OSError:
             pass
 
