@@ -97,38 +97,48 @@ def test_usr1_at_boundary_checkpoints_once_at_the_next_cadence_step(template, tm
 
 
 def test_sigusr1_then_sigterm_during_writes_neither_tear_nor_double_and_exit_0_once(template, tmp_path):
+    """SIGUSR1 while the cadence write of step 10 is in flight, then two SIGTERM while the
+    SIGUSR1 write of step 11 is: one checkpoint per step, none torn, one "stopped", exit 0.
+    Every write is held until the test releases it (ANDREA_TEST_WRITE_DELAY=hold) and the
+    signals are sent while updates 11 and 12 pause, so each lands during a write at a known
+    step however loaded the machine."""
     b = clone(template, tmp_path / "run")
-    delay = 2.0
-    proc = start(b, *LONG, env={"ANDREA_TEST_WRITE_DELAY": str(delay)})
+    env = {"ANDREA_TEST_WRITE_DELAY": "hold", "ANDREA_TEST_PAUSE_AT_STEP": "11:hold,12:600"}
+    proc = start(b, *LONG, env=env)
+
+    def landed(step=None) -> list[dict]:
+        return [r for r in reports(b) if r.get("type") == "checkpoint"
+                and (step is None or r["step"] == step)]
+
+    def started(reason) -> dict:
+        return wait_report(b, lambda r: r.get("type") == "checkpoint_started"
+                           and r["reason"] == reason, 120, f"the {reason} write to start")
+
     with cleaned_up(proc, b):
-        wait_report(b, lambda r: r.get("type") == "checkpoint_started" and r["step"] == 10, 180,
-                    "the cadence write of step 10")
-        assert not [r for r in reports(b) if r.get("type") == "checkpoint"], "the write must be in flight"
-        proc.send_signal(signal.SIGUSR1)  # during the write of step 10
-        usr1 = wait_report(b, lambda r: r.get("type") == "checkpoint_started" and r["reason"] == "sigusr1",
-                           60, "the SIGUSR1 write")["step"]
-        assert not [r for r in reports(b) if r.get("type") == "checkpoint" and r["step"] == usr1]
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)  # during the SIGUSR1 write
+        wait_report(b, lambda r: r.get("event") == "test-pause" and r["step"] == 11, 180,
+                    "the pause in step 11, step 10's write held")
+        assert started("cadence")["step"] == 10 and not landed()
+        usr1_to_paused_worker(proc, b, 11)  # during the write of step 10
+        assert started("sigusr1")["step"] == 11 and not landed(), "step 10's write is held"
+        (b / ".test-release-write-10").touch()
+        wait_report(b, lambda r: r.get("event") == "test-pause" and r["step"] == 12, 120,
+                    "the pause in step 12")
+        assert [r["step"] for r in landed()] == [10], "step 11's write is held"
+        proc.send_signal(signal.SIGTERM)  # during the SIGUSR1 write (it ends the pause)
         proc.send_signal(signal.SIGTERM)  # a second one changes nothing
+        assert started("sigterm")["step"] == 12 and not landed(11)
+        t0 = time.monotonic()
+        (b / ".test-release-writes").touch()
         assert proc.wait(timeout=120) == 0
         took = time.monotonic() - t0
     ck = _checkpoint_reports(b)
-    steps = [s for s, _ in ck]
-    assert len(steps) == len(set(steps)), f"a step was written twice: {ck}"
-    assert ck[0] == (10, "cadence") and (usr1, "sigusr1") in ck, ck
-    # the stop step's checkpoint: a new "sigterm" one, or the SIGUSR1 one when training had not
-    # gone past it (the state is already on disk: not written twice)
-    assert ck[-1][1] == "sigterm" or ck[-1] == (usr1, "sigusr1"), ck
-    assert usr1 > 10
+    assert ck == [(10, "cadence"), (11, "sigusr1"), (12, "sigterm")], ck
     stopped = [r for r in reports(b) if r.get("event") == "stopped"]
-    assert len(stopped) == 1 and stopped[0]["exit_code"] == 0 and stopped[0]["step"] == ck[-1][0]
-    assert loss_records(b)[-1]["step"] == ck[-1][0]
+    assert len(stopped) == 1 and stopped[0]["exit_code"] == 0 and stopped[0]["step"] == 12
+    assert loss_records(b)[-1]["step"] == 12
     _assert_all_checkpoints_valid(b)
-    # bounded: the rest of the write in flight + the stop step's write + start/exit slack
-    # (generous: the machine is shared; the figure goes in the report, not in a timing claim)
-    print(f"SIGTERM during a write -> exit in {took:.2f} s (write delay {delay} s)")
-    assert took < 2 * delay + 30
+    # the two held writes, then the exit (a figure for the report, not a timing claim)
+    print(f"SIGTERM during a write -> exit {took:.2f} s after the writes were let go")
 
 
 def test_sigusr1_during_startup_of_proxy_and_worker_is_honoured_after_the_first_step(tmp_path):

@@ -233,7 +233,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         need = 8 + 12 * self.n + DISK_MARGIN_BYTES
         try:
-            fault_injection.write_delay()  # test hook; off unless set
+            fault_injection.write_delay(self.run_dir, step)  # test hook; off unless set
             if self._free_bytes() < need:
                 self.apply_retention(exclude_newest=False)
                 if self._free_bytes() < need:

@@ -22,7 +22,11 @@ and supervision tests are deterministic instead of racing a 10 ms step:
                                      needs, without waiting that long on a fast one.
   ANDREA_TEST_STEAL_SIGNAL=SIGUSR1   a "library" resets that handler before the worker's check
   ANDREA_TEST_WRITE_DELAY=SECS       every checkpoint write sleeps SECS seconds before writing
-                                     (a window to signal "during a write")
+                                     (a window to signal "during a write"); `hold`: the write
+                                     of step N waits until the test creates
+                                     `.test-release-write-N` or `.test-release-writes` (every
+                                     write from then on) in the run directory (at most an
+                                     hour), so a signal "during a write" never races the clock
   ANDREA_TEST_HANG_AT_STEP=N         update N blocks for ever (signals set flags but the step never
                                      ends), once per run directory (marker `.test-hang-done`)
   ANDREA_TEST_ORPHAN_FILE=PATH       at start-up the worker leaves an orphaned grandchild
@@ -143,10 +147,20 @@ def hang_in_step(step: int, run_dir: Path) -> None:
             time.sleep(3600)
 
 
-def write_delay() -> None:
-    """Sleep ANDREA_TEST_WRITE_DELAY seconds (called by the checkpoint writer thread)."""
+def write_delay(run_dir: Path, step: int) -> None:
+    """Sleep ANDREA_TEST_WRITE_DELAY seconds before the write of `step` (called by the
+    checkpoint writer thread); `hold`: until `.test-release-write-<step>` or
+    `.test-release-writes` exists in `run_dir`."""
     secs = os.environ.get("ANDREA_TEST_WRITE_DELAY")
-    if secs:
+    if secs == "hold":
+        one, every = (
+            Path(run_dir) / f".test-release-write-{step}",
+            Path(run_dir) / ".test-release-writes",
+        )
+        end = time.monotonic() + 3600.0
+        while time.monotonic() < end and not (one.exists() or every.exists()):
+            time.sleep(0.01)
+    elif secs:
         time.sleep(float(secs))
 
 
