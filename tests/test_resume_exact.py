@@ -107,6 +107,8 @@ def test_kill9_of_proxy_and_worker_then_a_new_run_resumes_bit_exact(template, re
     proc = start(b, *EXACT, env={"ANDREA_TEST_PAUSE_AT_STEP": "23:60"})
     try:
         wait_report(b, lambda r: r.get("event") == "test-pause", 180, "the pause in step 23")
+        # step 20's write runs in the background: on a loaded machine it can still be in flight
+        wait_for(lambda: 20 in [s for s, *_ in manifest(b)], 120, what="step_000020.bin on disk")
         wpid = hello_pid(b)
         os.kill(wpid, signal.SIGKILL)  # both at once: nobody checkpoints on the way out
         os.kill(proc.pid, signal.SIGKILL)
