@@ -88,7 +88,7 @@ class BanditConfig:
     # mean of the others' is trivially predictable: it never out-scores
     # the worst arm (the collapse trap,
     # docs/bandit.md#the-easy-arm-guard); 0 = off (default)
-    confidence_z: float = 2.0  # train_slope: z of the lower confidence bound on the gain
+    confidence_z: float = 3.0  # train_slope: z of the lower confidence bound on the gain
     # that sets lambda
     min_periods: int = 4  # train_slope: policy periods of an arm's fit before it
     # counts as evidence
@@ -131,7 +131,7 @@ class BanditConfig:
             raise bad("easy_arm_ratio", self.easy_arm_ratio, "must be in [0, 1) (default 0 = off)")
         self.easy_arm_ratio = float(self.easy_arm_ratio)
         if not _real(self.confidence_z) or self.confidence_z < 0:
-            raise bad("confidence_z", self.confidence_z, "must be a finite number >= 0 (default 2)")
+            raise bad("confidence_z", self.confidence_z, "must be a finite number >= 0 (default 3)")
         self.confidence_z = float(self.confidence_z)
         if (
             not isinstance(self.min_periods, int)
