@@ -15,7 +15,7 @@ least three standard errors (else it is judged as alike). Policies (rows):
   stratified  uniform within the box (Aioli's strong baseline; the reference of every ratio)
   odm         the bandit with reward train_loss (ODM, Albalak et al. 2023)
   probe       the bandit with the held-out probe's reward (heldout_progress), its probe charged
-  default     the bandit as a run gets it: reward train_slope, lambda_rule max_bound (free: no
+  default     the bandit as a run gets it: reward train_slope, lambda_rule gate, z = 3 (free: no
               probe; docs/bandit.md#the-default-policy)
   fixed[...]  the oracle: fixed mixtures over the box (`--oracle-design grid|sparse|mini`), smoothed
               by a quadratic fit; the default's captured share = (stratified - default) /
