@@ -15,7 +15,7 @@ least three standard errors (else it is judged as alike). Policies (rows):
   stratified  uniform within the box (Aioli's strong baseline; the reference of every ratio)
   odm         the bandit with reward train_loss (ODM, Albalak et al. 2023)
   probe       the bandit with the held-out probe's reward (heldout_progress), its probe charged
-  default     the bandit as a run gets it: reward train_slope, lambda_rule max_bound (free: no
+  default     the bandit as a run gets it: reward train_slope, lambda_rule gate, z = 3 (free: no
               probe; docs/bandit.md#the-default-policy)
   fixed[...]  the oracle: fixed mixtures over the box (`--oracle-design grid|sparse|mini`), smoothed
               by a quadratic fit; the default's captured share = (stratified - default) /
@@ -43,7 +43,7 @@ function of (the policy source's hash for bandit rows), so a rerun trains only w
 oracle) is what the slow test runs. The last lines are one machine-readable `RESULT {...}` per
 arm set.
 
-    python scripts/bench_mixture.py [--sets A B C D F trap] [--steps 300] [--seeds 1 2 3 4 5]
+    python scripts/bench_mixture.py [--sets A B C D F trap] [--steps 600] [--seeds 1 2 3 4 5]
         [--oracle-sets D F] [--oracle-design mini] [--oracle-seeds 3] [--no-oracle] [--quick]
         [--cache FILE ...] [--cached-only] [--policies ...] [--variant NAME:KEY=V,...]
 """
@@ -808,7 +808,8 @@ def main() -> None:
                          "unchanged; say so when you do)")
     ap.add_argument("--trap", action="store_true",
                     help="also run the collapse trap: set A plus a repetitive list-like arm")
-    ap.add_argument("--steps", type=int, default=300, help="training steps of the bandit rows (e.g. 1000)")
+    ap.add_argument("--steps", type=int, default=600,
+                    help="training steps of every row (default 600; docs/bandit.md#how-we-show-it-works)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     ap.add_argument("--grid-step", type=float, default=0.1, help="oracle grid step (default 0.1)")
     ap.add_argument("--no-oracle", action="store_true", help="skip the grid of fixed mixtures")

@@ -88,13 +88,13 @@ class BanditConfig:
     # mean of the others' is trivially predictable: it never out-scores
     # the worst arm (the collapse trap,
     # docs/bandit.md#the-easy-arm-guard); 0 = off (default)
-    confidence_z: float = 2.0  # train_slope: z of the lower confidence bound on the gain
+    confidence_z: float = 3.0  # train_slope: z of the lower confidence bound on the gain
     # that sets lambda
     min_periods: int = 4  # train_slope: policy periods of an arm's fit before it
     # counts as evidence
-    lambda_rule: str = "max_bound"  # train_slope: "max_bound" (the lam whose mixture has the
-    # largest lower confidence bound on its gain) | "ratio" (lam = 1 - z SE / G at the target);
-    # docs/bandit.md#the-default-policy
+    lambda_rule: str = "gate"  # train_slope: "gate" (the target itself once its lower confidence
+    # bound on the gain is positive) | "max_bound" (the lam whose mixture has the largest lower
+    # bound) | "ratio" (lam = 1 - z SE / G at the target); docs/bandit.md#the-default-policy
     repetitive_ratio: float = (
         REPETITIVE_RATIO  # repetition guard: an arm whose tokens compress at least this well
     )
@@ -131,7 +131,7 @@ class BanditConfig:
             raise bad("easy_arm_ratio", self.easy_arm_ratio, "must be in [0, 1) (default 0 = off)")
         self.easy_arm_ratio = float(self.easy_arm_ratio)
         if not _real(self.confidence_z) or self.confidence_z < 0:
-            raise bad("confidence_z", self.confidence_z, "must be a finite number >= 0 (default 2)")
+            raise bad("confidence_z", self.confidence_z, "must be a finite number >= 0 (default 3)")
         self.confidence_z = float(self.confidence_z)
         if (
             not isinstance(self.min_periods, int)
@@ -139,8 +139,8 @@ class BanditConfig:
             or self.min_periods < 3
         ):
             raise bad("min_periods", self.min_periods, "must be an int >= 3 (default 4)")
-        if self.lambda_rule not in ("ratio", "max_bound"):
-            raise bad("lambda_rule", self.lambda_rule, "must be 'ratio' or 'max_bound'")
+        if self.lambda_rule not in ("ratio", "max_bound", "gate"):
+            raise bad("lambda_rule", self.lambda_rule, "must be 'ratio', 'max_bound' or 'gate'")
         if not _real(self.repetitive_ratio) or not (
             self.repetitive_ratio == 0 or self.repetitive_ratio >= 1
         ):

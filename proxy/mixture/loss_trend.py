@@ -110,6 +110,7 @@ def conservative_mixture(
         SE   = (1/K) sqrt(sum_i ln(pi_i / s_i)^2 var(b_i))              arms taken as independent
         lam  = max(0, 1 - z SE / G) when G > 0, else 0                  rule "ratio": lam G = G - z SE
         lam  = argmax over lam in {0, 0.01, .., 1} of G(lam) - z SE(lam)   rule "max_bound"
+        lam  = 1 when G - z SE > 0, else 0                              rule "gate"
                G(lam), SE(lam): G and SE at p(lam) = (1 - lam) s + lam pi instead of pi
 
     b+ = max(b, 0). floors' keep every arm at min_share (a tenth) of its stratified share or
@@ -117,10 +118,11 @@ def conservative_mixture(
     two evidence arms, gives pi = s and lam = 0.
     pi maximises sum_i b_i ln pi_i in the box (its KKT conditions are exactly the KL
     projection of b / sum b), the mean-optimal mixture of the log-linear model. `stratified`
-    must lie inside floors/caps (proxy/mixture/bandit.py computes it so). `rule` is "ratio" or
-    "max_bound" (the default policy's, docs/bandit.md#the-default-policy: the mixture on the
-    segment from s to pi whose lower confidence bound on the gain is largest; stratified when
-    no such bound is positive). Returns a Move; its `gain` and `gain_se` are those of pi."""
+    must lie inside floors/caps (proxy/mixture/bandit.py computes it so). `rule` is "ratio",
+    "max_bound" (the mixture on the segment from s to pi whose lower confidence bound on the
+    gain is largest; stratified when the bound at pi is not positive) or "gate" (the default
+    policy's, docs/bandit.md#the-default-policy: pi itself once its lower confidence bound is
+    positive, stratified until then). Returns a Move; its `gain` and `gain_se` are those of pi."""
     k = len(arms)
     est = {}
     for a in arms:
@@ -149,7 +151,9 @@ def conservative_mixture(
     logs = {a: math.log(target[a] / stratified[a]) for a in free}
     gain = math.fsum(est[a][0] * logs[a] for a in free) / k
     se = math.sqrt(math.fsum(logs[a] * logs[a] * est[a][1] for a in free)) / k
-    if rule == "max_bound":
+    if rule == "gate":
+        lam = 1.0 if gain - z * se > 0 else 0.0
+    elif rule == "max_bound":
         lam = _max_bound_lam(free, est, stratified, target, k, z) if gain - z * se > 0 else 0.0
     elif not gain > 0:
         lam = 0.0
