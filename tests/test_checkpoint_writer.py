@@ -181,3 +181,52 @@ def test_host_buffer_is_reclaimable_after_each_write_and_the_writer_runs_niced(t
                                       for a, t in zip(got[1:], (w, m, v)))
     assert nice_seen == [max(ck.WRITER_NICE, mine)] * 2
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine         # the caller's own is unchanged
+
+
+def test_a_copy_no_writer_takes_is_finished_by_the_caller_with_the_file_checksum(tmp_path):
+    """The deferred copy is a job any thread can finish (docs/checkpoint-format.md#writing-without-stalling):
+    run by the caller alone (a writer that never got a core) it copies every byte and yields
+    the crc32 of the whole file image; run by two threads at once it gives the same bytes and
+    checksum (pieces in file order, one at a time)."""
+    import threading
+    import zlib
+
+    n = 3 * (ck.COPY_CHUNK_BYTES // 4) + 12_345          # pieces of every kind, a short tail
+    w, m, v = _state(n, 4)
+    want = None
+    for threads in (1, 2, 2, 2):
+        image = cw.alloc_checkpoint_image(n)
+        job = ck._CopyJob(image, 77, n, [t.numpy() for t in (w, m, v)])
+        helpers = [threading.Thread(target=job.run) for _ in range(threads - 1)]
+        for h in helpers:
+            h.start()
+        job.run()                                        # returns only when every piece is done
+        assert job.done() and job.error is None
+        assert job.crc == zlib.crc32(image)
+        for h in helpers:
+            h.join()
+        if want is None:
+            want = image.copy()
+            assert all(np.array_equal(a, t.numpy()) for a, t in zip(cw.image_arrays(image),
+                                                                    (w, m, v)))
+            assert bytes(image[:8]) == cf._HEADER.pack(77, n)
+        assert np.array_equal(image, want)
+
+
+def test_background_checkpoint_checksum_in_the_manifest_is_the_files(tmp_path):
+    """The checksum the writer records (computed during the copy) is the file's crc32, and the
+    file holds the state as it was at snapshot() though training changed it right after
+    wait_copied()."""
+    n = 2 * (ck.COPY_CHUNK_BYTES // 4) + 3
+    w, m, v = _state(n, 5)
+    keep = [t.clone() for t in (w, m, v)]
+    c = Checkpointer(tmp_path, n, keep_last=2, keep_every=0)
+    c.snapshot(3, w, m, v, "cadence", defer_copy=True)
+    c.wait_copied()
+    for t in (w, m, v):
+        t.add_(1.0)
+    assert c.wait().error is None
+    path = tmp_path / cf.checkpoint_name(3)
+    assert cm.read_manifest(tmp_path)[3].checksum == cf.file_checksum(path)
+    got = _file_arrays(path, n)
+    assert got[0] == 3 and all(np.array_equal(a, t.numpy()) for a, t in zip(got[1:], keep))

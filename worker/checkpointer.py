@@ -6,6 +6,12 @@ preallocated host buffer (pinned memory on CUDA); a background thread then write
 retention, deleting only after the new file is durable. One write is in flight at a time: a new
 snapshot first waits for the previous write. `wait()` is what SIGTERM and the end of a run call.
 
+On CPU the copy is cut into chunks (`_CopyJob`), each checksummed while it is still in cache, and
+the writer thread runs at the lowest priority (nice `WRITER_NICE`) from its start, so that it takes
+the cores when torch's threads leave them; whatever of the copy it has not done when training
+needs it (`wait_copied()`, `wait()`), the caller does itself at its own priority, so a starved
+writer never holds training (docs/checkpoint-format.md#writing-without-stalling).
+
 What it is not: the format (shared/checkpoint_format.py), the write engine
 (shared/checkpoint_write.py) or the decision of when to write
 (worker/trainer.py).
@@ -28,7 +34,7 @@ import numpy as np
 import torch
 
 from worker import fault_injection
-from shared.checkpoint_format import CheckpointError, expected_size
+from shared.checkpoint_format import _HEADER, CheckpointError, crc32, expected_size
 from shared.checkpoint_write import DIRECT_ALIGN, image_offset, write_checkpoint_image
 from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_manifest import (
@@ -45,7 +51,8 @@ log = logging.getLogger("worker.checkpointer")
 
 PINNED_REASONS = frozenset({"sigusr1", "pivot", "final", "alarm"})
 DISK_MARGIN_BYTES = 64 << 20
-WRITER_NICE = 10  # the writer's (and its checksum thread's) nice value once the copy is done
+WRITER_NICE = 19  # the writer thread's nice value (Linux: per thread), from its start
+COPY_CHUNK_BYTES = 4 << 20  # one piece of the copy: a few L2/L3-sized pieces, checksummed hot
 _MADV_FREE = 8  # linux/mman.h (Linux 4.5+): pages freed lazily, only under memory pressure
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -60,6 +67,50 @@ def _lower_thread_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
     except (AttributeError, OSError):
         pass
+
+
+class _CopyJob:
+    """The copy of w, m, v (CPU float32, n elements each) into a checkpoint file image, in
+    pieces of COPY_CHUNK_BYTES, with the image's crc32 (header first) computed piece by piece
+    right after each piece's copy, while it is in cache: one pass over memory instead of two.
+
+    Any thread may call `run()`; pieces are taken in order under a lock, so two threads never
+    copy at once and the checksum sees the bytes in file order. `run()` returns when every
+    piece is done (by this thread or another). A failing piece stops the job: `error` holds the
+    exception, and `run()` still returns (training is never left waiting).
+    """
+
+    def __init__(self, image: np.ndarray, step: int, n: int, srcs) -> None:
+        image[:8] = np.frombuffer(_HEADER.pack(step, n), dtype=np.uint8)
+        self.crc = crc32(image[:8])
+        dst = image[8:].view(np.float32)
+        per = max(1, COPY_CHUNK_BYTES // 4)
+        self._pieces = [
+            (dst[i * n + a : i * n + min(a + per, n)], src[a : a + per])
+            for i, src in enumerate(srcs)
+            for a in range(0, n, per)
+        ]
+        self._next = 0
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._next >= len(self._pieces)
+
+    def run(self) -> None:
+        while True:
+            with self._lock:
+                if self._next >= len(self._pieces):
+                    return
+                dst, src = self._pieces[self._next]
+                try:
+                    np.copyto(dst, src)  # a memcpy; releases the GIL
+                    self.crc = crc32(dst.view(np.uint8), self.crc)
+                except BaseException as e:  # reported by the writer; never blocks training
+                    self.error = e
+                    self._next = len(self._pieces)
+                    return
+                self._next += 1
 
 
 def _libc():
@@ -104,7 +155,7 @@ class Checkpointer:
     once (MADV_DONTNEED) made the next copy fault every page in again: 0.22 s of CPU per
     andrea-12m checkpoint instead of 0.10 s (thread CPU time, docs/checkpoint-format.md#writing-without-stalling),
     CPU taken from training on 2 cores. A pinned (CUDA) buffer is kept as is.
-    writer_nice: the nice value of the writer thread after its copy
+    writer_nice: the nice value of the writer thread, copy included
     (docs/checkpoint-format.md#writing-without-stalling).
     """
 
@@ -131,8 +182,7 @@ class Checkpointer:
         self._image = raw.numpy()[off : off + size]
         self._host_np = self._image[8:].view(np.float32)  # the same bytes, numpy
         self._thread: threading.Thread | None = None
-        self._copied = threading.Event()  # set when no deferred copy is pending
-        self._copied.set()
+        self._job: _CopyJob | None = None  # the copy of the write in flight (CPU)
         self._on_done = on_done or (lambda r: None)
         self.last_result: WriteResult | None = None
         self.writer_nice = writer_nice
@@ -156,7 +206,9 @@ class Checkpointer:
         return self._thread is not None and self._thread.is_alive()
 
     def wait(self) -> WriteResult | None:
-        """Block until the write in flight (if any) is durable or failed."""
+        """Block until the write in flight (if any) is durable or failed; the copy's pieces the
+        writer has not taken yet are done here first, at the caller's priority."""
+        self.wait_copied()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -180,59 +232,71 @@ class Checkpointer:
         (the wait for a previous write still in flight, plus the copy); after it returns the
         caller may change w, m, v freely.
 
-        defer_copy (CPU tensors, background only): the copy itself runs in the writer thread,
-        overlapping the next forward and backward pass, which only read the weights; the caller
-        must call `wait_copied()` before anything changes w, m or v (the optimizer step). The
-        held time is then only the wait for a previous write."""
+        defer_copy (CPU tensors, background only): the copy itself runs in the writer thread
+        at its low priority, overlapping the next forward and backward pass, which only read
+        the weights; the caller must call `wait_copied()` before anything changes w, m or v
+        (the optimizer step), which does the pieces not yet copied itself. The held time is
+        then only the wait for a previous write."""
         t0 = time.perf_counter()
         self.wait()
-        defer = defer_copy and background and not w.is_cuda
-        if not defer:
-            self._copy(w, m, v)
+        job = self._copy(step, w, m, v)
+        defer = defer_copy and background and job is not None
+        if job is not None and not defer:
+            job.run()
         held = time.perf_counter() - t0
         if background:
-            self._copied.clear()
-            args = (step, reason, (w, m, v) if defer else None)
+            self._job = job
             self._thread = threading.Thread(
-                target=self._write_after_copy, args=args, name=f"ckpt-{step}", daemon=False
+                target=self._write_after_copy,
+                args=(step, reason, job),
+                name=f"ckpt-{step}",
+                daemon=False,
             )
             self._thread.start()
         else:
-            self._write(step, reason)
+            self._write(step, reason, job)
         return held
 
-    def _copy(self, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+    def _copy(self, step: int, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor):
+        """CPU float32 sources: a `_CopyJob` (not yet run) that copies them into the image and
+        checksums it. Others (CUDA): copied here at once (device-to-host into the pinned
+        buffer, then a synchronize); None, and the writer computes the checksum."""
+        srcs = [x.detach().reshape(-1) for x in (w, m, v)]
+        if all(x.device.type == "cpu" and x.dtype == torch.float32 for x in srcs):
+            return _CopyJob(self._image, step, self.n, [x.numpy() for x in srcs])
         n = self.n
-        for i, src in enumerate((w, m, v)):
-            src = src.detach().reshape(-1)
-            if src.device.type == "cpu" and src.dtype == torch.float32:
-                # one memcpy; about twice as fast as Tensor.copy_ here (scripts/bench_checkpoint.py stall)
-                np.copyto(self._host_np[i * n : (i + 1) * n], src.numpy())
-            else:
-                self._host_t[i * n : (i + 1) * n].copy_(src, non_blocking=True)
+        for i, src in enumerate(srcs):
+            self._host_t[i * n : (i + 1) * n].copy_(src, non_blocking=True)
         if w.is_cuda:
             torch.cuda.synchronize()
+        return None
 
     def wait_copied(self) -> None:
-        """Block until a deferred copy (snapshot(defer_copy=True)) has left w, m, v."""
-        self._copied.wait()
+        """Return once a deferred copy (snapshot(defer_copy=True)) has left w, m, v: the
+        pieces the writer has not taken are copied here, at the caller's priority."""
+        job = self._job
+        if job is not None:
+            job.run()
 
-    def _write_after_copy(self, step: int, reason: str, arrays) -> None:
-        try:
-            if arrays is not None:
-                self._copy(*arrays)
-        finally:
-            self._copied.set()  # never leave training blocked, even if the copy failed
-        _lower_thread_priority(self.writer_nice)  # this thread (and its crc thread) from here on
-        self._write(step, reason)
+    def _write_after_copy(self, step: int, reason: str, job: _CopyJob | None) -> None:
+        _lower_thread_priority(self.writer_nice)  # the copy too: it runs in training's gaps
+        if job is not None:
+            job.run()
+        self._write(step, reason, job)
 
     def _free_bytes(self) -> int:
         return shutil.disk_usage(self.run_dir).free
 
-    def _write(self, step: int, reason: str) -> None:
+    def _write(self, step: int, reason: str, job: _CopyJob | None) -> None:
         t0 = time.perf_counter()
         need = 8 + 12 * self.n + DISK_MARGIN_BYTES
         try:
+            if job is not None and job.error is not None:
+                raise CheckpointError(
+                    f"step {step}: copying the state into the host buffer failed: "
+                    f"{job.error!r}; not written, earlier checkpoints intact",
+                    rule="io",
+                ) from job.error
             fault_injection.write_delay(self.run_dir, step)  # test hook; off unless set
             if self._free_bytes() < need:
                 self.apply_retention(exclude_newest=False)
@@ -244,7 +308,9 @@ class Checkpointer:
                         f"cadence",
                         rule="disk",
                     )
-            path, nbytes, checksum = write_checkpoint_image(self.run_dir, step, self._image)
+            path, nbytes, checksum = write_checkpoint_image(
+                self.run_dir, step, self._image, crc=None if job is None else job.crc
+            )
             record_checkpoint(
                 self.run_dir,
                 ManifestEntry(
