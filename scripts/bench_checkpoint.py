@@ -85,7 +85,11 @@ def main(argv=None) -> int:
                     help="CPU time of each stage of a background checkpoint, per thread")
     ap.add_argument("--diagnose", default="", help="--cost: extra sides, comma-separated: "
                     "plain (writer at normal priority, buffer kept), sync_copy (copy in the "
-                    "training thread)")
+                    "training thread), old (the Checkpointer of --old-rev: an A/B of two "
+                    "versions under the same load)")
+    ap.add_argument("--old-rev", default="main",
+                    help="--diagnose old: git revision whose worker/checkpointer.py is the "
+                    "'old' side")
     a = ap.parse_args(argv)
     n = a.n_params
     rng = np.random.default_rng(0)
@@ -243,7 +247,8 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
     import collections
     import torch
     from worker import checkpointer as ck
-    rows: list[tuple[str, float, float]] = []
+    rows: list[tuple[str, float, float, int]] = []
+    round_no = [0]
 
     def timed(name, fn):
         def f(*args, **kw):
@@ -251,12 +256,15 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
             try:
                 return fn(*args, **kw)
             finally:
-                rows.append((name, time.thread_time() - c0, time.perf_counter() - t0))
+                rows.append((name, time.thread_time() - c0, time.perf_counter() - t0,
+                             round_no[0]))
         return f
     C = ck.Checkpointer
-    saved = {k: getattr(C, k) for k in ("_copy", "_release_host_buffer", "apply_retention")}
+    saved = {k: getattr(C, k) for k in ("_release_host_buffer", "apply_retention")}
+    saved_job = ck._CopyJob.run
     saved_mod = {k: getattr(ck, k) for k in ("write_checkpoint_image", "record_checkpoint")}
-    C._copy = timed("copy into the host buffer", C._copy)
+    # the copy's pieces (crc32 included) run in the writer and in the caller's wait: summed
+    ck._CopyJob.run = timed("copy + crc32 into the host buffer (all threads)", ck._CopyJob.run)
     C._release_host_buffer = timed("host buffer marked free", C._release_host_buffer)
     C.apply_retention = timed("retention", C.apply_retention)
     ck.write_checkpoint_image = timed("write + fsync + rename (waits for the crc32)",
@@ -267,19 +275,25 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
         w, m, v = (torch.randn(n, generator=g) for _ in range(3))
         c = C(d, n, keep_last=2, keep_every=0)
         for step in range(1, rounds + 1):
+            round_no[0] = step
             p0 = os.times()
             c.snapshot(step, w, m, v, "cadence", defer_copy=True)
             c.wait()
             p1 = os.times()
             rows.append(("process CPU per checkpoint", (p1.user + p1.system)
-                         - (p0.user + p0.system), 0.0))
+                         - (p0.user + p0.system), 0.0, step))
     finally:
         for k, f in saved.items():
             setattr(C, k, f)
+        ck._CopyJob.run = saved_job  # type: ignore[method-assign]
         for k, f in saved_mod.items():
             setattr(ck, k, f)
+    per: dict[tuple[str, int], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for name, cpu, wall, r in rows:   # a stage's calls within one checkpoint, summed
+        per[name, r][0] += cpu
+        per[name, r][1] += wall
     agg: dict[str, list] = collections.defaultdict(list)
-    for name, cpu, wall in rows:
+    for (name, _r), (cpu, wall) in sorted(per.items(), key=lambda kv: kv[0][1]):
         agg[name].append((cpu, wall))
     print(f"profile of {rounds - 1} background checkpoints (median; load average "
           f"{os.getloadavg()[0]:.1f}):")
@@ -317,17 +331,33 @@ from worker.trainer import Trainer, WorkerOptions
 from worker.checkpointer import WRITER_NICE
 run, pairs, K, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 extra = sys.argv[6].split(",") if len(sys.argv) > 6 and sys.argv[6] else []
+old_path = sys.argv[7] if len(sys.argv) > 7 else ""
 logging.getLogger("worker").setLevel(logging.WARNING)
 tr = Trainer(WorkerOptions(run_dir=run, device="cpu", keep_last=2, keep_every=0), SignalFlags())
 probs = {n: 1.0 / len(tr.sampler.names) for n in tr.sampler.names}
 k = [0]
+new_ck = tr.ckpt
+if old_path:   # the Checkpointer of another revision, on the same run directory
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("old_checkpointer", old_path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["old_checkpointer"] = mod   # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    old_ck = mod.Checkpointer(tr.layout.root, tr.model.n_params, 2, 0,
+                              on_done=tr._on_checkpoint_done)
 def ours(step):
+    tr.ckpt = new_ck
     tr.ckpt.writer_nice, tr.ckpt.release_after_write = WRITER_NICE, True
     tr.checkpoint(step, ["cadence"])
+def old(step):
+    tr.ckpt = old_ck
+    tr.checkpoint(step, ["cadence"])
 def plain(step):      # diagnostic: the writer at normal priority, the buffer kept resident
+    tr.ckpt = new_ck
     tr.ckpt.writer_nice, tr.ckpt.release_after_write = 0, False
     tr.checkpoint(step, ["cadence"])
 def sync_copy(step):  # diagnostic: the copy in the training thread, then the niced writer
+    tr.ckpt = new_ck
     tr.ckpt.writer_nice, tr.ckpt.release_after_write = WRITER_NICE, True
     tr.ckpt.snapshot(step, tr.model.flat, tr.opt.m, tr.opt.v, "cadence")
     tr.last_written = step
@@ -353,17 +383,24 @@ def steps(n, save=None):
         tr.train_step(k[0], probs)
         if save is not None and i == 0:
             save(k[0])
+    t = time.perf_counter()
     tr.ckpt.wait()
     b = clocks()
-    return [y - x for x, y in zip(a, b)]
+    return [y - x for x, y in zip(a, b)] + [b[0] - t]
 def probe(save):
     # the K+1 steps before (no checkpoint) and the K+1 steps from the checkpoint on: the
-    # checkpoint's cost is the difference, against a baseline taken seconds before it
+    # checkpoint's cost is the difference, against a baseline taken seconds before it;
+    # last: seconds the window's end waited for the write (0 when it landed within it)
     before = steps(K + 1)
     after = steps(K + 1, save)
-    return [y - x for x, y in zip(before, after)]
-steps(2 * K, None); steps(K + 1, ours); steps(K + 1, blocking)   # warm-up
+    return [y - x for x, y in zip(before[:3], after[:3])] + [after[3]]
+warm = [ours, blocking] + ([old] if old_path else [])
+steps(2 * K, None)
+for f in warm:
+    steps(K + 1, f)   # warm-up
 table = {"ours": ours, "blocking": blocking, "plain": plain, "sync_copy": sync_copy}
+if old_path:
+    table["old"] = old
 names = ["ours", "blocking"] + extra
 for r in range(pairs):
     order = names[r % len(names):] + names[:r % len(names)]   # rotate: each side in each slot
@@ -371,7 +408,8 @@ for r in range(pairs):
         order.reverse()
     got = {side: probe(table[side]) for side in order}
     print(json.dumps({"pair": r + 1, "load": os.getloadavg()[0],
-                      **{s: dict(zip(("wall", "cpu", "thread_cpu"), v)) for s, v in got.items()}}),
+                      **{s: dict(zip(("wall", "cpu", "thread_cpu", "end_wait"), v))
+                         for s, v in got.items()}}),
           flush=True)
 """
 
@@ -422,9 +460,16 @@ def lost_training_time(d: pathlib.Path, a) -> None:
           f"with a checkpoint after the first; batch 1 x 1024): ours vs nanoGPT torch.save"
           f"{', ' + a.diagnose if a.diagnose else ''}, order rotating, one fresh process; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
+    old_path = ""
+    if "old" in a.diagnose.split(","):
+        old_path = str(d / "old_checkpointer.py")
+        pathlib.Path(old_path).write_text(subprocess.run(
+            ["git", "show", f"{a.old_rev}:worker/checkpointer.py"], cwd=REPO, check=True,
+            capture_output=True, text=True).stdout)
+        print(f"        old = worker/checkpointer.py at {a.old_rev}", flush=True)
     p = subprocess.Popen([sys.executable, "-c", COST_CHILD, REPO, str(run), str(a.cost_rounds),
-                          str(K), str(out), a.diagnose], stdout=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONPATH=REPO))
+                          str(K), str(out), a.diagnose, old_path], stdout=subprocess.PIPE,
+                         text=True, env=dict(os.environ, PYTHONPATH=REPO))
     rows = []
     assert p.stdout is not None
     for line in p.stdout:
@@ -433,7 +478,8 @@ def lost_training_time(d: pathlib.Path, a) -> None:
         sides = [x for x in r if x not in ("pair", "load")]
         print(f"  pair {r['pair']:>2} (load {r['load']:.1f}): " + ", ".join(
             f"{x} {r[x]['wall']:+.3f} s wall / {r[x]['cpu']:+.3f} s CPU / "
-            f"{r[x]['thread_cpu']:+.3f} s thread" for x in sides), flush=True)
+            f"{r[x]['thread_cpu']:+.3f} s thread / {r[x]['end_wait']:.3f} s end wait"
+            for x in sides), flush=True)
     if p.wait() != 0:
         raise SystemExit(f"cost child exited {p.returncode}")
     loads = [r["load"] for r in rows]
@@ -468,6 +514,19 @@ def lost_training_time(d: pathlib.Path, a) -> None:
                     "figure": fig, "ratio": num(ratio), "low": num(lo),
                     "high": num(hi), "target": target if ours_side else None,
                     "met": met if ours_side else None, "rounds": len(rows)}))
+    if "old" in sides:   # A/B of two writer versions under the same load, pair by pair
+        for m in ("wall", "cpu", "thread_cpu"):
+            x, y = [r["ours"][m] for r in rows], [r["old"][m] for r in rows]
+            diff = [xi - yi for xi, yi in zip(x, y)]
+            dlo, dhi = median_ci(diff)
+            ratio, lo, hi = bootstrap_ratio_ci(x, y)
+            se = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
+            verdict = {True: "ours costs less", False: "ours costs more",
+                       None: "cannot decide"}[decide(dlo, dhi, 0.0) if len(diff) >= 6 else None]
+            print(f"  ours - old ({a.old_rev}) {m:<10} mean {statistics.fmean(diff):+.3f} s "
+                  f"(s.e. {se:.3f}), median {statistics.median(diff):+.3f} s "
+                  f"[{dlo:+.3f}..{dhi:+.3f}]; ratio of the mean costs {ratio:.3f} "
+                  f"[{lo:.3f}..{hi:.3f}]: {verdict}")
 
 
 if __name__ == "__main__":
