@@ -80,6 +80,10 @@ def main(argv=None) -> int:
     ap.add_argument("--k-steps", type=int, default=6,
                     help="--cost: steps after the checkpoint's own step in each probe (K)")
     ap.add_argument("--cost-rounds", type=int, default=16, help="--cost: pairs of probes")
+    ap.add_argument("--until-landed", action="store_true",
+                    help="--cost: the window with a checkpoint trains on (at least K+1 steps) "
+                    "until the write has landed, then a baseline of as many steps follows; "
+                    "default: K+1 steps each, baseline first, the write waited for")
     ap.add_argument("--cost-only", action="store_true", help="measure --cost alone")
     ap.add_argument("--profile", action="store_true",
                     help="CPU time of each stage of a background checkpoint, per thread")
@@ -332,6 +336,7 @@ from worker.checkpointer import WRITER_NICE
 run, pairs, K, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 extra = sys.argv[6].split(",") if len(sys.argv) > 6 and sys.argv[6] else []
 old_path = sys.argv[7] if len(sys.argv) > 7 else ""
+LANDED = len(sys.argv) > 8 and sys.argv[8] == "landed"
 logging.getLogger("worker").setLevel(logging.WARNING)
 tr = Trainer(WorkerOptions(run_dir=run, device="cpu", keep_last=2, keep_every=0), SignalFlags())
 probs = {n: 1.0 / len(tr.sampler.names) for n in tr.sampler.names}
@@ -374,26 +379,36 @@ def blocking(step):   # nanoGPT train.py: torch.save(checkpoint, os.path.join(ou
 def clocks():
     t = os.times()
     return time.perf_counter(), t.user + t.system, time.thread_time()
-def steps(n, save=None):
-    # n training steps, `save` (if any) after the first; then the write still in flight is
-    # waited for, so all of it counts. Returns (wall, process CPU, training-thread CPU).
+def steps(n, save=None, until_landed=False):
+    # n training steps, `save` (if any) after the first; then (until_landed) more steps while
+    # the write is still in flight, as a run would go on training, and the write waited for,
+    # so all of it counts. Returns (wall, process CPU, training-thread CPU, seconds the end
+    # waited for the write, steps taken).
     a = clocks()
-    for i in range(n):
+    i = 0
+    while i < n or (until_landed and tr.ckpt.busy()):
         k[0] += 1
         tr.train_step(k[0], probs)
         if save is not None and i == 0:
             save(k[0])
+        i += 1
     t = time.perf_counter()
     tr.ckpt.wait()
     b = clocks()
-    return [y - x for x, y in zip(a, b)] + [b[0] - t]
+    return [y - x for x, y in zip(a, b)] + [b[0] - t, i]
 def probe(save):
-    # the K+1 steps before (no checkpoint) and the K+1 steps from the checkpoint on: the
-    # checkpoint's cost is the difference, against a baseline taken seconds before it;
-    # last: seconds the window's end waited for the write (0 when it landed within it)
-    before = steps(K + 1)
-    after = steps(K + 1, save)
-    return [y - x for x, y in zip(before[:3], after[:3])] + [after[3]]
+    # default: the K+1 steps before (no checkpoint) and the K+1 steps from the checkpoint on;
+    # the checkpoint's cost is the difference, against a baseline taken seconds before it.
+    # LANDED: the window with the checkpoint first, on until its write has landed (n >= K+1
+    # steps), then a baseline of the same n steps right after it.
+    # Last two: seconds the window's end waited for the write, steps in each window.
+    if LANDED:
+        after = steps(K + 1, save, until_landed=True)
+        before = steps(after[4])
+    else:
+        before = steps(K + 1)
+        after = steps(K + 1, save)
+    return [y - x for x, y in zip(before[:3], after[:3])] + after[3:5]
 warm = [ours, blocking] + ([old] if old_path else [])
 steps(2 * K, None)
 for f in warm:
@@ -408,7 +423,7 @@ for r in range(pairs):
         order.reverse()
     got = {side: probe(table[side]) for side in order}
     print(json.dumps({"pair": r + 1, "load": os.getloadavg()[0],
-                      **{s: dict(zip(("wall", "cpu", "thread_cpu", "end_wait"), v))
+                      **{s: dict(zip(("wall", "cpu", "thread_cpu", "end_wait", "steps"), v))
                          for s, v in got.items()}}),
           flush=True)
 """
@@ -456,8 +471,11 @@ def lost_training_time(d: pathlib.Path, a) -> None:
     out = d / "nanogpt"
     out.mkdir()
     K, target = a.k_steps, 0.5
-    print(f"cost    {a.cost_rounds} pairs of probes (K+1 = {K + 1} steps without, then {K + 1} "
-          f"with a checkpoint after the first; batch 1 x 1024): ours vs nanoGPT torch.save"
+    window = (f"{K + 1}+ steps with a checkpoint after the first, on until its write has "
+              f"landed, then as many without" if a.until_landed else
+              f"K+1 = {K + 1} steps without, then {K + 1} with a checkpoint after the first")
+    print(f"cost    {a.cost_rounds} pairs of probes ({window}; batch 1 x 1024): ours vs "
+          f"nanoGPT torch.save"
           f"{', ' + a.diagnose if a.diagnose else ''}, order rotating, one fresh process; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
     old_path = ""
@@ -468,7 +486,8 @@ def lost_training_time(d: pathlib.Path, a) -> None:
             capture_output=True, text=True).stdout)
         print(f"        old = worker/checkpointer.py at {a.old_rev}", flush=True)
     p = subprocess.Popen([sys.executable, "-c", COST_CHILD, REPO, str(run), str(a.cost_rounds),
-                          str(K), str(out), a.diagnose, old_path], stdout=subprocess.PIPE,
+                          str(K), str(out), a.diagnose, old_path,
+                          "landed" if a.until_landed else ""], stdout=subprocess.PIPE,
                          text=True, env=dict(os.environ, PYTHONPATH=REPO))
     rows = []
     assert p.stdout is not None
@@ -478,7 +497,8 @@ def lost_training_time(d: pathlib.Path, a) -> None:
         sides = [x for x in r if x not in ("pair", "load")]
         print(f"  pair {r['pair']:>2} (load {r['load']:.1f}): " + ", ".join(
             f"{x} {r[x]['wall']:+.3f} s wall / {r[x]['cpu']:+.3f} s CPU / "
-            f"{r[x]['thread_cpu']:+.3f} s thread / {r[x]['end_wait']:.3f} s end wait"
+            f"{r[x]['thread_cpu']:+.3f} s thread / {r[x]['end_wait']:.3f} s end wait / "
+            f"{r[x]['steps']} steps"
             for x in sides), flush=True)
     if p.wait() != 0:
         raise SystemExit(f"cost child exited {p.returncode}")
