@@ -488,7 +488,9 @@ def lost_training_time(d: pathlib.Path, a) -> None:
     p = subprocess.Popen([sys.executable, "-c", COST_CHILD, REPO, str(run), str(a.cost_rounds),
                           str(K), str(out), a.diagnose, old_path,
                           "landed" if a.until_landed else ""], stdout=subprocess.PIPE,
-                         text=True, env=dict(os.environ, PYTHONPATH=REPO))
+                         text=True, env=dict(os.environ, PYTHONPATH=REPO),
+                         start_new_session=True)   # as the proxy starts a worker: its own
+    # session, hence its own scheduling group, where the niced writer competes only with it
     rows = []
     assert p.stdout is not None
     for line in p.stdout:

@@ -184,33 +184,72 @@ def test_host_buffer_is_reclaimable_after_each_write_and_the_writer_runs_niced(t
 
 
 def test_a_copy_no_writer_takes_is_finished_by_the_caller_with_the_file_checksum(tmp_path):
-    """The deferred copy is a job any thread can finish (docs/checkpoint-format.md#writing-without-stalling):
-    run by the caller alone (a writer that never got a core) it copies every byte and yields
-    the crc32 of the whole file image; run by two threads at once it gives the same bytes and
-    checksum (pieces in file order, one at a time)."""
-    import threading
+    """The deferred copy is a job training can finish alone (docs/checkpoint-format.md#writing-without-stalling):
+    taken over before the writer copied anything, every byte is copied by the caller and the
+    checksum is the crc32 of the whole file image."""
     import zlib
 
     n = 3 * (ck.COPY_CHUNK_BYTES // 4) + 12_345          # pieces of every kind, a short tail
     w, m, v = _state(n, 4)
-    want = None
-    for threads in (1, 2, 2, 2):
+    want = [t.clone() for t in (w, m, v)]
+    image = cw.alloc_checkpoint_image(n)
+    job = ck._CopyJob(image, 77, n, [t.numpy() for t in (w, m, v)])
+    job.take_over()
+    for t in (w, m, v):
+        t.add_(1.0)                                      # training goes on
+    assert job.checksum() == zlib.crc32(image) and job.error is None
+    assert bytes(image[:8]) == cf._HEADER.pack(77, n)
+    assert all(np.array_equal(a, t.numpy()) for a, t in zip(cw.image_arrays(image), want))
+
+
+def test_training_takes_over_a_piece_the_writer_is_stuck_in_without_waiting(tmp_path):
+    """A writer preempted in the middle of a piece (its low priority) does not hold training:
+    take_over() returns at once, copying that piece aside; the writer's copy of it, finished
+    after training changed the state, is replaced by that side copy, so the image is the state
+    at the snapshot, checksum included."""
+    import zlib
+
+    n = 2 * (ck.COPY_CHUNK_BYTES // 4) + 7
+    w, m, v = _state(n, 6)
+    want = np.concatenate([t.numpy().copy() for t in (w, m, v)])
+    image = cw.alloc_checkpoint_image(n)
+    job = ck._CopyJob(image, 5, n, [t.numpy() for t in (w, m, v)])
+    with job._lock:                                      # the writer has started piece 0 ...
+        job._next, job._inflight = 1, 0
+    job.take_over()                                      # ... and training does not wait for it
+    for t in (w, m, v):
+        t.add_(1.0)                                      # training changes the state
+    job._copy_piece(0)                                   # the writer's late (stale) copy lands
+    with job._lock:
+        job._inflight = None
+    assert job.checksum() == zlib.crc32(image) and job.error is None
+    assert np.array_equal(image[8:].view(np.float32), want)
+
+
+def test_writer_and_training_racing_on_the_copy_always_give_the_snapshot(tmp_path):
+    """The writer thread copying while training takes over at any moment and then changes the
+    state at once: the image is always the state at the snapshot and its checksum the file's."""
+    import random
+    import threading
+    import zlib
+
+    n = 4 * (ck.COPY_CHUNK_BYTES // 4) + 3
+    rng = random.Random(0)
+    for trial in range(12):
+        w, m, v = _state(n, trial)
+        want = np.concatenate([t.numpy().copy() for t in (w, m, v)])
         image = cw.alloc_checkpoint_image(n)
-        job = ck._CopyJob(image, 77, n, [t.numpy() for t in (w, m, v)])
-        helpers = [threading.Thread(target=job.run) for _ in range(threads - 1)]
-        for h in helpers:
-            h.start()
-        job.run()                                        # returns only when every piece is done
-        assert job.done() and job.error is None
-        assert job.crc == zlib.crc32(image)
-        for h in helpers:
-            h.join()
-        if want is None:
-            want = image.copy()
-            assert all(np.array_equal(a, t.numpy()) for a, t in zip(cw.image_arrays(image),
-                                                                    (w, m, v)))
-            assert bytes(image[:8]) == cf._HEADER.pack(77, n)
-        assert np.array_equal(image, want)
+        job = ck._CopyJob(image, trial, n, [t.numpy() for t in (w, m, v)])
+        got = []
+        writer = threading.Thread(target=lambda: (job.run_low(), got.append(job.checksum())))
+        writer.start()
+        threading.Event().wait(rng.random() * 0.01)      # any moment, often mid-copy
+        job.take_over()
+        for t in (w, m, v):
+            t.mul_(-3.0)
+        writer.join()
+        assert got == [zlib.crc32(image)] and job.error is None
+        assert np.array_equal(image[8:].view(np.float32), want), trial
 
 
 def test_background_checkpoint_checksum_in_the_manifest_is_the_files(tmp_path):

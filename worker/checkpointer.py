@@ -52,7 +52,7 @@ log = logging.getLogger("worker.checkpointer")
 PINNED_REASONS = frozenset({"sigusr1", "pivot", "final", "alarm"})
 DISK_MARGIN_BYTES = 64 << 20
 WRITER_NICE = 19  # the writer thread's nice value (Linux: per thread), from its start
-COPY_CHUNK_BYTES = 4 << 20  # one piece of the copy: a few L2/L3-sized pieces, checksummed hot
+COPY_CHUNK_BYTES = 1 << 20  # one piece of the copy: L2-sized, checksummed while in cache
 _MADV_FREE = 8  # linux/mman.h (Linux 4.5+): pages freed lazily, only under memory pressure
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -71,18 +71,24 @@ def _lower_thread_priority(nice: int) -> None:
 
 class _CopyJob:
     """The copy of w, m, v (CPU float32, n elements each) into a checkpoint file image, in
-    pieces of COPY_CHUNK_BYTES, with the image's crc32 (header first) computed piece by piece
-    right after each piece's copy, while it is in cache: one pass over memory instead of two.
+    pieces of COPY_CHUNK_BYTES, shared by a low-priority writer and the training thread
+    without the training thread ever waiting for the writer
+    (docs/checkpoint-format.md#writing-without-stalling).
 
-    Any thread may call `run()`; pieces are taken in order under a lock, so two threads never
-    copy at once and the checksum sees the bytes in file order. `run()` returns when every
-    piece is done (by this thread or another). A failing piece stops the job: `error` holds the
-    exception, and `run()` still returns (training is never left waiting).
+    `run_low()` (the writer) copies pieces in order, each outside the lock; `take_over()` (the
+    training thread, before it changes w, m or v) claims every piece not yet started and
+    copies it at once, and copies the piece the writer is in the middle of (if any) into a
+    side buffer, since the writer may still be reading its source when training changes it;
+    the writer puts the side copy in place when it gets the CPU back. `checksum()` (the writer,
+    afterwards) waits for take_over's copies, fixes that piece and returns the crc32 of the
+    whole image, header first: pieces the writer copied in order are checksummed right after
+    their copy, while in cache, the rest in one pass. A failing copy is kept in `error`
+    (raised by nothing: the writer reports it); training is never left waiting.
     """
 
     def __init__(self, image: np.ndarray, step: int, n: int, srcs) -> None:
         image[:8] = np.frombuffer(_HEADER.pack(step, n), dtype=np.uint8)
-        self.crc = crc32(image[:8])
+        self._crc = crc32(image[:8])
         dst = image[8:].view(np.float32)
         per = max(1, COPY_CHUNK_BYTES // 4)
         self._pieces = [
@@ -90,27 +96,72 @@ class _CopyJob:
             for i, src in enumerate(srcs)
             for a in range(0, n, per)
         ]
-        self._next = 0
         self._lock = threading.Lock()
+        self._next = 0  # the first piece nobody has started
+        self._inflight: int | None = None  # the piece the writer is copying
+        self._stolen: int | None = None  # that piece, when training took over during it
+        self._side = np.empty(min(per, n), dtype=np.float32)
+        self._taken_over = False
+        self._complete = threading.Event()  # take_over's copies are done
+        self._crc_next = 0  # the first piece not yet in self._crc
         self.error: BaseException | None = None
 
-    def done(self) -> bool:
-        return self._next >= len(self._pieces)
+    def _copy_piece(self, i: int, into: np.ndarray | None = None) -> None:
+        dst, src = self._pieces[i]
+        try:
+            np.copyto(dst if into is None else into[: len(src)], src)  # releases the GIL
+        except BaseException as e:  # reported by the writer; never blocks training
+            self.error = e
 
-    def run(self) -> None:
+    def run_low(self) -> None:
+        """The writer: copy pieces in order until none is left or training has taken over;
+        each piece copied in order is checksummed at once, while it is in cache."""
         while True:
             with self._lock:
-                if self._next >= len(self._pieces):
-                    return
-                dst, src = self._pieces[self._next]
-                try:
-                    np.copyto(dst, src)  # a memcpy; releases the GIL
-                    self.crc = crc32(dst.view(np.uint8), self.crc)
-                except BaseException as e:  # reported by the writer; never blocks training
-                    self.error = e
-                    self._next = len(self._pieces)
+                i = self._next
+                if i >= len(self._pieces) or self._taken_over:
                     return
                 self._next += 1
+                self._inflight = i
+            self._copy_piece(i)
+            with self._lock:
+                self._inflight = None
+                if self._stolen == i:  # training took over during it: checksum() fixes it
+                    return
+            if i == self._crc_next and self.error is None:
+                self._crc = crc32(self._pieces[i][0].view(np.uint8), self._crc)
+                self._crc_next += 1
+
+    def take_over(self) -> None:
+        """The training thread: copy every piece not copied yet, now; return without waiting
+        for the writer. Afterwards w, m, v may change."""
+        with self._lock:
+            if self._taken_over:
+                return
+            self._taken_over = True
+            start, self._next = self._next, len(self._pieces)
+            self._stolen = self._inflight
+        try:
+            if self._stolen is not None:
+                self._copy_piece(self._stolen, into=self._side)
+            for i in range(start, len(self._pieces)):
+                self._copy_piece(i)
+        finally:
+            self._complete.set()
+
+    def checksum(self) -> int:
+        """The writer, after run_low(): the crc32 of the whole image once every piece is in
+        place (waits for take_over's copies; puts the side copy of a stolen piece in place)."""
+        if self._taken_over:
+            self._complete.wait()
+            if self._stolen is not None:
+                dst = self._pieces[self._stolen][0]
+                np.copyto(dst, self._side[: len(dst)])
+                self._stolen = None
+        for dst, _ in self._pieces[self._crc_next :]:
+            self._crc = crc32(dst.view(np.uint8), self._crc)
+        self._crc_next = len(self._pieces)
+        return self._crc
 
 
 def _libc():
@@ -242,7 +293,7 @@ class Checkpointer:
         job = self._copy(step, w, m, v)
         defer = defer_copy and background and job is not None
         if job is not None and not defer:
-            job.run()
+            job.take_over()
         held = time.perf_counter() - t0
         if background:
             self._job = job
@@ -273,15 +324,16 @@ class Checkpointer:
 
     def wait_copied(self) -> None:
         """Return once a deferred copy (snapshot(defer_copy=True)) has left w, m, v: the
-        pieces the writer has not taken are copied here, at the caller's priority."""
+        pieces the writer has not copied are copied here, at the caller's priority, without
+        waiting for the writer (`_CopyJob.take_over`)."""
         job = self._job
         if job is not None:
-            job.run()
+            job.take_over()
 
     def _write_after_copy(self, step: int, reason: str, job: _CopyJob | None) -> None:
         _lower_thread_priority(self.writer_nice)  # the copy too: it runs in training's gaps
         if job is not None:
-            job.run()
+            job.run_low()
         self._write(step, reason, job)
 
     def _free_bytes(self) -> int:
@@ -291,6 +343,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         need = 8 + 12 * self.n + DISK_MARGIN_BYTES
         try:
+            crc = None if job is None else job.checksum()  # every piece in place first
             if job is not None and job.error is not None:
                 raise CheckpointError(
                     f"step {step}: copying the state into the host buffer failed: "
@@ -309,7 +362,7 @@ class Checkpointer:
                         rule="disk",
                     )
             path, nbytes, checksum = write_checkpoint_image(
-                self.run_dir, step, self._image, crc=None if job is None else job.crc
+                self.run_dir, step, self._image, crc=crc
             )
             record_checkpoint(
                 self.run_dir,
