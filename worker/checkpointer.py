@@ -164,6 +164,15 @@ class _CopyJob:
         return self._crc
 
 
+def _set_thread_nice(tid: int, nice: int) -> None:
+    """Set thread `tid`'s nice value to `nice`; raising a priority needs privilege (root,
+    CAP_SYS_NICE or RLIMIT_NICE): a no-op where it is not permitted."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except (AttributeError, OSError):
+        pass
+
+
 def _libc():
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -234,6 +243,8 @@ class Checkpointer:
         self._host_np = self._image[8:].view(np.float32)  # the same bytes, numpy
         self._thread: threading.Thread | None = None
         self._job: _CopyJob | None = None  # the copy of the write in flight (CPU)
+        self._prio_lock = threading.Lock()
+        self._boosted = False  # a wait() has asked for the write in flight at full priority
         self._on_done = on_done or (lambda r: None)
         self.last_result: WriteResult | None = None
         self.writer_nice = writer_nice
@@ -258,9 +269,18 @@ class Checkpointer:
 
     def wait(self) -> WriteResult | None:
         """Block until the write in flight (if any) is durable or failed; the copy's pieces the
-        writer has not taken yet are done here first, at the caller's priority."""
+        writer has not taken yet are done here first, at the caller's priority, and the writer
+        is given the caller's priority back where the system permits it (root, or an
+        RLIMIT_NICE that allows it): whoever waits for the write wants it now."""
         self.wait_copied()
         if self._thread is not None:
+            with self._prio_lock:
+                self._boosted = True
+                tid = self._thread.native_id
+                if tid is not None and self._thread.is_alive():
+                    _set_thread_nice(
+                        tid, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+                    )
             self._thread.join()
             self._thread = None
         return self.last_result
@@ -297,6 +317,7 @@ class Checkpointer:
         held = time.perf_counter() - t0
         if background:
             self._job = job
+            self._boosted = False
             self._thread = threading.Thread(
                 target=self._write_after_copy,
                 args=(step, reason, job),
@@ -331,7 +352,9 @@ class Checkpointer:
             job.take_over()
 
     def _write_after_copy(self, step: int, reason: str, job: _CopyJob | None) -> None:
-        _lower_thread_priority(self.writer_nice)  # the copy too: it runs in training's gaps
+        with self._prio_lock:  # the copy too: it runs in training's gaps
+            if not self._boosted:  # unless someone already waits for this write
+                _lower_thread_priority(self.writer_nice)
         if job is not None:
             job.run_low()
         self._write(step, reason, job)
