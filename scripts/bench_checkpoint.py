@@ -251,8 +251,7 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
     import collections
     import torch
     from worker import checkpointer as ck
-    rows: list[tuple[str, float, float, int]] = []
-    round_no = [0]
+    rows: list[tuple[str, float, float]] = []
 
     def timed(name, fn):
         def f(*args, **kw):
@@ -260,15 +259,12 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
             try:
                 return fn(*args, **kw)
             finally:
-                rows.append((name, time.thread_time() - c0, time.perf_counter() - t0,
-                             round_no[0]))
+                rows.append((name, time.thread_time() - c0, time.perf_counter() - t0))
         return f
     C = ck.Checkpointer
-    saved = {k: getattr(C, k) for k in ("_release_host_buffer", "apply_retention")}
-    saved_job = ck._CopyJob.run
+    saved = {k: getattr(C, k) for k in ("_copy", "_release_host_buffer", "apply_retention")}
     saved_mod = {k: getattr(ck, k) for k in ("write_checkpoint_image", "record_checkpoint")}
-    # the copy's pieces (crc32 included) run in the writer and in the caller's wait: summed
-    ck._CopyJob.run = timed("copy + crc32 into the host buffer (all threads)", ck._CopyJob.run)
+    C._copy = timed("copy into the host buffer", C._copy)
     C._release_host_buffer = timed("host buffer marked free", C._release_host_buffer)
     C.apply_retention = timed("retention", C.apply_retention)
     ck.write_checkpoint_image = timed("write + fsync + rename (waits for the crc32)",
@@ -279,25 +275,19 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
         w, m, v = (torch.randn(n, generator=g) for _ in range(3))
         c = C(d, n, keep_last=2, keep_every=0)
         for step in range(1, rounds + 1):
-            round_no[0] = step
             p0 = os.times()
             c.snapshot(step, w, m, v, "cadence", defer_copy=True)
             c.wait()
             p1 = os.times()
             rows.append(("process CPU per checkpoint", (p1.user + p1.system)
-                         - (p0.user + p0.system), 0.0, step))
+                         - (p0.user + p0.system), 0.0))
     finally:
         for k, f in saved.items():
             setattr(C, k, f)
-        ck._CopyJob.run = saved_job  # type: ignore[method-assign]
         for k, f in saved_mod.items():
             setattr(ck, k, f)
-    per: dict[tuple[str, int], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
-    for name, cpu, wall, r in rows:   # a stage's calls within one checkpoint, summed
-        per[name, r][0] += cpu
-        per[name, r][1] += wall
     agg: dict[str, list] = collections.defaultdict(list)
-    for (name, _r), (cpu, wall) in sorted(per.items(), key=lambda kv: kv[0][1]):
+    for name, cpu, wall in rows:
         agg[name].append((cpu, wall))
     print(f"profile of {rounds - 1} background checkpoints (median; load average "
           f"{os.getloadavg()[0]:.1f}):")

@@ -119,11 +119,7 @@ def write_checkpoint(
 
 
 def _atomic_commit(
-    directory: pathlib.Path,
-    final_name: str,
-    write_body,
-    crc: "BackgroundCrc | _DoneCrc",
-    fsync: bool,
+    directory: pathlib.Path, final_name: str, write_body, crc: BackgroundCrc, fsync: bool
 ) -> pathlib.Path:
     """Temporary -> write_body(tmp) -> crc done -> os.replace -> directory fsync
     (docs/checkpoint-format.md#atomic-write).
@@ -267,12 +263,7 @@ def _write_image(tmp: pathlib.Path, view: memoryview, aligned: bool, fsync: bool
 
 
 def write_checkpoint_image(
-    directory: os.PathLike | str,
-    step: int,
-    image: np.ndarray,
-    *,
-    fsync: bool = True,
-    crc: int | None = None,
+    directory: os.PathLike | str, step: int, image: np.ndarray, *, fsync: bool = True
 ) -> tuple[pathlib.Path, int, str]:
     """Write a file image (``alloc_checkpoint_image``) as ``step_NNNNNN.bin``, atomically.
 
@@ -281,49 +272,20 @@ def write_checkpoint_image(
     4096-aligned and the filesystem supports it, with O_DIRECT (the kernel reads the buffer
     directly, no copy into the page cache), then fsync. Sets the header bytes image[0:8] to
     (step, n_params); weights, m, v must already be in place and must not change during the
-    call. crc: the crc32 of the whole image (header included) when the caller computed it while
-    filling the image (worker/checkpointer.py, one pass over memory); the header must then
-    already be in place (CheckpointError, rule "header-n", if it differs). None: computed here,
-    in a helper thread, during the write. Same temporary/rename/directory-fsync protocol,
-    return value (final_path, nbytes, "crc32:%08x") and errors as ``write_checkpoint`` (rules
-    "limits", "shape", "io").
+    call. Same temporary/rename/directory-fsync protocol, return value (final_path, nbytes,
+    "crc32:%08x") and errors as ``write_checkpoint`` (rules "limits", "shape", "io").
     """
     directory = pathlib.Path(directory)
     final_name = checkpoint_name(step)
     step = int(step)
     n = _image_n(image)
     check_int32_limits(step, n)
-    header = np.frombuffer(_HEADER.pack(step, n), dtype=np.uint8)
-    if crc is not None and not np.array_equal(image[:HEADER_BYTES], header):
-        raise CheckpointError(
-            f"{final_name}: the image's header {bytes(image[:HEADER_BYTES]).hex()} is not "
-            f"(step {step}, n_params {n:,}) although its checksum was given: write the header "
-            f"before computing the checksum",
-            rule="header-n",
-        )
-    image[:HEADER_BYTES] = header
+    image[:HEADER_BYTES] = np.frombuffer(_HEADER.pack(step, n), dtype=np.uint8)
     view = memoryview(image).cast("B")  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
-    bg = _DoneCrc(crc) if crc is not None else BackgroundCrc()
-    if crc is None:
-        bg.feed(view)
+    crc = BackgroundCrc()
+    crc.feed(view)
     aligned = image_offset(image.ctypes.data) == 0
     final = _atomic_commit(
-        directory, final_name, lambda tmp: _write_image(tmp, view, aligned, fsync), bg, fsync
+        directory, final_name, lambda tmp: _write_image(tmp, view, aligned, fsync), crc, fsync
     )
-    return final, HEADER_BYTES + 12 * n, format_crc(bg.result())
-
-
-class _DoneCrc:
-    """A checksum computed before the write: BackgroundCrc's result/close, nothing to compute."""
-
-    def __init__(self, crc: int) -> None:
-        self._crc = crc
-
-    def feed(self, view) -> None:
-        raise TypeError("the checksum is already complete")
-
-    def close(self) -> None:
-        pass
-
-    def result(self) -> int:
-        return self._crc
+    return final, HEADER_BYTES + 12 * n, format_crc(crc.result())

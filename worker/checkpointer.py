@@ -6,12 +6,6 @@ preallocated host buffer (pinned memory on CUDA); a background thread then write
 retention, deleting only after the new file is durable. One write is in flight at a time: a new
 snapshot first waits for the previous write. `wait()` is what SIGTERM and the end of a run call.
 
-On CPU the copy is cut into chunks (`_CopyJob`), each checksummed while it is still in cache, and
-the writer thread runs at the lowest priority (nice `WRITER_NICE`) from its start, so that it takes
-the cores when torch's threads leave them; whatever of the copy it has not done when training
-needs it (`wait_copied()`, `wait()`), the caller does itself at its own priority, so a starved
-writer never holds training (docs/checkpoint-format.md#writing-without-stalling).
-
 What it is not: the format (shared/checkpoint_format.py), the write engine
 (shared/checkpoint_write.py) or the decision of when to write
 (worker/trainer.py).
@@ -34,7 +28,7 @@ import numpy as np
 import torch
 
 from worker import fault_injection
-from shared.checkpoint_format import _HEADER, CheckpointError, crc32, expected_size
+from shared.checkpoint_format import CheckpointError, expected_size
 from shared.checkpoint_write import DIRECT_ALIGN, image_offset, write_checkpoint_image
 from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_manifest import (
@@ -51,8 +45,7 @@ log = logging.getLogger("worker.checkpointer")
 
 PINNED_REASONS = frozenset({"sigusr1", "pivot", "final", "alarm"})
 DISK_MARGIN_BYTES = 64 << 20
-WRITER_NICE = 19  # the writer thread's nice value (Linux: per thread), from its start
-COPY_CHUNK_BYTES = 1 << 20  # one piece of the copy: L2-sized, checksummed while in cache
+WRITER_NICE = 10  # the writer's (and its checksum thread's) nice value once the copy is done
 _MADV_FREE = 8  # linux/mman.h (Linux 4.5+): pages freed lazily, only under memory pressure
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -65,110 +58,6 @@ def _lower_thread_priority(nice: int) -> None:
     try:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
-    except (AttributeError, OSError):
-        pass
-
-
-class _CopyJob:
-    """The copy of w, m, v (CPU float32, n elements each) into a checkpoint file image, in
-    pieces of COPY_CHUNK_BYTES, shared by a low-priority writer and the training thread
-    without the training thread ever waiting for the writer
-    (docs/checkpoint-format.md#writing-without-stalling).
-
-    `run_low()` (the writer) copies pieces in order, each outside the lock; `take_over()` (the
-    training thread, before it changes w, m or v) claims every piece not yet started and
-    copies it at once, and copies the piece the writer is in the middle of (if any) into a
-    side buffer, since the writer may still be reading its source when training changes it;
-    the writer puts the side copy in place when it gets the CPU back. `checksum()` (the writer,
-    afterwards) waits for take_over's copies, fixes that piece and returns the crc32 of the
-    whole image, header first: pieces the writer copied in order are checksummed right after
-    their copy, while in cache, the rest in one pass. A failing copy is kept in `error`
-    (raised by nothing: the writer reports it); training is never left waiting.
-    """
-
-    def __init__(self, image: np.ndarray, step: int, n: int, srcs) -> None:
-        image[:8] = np.frombuffer(_HEADER.pack(step, n), dtype=np.uint8)
-        self._crc = crc32(image[:8])
-        dst = image[8:].view(np.float32)
-        per = max(1, COPY_CHUNK_BYTES // 4)
-        self._pieces = [
-            (dst[i * n + a : i * n + min(a + per, n)], src[a : a + per])
-            for i, src in enumerate(srcs)
-            for a in range(0, n, per)
-        ]
-        self._lock = threading.Lock()
-        self._next = 0  # the first piece nobody has started
-        self._inflight: int | None = None  # the piece the writer is copying
-        self._stolen: int | None = None  # that piece, when training took over during it
-        self._side = np.empty(min(per, n), dtype=np.float32)
-        self._taken_over = False
-        self._complete = threading.Event()  # take_over's copies are done
-        self._crc_next = 0  # the first piece not yet in self._crc
-        self.error: BaseException | None = None
-
-    def _copy_piece(self, i: int, into: np.ndarray | None = None) -> None:
-        dst, src = self._pieces[i]
-        try:
-            np.copyto(dst if into is None else into[: len(src)], src)  # releases the GIL
-        except BaseException as e:  # reported by the writer; never blocks training
-            self.error = e
-
-    def run_low(self) -> None:
-        """The writer: copy pieces in order until none is left or training has taken over;
-        each piece copied in order is checksummed at once, while it is in cache."""
-        while True:
-            with self._lock:
-                i = self._next
-                if i >= len(self._pieces) or self._taken_over:
-                    return
-                self._next += 1
-                self._inflight = i
-            self._copy_piece(i)
-            with self._lock:
-                self._inflight = None
-                if self._stolen == i:  # training took over during it: checksum() fixes it
-                    return
-            if i == self._crc_next and self.error is None:
-                self._crc = crc32(self._pieces[i][0].view(np.uint8), self._crc)
-                self._crc_next += 1
-
-    def take_over(self) -> None:
-        """The training thread: copy every piece not copied yet, now; return without waiting
-        for the writer. Afterwards w, m, v may change."""
-        with self._lock:
-            if self._taken_over:
-                return
-            self._taken_over = True
-            start, self._next = self._next, len(self._pieces)
-            self._stolen = self._inflight
-        try:
-            if self._stolen is not None:
-                self._copy_piece(self._stolen, into=self._side)
-            for i in range(start, len(self._pieces)):
-                self._copy_piece(i)
-        finally:
-            self._complete.set()
-
-    def checksum(self) -> int:
-        """The writer, after run_low(): the crc32 of the whole image once every piece is in
-        place (waits for take_over's copies; puts the side copy of a stolen piece in place)."""
-        if self._taken_over:
-            self._complete.wait()
-            if self._stolen is not None:
-                dst = self._pieces[self._stolen][0]
-                np.copyto(dst, self._side[: len(dst)])
-                self._stolen = None
-        for dst, _ in self._pieces[self._crc_next :]:
-            self._crc = crc32(dst.view(np.uint8), self._crc)
-        self._crc_next = len(self._pieces)
-        return self._crc
-
-
-def _set_thread_nice(tid: int, nice: int) -> None:
-    """Set thread `tid`'s nice value to `nice`; raising a priority needs privilege (root,
-    CAP_SYS_NICE or RLIMIT_NICE): a no-op where it is not permitted."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, nice)
     except (AttributeError, OSError):
         pass
 
@@ -215,7 +104,7 @@ class Checkpointer:
     once (MADV_DONTNEED) made the next copy fault every page in again: 0.22 s of CPU per
     andrea-12m checkpoint instead of 0.10 s (thread CPU time, docs/checkpoint-format.md#writing-without-stalling),
     CPU taken from training on 2 cores. A pinned (CUDA) buffer is kept as is.
-    writer_nice: the nice value of the writer thread, copy included
+    writer_nice: the nice value of the writer thread after its copy
     (docs/checkpoint-format.md#writing-without-stalling).
     """
 
@@ -242,9 +131,8 @@ class Checkpointer:
         self._image = raw.numpy()[off : off + size]
         self._host_np = self._image[8:].view(np.float32)  # the same bytes, numpy
         self._thread: threading.Thread | None = None
-        self._job: _CopyJob | None = None  # the copy of the write in flight (CPU)
-        self._prio_lock = threading.Lock()
-        self._boosted = False  # a wait() has asked for the write in flight at full priority
+        self._copied = threading.Event()  # set when no deferred copy is pending
+        self._copied.set()
         self._on_done = on_done or (lambda r: None)
         self.last_result: WriteResult | None = None
         self.writer_nice = writer_nice
@@ -268,19 +156,8 @@ class Checkpointer:
         return self._thread is not None and self._thread.is_alive()
 
     def wait(self) -> WriteResult | None:
-        """Block until the write in flight (if any) is durable or failed; the copy's pieces the
-        writer has not taken yet are done here first, at the caller's priority, and the writer
-        is given the caller's priority back where the system permits it (root, or an
-        RLIMIT_NICE that allows it): whoever waits for the write wants it now."""
-        self.wait_copied()
+        """Block until the write in flight (if any) is durable or failed."""
         if self._thread is not None:
-            with self._prio_lock:
-                self._boosted = True
-                tid = self._thread.native_id
-                if tid is not None and self._thread.is_alive():
-                    _set_thread_nice(
-                        tid, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-                    )
             self._thread.join()
             self._thread = None
         return self.last_result
@@ -303,76 +180,59 @@ class Checkpointer:
         (the wait for a previous write still in flight, plus the copy); after it returns the
         caller may change w, m, v freely.
 
-        defer_copy (CPU tensors, background only): the copy itself runs in the writer thread
-        at its low priority, overlapping the next forward and backward pass, which only read
-        the weights; the caller must call `wait_copied()` before anything changes w, m or v
-        (the optimizer step), which does the pieces not yet copied itself. The held time is
-        then only the wait for a previous write."""
+        defer_copy (CPU tensors, background only): the copy itself runs in the writer thread,
+        overlapping the next forward and backward pass, which only read the weights; the caller
+        must call `wait_copied()` before anything changes w, m or v (the optimizer step). The
+        held time is then only the wait for a previous write."""
         t0 = time.perf_counter()
         self.wait()
-        job = self._copy(step, w, m, v)
-        defer = defer_copy and background and job is not None
-        if job is not None and not defer:
-            job.take_over()
+        defer = defer_copy and background and not w.is_cuda
+        if not defer:
+            self._copy(w, m, v)
         held = time.perf_counter() - t0
         if background:
-            self._job = job
-            self._boosted = False
+            self._copied.clear()
+            args = (step, reason, (w, m, v) if defer else None)
             self._thread = threading.Thread(
-                target=self._write_after_copy,
-                args=(step, reason, job),
-                name=f"ckpt-{step}",
-                daemon=False,
+                target=self._write_after_copy, args=args, name=f"ckpt-{step}", daemon=False
             )
             self._thread.start()
         else:
-            self._write(step, reason, job)
+            self._write(step, reason)
         return held
 
-    def _copy(self, step: int, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor):
-        """CPU float32 sources: a `_CopyJob` (not yet run) that copies them into the image and
-        checksums it. Others (CUDA): copied here at once (device-to-host into the pinned
-        buffer, then a synchronize); None, and the writer computes the checksum."""
-        srcs = [x.detach().reshape(-1) for x in (w, m, v)]
-        if all(x.device.type == "cpu" and x.dtype == torch.float32 for x in srcs):
-            return _CopyJob(self._image, step, self.n, [x.numpy() for x in srcs])
+    def _copy(self, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
         n = self.n
-        for i, src in enumerate(srcs):
-            self._host_t[i * n : (i + 1) * n].copy_(src, non_blocking=True)
+        for i, src in enumerate((w, m, v)):
+            src = src.detach().reshape(-1)
+            if src.device.type == "cpu" and src.dtype == torch.float32:
+                # one memcpy; about twice as fast as Tensor.copy_ here (scripts/bench_checkpoint.py stall)
+                np.copyto(self._host_np[i * n : (i + 1) * n], src.numpy())
+            else:
+                self._host_t[i * n : (i + 1) * n].copy_(src, non_blocking=True)
         if w.is_cuda:
             torch.cuda.synchronize()
-        return None
 
     def wait_copied(self) -> None:
-        """Return once a deferred copy (snapshot(defer_copy=True)) has left w, m, v: the
-        pieces the writer has not copied are copied here, at the caller's priority, without
-        waiting for the writer (`_CopyJob.take_over`)."""
-        job = self._job
-        if job is not None:
-            job.take_over()
+        """Block until a deferred copy (snapshot(defer_copy=True)) has left w, m, v."""
+        self._copied.wait()
 
-    def _write_after_copy(self, step: int, reason: str, job: _CopyJob | None) -> None:
-        with self._prio_lock:  # the copy too: it runs in training's gaps
-            if not self._boosted:  # unless someone already waits for this write
-                _lower_thread_priority(self.writer_nice)
-        if job is not None:
-            job.run_low()
-        self._write(step, reason, job)
+    def _write_after_copy(self, step: int, reason: str, arrays) -> None:
+        try:
+            if arrays is not None:
+                self._copy(*arrays)
+        finally:
+            self._copied.set()  # never leave training blocked, even if the copy failed
+        _lower_thread_priority(self.writer_nice)  # this thread (and its crc thread) from here on
+        self._write(step, reason)
 
     def _free_bytes(self) -> int:
         return shutil.disk_usage(self.run_dir).free
 
-    def _write(self, step: int, reason: str, job: _CopyJob | None) -> None:
+    def _write(self, step: int, reason: str) -> None:
         t0 = time.perf_counter()
         need = 8 + 12 * self.n + DISK_MARGIN_BYTES
         try:
-            crc = None if job is None else job.checksum()  # every piece in place first
-            if job is not None and job.error is not None:
-                raise CheckpointError(
-                    f"step {step}: copying the state into the host buffer failed: "
-                    f"{job.error!r}; not written, earlier checkpoints intact",
-                    rule="io",
-                ) from job.error
             fault_injection.write_delay(self.run_dir, step)  # test hook; off unless set
             if self._free_bytes() < need:
                 self.apply_retention(exclude_newest=False)
@@ -384,9 +244,7 @@ class Checkpointer:
                         f"cadence",
                         rule="disk",
                     )
-            path, nbytes, checksum = write_checkpoint_image(
-                self.run_dir, step, self._image, crc=crc
-            )
+            path, nbytes, checksum = write_checkpoint_image(self.run_dir, step, self._image)
             record_checkpoint(
                 self.run_dir,
                 ManifestEntry(
