@@ -80,12 +80,20 @@ def main(argv=None) -> int:
     ap.add_argument("--k-steps", type=int, default=6,
                     help="--cost: steps after the checkpoint's own step in each probe (K)")
     ap.add_argument("--cost-rounds", type=int, default=16, help="--cost: pairs of probes")
+    ap.add_argument("--until-landed", action="store_true",
+                    help="--cost: the window with a checkpoint trains on (at least K+1 steps) "
+                    "until the write has landed, then a baseline of as many steps follows; "
+                    "default: K+1 steps each, baseline first, the write waited for")
     ap.add_argument("--cost-only", action="store_true", help="measure --cost alone")
     ap.add_argument("--profile", action="store_true",
                     help="CPU time of each stage of a background checkpoint, per thread")
     ap.add_argument("--diagnose", default="", help="--cost: extra sides, comma-separated: "
                     "plain (writer at normal priority, buffer kept), sync_copy (copy in the "
-                    "training thread)")
+                    "training thread), old (the Checkpointer of --old-rev: an A/B of two "
+                    "versions under the same load)")
+    ap.add_argument("--old-rev", default="main",
+                    help="--diagnose old: git revision whose worker/checkpointer.py is the "
+                    "'old' side")
     a = ap.parse_args(argv)
     n = a.n_params
     rng = np.random.default_rng(0)
@@ -317,17 +325,34 @@ from worker.trainer import Trainer, WorkerOptions
 from worker.checkpointer import WRITER_NICE
 run, pairs, K, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 extra = sys.argv[6].split(",") if len(sys.argv) > 6 and sys.argv[6] else []
+old_path = sys.argv[7] if len(sys.argv) > 7 else ""
+LANDED = len(sys.argv) > 8 and sys.argv[8] == "landed"
 logging.getLogger("worker").setLevel(logging.WARNING)
 tr = Trainer(WorkerOptions(run_dir=run, device="cpu", keep_last=2, keep_every=0), SignalFlags())
 probs = {n: 1.0 / len(tr.sampler.names) for n in tr.sampler.names}
 k = [0]
+new_ck = tr.ckpt
+if old_path:   # the Checkpointer of another revision, on the same run directory
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("old_checkpointer", old_path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["old_checkpointer"] = mod   # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    old_ck = mod.Checkpointer(tr.layout.root, tr.model.n_params, 2, 0,
+                              on_done=tr._on_checkpoint_done)
 def ours(step):
+    tr.ckpt = new_ck
     tr.ckpt.writer_nice, tr.ckpt.release_after_write = WRITER_NICE, True
     tr.checkpoint(step, ["cadence"])
+def old(step):
+    tr.ckpt = old_ck
+    tr.checkpoint(step, ["cadence"])
 def plain(step):      # diagnostic: the writer at normal priority, the buffer kept resident
+    tr.ckpt = new_ck
     tr.ckpt.writer_nice, tr.ckpt.release_after_write = 0, False
     tr.checkpoint(step, ["cadence"])
 def sync_copy(step):  # diagnostic: the copy in the training thread, then the niced writer
+    tr.ckpt = new_ck
     tr.ckpt.writer_nice, tr.ckpt.release_after_write = WRITER_NICE, True
     tr.ckpt.snapshot(step, tr.model.flat, tr.opt.m, tr.opt.v, "cadence")
     tr.last_written = step
@@ -344,26 +369,43 @@ def blocking(step):   # nanoGPT train.py: torch.save(checkpoint, os.path.join(ou
 def clocks():
     t = os.times()
     return time.perf_counter(), t.user + t.system, time.thread_time()
-def steps(n, save=None):
-    # n training steps, `save` (if any) after the first; then the write still in flight is
-    # waited for, so all of it counts. Returns (wall, process CPU, training-thread CPU).
+def steps(n, save=None, until_landed=False):
+    # n training steps, `save` (if any) after the first; then (until_landed) more steps while
+    # the write is still in flight, as a run would go on training, and the write waited for,
+    # so all of it counts. Returns (wall, process CPU, training-thread CPU, seconds the end
+    # waited for the write, steps taken).
     a = clocks()
-    for i in range(n):
+    i = 0
+    while i < n or (until_landed and tr.ckpt.busy()):
         k[0] += 1
         tr.train_step(k[0], probs)
         if save is not None and i == 0:
             save(k[0])
+        i += 1
+    t = time.perf_counter()
     tr.ckpt.wait()
     b = clocks()
-    return [y - x for x, y in zip(a, b)]
+    return [y - x for x, y in zip(a, b)] + [b[0] - t, i]
 def probe(save):
-    # the K+1 steps before (no checkpoint) and the K+1 steps from the checkpoint on: the
-    # checkpoint's cost is the difference, against a baseline taken seconds before it
-    before = steps(K + 1)
-    after = steps(K + 1, save)
-    return [y - x for x, y in zip(before, after)]
-steps(2 * K, None); steps(K + 1, ours); steps(K + 1, blocking)   # warm-up
+    # default: the K+1 steps before (no checkpoint) and the K+1 steps from the checkpoint on;
+    # the checkpoint's cost is the difference, against a baseline taken seconds before it.
+    # LANDED: the window with the checkpoint first, on until its write has landed (n >= K+1
+    # steps), then a baseline of the same n steps right after it.
+    # Last two: seconds the window's end waited for the write, steps in each window.
+    if LANDED:
+        after = steps(K + 1, save, until_landed=True)
+        before = steps(after[4])
+    else:
+        before = steps(K + 1)
+        after = steps(K + 1, save)
+    return [y - x for x, y in zip(before[:3], after[:3])] + after[3:5]
+warm = [ours, blocking] + ([old] if old_path else [])
+steps(2 * K, None)
+for f in warm:
+    steps(K + 1, f)   # warm-up
 table = {"ours": ours, "blocking": blocking, "plain": plain, "sync_copy": sync_copy}
+if old_path:
+    table["old"] = old
 names = ["ours", "blocking"] + extra
 for r in range(pairs):
     order = names[r % len(names):] + names[:r % len(names)]   # rotate: each side in each slot
@@ -371,7 +413,8 @@ for r in range(pairs):
         order.reverse()
     got = {side: probe(table[side]) for side in order}
     print(json.dumps({"pair": r + 1, "load": os.getloadavg()[0],
-                      **{s: dict(zip(("wall", "cpu", "thread_cpu"), v)) for s, v in got.items()}}),
+                      **{s: dict(zip(("wall", "cpu", "thread_cpu", "end_wait", "steps"), v))
+                         for s, v in got.items()}}),
           flush=True)
 """
 
@@ -418,13 +461,26 @@ def lost_training_time(d: pathlib.Path, a) -> None:
     out = d / "nanogpt"
     out.mkdir()
     K, target = a.k_steps, 0.5
-    print(f"cost    {a.cost_rounds} pairs of probes (K+1 = {K + 1} steps without, then {K + 1} "
-          f"with a checkpoint after the first; batch 1 x 1024): ours vs nanoGPT torch.save"
+    window = (f"{K + 1}+ steps with a checkpoint after the first, on until its write has "
+              f"landed, then as many without" if a.until_landed else
+              f"K+1 = {K + 1} steps without, then {K + 1} with a checkpoint after the first")
+    print(f"cost    {a.cost_rounds} pairs of probes ({window}; batch 1 x 1024): ours vs "
+          f"nanoGPT torch.save"
           f"{', ' + a.diagnose if a.diagnose else ''}, order rotating, one fresh process; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
+    old_path = ""
+    if "old" in a.diagnose.split(","):
+        old_path = str(d / "old_checkpointer.py")
+        pathlib.Path(old_path).write_text(subprocess.run(
+            ["git", "show", f"{a.old_rev}:worker/checkpointer.py"], cwd=REPO, check=True,
+            capture_output=True, text=True).stdout)
+        print(f"        old = worker/checkpointer.py at {a.old_rev}", flush=True)
     p = subprocess.Popen([sys.executable, "-c", COST_CHILD, REPO, str(run), str(a.cost_rounds),
-                          str(K), str(out), a.diagnose], stdout=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONPATH=REPO))
+                          str(K), str(out), a.diagnose, old_path,
+                          "landed" if a.until_landed else ""], stdout=subprocess.PIPE,
+                         text=True, env=dict(os.environ, PYTHONPATH=REPO),
+                         start_new_session=True)   # as the proxy starts a worker: its own
+    # session, hence its own scheduling group, where the niced writer competes only with it
     rows = []
     assert p.stdout is not None
     for line in p.stdout:
@@ -433,7 +489,9 @@ def lost_training_time(d: pathlib.Path, a) -> None:
         sides = [x for x in r if x not in ("pair", "load")]
         print(f"  pair {r['pair']:>2} (load {r['load']:.1f}): " + ", ".join(
             f"{x} {r[x]['wall']:+.3f} s wall / {r[x]['cpu']:+.3f} s CPU / "
-            f"{r[x]['thread_cpu']:+.3f} s thread" for x in sides), flush=True)
+            f"{r[x]['thread_cpu']:+.3f} s thread / {r[x]['end_wait']:.3f} s end wait / "
+            f"{r[x]['steps']} steps"
+            for x in sides), flush=True)
     if p.wait() != 0:
         raise SystemExit(f"cost child exited {p.returncode}")
     loads = [r["load"] for r in rows]
@@ -468,6 +526,19 @@ def lost_training_time(d: pathlib.Path, a) -> None:
                     "figure": fig, "ratio": num(ratio), "low": num(lo),
                     "high": num(hi), "target": target if ours_side else None,
                     "met": met if ours_side else None, "rounds": len(rows)}))
+    if "old" in sides:   # A/B of two writer versions under the same load, pair by pair
+        for m in ("wall", "cpu", "thread_cpu"):
+            x, y = [r["ours"][m] for r in rows], [r["old"][m] for r in rows]
+            diff = [xi - yi for xi, yi in zip(x, y)]
+            dlo, dhi = median_ci(diff)
+            ratio, lo, hi = bootstrap_ratio_ci(x, y)
+            se = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else 0.0
+            verdict = {True: "ours costs less", False: "ours costs more",
+                       None: "cannot decide"}[decide(dlo, dhi, 0.0) if len(diff) >= 6 else None]
+            print(f"  ours - old ({a.old_rev}) {m:<10} mean {statistics.fmean(diff):+.3f} s "
+                  f"(s.e. {se:.3f}), median {statistics.median(diff):+.3f} s "
+                  f"[{dlo:+.3f}..{dhi:+.3f}]; ratio of the mean costs {ratio:.3f} "
+                  f"[{lo:.3f}..{hi:.3f}]: {verdict}")
 
 
 if __name__ == "__main__":
