@@ -89,12 +89,13 @@ torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_nu
 '''
 
 
-def _last_step(run: Path) -> int:
+def _step_record(run: Path, step: int) -> dict | None:
+    """The history's record of `step` (None while it is not there yet)."""
     try:
         recs = json.loads((run / ".loss.json").read_text())
     except (FileNotFoundError, ValueError):
-        return 0
-    return recs[-1]["step"] if recs else 0
+        return None
+    return next((r for r in reversed(recs) if r.get("step") == step and "loss" in r), None)
 
 
 def _tree_cpu(pid: int, seen: dict[int, float]) -> float:
@@ -117,22 +118,32 @@ def _tree_cpu(pid: int, seen: dict[int, float]) -> float:
 
 def ours(run: Path, step: int, env: dict) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the proxy and its worker) from launch to step + 1 in
-    the history. The CPU is sampled every 10 ms while waiting, so a process that exits
-    early (none should) keeps its last reading."""
+    the history. The wall time ends at the record's own "time" (the worker's clock when the
+    update was done), as the nanoGPT side reads its clock in-process: the poll's latency is
+    not counted. The poll is cheap (a stat every 20 ms; the history is parsed only when it
+    grew), so this process takes little CPU from the two it times. The CPU is sampled at each
+    poll, so a process that exits early (none should) keeps its last reading."""
     t0 = time.time()
     p = subprocess.Popen([sys.executable, "-m", "proxy", "run", "--run-dir", str(run),
                           "--max-steps", str(step + 1), "--print-every", "1000"], cwd=ROOT,
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: dict[int, float] = {}
-    while _last_step(run) < step + 1:
-        if p.poll() is not None and _last_step(run) < step + 1:
+    history, size, rec = run / ".loss.json", -1, None
+    while rec is None:
+        if p.poll() is not None and _step_record(run, step + 1) is None:
             raise SystemExit(f"proxy exited with {p.returncode} before step {step + 1}")
         _tree_cpu(p.pid, seen)
-        time.sleep(0.01)
-    dt = time.time() - t0
+        try:
+            now = history.stat().st_size
+        except FileNotFoundError:
+            now = -1
+        if now != size:
+            size, rec = now, _step_record(run, step + 1)
+        if rec is None:
+            time.sleep(0.02)
     cpu = _tree_cpu(p.pid, seen)
     p.wait(600)
-    return dt, cpu
+    return rec["time"] - t0, cpu
 
 
 def _dims(cfg) -> list[str]:

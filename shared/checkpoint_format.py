@@ -355,6 +355,7 @@ def _readinto_exact(
     path: pathlib.Path,
     info: CheckpointInfo,
     crc: "BackgroundCrc | None" = None,
+    at: int = HEADER_BYTES,
 ) -> None:
     # Raw reads may be short (Linux caps one read at ~2 GiB); loop until the buffer is full.
     # With a crc, read in CHECKSUM_CHUNK pieces and checksum each read piece in the helper
@@ -367,7 +368,7 @@ def _readinto_exact(
             crc.feed(view[done : done + got])
         if not got:
             raise CheckpointError(
-                f"{path.name}: ended after {HEADER_BYTES + done:,} of {info.nbytes:,} bytes "
+                f"{path.name}: ended after {at + done:,} of {info.nbytes:,} bytes "
                 f"while loading: the file shrank during the read (another writer?); retry",
                 path=path,
                 rule="size",
@@ -376,15 +377,23 @@ def _readinto_exact(
 
 
 def load_checkpoint(
-    path: os.PathLike | str, n_params: int | None, checksum: str | None = None
+    path: os.PathLike | str,
+    n_params: int | None,
+    checksum: str | None = None,
+    out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     """Validate and read a checkpoint: (step, weights, m, v) (docs/checkpoint-format.md#validity).
 
     Same arguments and CheckpointError rules as ``validate_checkpoint``, checked on the same
     open file that is then read. The three arrays are float32, 1-D, length n_params,
-    contiguous, writable views of ONE preallocated buffer of 3*n_params (read straight into
-    it, no extra copy; the checksum, when given, is computed in a helper thread over each
-    8 MiB piece already read while the next piece is read).
+    contiguous and writable: views of ONE preallocated buffer of 3*n_params, or, with
+    ``out``, the three arrays given (each float32, C-contiguous, writable, n_params long;
+    a resume passes the model's and the optimizer's own memory, so the file is read straight
+    into where it is used: no second buffer, no copy). Either way the file is read once; the
+    checksum, when given, is computed in a helper thread over each 8 MiB piece already read
+    while the next piece is read. With ``out``, a CheckpointError raised after the read began
+    leaves them partly overwritten. Raises ValueError (before reading) when ``out`` does not
+    fit, or on a big-endian host (the file is little-endian: no ``out`` there).
     """
     path = pathlib.Path(path)
     n_params = _check_expected_n(n_params)
@@ -393,11 +402,19 @@ def load_checkpoint(
         with open(path, "rb", buffering=0) as f:
             info = _check_structure(f, path, n_params)
             n = info.n_params
-            buf = np.empty(3 * n, dtype=_F32)
+            if out is None:
+                buf = np.empty(3 * n, dtype=_F32)
+                parts = (buf[:n], buf[n : 2 * n], buf[2 * n :])
+            else:
+                parts = _check_out(out, n)
             f.seek(HEADER_BYTES)
             crc = BackgroundCrc(crc32(_HEADER.pack(info.step, n))) if want is not None else None
             try:
-                _readinto_exact(f, memoryview(buf).cast("B"), path, info, crc)  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
+                at = HEADER_BYTES
+                for part in parts if out is not None else (buf,):
+                    view = memoryview(part).cast("B")  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
+                    _readinto_exact(f, view, path, info, crc, at)
+                    at += len(view)
             finally:
                 if crc is not None:
                     crc.close()
@@ -407,9 +424,34 @@ def load_checkpoint(
         got = format_crc(crc.result())
         if got != want:
             raise _checksum_mismatch(path, got, want)
+    if sys.byteorder != "little" and out is None:
+        parts = (  # big-endian host: native order for callers
+            parts[0].astype(np.float32),
+            parts[1].astype(np.float32),
+            parts[2].astype(np.float32),
+        )
+    return info.step, parts[0], parts[1], parts[2]
+
+
+def _check_out(
+    out: tuple[np.ndarray, np.ndarray, np.ndarray], n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if sys.byteorder != "little":
-        buf = buf.astype(np.float32)  # big-endian host only: native order for callers
-    return info.step, buf[:n], buf[n : 2 * n], buf[2 * n :]
+        raise ValueError("load_checkpoint(out=...) needs a little-endian host (the file's order)")
+    if len(out) != 3:
+        raise ValueError(f"load_checkpoint(out=...) takes (weights, m, v), got {len(out)} arrays")
+    for name, a in zip(("weights", "m", "v"), out):
+        if (
+            a.dtype != np.float32
+            or a.shape != (n,)
+            or not a.flags.c_contiguous
+            or not a.flags.writeable
+        ):
+            raise ValueError(
+                f"load_checkpoint(out=...): {name} must be a writable C-contiguous float32 "
+                f"array of {n:,} elements (the file's n_params), got {a.dtype} {a.shape}"
+            )
+    return out[0], out[1], out[2]
 
 
 # ---------------------------------------------------------------------------- checksums

@@ -227,6 +227,66 @@ def test_architecture_mismatch_names_both_counts(tmp_path):
     assert ei.value.rule == "n_params"
 
 
+def test_load_into_given_arrays_reads_the_file_there_and_checks_its_checksum(tmp_path):
+    # a resume reads straight into the model's and the optimizer's memory (worker/trainer.py)
+    w, m, v = _arrays(3001, seed=5)
+    path, _, checksum = cf.write_checkpoint(tmp_path, 9, w, m, v, fsync=False)
+    out = tuple(np.full(3001, np.nan, dtype=np.float32) for _ in range(3))
+    step, w2, m2, v2 = cf.load_checkpoint(path, 3001, checksum, out=out)
+    assert step == 9 and w2 is out[0] and m2 is out[1] and v2 is out[2]
+    for got, want in zip(out, (w, m, v)):
+        assert got.tobytes() == want.tobytes()
+    data = bytearray(path.read_bytes())
+    data[8 + 4 * 3001 * 2 + 40] ^= 0x10                # a flipped bit inside v
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError) as ei:
+        cf.load_checkpoint(path, 3001, checksum, out=out)
+    assert ei.value.rule == "checksum"
+
+
+@pytest.mark.parametrize("bad", [
+    lambda n: (np.zeros(n, np.float32), np.zeros(n, np.float32)),            # two arrays
+    lambda n: tuple(np.zeros(n + 1, np.float32) for _ in range(3)),          # wrong length
+    lambda n: tuple(np.zeros(n, np.float64) for _ in range(3)),              # wrong dtype
+    lambda n: tuple(np.zeros(2 * n, np.float32)[::2] for _ in range(3)),     # not contiguous
+], ids=["two", "length", "dtype", "strided"])
+def test_load_into_arrays_that_do_not_fit_is_refused_before_reading(tmp_path, bad):
+    w, m, v = _arrays(64)
+    path, _, _ = cf.write_checkpoint(tmp_path, 3, w, m, v, fsync=False)
+    with pytest.raises(ValueError, match="load_checkpoint"):
+        cf.load_checkpoint(path, 64, out=bad(64))
+
+
+def test_load_into_arrays_names_the_offset_where_a_shrinking_file_ended(tmp_path, monkeypatch):
+    w, m, v = _arrays(100)
+    path, _, _ = cf.write_checkpoint(tmp_path, 4, w, m, v, fsync=False)
+    out = tuple(np.zeros(100, np.float32) for _ in range(3))
+    real_open = open
+
+    class Shrunk:  # the file as a reader sees it when it shrinks after the size check
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def readinto(self, view):
+            if self.f.tell() >= 8 + 4 * 100 + 4 * 50:  # half of m is all there is
+                return 0
+            return self.f.readinto(view[: 8 + 4 * 150 - self.f.tell()])
+
+    import builtins
+    monkeypatch.setattr(builtins, "open", lambda *a, **k: Shrunk(real_open(*a, **k)))
+    with pytest.raises(CheckpointError, match=f"ended after {8 + 4 * 150:,} of"):
+        cf.load_checkpoint(path, 100, out=out)
+
+
 def test_checksum_mismatch_is_rejected_only_when_checksum_given(tmp_path):
     w, m, v = _arrays(50)
     path, _, checksum = cf.write_checkpoint(tmp_path, 100, w, m, v, fsync=False)

@@ -4,6 +4,12 @@ wrapping, or refuses with a clear error (worker/model.py `GPT._apply`): otherwis
 Fast: andrea-test (tens of thousands of parameters), in-process, CPU."""
 from __future__ import annotations
 
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,6 +19,7 @@ from worker import distributed as wdist
 from worker.model import GPT
 
 VOCAB = 256
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def gpt() -> GPT:
@@ -35,6 +42,45 @@ def assert_views_of_flat(model: GPT) -> None:
 def test_a_new_model_holds_its_parameters_in_flat():
     assert_views_of_flat(gpt())
 
+
+
+def test_the_gpt2_initialisation_is_the_documented_rule_drawn_in_checkpoint_order():
+    # worker/model.py: normal(0, 0.02), c_proj weights normal(0, 0.02 / sqrt(2 x layers)),
+    # LayerNorm weights 1, every bias 0, one private generator seeded with `seed`
+    shape = PRESETS["andrea-test"]
+    model = GPT(shape, VOCAB, seed=7)
+    g = torch.Generator().manual_seed(7)
+    for name, size, off in model.table:
+        want = torch.empty(size)
+        if name.endswith("c_proj.weight"):
+            want.normal_(0.0, 0.02 / math.sqrt(2 * shape.n_layer), generator=g)
+        elif len(size) == 2:
+            want.normal_(0.0, 0.02, generator=g)
+        else:
+            want.fill_(1.0 if "ln_" in name and name.endswith("weight") else 0.0)
+        assert torch.equal(model.flat[off:off + want.numel()], want.reshape(-1)), name
+
+
+def test_a_model_built_for_a_resume_skips_the_initialisation_and_keeps_the_views():
+    model = GPT(PRESETS["andrea-test"], VOCAB, init_weights=False)
+    assert all(p.device.type == "cpu" and p.requires_grad for p in model.parameters())
+    assert_views_of_flat(model)
+    with torch.no_grad():
+        model.flat.copy_(gpt().flat)
+    x = torch.randint(0, VOCAB, (2, 8))
+    assert torch.equal(model(x), gpt()(x))
+
+
+def test_building_a_gpt_does_not_import_torch_dynamo():
+    # GPT is built on the meta device; nn.Embedding's normal_ there would import torch._dynamo
+    # (about 1.5 s of every worker's start-up). A fresh interpreter: this one may have it.
+    code = ("import sys, torch; from shared.config import PRESETS; from worker.model import GPT; "
+            "GPT(PRESETS['andrea-test'], 256); GPT(PRESETS['andrea-test'], 256, init_weights=False); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
 
 @pytest.mark.parametrize("convert", [
     lambda m: m.float(), lambda m: m.to(torch.float32), lambda m: m.to("cpu"),

@@ -4,7 +4,8 @@ parameter iterator gives the checkpoint order of `shared.config.parameter_table`
 
 Parameters live in ONE contiguous float32 buffer (`GPT.flat`), each `nn.Parameter` a view into it
 in checkpoint order; the optimizer's exp_avg / exp_avg_sq are views into two more flat buffers
-(`worker/optim.py`). A checkpoint is then three contiguous copies, and a resume three more.
+(`worker/optim.py`). A checkpoint is then three contiguous copies, and a resume reads the file
+straight into the three buffers.
 
 nanoGPT readers beware: `nn.Module.to()`, `.cuda()`, `.float()`, `.half()` (anything that goes
 through `nn.Module._apply`) would normally re-allocate every parameter, silently detaching it
@@ -68,32 +69,55 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def _meta_embedding(num: int, dim: int) -> nn.Embedding:
+    """An nn.Embedding whose (num, dim) weight is on the meta device and never initialised:
+    `nn.Embedding` would run `normal_` on it, which on the meta device goes through torch's
+    reference implementations and imports torch._dynamo (about 1.5 s at start-up; the test
+    `test_building_a_gpt_does_not_import_torch_dynamo` guards it)."""
+    return nn.Embedding(num, dim, _weight=torch.empty(num, dim, device="meta"))
+
+
 class GPT(nn.Module):
     """GPT over `vocab_size` tokens with architecture `shape`.
 
     forward(idx: int64 (B, T)) -> logits float32 (B, T, vocab_size); T <= block_size.
-    `flat`: float32 (n_params,) holding every parameter in checkpoint order.
+    `flat`: float32 (n_params,) holding every parameter in checkpoint order. dropout: the
+    residual/attention/embedding dropout probability. seed: the GPT-2 initialisation's
+    generator (normal(0, 0.02), residual projections scaled by 1/sqrt(2 x layers), LayerNorm
+    weight 1, biases 0; a private generator: the global RNG is untouched). init_weights=False
+    leaves `flat` uninitialised for a caller that fills it at once (a resume reads the
+    checkpoint straight into it): it saves the initialisation's time at start-up.
     """
 
     def __init__(
-        self, shape: ModelShape, vocab_size: int, dropout: float = 0.0, seed: int = 0
+        self,
+        shape: ModelShape,
+        vocab_size: int,
+        dropout: float = 0.0,
+        seed: int = 0,
+        init_weights: bool = True,
     ) -> None:
         super().__init__()
         self.shape, self.vocab_size = shape, vocab_size
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(vocab_size, shape.n_embd),
-                wpe=nn.Embedding(shape.block_size, shape.n_embd),
-                drop=nn.Dropout(dropout),
-                h=nn.ModuleList([Block(shape, dropout) for _ in range(shape.n_layer)]),
-                ln_f=nn.LayerNorm(shape.n_embd),
+        # Built on the meta device: no memory and no default initialisation (which the GPT-2
+        # init below, or a checkpoint, would overwrite anyway); `_materialize` then makes every
+        # parameter a view of `flat`.
+        with torch.device("meta"):
+            self.transformer = nn.ModuleDict(
+                dict(
+                    wte=_meta_embedding(vocab_size, shape.n_embd),
+                    wpe=_meta_embedding(shape.block_size, shape.n_embd),
+                    drop=nn.Dropout(dropout),
+                    h=nn.ModuleList([Block(shape, dropout) for _ in range(shape.n_layer)]),
+                    ln_f=nn.LayerNorm(shape.n_embd),
+                )
             )
-        )
-        self.lm_head = nn.Linear(shape.n_embd, vocab_size, bias=False)
+            self.lm_head = nn.Linear(shape.n_embd, vocab_size, bias=False)
         self.table = parameter_table(shape, vocab_size)
         self._check_order()
-        self._init_weights(seed)
-        self.flat = self._flatten()
+        self.flat = self._materialize()
+        if init_weights:
+            self._init_weights(seed)
 
     def _check_order(self) -> None:
         got = [(n, tuple(p.shape)) for n, p in self.named_parameters()]
@@ -118,12 +142,20 @@ class GPT(nn.Module):
                 else:
                     p.zero_()
 
-    def _flatten(self) -> torch.Tensor:
-        n = sum(p.numel() for p in self.parameters())
-        flat = torch.empty(n, dtype=torch.float32)
-        for p, (_, _, off) in zip(self.parameters(), self.table):
-            flat[off : off + p.numel()].copy_(p.detach().reshape(-1))
-            p.data = flat[off : off + p.numel()].view_as(p)
+    def _materialize(self) -> torch.Tensor:
+        """Allocate `flat` (float32, uninitialised, on the CPU) and replace every meta parameter
+        with a view of it at its checkpoint offset (shared.config.parameter_table)."""
+        offsets = {name: off for name, _, off in self.table}
+        flat = torch.empty(sum(math.prod(s) for _, s, _ in self.table), dtype=torch.float32)
+        for mod_name, mod in self.named_modules():
+            for name, p in list(mod._parameters.items()):
+                if p is None:
+                    continue
+                off = offsets[f"{mod_name}.{name}" if mod_name else name]
+                view = flat[off : off + p.numel()].view(p.shape)
+                mod._parameters[name] = nn.Parameter(view, requires_grad=p.requires_grad)
+        if any(b.is_meta for b in self.buffers()):  # none today; a new one must be materialised
+            raise RuntimeError("GPT has a buffer on the meta device: materialise it in __init__")
         return flat
 
     def to_device(self, device: torch.device) -> "GPT":
@@ -138,7 +170,7 @@ class GPT(nn.Module):
         `fn` would change the dtype (`.half()`, `.bfloat16()`, `.double()`, `.to(dtype)`): the
         weights, AdamW's m and v and the checkpoint are float32 by the file format
         (docs/checkpoint-format.md#layout)."""
-        if not hasattr(self, "flat"):  # during __init__, before _flatten(): plain nn.Module
+        if not hasattr(self, "flat"):  # during __init__, before _materialize(): plain nn.Module
             return super()._apply(fn, recurse)
         flat = fn(self.flat)
         if flat.dtype != torch.float32:

@@ -35,7 +35,7 @@ def load_weights_only(
     8-byte header) is loaded into the model."""
     info = validate_checkpoint(path, cfg.n_params, checksum)
     w = np.fromfile(path, dtype="<f4", count=info.n_params, offset=HEADER_BYTES)
-    model = GPT(cfg.model, cfg.vocab_size)
+    model = GPT(cfg.model, cfg.vocab_size, init_weights=False)  # filled at once below
     with torch.no_grad():
         model.flat.copy_(torch.from_numpy(w.astype(np.float32, copy=False)))
     return info.step, model.eval()

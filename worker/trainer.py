@@ -14,6 +14,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,7 +144,13 @@ class Trainer:
             self.cfg.vocab_size,
         )
         t_setup = time.perf_counter()
-        self.model = GPT(self.cfg.model, self.cfg.vocab_size, self.cfg.dropout, seed=self.cfg.seed)
+        self.model = GPT(
+            self.cfg.model,
+            self.cfg.vocab_size,
+            self.cfg.dropout,
+            seed=self.cfg.seed,
+            init_weights=opts.resume_from is None,  # a resume reads the weights at once
+        )
         self.model.to_device(self.device)
         t_model = time.perf_counter()
         self.opt = FlatAdamW(self.model, self.cfg, fused=wprec.use_fused_adamw(self.device))
@@ -236,11 +243,20 @@ class Trainer:
             entries = read_manifest(self.layout.root)
             s = parse_checkpoint_name(path.name)
             checksum = entries[s].checksum if s in entries else None
-        step, w, m, v = load_checkpoint(path, self.model.n_params, checksum)
-        with torch.no_grad():
-            self.model.flat.copy_(torch.from_numpy(w))
-            self.opt.m.copy_(torch.from_numpy(m))
-            self.opt.v.copy_(torch.from_numpy(v))
+        own = (self.model.flat, self.opt.m, self.opt.v)
+        if all(t.device.type == "cpu" for t in own) and sys.byteorder == "little":
+            # read straight into the weights and AdamW's state: no second buffer, no copy
+            step, *_ = load_checkpoint(
+                path,
+                self.model.n_params,
+                checksum,
+                out=(own[0].numpy(), own[1].numpy(), own[2].numpy()),
+            )
+        else:  # device memory (or a big-endian host): read to the host, then copy
+            step, w, m, v = load_checkpoint(path, self.model.n_params, checksum)
+            with torch.no_grad():
+                for t, a in zip(own, (w, m, v)):
+                    t.copy_(torch.from_numpy(a))
         self.opt.set_step(
             step
         )  # AdamW bias correction = the header step (docs/checkpoint-format.md)
