@@ -85,12 +85,19 @@ def main(argv=None) -> int:
                     "until the write has landed, then a baseline of as many steps follows; "
                     "default: K+1 steps each, baseline first, the write waited for")
     ap.add_argument("--cost-only", action="store_true", help="measure --cost alone")
+    ap.add_argument("--writeback", choices=("kernel", "counted"), default="kernel",
+                    help="--cost: torch.save's write to the disk (the kernel's writeback of "
+                    "its page-cache bytes, within 30 s) left to the kernel, after the window, "
+                    "as nanoGPT runs (default), or started in the background at once and "
+                    "counted like ours's")
     ap.add_argument("--profile", action="store_true",
                     help="CPU time of each stage of a background checkpoint, per thread")
     ap.add_argument("--diagnose", default="", help="--cost: extra sides, comma-separated: "
                     "plain (writer at normal priority, buffer kept), sync_copy (copy in the "
                     "training thread), old (the Checkpointer of --old-rev: an A/B of two "
-                    "versions under the same load)")
+                    "versions under the same load), blocking_durable (torch.save, its "
+                    "writeback started at once and counted), copy, copy_crc, copy_write (ours's "
+                    "stages alone: where its cost goes)")
     ap.add_argument("--old-rev", default="main",
                     help="--diagnose old: git revision whose worker/checkpointer.py is the "
                     "'old' side")
@@ -317,7 +324,7 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
 
 
 COST_CHILD = r"""
-import json, logging, os, statistics, sys, time
+import json, logging, os, pathlib, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
 from worker.signals import SignalFlags
@@ -327,6 +334,9 @@ run, pairs, K, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5
 extra = sys.argv[6].split(",") if len(sys.argv) > 6 and sys.argv[6] else []
 old_path = sys.argv[7] if len(sys.argv) > 7 else ""
 LANDED = len(sys.argv) > 8 and sys.argv[8] == "landed"
+WRITEBACK = sys.argv[9] if len(sys.argv) > 9 else "kernel"
+import threading
+pending = []   # background threads of this probe still in flight (waited for at its end)
 logging.getLogger("worker").setLevel(logging.WARNING)
 tr = Trainer(WorkerOptions(run_dir=run, device="cpu", keep_last=2, keep_every=0), SignalFlags())
 probs = {n: 1.0 / len(tr.sampler.names) for n in tr.sampler.names}
@@ -363,9 +373,50 @@ def optimizer_state_dict():   # what torch.optim.AdamW.state_dict() holds: the s
     return {"state": {i: dict(st[p]) for i, p in enumerate(params)},
             "param_groups": [{k: v for k, v in g.items() if k != "params"} | {"params": [
                 index[id(p)] for p in g["params"]]} for g in tr.opt.opt.param_groups]}
+def _writeback(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 def blocking(step):   # nanoGPT train.py: torch.save(checkpoint, os.path.join(out_dir, "ckpt.pt"))
+    path = os.path.join(out, "ckpt.pt")
     torch.save({"model": tr.model.state_dict(), "optimizer": optimizer_state_dict(),
-                "iter_num": step}, os.path.join(out, "ckpt.pt"))
+                "iter_num": step}, path)
+    # torch.save leaves its bytes in the page cache; the kernel writes them to the disk within
+    # vm.dirty_expire_centisecs (30 s by default), which a window of 30 s or more would count.
+    # "counted": start that same writeback now, in the background, and train on until it has
+    # landed, as ours does. "kernel" (nanoGPT as a user runs it): leave it to the kernel, after
+    # this window (the next probe's torch.save truncates the file: most of it is never written)
+    if WRITEBACK == "counted":
+        background(_writeback, path)
+def background(fn, *args):
+    t = threading.Thread(target=fn, args=args)
+    t.start()
+    pending.append(t)
+def blocking_durable(step):   # diagnostic: torch.save, its writeback started at once, counted
+    path = os.path.join(out, "ckpt_durable.pt")
+    torch.save({"model": tr.model.state_dict(), "optimizer": optimizer_state_dict(),
+                "iter_num": step}, path)
+    background(_writeback, path)
+# Where ours's cost goes (diagnostics): its stages one at a time, each in the writer's place
+ck_image = memoryview(new_ck._image).cast("B")
+def copy(step):        # the copy into the host buffer alone, in the training thread
+    new_ck._copy(tr.model.flat, tr.opt.m, tr.opt.v)
+def copy_crc(step):    # the copy, then the file's crc32 in a background thread
+    copy(step)
+    from shared.checkpoint_format import crc32
+    background(crc32, ck_image)
+def copy_write(step):  # the copy, then the file's write (O_DIRECT, fsync) in the background
+    copy(step)
+    from shared.checkpoint_write import _write_image
+    def write():
+        tmp = os.path.join(out, "image.tmp")
+        _write_image(pathlib.Path(tmp), ck_image, True, True)
+        os.unlink(tmp)
+    background(write)
+def busy():
+    return tr.ckpt.busy() or any(t.is_alive() for t in pending)
 def clocks():
     t = os.times()
     return time.perf_counter(), t.user + t.system, time.thread_time()
@@ -376,7 +427,7 @@ def steps(n, save=None, until_landed=False):
     # waited for the write, steps taken).
     a = clocks()
     i = 0
-    while i < n or (until_landed and tr.ckpt.busy()):
+    while i < n or (until_landed and busy()):
         k[0] += 1
         tr.train_step(k[0], probs)
         if save is not None and i == 0:
@@ -384,6 +435,9 @@ def steps(n, save=None, until_landed=False):
         i += 1
     t = time.perf_counter()
     tr.ckpt.wait()
+    for w in pending:
+        w.join()
+    pending.clear()
     b = clocks()
     return [y - x for x, y in zip(a, b)] + [b[0] - t, i]
 def probe(save):
@@ -399,14 +453,15 @@ def probe(save):
         before = steps(K + 1)
         after = steps(K + 1, save)
     return [y - x for x, y in zip(before[:3], after[:3])] + after[3:5]
-warm = [ours, blocking] + ([old] if old_path else [])
-steps(2 * K, None)
-for f in warm:
-    steps(K + 1, f)   # warm-up
-table = {"ours": ours, "blocking": blocking, "plain": plain, "sync_copy": sync_copy}
+table = {"ours": ours, "blocking": blocking, "plain": plain, "sync_copy": sync_copy,
+         "blocking_durable": blocking_durable, "copy": copy, "copy_crc": copy_crc,
+         "copy_write": copy_write}
 if old_path:
     table["old"] = old
 names = ["ours", "blocking"] + extra
+steps(2 * K, None)
+for side in names:
+    steps(K + 1, table[side], until_landed=LANDED)   # warm-up
 for r in range(pairs):
     order = names[r % len(names):] + names[:r % len(names)]   # rotate: each side in each slot
     if r % 2:
@@ -465,7 +520,7 @@ def lost_training_time(d: pathlib.Path, a) -> None:
               f"landed, then as many without" if a.until_landed else
               f"K+1 = {K + 1} steps without, then {K + 1} with a checkpoint after the first")
     print(f"cost    {a.cost_rounds} pairs of probes ({window}; batch 1 x 1024): ours vs "
-          f"nanoGPT torch.save"
+          f"nanoGPT torch.save ({'its writeback to the disk started at once and counted' if a.writeback == 'counted' else 'its writeback left to the kernel, after the window'})"
           f"{', ' + a.diagnose if a.diagnose else ''}, order rotating, one fresh process; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
     old_path = ""
@@ -477,7 +532,8 @@ def lost_training_time(d: pathlib.Path, a) -> None:
         print(f"        old = worker/checkpointer.py at {a.old_rev}", flush=True)
     p = subprocess.Popen([sys.executable, "-c", COST_CHILD, REPO, str(run), str(a.cost_rounds),
                           str(K), str(out), a.diagnose, old_path,
-                          "landed" if a.until_landed else ""], stdout=subprocess.PIPE,
+                          "landed" if a.until_landed else "", a.writeback],
+                         stdout=subprocess.PIPE,
                          text=True, env=dict(os.environ, PYTHONPATH=REPO),
                          start_new_session=True)   # as the proxy starts a worker: its own
     # session, hence its own scheduling group, where the niced writer competes only with it
