@@ -30,6 +30,18 @@ def step_generator(seed: int, step: int, stream: int = 0) -> np.random.Generator
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, step, stream])))
 
 
+DROPOUT_STREAM = 1  # beside step_generator's stream 0 (the batch): torch's dropout masks
+
+
+def dropout_seed(seed: int, step: int, rank: int, micro_batch: int) -> int:
+    """The seed (an int in [0, 2**64)) for torch's global RNG before micro-batch `micro_batch`
+    of update `step` on rank `rank`: dropout draws its masks there, so they follow from the run
+    seed and the step alone and a resumed run draws the masks an uninterrupted one drew
+    (docs/architecture.md, Determinism; for the same world size and micro-batch size)."""
+    state = np.random.SeedSequence([seed, step, DROPOUT_STREAM, rank, micro_batch])
+    return int(state.generate_state(1, np.uint64)[0])
+
+
 @dataclass
 class Batch:
     x: torch.Tensor  # int64 (b, T) inputs of this rank

@@ -52,7 +52,7 @@ from shared.worker_options import WorkerOptions as WorkerOptions  # also named h
 from shared.tokenizer import RunTokenizer
 from worker import distributed as wdist
 from worker.checkpointer import Checkpointer, WriteResult
-from worker.data import ArmSampler
+from worker.data import ArmSampler, dropout_seed
 from worker.model import GPT
 from worker.optim import FlatAdamW, learning_rate
 from worker.sampling import generate_batched
@@ -418,6 +418,8 @@ class Trainer:
         self.opt.zero_grad()
         seqs = []
         for i, (x, y) in enumerate(self._micro_batches(batch)):
+            if self.cfg.dropout > 0:  # the masks follow from (seed, k, rank, i): exact resume
+                torch.manual_seed(dropout_seed(self.cfg.seed, k, self.rank, i))
             with self._grad_sync(last=i == self.accum - 1):
                 seq = self._seq_losses(x, y, self.train_module)
                 seq = self.hooks.on_loss(k, seq)
