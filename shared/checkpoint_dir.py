@@ -93,9 +93,17 @@ def list_checkpoints(directory: os.PathLike | str) -> list[tuple[int, pathlib.Pa
 
 
 def scan_for_resume(
-    directory: os.PathLike | str, n_params: int | None, checksums: dict[int, str] | None = None
+    directory: os.PathLike | str,
+    n_params: int | None,
+    checksums: dict[int, str] | None = None,
+    *,
+    values: bool = False,
 ) -> tuple[CheckpointInfo | None, list[CheckpointError]]:
     """Like ``find_latest_valid`` but each rejection is the CheckpointError itself (docs/checkpoint-format.md#validity).
+
+    values: a file without a checksum in ``checksums`` is also read and checked against rule
+    8 (finite values, v >= 0; ``validate_checkpoint(values=True)``): what a resume does, so
+    that a file no checksum vouches for is never trained from with NaN in it.
 
     Returns (info, rejected): rejected lists, newest first, one CheckpointError per newer file
     that failed, with ``.path`` (the file), ``.rule`` (the rule it broke: "size", "step",
@@ -108,7 +116,7 @@ def scan_for_resume(
     rejected: list[CheckpointError] = []
     for step, path in reversed(list_checkpoints(directory)):
         try:
-            return validate_checkpoint(path, n_params, checksums.get(step)), rejected
+            return validate_checkpoint(path, n_params, checksums.get(step), values=values), rejected
         except CheckpointError as exc:
             if exc.path is None:
                 exc.path = path

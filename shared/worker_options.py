@@ -56,7 +56,7 @@ class WorkerOptions:
             argv += ["--policy-timeout", repr(self.policy_timeout)]
         if self.resume_from is not None:
             argv += ["--resume-from", str(self.resume_from)]
-            if self.resume_verified:  # read and checksum the newest checkpoint once per start
+            if self.resume_verified:  # the worker checks the file against it as it reads
                 argv += ["--resume-verified", self.resume_verified]
         if self.compile:
             argv.append("--compile")
@@ -76,8 +76,9 @@ class WorkerOptions:
         ap.add_argument(
             "--resume-verified",
             default=d["resume_verified"],
-            help="the checksum the proxy verified --resume-from against: the worker "
-            "still checks its size and header but does not checksum it again",
+            help="the checksum the proxy verified --resume-from against: the worker checks "
+            "the file against it again as it reads it (the file may have changed since the "
+            "scan), without reading the manifest",
         )
         ap.add_argument("--max-steps", type=int, default=d["max_steps"])
         ap.add_argument("--usr1-at", choices=USR1_AT, default=d["usr1_at"])

@@ -561,3 +561,79 @@ def test_the_checksum_function_gives_zlib_crc32_values_for_every_length_and_runn
     assert running == zlib.crc32(data)
     arr = np.random.default_rng(0).standard_normal(100_003, dtype=np.float32)
     assert crc32(arr) == zlib.crc32(arr.tobytes())
+
+
+# ---------------------------------------------------------------------------- rule 8: values
+
+
+def _three(n=100):
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal(n).astype(np.float32)
+    return w, (w * 0.1).astype(np.float32), (np.abs(w) * 0.01).astype(np.float32)
+
+
+@pytest.mark.parametrize("region, index, value, shown", [
+    ("weights", 0, np.nan, "weights[0] = nan"),
+    ("m", 57, np.inf, "m[57] = inf"),
+    ("v", 99, -1e-8, "v[99] = -1e-08"),
+    ("v", 31, -np.inf, "v[31] = -inf"),
+])
+def test_a_file_no_checksum_vouches_for_is_refused_with_a_non_finite_or_negative_v(
+        tmp_path, monkeypatch, region, index, value, shown):
+    # docs/checkpoint-format.md#validity rule 8: a .bin without a manifest entry (a copy
+    # from a diverged run, a corrupt file) is never trained from with NaN in it
+    arrays = dict(zip(("weights", "m", "v"), _three()))
+    arrays[region][index] = value
+    path, _, checksum = cf.write_checkpoint(tmp_path, 7, *arrays.values())
+    for load in (lambda: cf.load_checkpoint(path, 100),
+                 lambda: cf.validate_checkpoint(path, 100, values=True)):
+        with pytest.raises(CheckpointError) as e:
+            load()
+        assert e.value.rule == "values" and e.value.path == path
+        assert str(e.value).startswith(f"step_000007.bin: {shown}")
+        assert "resume from an older checkpoint" in str(e.value)
+    monkeypatch.setattr(cf, "VALUE_CHUNK", 64)  # 16 floats a piece: the index counts across
+    with pytest.raises(CheckpointError, match=f"^step_000007.bin: {shown.replace('[', '.')}"):
+        cf.validate_checkpoint(path, 100, values=True)
+    # a checksum vouches for the bytes; without `values` nothing is read; inspect reads it all
+    assert cf.validate_checkpoint(path, 100).step == 7
+    assert cf.validate_checkpoint(path, 100, checksum, values=True).step == 7
+    assert np.isnan(cf.load_checkpoint(path, 100, checksum)[1]).any() == np.isnan(value)
+    assert cf.load_checkpoint(path, 100, values=False)[0] == 7
+
+
+def test_finite_values_and_a_zero_v_pass_rule_8(tmp_path, monkeypatch):
+    w, m, v = _three()
+    v[:10] = 0.0  # a parameter that never had a gradient
+    path, _, _ = cf.write_checkpoint(tmp_path, 3, w, m, v)
+    monkeypatch.setattr(cf, "VALUE_CHUNK", 40)
+    assert cf.validate_checkpoint(path, 100, values=True).step == 3
+    step, w2, m2, v2 = cf.load_checkpoint(path, 100)
+    assert step == 3 and np.array_equal(v2, v)
+
+
+def test_a_file_shrinking_while_its_values_are_read_names_where(tmp_path):
+    path, _, _ = cf.write_checkpoint(tmp_path, 3, *_three())
+    with open(path, "rb", buffering=0) as f:
+        f.read(cf.HEADER_BYTES)
+        data = f.read(4 * 150)  # weights and half of m
+    short = tmp_path / "short.bin"
+    short.write_bytes(data)
+    with open(short, "rb", buffering=0) as f, pytest.raises(CheckpointError) as e:
+        cf._check_values_of_stream(f, path, 100)
+    assert e.value.rule == "size" and "while its m were read (element 50 of 100)" in str(e.value)
+
+
+def test_the_resume_scan_passes_over_a_newest_file_with_nan_that_no_checksum_vouches_for(
+        tmp_path):
+    from shared.checkpoint_dir import scan_for_resume
+    w, m, v = _three()
+    cf.write_checkpoint(tmp_path, 10, w, m, v)
+    w_nan = w.copy()
+    w_nan[5] = np.nan
+    _, _, ck20 = cf.write_checkpoint(tmp_path, 20, w_nan, m, v)
+    info, rejected = scan_for_resume(tmp_path, 100, values=True)
+    assert info.step == 10
+    assert [(e.path.name, e.rule) for e in rejected] == [("step_000020.bin", "values")]
+    assert scan_for_resume(tmp_path, 100)[0].step == 20  # without values: header and size only
+    assert scan_for_resume(tmp_path, 100, {20: ck20}, values=True)[0].step == 20

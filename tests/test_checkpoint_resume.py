@@ -7,6 +7,7 @@ Real proxy and worker processes on the 42,880-parameter test model; real signals
 import os
 import resource
 import signal
+import struct
 import subprocess
 
 import pytest
@@ -203,3 +204,81 @@ def test_a_resume_removes_temporaries_a_kill_left_of_the_runs_own_files_whatever
     r = run_proxy(run, "--max-steps", "3", "--checkpoint-every", "1")
     assert r.returncode == 0, r.stderr[-2000:]
     assert not [p.name for p in dead if p.exists()] and live.exists()
+
+
+def _held_resume_changes_the_file(run, tmp_path, change):
+    """Train to 20 (checkpoints 10, 20); start again to 30 with the worker held before it reads
+    step_000020.bin, which the proxy's scan has just verified; `change` it; release."""
+    from proc_helpers import start
+    common = ["--max-steps", "20", "--checkpoint-every", "10", "--bandit-warmup", "0"]
+    r = run_proxy(run, *common)
+    assert r.returncode == 0, r.stderr
+    assert checkpoint_steps(run) == [10, 20]
+    proc = start(run, *common[2:], "--max-steps", "30", env={"ANDREA_TEST_HOLD_RESUME": "1"})
+    try:
+        held = run / ".test-resume-held"
+        wait_for(lambda: held.exists() or proc.poll() is not None, 120, what="the held resume")
+        assert held.exists(), (tmp_path / "run.out").read_text(errors="replace")
+        changed = change(run / "step_000020.bin")
+        (run / ".test-release-resume").touch()
+        assert proc.wait(timeout=300) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return changed, (tmp_path / "run.out").read_text(errors="replace")
+
+
+@pytest.mark.parametrize("how, rule", [("flip", "checksum"), ("truncate", "size")])
+def test_a_checkpoint_changed_after_the_proxys_scan_is_caught_by_the_worker_and_skipped(
+        tmp_path, how, rule):
+    # The scan verified step_000020.bin; it changes before the worker reads it (bit rot, a
+    # copy, an operator). The worker checks it against the scan's checksum, exits 1 (not
+    # the fatal 3), and the proxy scans again, keeps the file in rejected/ and resumes from
+    # step_000010.bin (docs/checkpoint-format.md#validity).
+    run = tmp_path / "run"
+
+    def change(p):
+        data = bytearray(p.read_bytes())
+        if how == "flip":
+            data[8 + 4 * 1000] ^= 0x10
+        else:
+            data = data[: len(data) // 2]
+        p.write_bytes(bytes(data))
+        return bytes(data)
+
+    changed, out = _held_resume_changes_the_file(run, tmp_path, change)
+    assert f"(rule: {rule})" in out and "exiting with code 1: the proxy scans" in out, out
+    assert "restart 1 of 3" in out and "cannot go on" not in out
+    assert f"rejected step_000020.bin (rule: {rule})" in out
+    assert "resume from step_000010.bin" in out
+    assert (run / "rejected" / "step_000020.bin").read_bytes() == changed
+    assert checkpoint_steps(run) == [10, 20, 30]
+    assert [x["step"] for x in loss_records(run)] == list(range(1, 31))
+    entries = cm.read_manifest(run)
+    for s in (10, 20, 30):
+        cf.validate_checkpoint(run / cf.checkpoint_name(s), N, entries[s].checksum)
+
+
+def test_a_checkpoint_without_a_manifest_entry_holding_nan_is_not_resumed_from(tmp_path):
+    # A .bin no checksum vouches for (its entry lost; copied in from a diverged run) is
+    # checked for rule 8 at the scan: NaN in its weights rejects it, resume takes step 10,
+    # and no NaN reaches a new checkpoint (docs/checkpoint-format.md#validity).
+    run = tmp_path / "run"
+    common = ["--max-steps", "20", "--checkpoint-every", "10", "--bandit-warmup", "0"]
+    r = run_proxy(run, *common)
+    assert r.returncode == 0, r.stderr
+    p = run / "step_000020.bin"
+    data = bytearray(p.read_bytes())
+    data[8 + 4 * 7 : 8 + 4 * 8] = struct.pack("<f", float("nan"))
+    p.write_bytes(bytes(data))
+    cm.remove_entries(run, [20])
+    r = run_proxy(run, "--max-steps", "30", *common[2:])
+    assert r.returncode == 0, r.stderr
+    assert "rejected step_000020.bin (rule: values): step_000020.bin: weights[7] = nan" in r.stderr
+    assert "resume from step_000010.bin" in r.stderr
+    assert (run / "rejected" / "step_000020.bin").read_bytes() == bytes(data)
+    entries = cm.read_manifest(run)
+    assert sorted(entries) == [10, 20, 30]
+    for s in (20, 30):
+        _, w, m, v = cf.load_checkpoint(run / cf.checkpoint_name(s), N, entries[s].checksum)
+        cf.check_values(run / cf.checkpoint_name(s), w, m, v)

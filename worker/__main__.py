@@ -12,7 +12,7 @@ import sys
 import time
 
 from shared.config import ArmSourceError
-from shared.exit_codes import EXIT_FATAL
+from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportWriter
 from shared.procfs import seconds_since_start
 from shared.run_layout import RunLayout
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log = logging.getLogger("worker")
     log.debug("start-up: worker interpreter %.3f s since launch", seconds_since_start() or 0.0)
-    from worker.trainer import Trainer  # torch: after the signal handlers, as said above
+    from worker.trainer import ResumeLoadError, Trainer  # torch: after the signal handlers
 
     log.debug(
         "start-up: torch and the trainer imported %.3f s since launch", seconds_since_start() or 0.0
@@ -47,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
             opts.run_dir, lambda: flags.stop_reason is not None
         )
         trainer = Trainer(opts, flags, hooks)
+    except ResumeLoadError as e:  # changed since the proxy's scan: it scans again, not fatal
+        log.error(
+            "%s; exiting with code %d: the proxy scans the checkpoints again and resumes from "
+            "the newest valid one",
+            e,
+            EXIT_FAILED,
+        )
+        return EXIT_FAILED
     except ValueError as e:  # ConfigError, CheckpointError: operator-facing, no traceback
         return _fatal(opts.run_dir, e)
     try:

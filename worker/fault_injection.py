@@ -27,6 +27,11 @@ and supervision tests are deterministic instead of racing a 10 ms step:
                                      `.test-release-write-N` or `.test-release-writes` (every
                                      write from then on) in the run directory (at most an
                                      hour), so a signal "during a write" never races the clock
+  ANDREA_TEST_HOLD_RESUME=1          before it reads the checkpoint it resumes from, the worker
+                                     writes `.test-resume-held` in the run directory and waits
+                                     until the test creates `.test-release-resume` (at most an
+                                     hour), once per run directory: a test changes the file
+                                     between the proxy's scan and the worker's read
   ANDREA_TEST_HANG_AT_STEP=N         update N blocks for ever (signals set flags but the step never
                                      ends), once per run directory (marker `.test-hang-done`)
   ANDREA_TEST_ORPHAN_FILE=PATH       at start-up the worker leaves an orphaned grandchild
@@ -175,6 +180,19 @@ def leave_orphan() -> None:
         )
 
 
+def hold_before_resume(run_dir: Path) -> None:
+    """If ANDREA_TEST_HOLD_RESUME is set: write `.test-resume-held` in `run_dir`, then wait until
+    `.test-release-resume` exists there (at most an hour); once per run directory (the held
+    marker stays, so a restarted worker reads at once)."""
+    if not os.environ.get("ANDREA_TEST_HOLD_RESUME"):
+        return
+    marker = Path(run_dir) / ".test-resume-held"
+    if marker.exists():
+        return
+    marker.write_text(str(os.getpid()))
+    _sleep(3600.0, None, Path(run_dir) / ".test-release-resume")
+
+
 class NoHooks:
     """The trainer's test hooks, doing nothing: what a Trainer gets unless told otherwise."""
 
@@ -190,6 +208,9 @@ class NoHooks:
 
     def after_step(self, step: int, report) -> None:
         """After update `step` trained, before its report and boundary."""
+
+    def before_resume(self, path: Path) -> None:
+        """Before the worker reads checkpoint `path` to resume from it."""
 
 
 class EnvHooks(NoHooks):
@@ -214,6 +235,9 @@ class EnvHooks(NoHooks):
     def after_step(self, step: int, report) -> None:
         pause_in_step(step, report, self.run_dir, self.stopping)
         hang_in_step(step, self.run_dir)
+
+    def before_resume(self, path: Path) -> None:
+        hold_before_resume(self.run_dir)
 
 
 def hooks_from_environment(run_dir: Path, stopping: Callable[[], bool] | None = None) -> NoHooks:

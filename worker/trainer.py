@@ -25,7 +25,7 @@ from torch.nn import functional as F
 
 from shared.activation_memory import check_micro_batch_fits
 from shared.arm_data import read_arm_index
-from shared.checkpoint_format import load_checkpoint, parse_checkpoint_name
+from shared.checkpoint_format import CheckpointError, load_checkpoint, parse_checkpoint_name
 from shared.embedded_arms import cache_dir
 from shared.checkpoint_manifest import read_manifest
 from shared.exit_codes import EXIT_FATAL, EXIT_OK
@@ -64,6 +64,13 @@ from worker.signals import SignalFlags, Usr1Requests
 log = logging.getLogger("worker.trainer")
 
 REASON_PRIORITY = ("final", "pivot", "alarm", "sigusr1", "sigterm", "cadence")
+
+
+class ResumeLoadError(CheckpointError):
+    """The checkpoint the proxy chose to resume from failed a rule when the worker read it: it
+    changed after the proxy's scan (truncated, overwritten, bit rot). Not fatal: the worker
+    exits EXIT_FAILED, so that the proxy restarts it, scans again, moves the file to rejected/
+    and resumes from the newest valid one (docs/checkpoint-format.md#validity)."""
 
 
 class _NoReports:
@@ -236,13 +243,38 @@ class Trainer:
         return module
 
     def _resume(self, path: Path) -> None:
+        """Read checkpoint `path` into the model and AdamW's state, checked against the
+        checksum the proxy's scan verified (or the manifest's): the file may have changed
+        since the scan. Without a checksum, rule 8 (finite values, v >= 0) is checked
+        instead. Raises ResumeLoadError (a CheckpointError) when a rule fails
+        (docs/checkpoint-format.md#validity)."""
         t0 = time.perf_counter()
-        if self.opts.resume_verified:  # the proxy's scan checksummed this file: size and
-            checksum = None  # header are still checked, the data is read once
-        else:
+        checksum = self.opts.resume_verified
+        if not checksum:
             entries = read_manifest(self.layout.root)
             s = parse_checkpoint_name(path.name)
             checksum = entries[s].checksum if s in entries else None
+        self.hooks.before_resume(path)
+        try:
+            step = self._read_checkpoint(path, checksum)
+        except CheckpointError as e:
+            raise ResumeLoadError(str(e), path=e.path or path, rule=e.rule) from e
+        self.opt.set_step(
+            step
+        )  # AdamW bias correction = the header step (docs/checkpoint-format.md)
+        self.step = self.resumed_from = step
+        log.info(
+            "resumed from %s (step %d) in %.2f s (%s)",
+            path.name,
+            step,
+            time.perf_counter() - t0,
+            f"checksum {checksum} verified on load"
+            if checksum
+            else "not in the manifest: size, header and values checked",
+        )
+
+    def _read_checkpoint(self, path: Path, checksum: str | None) -> int:
+        """Read `path` straight into model.flat, opt.m and opt.v; returns the header step."""
         own = (self.model.flat, self.opt.m, self.opt.v)
         if all(t.device.type == "cpu" for t in own) and sys.byteorder == "little":
             # read straight into the weights and AdamW's state: no second buffer, no copy
@@ -257,21 +289,7 @@ class Trainer:
             with torch.no_grad():
                 for t, a in zip(own, (w, m, v)):
                     t.copy_(torch.from_numpy(a))
-        self.opt.set_step(
-            step
-        )  # AdamW bias correction = the header step (docs/checkpoint-format.md)
-        self.step = self.resumed_from = step
-        log.info(
-            "resumed from %s (step %d) in %.2f s (checksum %s)",
-            path.name,
-            step,
-            time.perf_counter() - t0,
-            "verified by the proxy's scan"
-            if self.opts.resume_verified
-            else "verified on load"
-            if checksum
-            else "not in the manifest: size and header only",
-        )
+        return step
 
     def announce(self) -> None:
         """Rank 0 announces the worker; every rank adds its pid to `worker.pids` under the lock

@@ -101,7 +101,7 @@ def find_resume_point(
         log.info("removed stale temporary %s", os.path.join(os.path.relpath(d, root), name))
     manifest = read_manifest(root)
     checks = manifest_checksums(manifest)
-    info, rejected = scan_for_resume(root, cfg.n_params, checks)
+    info, rejected = scan_for_resume(root, cfg.n_params, checks, values=True)
     for err in rejected:  # one line per rejected file, with the rule it broke
         assert err.path is not None  # scan_for_resume names the file of every rejection
         log.warning("rejected %s (rule: %s): %s", err.path.name, err.rule, err)
