@@ -36,6 +36,8 @@ from shared.checkpoint_format import (
 
 __all__ = [
     "DIRECT_ALIGN",
+    "RECYCLED_NAME",
+    "recycle_checkpoint",
     "alloc_checkpoint_image",
     "image_arrays",
     "image_offset",
@@ -220,12 +222,33 @@ def _clear_direct(fd: int) -> None:
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
 
 
-def _write_image(tmp: pathlib.Path, view: memoryview, aligned: bool, fsync: bool) -> None:
-    """Write ``view`` to a new file ``tmp``: the 4096-aligned bulk with O_DIRECT when possible
-    (no copy into the page cache), the rest (and everything, where O_DIRECT is refused or the
-    buffer is not aligned) with plain write(2); short writes are continued; then fsync."""
+RECYCLED_NAME = ".recycled-checkpoint.bin"  # a retired checkpoint, overwritten by the next
+
+
+def recycle_checkpoint(path: os.PathLike | str) -> pathlib.Path:
+    """Retire checkpoint ``path`` by renaming it to ``RECYCLED_NAME`` in its directory, where
+    ``write_checkpoint_image`` overwrites it in place as its next file instead of creating one
+    (docs/checkpoint-format.md#retention). A file already there is replaced (and so deleted).
+    The name matches neither a checkpoint nor a temporary: nothing loads, lists or cleans it
+    up as one. Returns the new path; raises OSError (FileNotFoundError when ``path`` is gone).
+    """
+    path = pathlib.Path(path)
+    dest = path.parent / RECYCLED_NAME
+    os.replace(path, dest)
+    return dest
+
+
+def _write_image(
+    tmp: pathlib.Path, view: memoryview, aligned: bool, fsync: bool, reuse: bool = False
+) -> None:
+    """Write ``view`` to the file ``tmp``: new, or (``reuse``) an existing file overwritten in
+    place from byte 0 and cut to ``len(view)``: its blocks are already allocated, so the
+    write changes no block map and frees nothing (scripts/bench_checkpoint.py). The
+    4096-aligned bulk with O_DIRECT when possible (no copy into the page cache), the rest (and
+    everything, where O_DIRECT is refused or the buffer is not aligned) with plain write(2);
+    short writes are continued; then fsync."""
     o_direct = getattr(os, "O_DIRECT", 0)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_WRONLY | os.O_CREAT | (0 if reuse else os.O_TRUNC) | getattr(os, "O_CLOEXEC", 0)
     direct = bool(o_direct) and aligned
     fd = None
     if direct:
@@ -256,6 +279,8 @@ def _write_image(tmp: pathlib.Path, view: memoryview, aligned: bool, fsync: bool
             if got == 0:
                 raise OSError(errno.EIO, f"write(2) wrote 0 bytes at offset {done:,}")
             done += got
+        if reuse and os.fstat(fd).st_size != total:
+            os.ftruncate(fd, total)  # a recycled file of another size (another model)
         if fsync:
             os.fsync(fd)
     finally:
@@ -263,14 +288,22 @@ def _write_image(tmp: pathlib.Path, view: memoryview, aligned: bool, fsync: bool
 
 
 def write_checkpoint_image(
-    directory: os.PathLike | str, step: int, image: np.ndarray, *, fsync: bool = True
+    directory: os.PathLike | str,
+    step: int,
+    image: np.ndarray,
+    *,
+    fsync: bool = True,
+    recycle: bool = True,
 ) -> tuple[pathlib.Path, int, str]:
     """Write a file image (``alloc_checkpoint_image``) as ``step_NNNNNN.bin``, atomically.
 
     The fast path of the background writer (scripts/bench_checkpoint.py): the image already holds the
     file's bytes, so the write is ONE sequential write of one buffer; when the image is
     4096-aligned and the filesystem supports it, with O_DIRECT (the kernel reads the buffer
-    directly, no copy into the page cache), then fsync. Sets the header bytes image[0:8] to
+    directly, no copy into the page cache), then fsync. Where retention left a retired
+    checkpoint (``RECYCLED_NAME``, ``recycle_checkpoint``) it is renamed to the temporary and
+    overwritten in place instead of a new file being created (``recycle=False``: never).
+    Sets the header bytes image[0:8] to
     (step, n_params); weights, m, v must already be in place and must not change during the
     call. Same temporary/rename/directory-fsync protocol, return value (final_path, nbytes,
     "crc32:%08x") and errors as ``write_checkpoint`` (rules "limits", "shape", "io").
@@ -285,7 +318,16 @@ def write_checkpoint_image(
     crc = BackgroundCrc()
     crc.feed(view)
     aligned = image_offset(image.ctypes.data) == 0
-    final = _atomic_commit(
-        directory, final_name, lambda tmp: _write_image(tmp, view, aligned, fsync), crc, fsync
-    )
+
+    def write_body(tmp: pathlib.Path) -> None:
+        reuse = False
+        if recycle:
+            try:  # atomic: a kill leaves it under one name or the other, never lost or torn
+                os.rename(directory / RECYCLED_NAME, tmp)
+                reuse = True
+            except FileNotFoundError:
+                pass
+        _write_image(tmp, view, aligned, fsync, reuse)
+
+    final = _atomic_commit(directory, final_name, write_body, crc, fsync)
     return final, HEADER_BYTES + 12 * n, format_crc(crc.result())

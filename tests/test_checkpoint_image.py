@@ -65,3 +65,32 @@ def test_scan_for_resume_names_each_rule_and_quarantine_keeps_files(tmp_path):
     (tmp_path / "step_000300.bin").write_bytes(b"again")
     assert cdir.quarantine_checkpoint(tmp_path / "step_000300.bin").name == "step_000300.bin.1"
     assert [s for s, _ in cdir.list_checkpoints(tmp_path)] == [100, 250]
+
+
+@pytest.mark.parametrize("old_n", [1000, 3000, 400])  # same size, larger, smaller
+def test_a_retired_checkpoint_is_overwritten_in_place_as_the_next_file(tmp_path, old_n):
+    # docs/checkpoint-format.md#retention: retention renames a doomed file to RECYCLED_NAME
+    # and the next write takes that file (same inode: no new blocks, no delete) instead of
+    # creating one; the result is byte-identical to a fresh write, cut to its own size.
+    n = 1000
+    rng = np.random.default_rng(old_n)
+    old = cw.alloc_checkpoint_image(old_n)
+    for a in cw.image_arrays(old):
+        a[:] = rng.standard_normal(old_n, dtype=np.float32)
+    retired, _, _ = cw.write_checkpoint_image(tmp_path, 10, old)
+    inode = retired.stat().st_ino
+    assert cw.recycle_checkpoint(retired) == tmp_path / cw.RECYCLED_NAME
+    assert [s for s, _ in cdir.list_checkpoints(tmp_path)] == []
+    assert not cf.is_temporary_name(cw.RECYCLED_NAME)
+    image = cw.alloc_checkpoint_image(n)
+    for a in cw.image_arrays(image):
+        a[:] = rng.standard_normal(n, dtype=np.float32)
+    path, nbytes, checksum = cw.write_checkpoint_image(tmp_path, 20, image)
+    assert os.listdir(tmp_path) == ["step_000020.bin"] and path.stat().st_ino == inode
+    assert path.stat().st_size == nbytes == 8 + 12 * n
+    assert path.read_bytes() == image.tobytes() and checksum == cf.file_checksum(path)
+    # recycle=False never takes it
+    cw.recycle_checkpoint(path)
+    fresh, _, _ = cw.write_checkpoint_image(tmp_path, 30, image, recycle=False)
+    assert sorted(os.listdir(tmp_path)) == [cw.RECYCLED_NAME, "step_000030.bin"]
+    assert fresh.stat().st_ino != inode and fresh.read_bytes() == image.tobytes()

@@ -29,7 +29,7 @@ def _state(n, seed):
 
 
 def _file_arrays(path, n):
-    step, w, m, v = cf.load_checkpoint(path, n)
+    step, w, m, v = cf.load_checkpoint(path, n, values=False)  # random states: v < 0 too
     return step, w.copy(), m.copy(), v.copy()
 
 
@@ -181,3 +181,45 @@ def test_host_buffer_is_reclaimable_after_each_write_and_the_writer_runs_niced(t
                                       for a, t in zip(got[1:], (w, m, v)))
     assert nice_seen == [max(ck.WRITER_NICE, mine)] * 2
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine         # the caller's own is unchanged
+
+
+def test_retention_retires_one_file_that_the_next_write_overwrites(tmp_path, monkeypatch):
+    # The oldest doomed checkpoint becomes the next write's file (same inode), the others
+    # are deleted; a retired file of the right size counts as space the write already has.
+    n = 5000
+    c = Checkpointer(tmp_path, n, keep_last=2, keep_every=0)
+    w, m, v = _state(n, 4)
+    inodes = {}
+    for step in (10, 20, 30):
+        c.snapshot(step, w + step, m, v, "cadence")
+        c.wait()
+        inodes[step] = (tmp_path / cf.checkpoint_name(step)).stat().st_ino
+    assert sorted(os.listdir(tmp_path)) == [
+        ".checkpoints.json.lock", cw.RECYCLED_NAME, "checkpoints.json", "step_000020.bin",
+        "step_000030.bin"]
+    assert (tmp_path / cw.RECYCLED_NAME).stat().st_ino == inodes[10]
+    real = shutil.disk_usage  # room for the margin only: enough, with a retired file to reuse
+    monkeypatch.setattr(ck.shutil, "disk_usage",
+                        lambda p: real(p)._replace(free=ck.DISK_MARGIN_BYTES + 1))
+    c.snapshot(40, w + 40, m, v, "cadence")
+    assert c.wait().error is None
+    monkeypatch.undo()
+    assert (tmp_path / "step_000040.bin").stat().st_ino == inodes[10]
+    assert (tmp_path / cw.RECYCLED_NAME).stat().st_ino == inodes[20]
+    np.testing.assert_array_equal(_file_arrays(tmp_path / "step_000040.bin", n)[1],
+                                  (w + 40).numpy())
+    man = cm.read_manifest(tmp_path)
+    assert sorted(man) == [30, 40]
+    assert man[40].checksum == cf.file_checksum(tmp_path / "step_000040.bin")
+    # several doomed at once: the oldest is retired, the others deleted
+    c.keep_last = 5
+    for step in (50, 60, 70):
+        c.snapshot(step, w, m, v, "cadence")
+        c.wait()
+    assert not (tmp_path / cw.RECYCLED_NAME).exists()  # taken by step 50's write
+    inode30 = (tmp_path / "step_000030.bin").stat().st_ino
+    c.keep_last = 2
+    c.snapshot(80, w, m, v, "cadence")
+    c.wait()
+    assert [s for s, _ in cdir.list_checkpoints(tmp_path)] == [70, 80]
+    assert (tmp_path / cw.RECYCLED_NAME).stat().st_ino == inode30

@@ -29,7 +29,13 @@ import torch
 
 from worker import fault_injection
 from shared.checkpoint_format import CheckpointError, expected_size
-from shared.checkpoint_write import DIRECT_ALIGN, image_offset, write_checkpoint_image
+from shared.checkpoint_write import (
+    DIRECT_ALIGN,
+    RECYCLED_NAME,
+    image_offset,
+    recycle_checkpoint,
+    write_checkpoint_image,
+)
 from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_manifest import (
     DEFAULT_KEEP_EVERY,
@@ -231,11 +237,12 @@ class Checkpointer:
 
     def _write(self, step: int, reason: str) -> None:
         t0 = time.perf_counter()
-        need = 8 + 12 * self.n + DISK_MARGIN_BYTES
         try:
             fault_injection.write_delay(self.run_dir, step)  # test hook; off unless set
+            need = self._bytes_needed()
             if self._free_bytes() < need:
                 self.apply_retention(exclude_newest=False)
+                need = self._bytes_needed()
                 if self._free_bytes() < need:
                     raise CheckpointError(
                         f"{self.run_dir}: {self._free_bytes():,} bytes free, a checkpoint needs "
@@ -266,18 +273,35 @@ class Checkpointer:
         self.last_result = res
         self._on_done(res)
 
+    def _bytes_needed(self) -> int:
+        """Free bytes the next write needs: the file and a margin, less a retired file of the
+        same size that it overwrites in place."""
+        try:
+            have = (self.run_dir / RECYCLED_NAME).stat().st_size
+        except OSError:
+            have = 0
+        return max(0, expected_size(self.n) - have) + DISK_MARGIN_BYTES
+
     def apply_retention(self, exclude_newest: bool = True) -> list[int]:
-        """Delete checkpoints retention allows (docs/checkpoint-format.md#retention); never pinned ones, never a file
-        without a manifest entry (another writer's). Returns the deleted steps."""
+        """Retire the checkpoints retention allows (docs/checkpoint-format.md#retention);
+        never pinned ones, never a file without a manifest entry (another writer's). The
+        oldest doomed file is kept as the next write's file (``recycle_checkpoint``:
+        overwritten in place, which on a virtual disk costs training less than a new file
+        and a delete); the others are deleted. Returns the retired steps."""
         entries = read_manifest(self.run_dir)
         present = {s for s, _ in list_checkpoints(self.run_dir)}
         known = [s for s in present if s in entries]
         pinned = {s for s, e in entries.items() if e.pinned}
         doomed = plan_retention(known, pinned, self.keep_last, self.keep_every)
-        for s in doomed:
+        for i, s in enumerate(sorted(doomed)):
+            path = self.run_dir / entries[s].file
             try:
-                (self.run_dir / entries[s].file).unlink()
-                log.info("retention: deleted %s", entries[s].file)
+                if i == 0 and path.stat().st_size == expected_size(self.n):
+                    recycle_checkpoint(path)
+                    log.info("retention: retired %s (its file is the next write's)", path.name)
+                else:
+                    path.unlink()
+                    log.info("retention: deleted %s", path.name)
             except FileNotFoundError:
                 pass
         if doomed:
