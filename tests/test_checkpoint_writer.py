@@ -223,3 +223,20 @@ def test_retention_retires_one_file_that_the_next_write_overwrites(tmp_path, mon
     c.wait()
     assert [s for s, _ in cdir.list_checkpoints(tmp_path)] == [70, 80]
     assert (tmp_path / cw.RECYCLED_NAME).stat().st_ino == inode30
+
+
+def test_a_retired_checkpoint_with_a_hard_link_is_deleted_not_overwritten(tmp_path):
+    # an operator's `ln step_000010.bin keep.bin` must keep its bytes: only a file with no
+    # other name is reused in place
+    n = 3000
+    c = Checkpointer(tmp_path, n, keep_last=2, keep_every=0)
+    w, m, v = _state(n, 5)
+    c.snapshot(10, w, m, v, "cadence")
+    c.wait()
+    os.link(tmp_path / "step_000010.bin", tmp_path / "keep.bin")
+    kept = (tmp_path / "keep.bin").read_bytes()
+    for step in (20, 30, 40):
+        c.snapshot(step, w + step, m, v, "cadence")
+        c.wait()
+    assert [s for s, _ in cdir.list_checkpoints(tmp_path)] == [30, 40]
+    assert (tmp_path / "keep.bin").read_bytes() == kept

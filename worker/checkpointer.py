@@ -296,7 +296,9 @@ class Checkpointer:
         for i, s in enumerate(sorted(doomed)):
             path = self.run_dir / entries[s].file
             try:
-                if i == 0 and path.stat().st_size == expected_size(self.n):
+                st = path.stat()
+                # a file with another name too (a hard link an operator kept) is never reused
+                if i == 0 and st.st_size == expected_size(self.n) and st.st_nlink == 1:
                     recycle_checkpoint(path)
                     log.info("retention: retired %s (its file is the next write's)", path.name)
                 else:
