@@ -2,7 +2,8 @@
 
 A real child process writes checkpoints of a 3,000,000-parameter model (36 MB files) in a
 loop, as the worker's writer does (write_checkpoint_image from the file-image host buffer,
-alternating with write_checkpoint of three arrays; then the manifest entry, then retention),
+alternating with write_checkpoint of three arrays; then the manifest entry, then the worker's
+retention, which retires the oldest doomed file for the next image write to overwrite),
 and is killed with SIGKILL at random moments. After every kill each visible
 ``step_*.bin`` must validate (size, header, n_params, and the manifest checksum where the
 manifest has an entry); temporaries may be left, and the next start removes them.
@@ -19,6 +20,7 @@ from proc_helpers import ROOT
 from shared import checkpoint_format as cf
 from shared import checkpoint_dir as cdir
 from shared import checkpoint_manifest as cm
+from shared import checkpoint_write as cw
 import pytest
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
@@ -32,6 +34,7 @@ CHILD = textwrap.dedent("""
     import os, sys, time
     import numpy as np
     from shared import checkpoint_dir as cdir, checkpoint_manifest as cm, checkpoint_write as cw
+    from shared.checkpoint_retention import apply_retention
     run_dir, n, first = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     cdir.clean_stale_temporaries(run_dir)
     rng = np.random.default_rng(first)
@@ -51,15 +54,7 @@ CHILD = textwrap.dedent("""
             step=step, file=path.name, nbytes=nbytes, checksum=checksum,
             reason="sigusr1" if step % 7 == 0 else "cadence", pinned=step % 7 == 0,
             time=time.time()))
-        entries = cm.read_manifest(run_dir)
-        doomed = cm.plan_retention(list(entries), {s for s, e in entries.items() if e.pinned},
-                                   2, 0)
-        for s in doomed:
-            try:
-                os.unlink(os.path.join(run_dir, entries[s].file))
-            except FileNotFoundError:
-                pass
-        cm.remove_entries(run_dir, doomed)
+        apply_retention(run_dir, n, 2, 0)   # the worker's: the oldest doomed file is reused
         step += 1
 """)
 
@@ -82,7 +77,7 @@ def test_sigkill_at_random_moments_during_writes_leaves_only_valid_checkpoints(t
     run_dir.mkdir()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     rng = random.Random(1234)
-    first, kills_mid_write = 1, 0
+    first, kills_mid_write, retired_seen = 1, 0, 0
     seen_steps: set[int] = set()
     for kill in range(KILLS):
         proc = subprocess.Popen([sys.executable, "-c", CHILD, str(run_dir), str(N_PARAMS),
@@ -106,12 +101,14 @@ def test_sigkill_at_random_moments_during_writes_leaves_only_valid_checkpoints(t
         assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
         steps, temps = _check_every_visible_checkpoint(run_dir)
         kills_mid_write += bool(temps)
+        retired_seen += (run_dir / cw.RECYCLED_NAME).exists()
         seen_steps.update(steps)
         assert first in steps or any(s > first for s in steps), (first, steps)
         first = max(steps) + 1
     # the kills did land inside writes (a temporary was left behind), and writes did finish
     assert kills_mid_write >= 1, f"none of {KILLS} kills hit a write in progress"
     assert len(seen_steps) >= KILLS
+    assert retired_seen >= 1, "retention never left a file for the next write to reuse"
     # a start removes the stale temporaries and touches nothing else
     before = sorted(n for n in os.listdir(run_dir) if not cf.is_temporary_name(n))
     cdir.clean_stale_temporaries(run_dir)

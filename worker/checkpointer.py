@@ -29,22 +29,18 @@ import torch
 
 from worker import fault_injection
 from shared.checkpoint_format import CheckpointError, expected_size
+from shared.checkpoint_retention import apply_retention
 from shared.checkpoint_write import (
     DIRECT_ALIGN,
     RECYCLED_NAME,
     image_offset,
-    recycle_checkpoint,
     write_checkpoint_image,
 )
-from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_manifest import (
     DEFAULT_KEEP_EVERY,
     DEFAULT_KEEP_LAST,
     ManifestEntry,
-    plan_retention,
-    read_manifest,
     record_checkpoint,
-    remove_entries,
 )
 
 log = logging.getLogger("worker.checkpointer")
@@ -241,7 +237,7 @@ class Checkpointer:
             fault_injection.write_delay(self.run_dir, step)  # test hook; off unless set
             need = self._bytes_needed()
             if self._free_bytes() < need:
-                self.apply_retention(exclude_newest=False)
+                self.apply_retention()
                 need = self._bytes_needed()
                 if self._free_bytes() < need:
                     raise CheckpointError(
@@ -282,30 +278,9 @@ class Checkpointer:
             have = 0
         return max(0, expected_size(self.n) - have) + DISK_MARGIN_BYTES
 
-    def apply_retention(self, exclude_newest: bool = True) -> list[int]:
-        """Retire the checkpoints retention allows (docs/checkpoint-format.md#retention);
-        never pinned ones, never a file without a manifest entry (another writer's). The
-        oldest doomed file is kept as the next write's file (``recycle_checkpoint``:
-        overwritten in place, which on a virtual disk costs training less than a new file
-        and a delete); the others are deleted. Returns the retired steps."""
-        entries = read_manifest(self.run_dir)
-        present = {s for s, _ in list_checkpoints(self.run_dir)}
-        known = [s for s in present if s in entries]
-        pinned = {s for s, e in entries.items() if e.pinned}
-        doomed = plan_retention(known, pinned, self.keep_last, self.keep_every)
-        for i, s in enumerate(sorted(doomed)):
-            path = self.run_dir / entries[s].file
-            try:
-                st = path.stat()
-                # a file with another name too (a hard link an operator kept) is never reused
-                if i == 0 and st.st_size == expected_size(self.n) and st.st_nlink == 1:
-                    recycle_checkpoint(path)
-                    log.info("retention: retired %s (its file is the next write's)", path.name)
-                else:
-                    path.unlink()
-                    log.info("retention: deleted %s", path.name)
-            except FileNotFoundError:
-                pass
-        if doomed:
-            remove_entries(self.run_dir, doomed)
-        return doomed
+    def apply_retention(self) -> list[int]:
+        """``shared.checkpoint_retention.apply_retention`` on this run directory with this
+        writer's keep_last and keep_every (docs/checkpoint-format.md#retention): the oldest
+        doomed file becomes the next write's, the others are deleted. Returns the doomed
+        steps."""
+        return apply_retention(self.run_dir, self.n, self.keep_last, self.keep_every)

@@ -1,0 +1,61 @@
+"""Applying retention to a run directory (docs/checkpoint-format.md#retention).
+
+What it is: ``apply_retention``, which retires the checkpoints ``plan_retention`` dooms: the
+oldest is renamed to the file the next write overwrites in place (``recycle_checkpoint``), the
+others are deleted, then their manifest entries are dropped. The worker's writer calls it after
+each durable checkpoint; the kill -9 test's writer child runs the same function.
+
+What it is not: the plan (``shared.checkpoint_manifest.plan_retention``, a pure function), the
+write engine (``shared/checkpoint_write.py``) or the writer thread (``worker/checkpointer.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+
+from shared.checkpoint_dir import list_checkpoints
+from shared.checkpoint_format import expected_size
+from shared.checkpoint_manifest import plan_retention, read_manifest, remove_entries
+from shared.checkpoint_write import recycle_checkpoint
+
+log = logging.getLogger("shared.checkpoint_retention")
+
+
+def apply_retention(
+    directory: os.PathLike | str, n_params: int, keep_last: int, keep_every: int
+) -> list[int]:
+    """Retire what retention allows in ``directory`` (docs/checkpoint-format.md#retention):
+    never a pinned checkpoint, never a file without a manifest entry (another writer's).
+
+    n_params: the run's parameter count (a doomed file of exactly ``8 + 12 * n_params`` bytes
+    can be reused). keep_last, keep_every: as ``plan_retention``. The oldest doomed file with
+    no other name (``st_nlink == 1``: never an operator's hard link) is renamed to
+    ``RECYCLED_NAME``, overwritten in place by the next write (on a virtual disk that costs
+    training less than a new file plus a delete); the others are deleted; then their entries
+    leave the manifest. A kill at any point leaves each doomed file under its name, retired, or
+    gone, and an entry without a file is ignored by every reader. Returns the doomed steps,
+    ascending. Raises OSError (other than a file already gone) from the rename or delete.
+    """
+    directory = pathlib.Path(directory)
+    entries = read_manifest(directory)
+    present = {s for s, _ in list_checkpoints(directory)}
+    known = [s for s in present if s in entries]
+    pinned = {s for s, e in entries.items() if e.pinned}
+    doomed = sorted(plan_retention(known, pinned, keep_last, keep_every))
+    for i, s in enumerate(doomed):
+        path = directory / entries[s].file
+        try:
+            st = path.stat()
+            if i == 0 and st.st_size == expected_size(n_params) and st.st_nlink == 1:
+                recycle_checkpoint(path)
+                log.info("retention: retired %s (its file is the next write's)", path.name)
+            else:
+                path.unlink()
+                log.info("retention: deleted %s", path.name)
+        except FileNotFoundError:
+            pass
+    if doomed:
+        remove_entries(directory, doomed)
+    return doomed
