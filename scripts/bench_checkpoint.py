@@ -578,10 +578,15 @@ def lost_training_time(d: pathlib.Path, a) -> None:
                 ours_side = side == "ours"
                 def num(x):   # strict JSON: an unbounded end (baseline lost in noise) is null
                     return round(x, 4) if math.isfinite(x) else None
+                # `met` is the paired test's verdict (its interval in diff_low/diff_high,
+                # seconds of ours - target x torch.save), not the bootstrap's of the ratio:
+                # with a noisy baseline the two can disagree, and the line says which decides
                 print("RESULT " + json.dumps({
                     "figure": fig, "ratio": num(ratio), "low": num(lo),
                     "high": num(hi), "target": target if ours_side else None,
-                    "met": met if ours_side else None, "rounds": len(rows)}))
+                    "met": met if ours_side else None, "rounds": len(rows),
+                    "decided_by": f"median of ours - {target} x torch.save" if ours_side
+                    else None, "diff_low": num(dlo), "diff_high": num(dhi)}))
     if "old" in sides:   # A/B of two writer versions under the same load, pair by pair
         for m in ("wall", "cpu", "thread_cpu"):
             x, y = [r["ours"][m] for r in rows], [r["old"][m] for r in rows]
