@@ -26,6 +26,7 @@ rule and what to do next; it is meant to be printed to an operator as is.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import os
@@ -77,13 +78,16 @@ class CheckpointInfo:
     """A checkpoint that passed ``validate_checkpoint`` (docs/checkpoint-format.md#validity).
 
     path: the file; step: header step (= the name's); n_params: header count;
-    nbytes: file size in bytes (= 8 + 12 * n_params).
+    nbytes: file size in bytes (= 8 + 12 * n_params); checksum: the file's "crc32:%08x" when
+    validation read the whole file for rule 8 (``values=True`` without a manifest checksum), so
+    a later reader can check it has the same bytes; None otherwise.
     """
 
     path: pathlib.Path
     step: int
     n_params: int
     nbytes: int
+    checksum: str | None = None
 
 
 # ---------------------------------------------------------------------------- names, limits
@@ -333,7 +337,8 @@ def validate_checkpoint(
     skip that rule. checksum: ``"crc32:%08x"`` from the manifest, or None to skip (with it
     the whole file is read once). values: where no checksum is given, also read the file
     (once, in pieces of VALUE_CHUNK bytes: no buffer of the file's size) and check rule 8
-    (``check_values``); without it no weights are read.
+    (``check_values``), computing the file's checksum in the same pass
+    (``CheckpointInfo.checksum``); without it no weights are read.
     Returns CheckpointInfo. Raises CheckpointError for the FIRST failing rule, in order:
     name unparseable ("name"); zero-length ("empty") or < 8 bytes ("short-header"); header
     n_params <= 0 ("header-n"); size != 8 + 12*header_n ("size"); header step != name's
@@ -354,7 +359,10 @@ def validate_checkpoint(
                     raise _checksum_mismatch(path, got, want)
             elif values:
                 f.seek(HEADER_BYTES)
-                _check_values_of_stream(f, path, info.n_params)
+                got = _check_values_of_stream(
+                    f, path, info.n_params, crc32(_HEADER.pack(info.step, info.n_params))
+                )
+                info = dataclasses.replace(info, checksum=got)
     except OSError as exc:
         raise _open_error(path, exc) from exc
     return info
@@ -403,8 +411,10 @@ def _check_piece(path: pathlib.Path, name: str, arr: np.ndarray, at: int) -> Non
     )
 
 
-def _check_values_of_stream(f, path: pathlib.Path, n: int) -> None:
-    """Rule 8 over an open file positioned at the first weight, read in VALUE_CHUNK pieces."""
+def _check_values_of_stream(f, path: pathlib.Path, n: int, crc: int = 0) -> str:
+    """Rule 8 over an open file positioned at the first weight, read in VALUE_CHUNK pieces;
+    returns the "crc32:%08x" of the bytes read, continuing the running value ``crc`` (the
+    header's, for the whole file's checksum)."""
     piece = np.empty(VALUE_CHUNK // 4, dtype=_F32)
     view = memoryview(piece).cast("B")  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
     for name in ("weights", "m", "v"):
@@ -423,8 +433,10 @@ def _check_values_of_stream(f, path: pathlib.Path, n: int) -> None:
                         rule="size",
                     )
                 got += r
+            crc = crc32(view[: 4 * k], crc)
             _check_piece(path, name, piece[:k], done)
             done += k
+    return format_crc(crc)
 
 
 def _readinto_exact(

@@ -18,7 +18,7 @@ import pathlib
 from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_format import expected_size
 from shared.checkpoint_manifest import plan_retention, read_manifest, remove_entries
-from shared.checkpoint_write import recycle_checkpoint
+from shared.checkpoint_write import recycle_checkpoint, reusable
 
 log = logging.getLogger("shared.checkpoint_retention")
 
@@ -30,8 +30,9 @@ def apply_retention(
     never a pinned checkpoint, never a file without a manifest entry (another writer's).
 
     n_params: the run's parameter count (a doomed file of exactly ``8 + 12 * n_params`` bytes
-    can be reused). keep_last, keep_every: as ``plan_retention``. The oldest doomed file with
-    no other name (``st_nlink == 1``: never an operator's hard link) is renamed to
+    can be reused). keep_last, keep_every: as ``plan_retention``. The oldest doomed file, if a
+    regular file with no other name (``reusable``: never a symlink's target, never an
+    operator's hard link), is renamed to
     ``RECYCLED_NAME``, overwritten in place by the next write (on a virtual disk that costs
     training less than a new file plus a delete); the others are deleted; then their entries
     leave the manifest. A kill at any point leaves each doomed file under its name, retired, or
@@ -47,13 +48,18 @@ def apply_retention(
     for i, s in enumerate(doomed):
         path = directory / entries[s].file
         try:
-            st = path.stat()
-            if i == 0 and st.st_size == expected_size(n_params) and st.st_nlink == 1:
-                recycle_checkpoint(path)
-                log.info("retention: retired %s (its file is the next write's)", path.name)
-            else:
-                path.unlink()
-                log.info("retention: deleted %s", path.name)
+            st = os.lstat(path)  # a symlink is a link: removed, its target never reused
+            if i == 0 and st.st_size == expected_size(n_params) and reusable(st):
+                try:
+                    recycle_checkpoint(path)
+                    log.info("retention: retired %s (its file is the next write's)", path.name)
+                    continue
+                except OSError as exc:
+                    if isinstance(exc, FileNotFoundError):
+                        raise
+                    log.warning("retention: cannot retire %s (%s): deleted", path.name, exc)
+            path.unlink()
+            log.info("retention: deleted %s", path.name)
         except FileNotFoundError:
             pass
     if doomed:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import stat
 
 import numpy as np
 
@@ -38,6 +39,7 @@ __all__ = [
     "DIRECT_ALIGN",
     "RECYCLED_NAME",
     "recycle_checkpoint",
+    "reusable",
     "alloc_checkpoint_image",
     "image_arrays",
     "image_offset",
@@ -225,12 +227,37 @@ def _clear_direct(fd: int) -> None:
 RECYCLED_NAME = ".recycled-checkpoint.bin"  # a retired checkpoint, overwritten by the next
 
 
+def reusable(st: os.stat_result) -> bool:
+    """True for what a write may overwrite in place: a regular file (not a symlink, whose
+    target could be anything, nor a directory or FIFO) with no other name (``st_nlink == 1``:
+    never an operator's hard link). ``st`` from ``os.lstat``."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def _take_recycled(directory: pathlib.Path, tmp: pathlib.Path) -> bool:
+    """Rename ``RECYCLED_NAME`` to ``tmp`` if it is ``reusable``; True when it was. Anything
+    else found there is removed (a directory is left alone) and the write makes a new file."""
+    src = directory / RECYCLED_NAME
+    try:
+        st = os.lstat(src)
+        if reusable(st):
+            os.rename(src, tmp)
+            return True
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(src)  # a symlink goes, never its target
+    except FileNotFoundError:
+        pass
+    return False
+
+
 def recycle_checkpoint(path: os.PathLike | str) -> pathlib.Path:
     """Retire checkpoint ``path`` by renaming it to ``RECYCLED_NAME`` in its directory, where
     ``write_checkpoint_image`` overwrites it in place as its next file instead of creating one
     (docs/checkpoint-format.md#retention). A file already there is replaced (and so deleted).
     The name matches neither a checkpoint nor a temporary: nothing loads, lists or cleans it
-    up as one. Returns the new path; raises OSError (FileNotFoundError when ``path`` is gone).
+    up as one. The caller checks ``reusable`` first (the next write checks it again).
+    Returns the new path; raises OSError (FileNotFoundError when ``path`` is gone; another
+    OSError when a directory holds the name).
     """
     path = pathlib.Path(path)
     dest = path.parent / RECYCLED_NAME
@@ -248,7 +275,9 @@ def _write_image(
     everything, where O_DIRECT is refused or the buffer is not aligned) with plain write(2);
     short writes are continued; then fsync."""
     o_direct = getattr(os, "O_DIRECT", 0)
-    flags = os.O_WRONLY | os.O_CREAT | (0 if reuse else os.O_TRUNC) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    # a reused file is never followed through a link, nor opened if it is not a regular file
+    flags |= (os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)) if reuse else os.O_TRUNC
     direct = bool(o_direct) and aligned
     fd = None
     if direct:
@@ -260,6 +289,9 @@ def _write_image(
             direct = False
     if fd is None:
         fd = os.open(tmp, flags, 0o644)
+    if reuse and not reusable(os.fstat(fd)):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{tmp.name} is not a regular file with one name")
     try:
         total = len(view)
         bulk = total - total % DIRECT_ALIGN
@@ -320,14 +352,16 @@ def write_checkpoint_image(
     aligned = image_offset(image.ctypes.data) == 0
 
     def write_body(tmp: pathlib.Path) -> None:
-        reuse = False
-        if recycle:
-            try:  # atomic: a kill leaves it under one name or the other, never lost or torn
-                os.rename(directory / RECYCLED_NAME, tmp)
-                reuse = True
-            except FileNotFoundError:
-                pass
-        _write_image(tmp, view, aligned, fsync, reuse)
+        # the rename is atomic: a kill leaves the file under one name or the other
+        if recycle and _take_recycled(directory, tmp):
+            try:
+                _write_image(tmp, view, aligned, fsync, reuse=True)
+                return
+            except OSError as exc:  # it changed under us (a link, a FIFO): a new file instead
+                if exc.errno not in (errno.ELOOP, errno.EINVAL, errno.ENXIO, errno.EISDIR):
+                    raise
+                os.unlink(tmp)
+        _write_image(tmp, view, aligned, fsync)
 
     final = _atomic_commit(directory, final_name, write_body, crc, fsync)
     return final, HEADER_BYTES + 12 * n, format_crc(crc.result())

@@ -94,3 +94,47 @@ def test_a_retired_checkpoint_is_overwritten_in_place_as_the_next_file(tmp_path,
     fresh, _, _ = cw.write_checkpoint_image(tmp_path, 30, image, recycle=False)
     assert sorted(os.listdir(tmp_path)) == [cw.RECYCLED_NAME, "step_000030.bin"]
     assert fresh.stat().st_ino != inode and fresh.read_bytes() == image.tobytes()
+
+
+def _image(n, seed):
+    image = cw.alloc_checkpoint_image(n)
+    for a in cw.image_arrays(image):
+        a[:] = np.random.default_rng(seed).standard_normal(n, dtype=np.float32)
+    return image
+
+
+@pytest.mark.parametrize("kind", ["symlink", "directory", "fifo", "hard link"])
+def test_a_recycled_name_that_is_not_a_lone_regular_file_is_never_written_through(
+        tmp_path, kind):
+    # Only a regular file with one name is overwritten in place: a symlink's target outside
+    # the run, a directory, a FIFO (an open would block for ever) or a file with another name
+    # are never written into; the write makes a new file instead.
+    run, outside = tmp_path / "run", tmp_path / "elsewhere.bin"
+    run.mkdir()
+    outside.write_bytes(b"operator's bytes")
+    recycled = run / cw.RECYCLED_NAME
+    if kind == "symlink":
+        recycled.symlink_to(outside)
+    elif kind == "directory":
+        recycled.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(recycled)
+    else:
+        os.link(outside, recycled)
+    image = _image(500, 1)
+    path, nbytes, checksum = cw.write_checkpoint_image(run, 7, image)
+    assert path.read_bytes() == image.tobytes() and not path.is_symlink()
+    assert path.stat().st_ino != outside.stat().st_ino and path.stat().st_nlink == 1
+    assert outside.read_bytes() == b"operator's bytes"
+    assert recycled.is_dir() if kind == "directory" else not os.path.lexists(recycled)
+    assert not [x for x in os.listdir(run) if cf.is_temporary_name(x)]
+
+
+def test_the_scan_for_values_also_gives_the_files_checksum(tmp_path):
+    image = _image(1000, 2)
+    v = cw.image_arrays(image)[2]
+    v[:] = np.abs(v)  # rule 8: v >= 0
+    path, _, checksum = cw.write_checkpoint_image(tmp_path, 3, image)
+    assert cf.validate_checkpoint(path, 1000, values=True).checksum == checksum
+    assert cf.validate_checkpoint(path, 1000).checksum is None  # nothing read
+    assert cf.validate_checkpoint(path, 1000, checksum, values=True).checksum is None

@@ -206,14 +206,17 @@ def test_a_resume_removes_temporaries_a_kill_left_of_the_runs_own_files_whatever
     assert not [p.name for p in dead if p.exists()] and live.exists()
 
 
-def _held_resume_changes_the_file(run, tmp_path, change):
+def _held_resume_changes_the_file(run, tmp_path, change, drop_entry=False):
     """Train to 20 (checkpoints 10, 20); start again to 30 with the worker held before it reads
-    step_000020.bin, which the proxy's scan has just verified; `change` it; release."""
+    step_000020.bin, which the proxy's scan has just verified; `change` it; release.
+    `drop_entry`: step 20 loses its manifest entry first (another writer's file)."""
     from proc_helpers import start
     common = ["--max-steps", "20", "--checkpoint-every", "10", "--bandit-warmup", "0"]
     r = run_proxy(run, *common)
     assert r.returncode == 0, r.stderr
     assert checkpoint_steps(run) == [10, 20]
+    if drop_entry:
+        cm.remove_entries(run, [20])
     proc = start(run, *common[2:], "--max-steps", "30", env={"ANDREA_TEST_HOLD_RESUME": "1"})
     try:
         held = run / ".test-resume-held"
@@ -282,3 +285,23 @@ def test_a_checkpoint_without_a_manifest_entry_holding_nan_is_not_resumed_from(t
     for s in (20, 30):
         _, w, m, v = cf.load_checkpoint(run / cf.checkpoint_name(s), N, entries[s].checksum)
         cf.check_values(run / cf.checkpoint_name(s), w, m, v)
+
+
+def test_a_checkpoint_without_an_entry_changed_after_the_scan_is_not_trained_from_unseen(
+        tmp_path):
+    # No manifest checksum vouches for step_000020.bin, but the scan read it whole (rule 8)
+    # and passes the checksum it computed: a finite change before the worker's read is seen
+    # (rule checksum, exit 1); the new scan then judges the file as it is now.
+    run = tmp_path / "run"
+
+    def change(p):
+        data = bytearray(p.read_bytes())
+        data[8 + 4 * 1000] ^= 0x01  # the lowest mantissa bit of a weight: still finite
+        p.write_bytes(bytes(data))
+        return bytes(data)
+
+    changed, out = _held_resume_changes_the_file(run, tmp_path, change, drop_entry=True)
+    assert "(rule: checksum); exiting with code 1: the proxy scans" in out, out
+    assert "restart 1 of 3" in out
+    assert out.count("resume from step_000020.bin") == 2  # the second read saw these bytes
+    assert [x["step"] for x in loss_records(run)] == list(range(1, 31))

@@ -240,3 +240,38 @@ def test_a_retired_checkpoint_with_a_hard_link_is_deleted_not_overwritten(tmp_pa
         c.wait()
     assert [s for s, _ in cdir.list_checkpoints(tmp_path)] == [30, 40]
     assert (tmp_path / "keep.bin").read_bytes() == kept
+
+
+def test_retention_removes_a_symlinked_checkpoint_and_never_reuses_its_target(tmp_path):
+    # an operator moved step 10 to another disk and left a link: retention removes the link,
+    # the next write makes its own file, the archive keeps its bytes
+    n = 3000
+    run, archive = tmp_path / "run", tmp_path / "archive"
+    run.mkdir(), archive.mkdir()
+    c = Checkpointer(run, n, keep_last=2, keep_every=0)
+    w, m, v = _state(n, 6)
+    c.snapshot(10, w, m, v, "cadence")
+    c.wait()
+    shutil.move(run / "step_000010.bin", archive / "step_000010.bin")
+    (run / "step_000010.bin").symlink_to(archive / "step_000010.bin")
+    kept = (archive / "step_000010.bin").read_bytes()
+    for step in (20, 30, 40):
+        c.snapshot(step, w + step, m, v, "cadence")
+        c.wait()
+    assert [s for s, _ in cdir.list_checkpoints(run)] == [30, 40]
+    assert (archive / "step_000010.bin").read_bytes() == kept
+    assert not any(p.is_symlink() for p in run.iterdir())
+
+
+def test_a_directory_at_the_recycled_name_does_not_fail_retention_or_the_write(tmp_path):
+    n = 3000
+    (tmp_path / cw.RECYCLED_NAME).mkdir()
+    done = []
+    c = Checkpointer(tmp_path, n, keep_last=2, keep_every=0, on_done=done.append)
+    w, m, v = _state(n, 7)
+    for step in (10, 20, 30, 40):
+        c.snapshot(step, w + step, m, v, "cadence")
+        c.wait()
+    assert [r.error for r in done] == [None] * 4
+    assert [s for s, _ in cdir.list_checkpoints(tmp_path)] == [30, 40]
+    assert (tmp_path / cw.RECYCLED_NAME).is_dir()

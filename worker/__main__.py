@@ -49,9 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(opts, flags, hooks)
     except ResumeLoadError as e:  # changed since the proxy's scan: it scans again, not fatal
         log.error(
-            "%s; exiting with code %d: the proxy scans the checkpoints again and resumes from "
-            "the newest valid one",
+            "%s (rule: %s); exiting with code %d: the proxy scans the checkpoints again and "
+            "resumes from the newest valid one",
             e,
+            e.rule,
             EXIT_FAILED,
         )
         return EXIT_FAILED

@@ -149,7 +149,9 @@ def find_resume_point(
         return ResumePoint(0, None)
     if rejected:
         log.warning("resuming from %s instead", info.path.name)
-    return ResumePoint(info.step, info.path, checks.get(info.step))
+    # a file without a manifest entry was read whole for rule 8: its checksum, computed then,
+    # lets the worker check that it reads the same bytes (docs/checkpoint-format.md#validity)
+    return ResumePoint(info.step, info.path, checks.get(info.step) or info.checksum)
 
 
 def _any_quarantined(layout: RunLayout) -> bool:
