@@ -85,11 +85,17 @@ def main(argv=None) -> int:
                     "until the write has landed, then a baseline of as many steps follows; "
                     "default: K+1 steps each, baseline first, the write waited for")
     ap.add_argument("--cost-only", action="store_true", help="measure --cost alone")
-    ap.add_argument("--writeback", choices=("kernel", "counted"), default="kernel",
-                    help="--cost: torch.save's write to the disk (the kernel's writeback of "
-                    "its page-cache bytes, within 30 s) left to the kernel, after the window, "
-                    "as nanoGPT runs (default), or started in the background at once and "
-                    "counted like ours's")
+    ap.add_argument("--writeback", choices=("kernel", "counted", "natural"), default="kernel",
+                    help="--cost: torch.save's write to the disk, the kernel's writeback of "
+                    "its page-cache bytes: left to the kernel and not waited for (kernel, "
+                    "default; where it falls depends on the filesystem: ext4, whose "
+                    "auto_da_alloc starts the writeback of a file truncated and written again "
+                    "when it is closed, writes a re-save at once, in the window's next steps; "
+                    "elsewhere it may come vm.dirty_expire_centisecs later, 30 s, after the "
+                    "window), started in the background at once and counted like ours's "
+                    "(counted), or left to the kernel and counted: with --until-landed "
+                    "torch.save's window trains on until the kernel has written its file "
+                    "(natural: however long the kernel takes; Linux >= 6.5, cachestat(2))")
     ap.add_argument("--profile", action="store_true",
                     help="CPU time of each stage of a background checkpoint, per thread")
     ap.add_argument("--diagnose", default="", help="--cost: extra sides, comma-separated: "
@@ -102,6 +108,9 @@ def main(argv=None) -> int:
                     help="--diagnose old: git revision whose worker/checkpointer.py is the "
                     "'old' side")
     a = ap.parse_args(argv)
+    if a.writeback == "natural" and not a.until_landed:
+        ap.error("--writeback natural trains on until the kernel has written torch.save's "
+                 "file: add --until-landed")
     n = a.n_params
     rng = np.random.default_rng(0)
     buf = rng.standard_normal(3 * n, dtype=np.float32)
@@ -373,6 +382,24 @@ def optimizer_state_dict():   # what torch.optim.AdamW.state_dict() holds: the s
     return {"state": {i: dict(st[p]) for i, p in enumerate(params)},
             "param_groups": [{k: v for k, v in g.items() if k != "params"} | {"params": [
                 index[id(p)] for p in g["params"]]} for g in tr.opt.opt.param_groups]}
+import ctypes
+_libc = ctypes.CDLL(None, use_errno=True)
+class _Range(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+class _CacheStat(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_uint64) for f in ("nr_cache", "nr_dirty", "nr_writeback",
+                                                "nr_evicted", "nr_recently_evicted")]
+def unwritten_pages(path):   # the file's page-cache pages not yet on the disk (cachestat(2))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        r, c = _Range(0, 0), _CacheStat()
+        if _libc.syscall(451, fd, ctypes.byref(r), ctypes.byref(c), 0) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"cachestat of {path} (--writeback natural needs Linux >= 6.5)")
+        return c.nr_dirty + c.nr_writeback
+    finally:
+        os.close(fd)
+watched = []   # files whose page-cache bytes the kernel is still to write (natural)
 def _writeback(path):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -383,13 +410,17 @@ def blocking(step):   # nanoGPT train.py: torch.save(checkpoint, os.path.join(ou
     path = os.path.join(out, "ckpt.pt")
     torch.save({"model": tr.model.state_dict(), "optimizer": optimizer_state_dict(),
                 "iter_num": step}, path)
-    # torch.save leaves its bytes in the page cache; the kernel writes them to the disk within
-    # vm.dirty_expire_centisecs (30 s by default), which a window of 30 s or more would count.
-    # "counted": start that same writeback now, in the background, and train on until it has
-    # landed, as ours does. "kernel" (nanoGPT as a user runs it): leave it to the kernel, after
-    # this window (the next probe's torch.save truncates the file: most of it is never written)
+    # torch.save leaves its bytes in the page cache, for the kernel to write to the disk: on
+    # ext4 (auto_da_alloc, the default) at once when the save truncated an existing file, as
+    # every save after a run's first does; otherwise within vm.dirty_expire_centisecs (30 s).
+    # "kernel" (nanoGPT as a user runs it): leave it to the kernel, not waited for. "counted":
+    # start that writeback now, in the background, and train on until it has landed, as ours
+    # does. "natural": leave it to the kernel, and train on (with --until-landed) until the
+    # kernel has written the file (cachestat): however long its delay, all of it counts
     if WRITEBACK == "counted":
         background(_writeback, path)
+    elif WRITEBACK == "natural":
+        watched.append(path)
 def background(fn, *args):
     t = threading.Thread(target=fn, args=args)
     t.start()
@@ -416,7 +447,9 @@ def copy_write(step):  # the copy, then the file's write (O_DIRECT, fsync) in th
         os.unlink(tmp)
     background(write)
 def busy():
-    return tr.ckpt.busy() or any(t.is_alive() for t in pending)
+    if watched and unwritten_pages(watched[0]) == 0:
+        watched.clear()
+    return tr.ckpt.busy() or any(t.is_alive() for t in pending) or bool(watched)
 def clocks():
     t = os.times()
     return time.perf_counter(), t.user + t.system, time.thread_time()
@@ -438,6 +471,7 @@ def steps(n, save=None, until_landed=False):
     for w in pending:
         w.join()
     pending.clear()
+    watched.clear()
     b = clocks()
     return [y - x for x, y in zip(a, b)] + [b[0] - t, i]
 def probe(save):
@@ -495,6 +529,13 @@ def bootstrap_ratio_ci(a: list[float], b: list[float], seed: int = 0, n: int = 2
     return sum(a) / sum(b) if sum(b) > 0 else float("inf"), lo, hi
 
 
+WRITEBACK_MODES = {
+    "kernel": "its writeback left to the kernel, after the window",
+    "counted": "its writeback to the disk started at once and counted",
+    "natural": "its writeback left to the kernel and counted: the window trains on until the "
+               "kernel has written the file, as in a run whose saves are minutes apart"}
+
+
 def lost_training_time(d: pathlib.Path, a) -> None:
     """What a checkpoint costs a real training loop, as lost time, measured so that a loaded
     machine can still decide: in one fresh process (not the one that created the run:
@@ -520,7 +561,7 @@ def lost_training_time(d: pathlib.Path, a) -> None:
               f"landed, then as many without" if a.until_landed else
               f"K+1 = {K + 1} steps without, then {K + 1} with a checkpoint after the first")
     print(f"cost    {a.cost_rounds} pairs of probes ({window}; batch 1 x 1024): ours vs "
-          f"nanoGPT torch.save ({'its writeback to the disk started at once and counted' if a.writeback == 'counted' else 'its writeback left to the kernel, after the window'})"
+          f"nanoGPT torch.save ({WRITEBACK_MODES[a.writeback]})"
           f"{', ' + a.diagnose if a.diagnose else ''}, order rotating, one fresh process; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
     old_path = ""
