@@ -531,6 +531,70 @@ def load_checkpoint(
     return info.step, parts[0], parts[1], parts[2]
 
 
+def load_weights(
+    path: os.PathLike | str,
+    n_params: int | None,
+    checksum: str | None = None,
+    out: np.ndarray | None = None,
+    *,
+    values: bool | None = None,
+) -> tuple[int, np.ndarray]:
+    """(step, weights) of a checkpoint, the file opened and read once (docs/checkpoint-format.md#validity).
+
+    Same arguments, rules and CheckpointError as ``load_checkpoint``, checked on the same open
+    file that is then read; only the weights region is kept: m and v are read in
+    CHECKSUM_CHUNK pieces through the checksum (and rule 8) and dropped, so memory is the
+    weights' 4 x n_params bytes and one piece. The checksum covers exactly the bytes returned:
+    a file replaced by name, or retired and overwritten in place by the run's next checkpoint
+    (docs/checkpoint-format.md#retention), while it is read gives a CheckpointError, never
+    weights the checksum did not vouch for. Returns float32 (n_params,) weights: ``out`` (a
+    writable C-contiguous float32 array of n_params elements, e.g. a model's flat weights;
+    ValueError before reading otherwise, or on a big-endian host) or a new array. values: as
+    ``load_checkpoint`` (None: rule 8 exactly when no checksum is given).
+    """
+    path = pathlib.Path(path)
+    n_params = _check_expected_n(n_params)
+    want = _normalise_checksum(checksum, path) if checksum is not None else None
+    check = values if values is not None else want is None
+    try:
+        with open(path, "rb", buffering=0) as f:
+            info = _check_structure(f, path, n_params)
+            n = info.n_params
+            if out is None:
+                weights = np.empty(n, dtype=_F32)
+            else:
+                weights = _check_out((out, out, out), n)[0]
+            f.seek(HEADER_BYTES)
+            view = memoryview(weights).cast("B")  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
+            _readinto_exact(f, view, path, info)
+            crc = crc32(view, crc32(_HEADER.pack(info.step, n))) if want is not None else 0
+            if check:
+                _check_piece(path, "weights", weights, 0)
+            piece = np.empty(min(n, CHECKSUM_CHUNK // 4), dtype=_F32)
+            pv = memoryview(piece).cast("B")  # type: ignore[arg-type]  # as above
+            at = HEADER_BYTES + 4 * n
+            for name in ("m", "v"):
+                done = 0
+                while done < n:
+                    k = min(n - done, piece.shape[0])
+                    _readinto_exact(f, pv[: 4 * k], path, info, None, at)
+                    if want is not None:
+                        crc = crc32(pv[: 4 * k], crc)
+                    if check:
+                        _check_piece(path, name, piece[:k], done)
+                    done += k
+                    at += 4 * k
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
+    if want is not None:
+        got = format_crc(crc)
+        if got != want:
+            raise _checksum_mismatch(path, got, want)
+    if sys.byteorder != "little" and out is None:
+        weights = weights.astype(np.float32)  # native order for callers
+    return info.step, weights
+
+
 def _check_out(
     out: tuple[np.ndarray, np.ndarray, np.ndarray], n: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

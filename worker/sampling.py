@@ -13,13 +13,13 @@ the whole window is recomputed per token, which keeps the code the model's own f
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.nn import functional as F
 
-from shared.checkpoint_format import HEADER_BYTES, validate_checkpoint
+from shared.checkpoint_format import load_weights
 from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K
 from worker.model import GPT
 
@@ -29,16 +29,21 @@ def load_weights_only(
 ) -> tuple[int, "torch.nn.Module"]:
     """(step, GPT in eval mode) from checkpoint `path` of the run described by `cfg`.
 
-    The file is validated first (name, header, size, n_params, and with `checksum`, the
+    The file is opened once, checked (name, header, size, n_params, and with `checksum`, the
     manifest's "crc32:%08x" for it, over the whole file: docs/checkpoint-format.md#validity;
-    CheckpointError otherwise); then only the weights region (4 x n_params bytes after the
-    8-byte header) is loaded into the model."""
-    info = validate_checkpoint(path, cfg.n_params, checksum)
-    w = np.fromfile(path, dtype="<f4", count=info.n_params, offset=HEADER_BYTES)
+    not rule 8: a diverged model's samples are the operator's to see) and its weights region (4 x n_params bytes
+    after the 8-byte header) read straight into the model's flat weights
+    (``shared.checkpoint_format.load_weights``): the checksum covers the bytes used, even when
+    the run retires or replaces the file meanwhile. Raises CheckpointError."""
     model = GPT(cfg.model, cfg.vocab_size, init_weights=False)  # filled at once below
-    with torch.no_grad():
-        model.flat.copy_(torch.from_numpy(w.astype(np.float32, copy=False)))
-    return info.step, model.eval()
+    flat = model.flat.detach()
+    if flat.device.type == "cpu" and flat.dtype == torch.float32 and sys.byteorder == "little":
+        step, _ = load_weights(path, cfg.n_params, checksum, out=flat.numpy(), values=False)
+    else:
+        step, w = load_weights(path, cfg.n_params, checksum, values=False)
+        with torch.no_grad():
+            model.flat.copy_(torch.from_numpy(w))
+    return step, model.eval()
 
 
 @torch.inference_mode()

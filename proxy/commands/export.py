@@ -23,7 +23,7 @@ from proxy.commands.tool_threads import add_threads_arg
 from proxy.commands.hf_export import HFExportError, write_hf_dir
 from proxy.run_files.checkpoint_lookup import find_config, manifest_entry, newest_valid
 from shared.atomic_io import atomic_write_bytes
-from shared.checkpoint_format import CheckpointError, load_checkpoint
+from shared.checkpoint_format import CheckpointError, load_weights
 from shared.config import RunConfig, parameter_table
 from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fails a rule
 from shared.exit_codes import EXIT_USAGE  # bad arguments: no config for export, output in the way
@@ -79,10 +79,11 @@ def add_export_args(p) -> None:
 def read_weights(path: Path, cfg: RunConfig):
     """(step, weights float32 (n_params,)) of a checkpoint validated against `cfg` (with the
     manifest checksum when the manifest has an entry), or None after printing the rule it
-    broke (docs/checkpoint-format.md#validity)."""
+    broke (docs/checkpoint-format.md#validity). The file is read once and only its weights kept
+    (m and v pass through the checksum in pieces): memory is 4 x n_params bytes, not 12."""
     entry = manifest_entry(path)
     try:
-        step, w, _, _ = load_checkpoint(path, cfg.n_params, entry.checksum if entry else None)
+        step, w = load_weights(path, cfg.n_params, entry.checksum if entry else None)
     except CheckpointError as e:
         print(f"INVALID    (rule: {e.rule}) {e}")
         return None
