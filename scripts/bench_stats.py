@@ -17,6 +17,12 @@ Every benchmark ends with one line per figure (`result_line`):
 
     RESULT {"figure": ..., "ratio": ..., "low": ..., "high": ..., "target": ..., "met": true|false|null}
 
+A script hands each line to `add_result` (`PairedRatio.report` does it itself) and they are
+printed together as the last lines of its output, after everything else it prints
+(`print_results`, also run at exit). `met` always agrees with low, high and the target
+(`decide`); a figure that is one exact count, not a measurement (bytes written), decides from its
+single value (`exact_result_line`).
+
 Sides that must not share a process (glibc's malloc settings, a warm allocator, imported
 modules) run as fresh processes through `run_json`, which returns the JSON object a child prints
 on its last line of output.
@@ -26,6 +32,7 @@ test (benchmarks print numbers and never fail on them).
 """
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -78,6 +85,37 @@ def result_line(figure: str, ratios: Sequence[float], target: float | None,
     return "RESULT " + json.dumps({"figure": figure, "ratio": round(statistics.median(ratios), 4),
                                    "low": round(low, 4), "high": round(high, 4),
                                    "target": target, "met": met, "rounds": len(ratios)})
+
+
+def exact_result_line(figure: str, value: float, target: float | None,
+                      lower_is_better: bool = True) -> str:
+    """The `RESULT {...}` line for a figure that is an exact count, not a timing (bytes written
+    over a file's size): low = high = the value, and it decides against the target at once."""
+    met = None if target is None else decide(value, value, target, lower_is_better)
+    return "RESULT " + json.dumps({"figure": figure, "ratio": round(value, 4),
+                                   "low": round(value, 4), "high": round(value, 4),
+                                   "target": target, "met": met, "rounds": 1, "exact": True})
+
+
+RESULTS: list[str] = []   # RESULT lines not yet printed, in the order they were added
+
+
+def add_result(line: str) -> None:
+    """Keep a `RESULT {...}` line (from `result_line`) for `print_results`. Raises ValueError
+    on a line that is not one."""
+    if not line.startswith("RESULT {"):
+        raise ValueError(f"add_result: not a RESULT line: {line[:60]!r}")
+    RESULTS.append(line)
+
+
+def print_results() -> None:
+    """Print the kept RESULT lines, once, as the script's last lines (run at exit too)."""
+    sys.stdout.flush()
+    while RESULTS:
+        print(RESULTS.pop(0), flush=True)
+
+
+atexit.register(print_results)
 
 
 def verdict_text(ratios: Sequence[float], target: float, lower_is_better: bool = True) -> str:
@@ -142,7 +180,8 @@ class PairedRatio:
         return statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else 0.0
 
     def report(self, figure: str, target: float | None, lower_is_better: bool = True) -> str:
-        """The summary line, the verdict in words and the `RESULT` line, for printing."""
+        """The summary line and the verdict in words, for printing; the `RESULT` line goes to
+        `add_result` (printed with the others as the script's last lines)."""
         lo, hi = median_ci(self.ratios)
         gm = math.exp(statistics.fmean(math.log(r) for r in self.ratios if r > 0))
         se = self.paired_se()
@@ -151,7 +190,8 @@ class PairedRatio:
                   f"{gm:.3f} (paired s.e. of log ratio {se:.3f})")
         if target is not None:
             text += "\n  " + verdict_text(self.ratios, target, lower_is_better)
-        return text + "\n" + result_line(figure, self.ratios, target, lower_is_better)
+        add_result(result_line(figure, self.ratios, target, lower_is_better))
+        return text + "\n  (its RESULT line is printed with the others at the end)"
 
 
 def interleaved(run_a: Callable[[], float], run_b: Callable[[], float], rounds: int,

@@ -70,8 +70,20 @@ def test_round_trip_returns_views_of_one_buffer(tmp_path):
     np.testing.assert_array_equal(m2, m)
     np.testing.assert_array_equal(v2, v)
     assert w2.base is not None and w2.base is m2.base is v2.base
-    assert w2.base.shape == (3 * 257,)
+    # one buffer laid out as the file: m right after the weights, v right after m
+    assert m2.ctypes.data == w2.ctypes.data + 4 * 257 == v2.ctypes.data - 4 * 257
     assert w2.flags.c_contiguous and w2.flags.writeable
+    # placed for the kernel's fast copy: the weights' address agrees with their file offset
+    assert w2.ctypes.data % cf.READ_ALIGN == cf.HEADER_BYTES % cf.READ_ALIGN
+
+
+def test_a_read_buffer_agrees_with_its_file_offset_for_any_offset():
+    for offset in (0, 8, 12, 60, 4096 + 8, 8 + 4 * 12_811_008):
+        for count in (1, 257, 10_000):
+            a = cf.empty_for_read(count, offset)
+            assert a.dtype == np.dtype("<f4") and a.shape == (count,)
+            assert a.flags.c_contiguous and a.flags.writeable
+            assert (a.ctypes.data - offset) % cf.READ_ALIGN == 0, (offset, count)
 
 
 def test_write_accepts_non_contiguous_float32_and_rejects_other_dtypes(tmp_path):
