@@ -69,6 +69,7 @@ import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from proxy.mixture.bandit import BanditConfig, project_to_box  # noqa: E402
+from scripts.bench_stats import add_result, decide  # noqa: E402
 from proxy.mixture.controller import MixtureController  # noqa: E402
 from proxy.mixture.rebuild import epoch_windows  # noqa: E402
 from proxy.run_files.phases import Phase  # noqa: E402
@@ -669,6 +670,30 @@ def apply_targets(results: list[dict], t_limit: float = T_LIMIT) -> None:
         s["target_misses"] = miss
 
 
+MIN_SEEDS = 3   # fewer paired seeds (or no spread between them) cannot estimate the spread
+
+
+def result_fields(s: dict) -> dict:
+    """The RESULT line's common fields for one set (scripts/bench_stats.py): the figure is the
+    default's mean held-out loss minus stratified's, nats, paired over seeds (lower is better),
+    low/high its two-sided 95 % interval, the target NI_MARGIN (alike, trap: non-inferiority)
+    or 0 (matters: superiority). `met` is the set's verdict against docs/bandit.md#targets
+    ("target_met", with Holm's correction and the other limits) where the interval agrees with
+    it, and null (cannot decide) where it does not, with fewer than MIN_SEEDS seeds, or when the
+    seeds' differences have no spread (every seed the same, as when the default never left
+    stratified: no evidence about other seeds)."""
+    target = 0.0 if s["role"] == "matters" else NI_MARGIN
+    se = s.get("se")
+    spread = se is not None and not (isinstance(se, float) and math.isnan(se)) and se > 0
+    met = None
+    if s["n_seeds"] >= MIN_SEEDS and spread:
+        by_interval = decide(s["ci95_low"], s["ci95_high"], target)
+        met = s["target_met"] if by_interval == s["target_met"] else None
+    return {"figure": f"mixture_{s['set']}_default_minus_stratified_nats",
+            "ratio": s["delta_mean"], "low": s["ci95_low"], "high": s["ci95_high"],
+            "target": target, "met": met, "rounds": s["n_seeds"]}
+
+
 def mini_design(names) -> list[dict]:
     """The nine cells of `sparse_design` that the permutations of (0.6, 0.2, 0.2), (0.4, 0.4,
     0.2) and (0.1, 0.45, 0.45) give: with stratified, ten points for the six coefficients of
@@ -864,7 +889,8 @@ def main() -> None:
               + ("met" if s["target_met"] else "missed: " + "; ".join(s["target_misses"])))
     keys = ("set", "n_seeds", "delta_mean", "ci95_high", "t", "captured", "worst_delta", "box_ok", "target_met")
     for s in default:
-        print("RESULT " + json.dumps({k: s[k] for k in keys} | {k: v for k, v in s.items() if k not in keys}))
+        add_result("RESULT " + json.dumps(result_fields(s) | {k: s[k] for k in keys}
+                                          | {k: v for k, v in s.items() if k not in keys}))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ order alternates (ours first, then nanoGPT first, ...: scripts/bench_stats.py):
              resumed update; timed from the launch to the moment `.loss.json` holds step S+1;
   nanoGPT    a new process doing what nanoGPT's train.py does with init_from='resume': import
              torch, torch.load the checkpoint, build the model (plain nn.Module, the same shape),
-             load_state_dict, build torch.optim.AdamW (fused, as nanoGPT on CUDA/CPU with
-             torch 2), load its state_dict, and run one update of the same batch shape; timed
+             load_state_dict, build torch.optim.AdamW (not fused: nanoGPT's configure_optimizers
+             asks for fused only on CUDA), load its state_dict, and run one update of the same batch shape; timed
              from the launch to the end of that update.
 Each round's ratio is ours / nanoGPT; the median of the paired ratios with its 95 % interval
 decides (target <= 1.0: no slower), or says it cannot. Beside wall time, each side's CPU time
@@ -52,7 +52,7 @@ model.load_state_dict(ckpt["model"])
 decay = [p for p in model.parameters() if p.dim() >= 2]
 rest = [p for p in model.parameters() if p.dim() < 2]
 opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                         {"params": rest, "weight_decay": 0.0}], lr=1e-3, fused=True)
+                         {"params": rest, "weight_decay": 0.0}], lr=1e-3, fused=False)
 opt.load_state_dict(ckpt["optimizer"])
 ckpt = None
 x = torch.randint(0, V, (1, T + 1))
@@ -76,7 +76,7 @@ w, m, v = raw[:n], raw[n:2 * n], raw[2 * n:3 * n]
 decay = [p for p in model.parameters() if p.dim() >= 2]
 rest = [p for p in model.parameters() if p.dim() < 2]
 opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                         {"params": rest, "weight_decay": 0.0}], lr=1e-3, fused=True)
+                         {"params": rest, "weight_decay": 0.0}], lr=1e-3, fused=False)
 off = 0
 with torch.no_grad():
     for p in model.parameters():

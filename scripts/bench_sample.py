@@ -12,10 +12,10 @@ times `sample` twice, side by side, alternating which goes first (scripts/bench_
 "beside" with the training running, "idle" with the training's processes stopped (SIGSTOP, then
 SIGCONT), so both see the same files, page cache and machine. Each round gives one ratio
 beside / idle; the figure is their median with the lowest and highest, the geometric mean with
-its paired standard error and 95 % interval, and the training's seconds per update while
-sampling vs not. The sampling seed is 0 (the same text each time). The last line is
-`RESULT {json}`: figure, ratio, low, high, target, met (None when the interval straddles the
-target: it cannot decide).
+the 95 % interval of the median that decides (scripts/bench_stats.py), and the training's
+seconds per update while sampling vs with neither side running. The sampling seed is 0 (the
+same text each time). The last line is `RESULT {json}`: figure, ratio, low, high, target, met
+(null when the interval straddles the target or under 6 rounds: it cannot decide).
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import itertools
 import json
-import math
 import os
 import re
 import shutil
@@ -132,45 +131,40 @@ def main() -> int:
             return s
 
         def quiet() -> float:
+            t0 = time.time()
             _signal_tree(live.pid, signal.SIGSTOP)
             try:
                 return _sample(idle, a)
             finally:
                 _signal_tree(live.pid, signal.SIGCONT)
+                windows.append(("idle", t0, time.time()))
 
         def report(i, b, q, ratio):
             print(f"round {i}: beside {b:.2f} s, idle {q:.2f} s, ratio {ratio:.2f}", flush=True)
 
         _sample(idle, a)   # warm the page cache and the imports once, untimed
         res = interleaved(beside, quiet, a.rounds, lambda b, q: b / q, report)
-        logs = [math.log(x) for x in res.ratios]
-        gmean = math.exp(statistics.fmean(logs))
-        se = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("inf")
-        lo_ci, hi_ci = math.exp(statistics.fmean(logs) - 1.96 * se), \
-            math.exp(statistics.fmean(logs) + 1.96 * se)
         recs = json.loads((train / ".loss.json").read_text())
         gaps_in, gaps_out = [], []
+
+        def overlaps(kind: str, t0: float, t1: float) -> bool:
+            return any(k == kind and t0 < w1 and w0 < t1 for k, w0, w1 in windows)
+
         for x, y in itertools.pairwise(recs):
             if y["step"] != x["step"] + 1 or x["step"] < 4:
                 continue
-            inside = any(t0 <= y["time"] <= t1 + 1 for _, t0, t1 in windows)
+            if overlaps("idle", x["time"], y["time"]):
+                continue   # the training was stopped (SIGSTOP) for part of this update
+            inside = overlaps("beside", x["time"], y["time"])
             (gaps_in if inside else gaps_out).append(y["time"] - x["time"])
-        print(res.line("sample beside / idle", f"<= {TARGET:g}"))
-        print(f"geometric mean {gmean:.3f}, paired SE of log ratio {se:.3f}, 95 % interval "
-              f"{lo_ci:.3f}..{hi_ci:.3f}; sampling seed 0, training seed 1337, preset {a.preset}, "
-              f"{a.tokens} tokens x 2 samples")
+        print(res.report("sample_beside_over_idle", TARGET))
+        print(f"sampling seed 0, training seed 1337, preset {a.preset}, {a.tokens} tokens x 2 "
+              f"samples; load average {os.getloadavg()[0]:.2f}")
         if gaps_in and gaps_out:
             print(f"training: {statistics.median(gaps_in):.2f} s per update while sampling "
-                  f"({len(gaps_in)} updates) vs {statistics.median(gaps_out):.2f} s otherwise "
-                  f"({len(gaps_out)})")
-        met = (True if hi_ci <= TARGET else False if lo_ci > TARGET else None)
-        if met is None:
-            print(f"cannot decide: the 95 % interval {lo_ci:.3f}..{hi_ci:.3f} straddles the "
-                  f"target {TARGET:g}; run more --rounds")
-        print("RESULT " + json.dumps({
-            "figure": f"sample --samples 2 beside a training run / idle ({a.preset})",
-            "ratio": round(res.median, 3), "low": round(min(res.ratios), 3),
-            "high": round(max(res.ratios), 3), "target": TARGET, "met": met}))
+                  f"({len(gaps_in)} updates) vs {statistics.median(gaps_out):.2f} s with neither "
+                  f"side of a round running ({len(gaps_out)}; updates that a SIGSTOP paused are "
+                  f"left out)")
         return 0
     finally:
         if live is not None and live.poll() is None:

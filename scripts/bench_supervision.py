@@ -4,7 +4,7 @@ loop alone (worker.trainer.Trainer.train_step driven in-process with a fixed pol
 same seed, same data, side by side, alternating, each side in a fresh process (the worker the
 proxy spawns; a child running the loop alone). Target: ratio >= 0.98.
 
-    .venv/bin/python scripts/bench_supervision.py [--preset andrea-tiny] [--steps 200] [--rounds 2]
+    .venv/bin/python scripts/bench_supervision.py [--preset andrea-tiny] [--steps 200] [--rounds 8]
 
 Both sides see the bandit's prior (uniform) for every step (--bandit-warmup past the end), and no
 checkpoint or sample audit falls inside the timed window (cadence past the end), so they do the
@@ -117,7 +117,7 @@ def main() -> int:
     ap.add_argument("--preset", default="andrea-tiny")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20, help="untimed first steps")
-    ap.add_argument("--rounds", type=int, default=4, help="paired rounds (median ratio counts)")
+    ap.add_argument("--rounds", type=int, default=8, help="paired rounds (at least 6 to decide)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda (the same on both sides)")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-supervision-"))

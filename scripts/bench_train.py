@@ -1,6 +1,6 @@
 """Training-step speed of andrea-12m: our worker's step vs a plain reference loop.
 
-    .venv/bin/python scripts/bench_train.py [--batch 2] [--steps 3] [--rounds 2] [--device cpu]
+    .venv/bin/python scripts/bench_train.py [--batch 2] [--steps 3] [--rounds 8] [--device cpu]
 
 Builds a real run directory (andrea-12m, BPE tokenizer with the default 2305-token vocabulary
 trained on two standard-library files, so creation takes seconds), then times
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from scripts.bench_stats import interleaved, result_line  # noqa: E402
+from scripts.bench_stats import add_result, interleaved, result_line  # noqa: E402
 from shared.config import PRESETS, ArmSpec, RunConfig  # noqa: E402
 from shared.run_layout import RunLayout  # noqa: E402
 
@@ -120,7 +120,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=2, help="sequences of 1024 tokens per step")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per round")
-    ap.add_argument("--rounds", type=int, default=5, help="paired rounds (median ratio counts)")
+    ap.add_argument("--rounds", type=int, default=8, help="paired rounds (at least 6 to decide)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--micro", type=int, default=None,
                     help="compare accumulation (micro-batches of M) with one pass of --batch")
@@ -197,8 +197,8 @@ def main() -> int:
             print(f"achieved / peak  = {fpt * tokens / t_ours / peak:.3f}      (target >= 0.75; "
                   f"peak {peak / 1e9:.1f} GFLOP/s, {peak_src}; load average "
                   f"{__import__('os').getloadavg()[0]:.2f})")
-            print(result_line("train_mfu", [fpt * tokens / t / peak for t in pr.a], 0.75,
-                              lower_is_better=False))
+            add_result(result_line("train_mfu", [fpt * tokens / t / peak for t in pr.a], 0.75,
+                                   lower_is_better=False))
         print(f"FLOPs per token  = {fpt / 1e6:.1f} M (6N + 12*L*d*T)")
     return 0
 

@@ -136,6 +136,28 @@ def test_targets_apply_non_inferiority_superiority_and_the_trap_rule_with_holm(b
 
 
 @pytest.mark.slow
+def test_a_result_line_decides_only_with_spread_enough_seeds_and_its_interval_agreeing(bench):
+    """The RESULT fields of a set: `met` agrees with low, high and the target, or is null."""
+    base = {"set": "A", "role": "alike", "n_seeds": 5, "delta_mean": -0.002, "se": 0.0005,
+            "ci95_low": -0.0034, "ci95_high": -0.0006, "target_met": True}
+    r = bench.result_fields(base)
+    assert (r["figure"], r["ratio"], r["low"], r["high"], r["target"], r["met"], r["rounds"]) == (
+        "mixture_A_default_minus_stratified_nats", -0.002, -0.0034, -0.0006, bench.NI_MARGIN,
+        True, 5)
+    # the set missed another limit (a p left its box) while its interval is under the margin
+    assert bench.result_fields(base | {"target_met": False})["met"] is None
+    above = base | {"delta_mean": 0.004, "ci95_low": 0.002, "ci95_high": 0.006,
+                    "target_met": False}
+    assert bench.result_fields(above)["met"] is False
+    # no spread (every seed identical) or too few seeds: no evidence either way
+    assert bench.result_fields(base | {"se": 0.0})["met"] is None
+    assert bench.result_fields(base | {"se": float("nan")})["met"] is None
+    assert bench.result_fields(base | {"n_seeds": 2})["met"] is None
+    matters = base | {"role": "matters", "ci95_high": 0.0005}   # straddles 0
+    assert bench.result_fields(matters)["target"] == 0.0
+    assert bench.result_fields(matters)["met"] is None
+
+
 def test_evaluation_windows_lie_in_the_scattered_heldout_ranges_clear_of_every_probe(bench, tmp_path):
     """On a real run (held-out split in several ranges over the arm), the benchmark's scoring
     windows are inside the held-out ranges, never overlap one another or any probe window the
@@ -179,8 +201,15 @@ def test_quick_benchmark_prints_one_result_per_set_with_every_p_in_its_box():
     res = [json.loads(l[len("RESULT "):]) for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     assert [r["set"] for r in res] == ["A", "D", "F", "trap"]
     for r in res:
-        assert list(r)[:9] == ["set", "n_seeds", "delta_mean", "ci95_high", "t", "captured",
-                               "worst_delta", "box_ok", "target_met"]
+        assert list(r)[:16] == ["figure", "ratio", "low", "high", "target", "met", "rounds",
+                                "set", "n_seeds", "delta_mean", "ci95_high", "t", "captured",
+                                "worst_delta", "box_ok", "target_met"]
+        assert r["figure"] == f"mixture_{r['set']}_default_minus_stratified_nats"
+        assert r["ratio"] == r["delta_mean"] and r["high"] == r["ci95_high"]
+        assert r["low"] <= r["ratio"] <= r["high"]
+        # two seeds are no evidence (the help says so): the line cannot decide, whatever the
+        # set's own verdict
+        assert r["met"] is None and r["rounds"] == 2
         assert r["n_seeds"] == 2 and r["box_ok"] is True and r["policy_time_share"] < 0.05
     trap = res[-1]
     assert trap["trap_raised"] is False and trap["trap_p_max_after_warmup"] <= trap["trap_p_start"]
