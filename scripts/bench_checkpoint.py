@@ -63,6 +63,15 @@ def _raw_write(path: pathlib.Path, header: bytes, arrays) -> None:
         os.fsync(f.fileno())
 
 
+def fsync_path(path) -> None:
+    """Write a file's page-cache bytes to the disk and wait (fsync of a read-only descriptor)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -239,13 +248,6 @@ def bench_stall(d: pathlib.Path, a, w, m, v) -> None:
     pt = d / "ckpt.pt"
     step = [0]
 
-    def fsync_file(path):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def plain():
         return _timed(fb)
 
@@ -264,11 +266,11 @@ def bench_stall(d: pathlib.Path, a, w, m, v) -> None:
             t0 = time.perf_counter()
             torch.save({"model": tw, "exp_avg": tm, "exp_avg_sq": tv}, pt)
             if durable:
-                fsync_file(pt)
+                fsync_path(pt)
             fb()
             t = time.perf_counter() - t0
             if not durable:
-                fsync_file(pt)   # its writeback, untimed
+                fsync_path(pt)   # its writeback, untimed
             return t
         return side
 
@@ -438,12 +440,7 @@ def unwritten_pages(path):   # the file's page-cache pages not yet on the disk (
     finally:
         os.close(fd)
 watched = []   # files whose page-cache bytes the kernel is still to write (natural)
-def _writeback(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from scripts.bench_checkpoint import fsync_path as _writeback
 def blocking(step):   # nanoGPT train.py: torch.save(checkpoint, os.path.join(out_dir, "ckpt.pt"))
     path = os.path.join(out, "ckpt.pt")
     torch.save({"model": tr.model.state_dict(), "optimizer": optimizer_state_dict(),
