@@ -670,6 +670,18 @@ def apply_targets(results: list[dict], t_limit: float = T_LIMIT) -> None:
         s["target_misses"] = miss
 
 
+def _finite(x):
+    """`x` with every non-finite float (NaN, inf from one seed or no spread) as None: strict
+    JSON for the RESULT line."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
 MIN_SEEDS = 3   # fewer paired seeds (or no spread between them) cannot estimate the spread
 
 
@@ -889,8 +901,15 @@ def main() -> None:
               + ("met" if s["target_met"] else "missed: " + "; ".join(s["target_misses"])))
     keys = ("set", "n_seeds", "delta_mean", "ci95_high", "t", "captured", "worst_delta", "box_ok", "target_met")
     for s in default:
-        add_result("RESULT " + json.dumps(result_fields(s) | {k: s[k] for k in keys}
-                                          | {k: v for k, v in s.items() if k not in keys}))
+        fields = result_fields(s)
+        if fields["met"] is None and s["target_met"]:
+            # the set's rules passed on evidence that cannot decide (too few seeds, no
+            # spread, or its interval disagreeing): not a verdict
+            s["target_met"] = None
+            print(f"  {s['set']}: its rules passed, but the line cannot decide "
+                  f"({s['n_seeds']} seeds, s.e. {s['se']}): target_met null")
+        add_result("RESULT " + json.dumps(_finite(fields | {k: s[k] for k in keys}
+                                                  | {k: v for k, v in s.items() if k not in keys})))
 
 
 if __name__ == "__main__":

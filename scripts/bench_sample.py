@@ -142,7 +142,9 @@ def main() -> int:
         def report(i, b, q, ratio):
             print(f"round {i}: beside {b:.2f} s, idle {q:.2f} s, ratio {ratio:.2f}", flush=True)
 
+        t_warm = time.time()
         _sample(idle, a)   # warm the page cache and the imports once, untimed
+        windows.append(("warm-up", t_warm, time.time()))
         res = interleaved(beside, quiet, a.rounds, lambda b, q: b / q, report)
         recs = json.loads((train / ".loss.json").read_text())
         gaps_in, gaps_out = [], []
@@ -153,8 +155,8 @@ def main() -> int:
         for x, y in itertools.pairwise(recs):
             if y["step"] != x["step"] + 1 or x["step"] < 4:
                 continue
-            if overlaps("idle", x["time"], y["time"]):
-                continue   # the training was stopped (SIGSTOP) for part of this update
+            if overlaps("idle", x["time"], y["time"]) or overlaps("warm-up", x["time"], y["time"]):
+                continue   # stopped (SIGSTOP) for part of it, or beside the untimed warm-up
             inside = overlaps("beside", x["time"], y["time"])
             (gaps_in if inside else gaps_out).append(y["time"] - x["time"])
         print(res.report("sample_beside_over_idle", TARGET))

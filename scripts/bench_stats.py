@@ -79,11 +79,11 @@ def result_line(figure: str, ratios: Sequence[float], target: float | None,
     """The `RESULT {...}` line for one figure: the median of `ratios`, its 95 % interval
     (`median_ci`), the target and the verdict (`decide`; null without a target or with fewer
     than MIN_ROUNDS ratios)."""
-    low, high = median_ci(ratios)
+    low, high = (round(x, 4) for x in median_ci(ratios))   # decided on what is printed
     met = None if target is None or len(ratios) < MIN_ROUNDS else \
         decide(low, high, target, lower_is_better)
     return "RESULT " + json.dumps({"figure": figure, "ratio": round(statistics.median(ratios), 4),
-                                   "low": round(low, 4), "high": round(high, 4),
+                                   "low": low, "high": high,
                                    "target": target, "met": met, "rounds": len(ratios)})
 
 
@@ -91,9 +91,10 @@ def exact_result_line(figure: str, value: float, target: float | None,
                       lower_is_better: bool = True) -> str:
     """The `RESULT {...}` line for a figure that is an exact count, not a timing (bytes written
     over a file's size): low = high = the value, and it decides against the target at once."""
+    value = round(value, 4)   # decided on what is printed
     met = None if target is None else decide(value, value, target, lower_is_better)
-    return "RESULT " + json.dumps({"figure": figure, "ratio": round(value, 4),
-                                   "low": round(value, 4), "high": round(value, 4),
+    return "RESULT " + json.dumps({"figure": figure, "ratio": value,
+                                   "low": value, "high": value,
                                    "target": target, "met": met, "rounds": 1, "exact": True})
 
 
