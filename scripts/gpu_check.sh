@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 WORK=${1:-$(mktemp -d /tmp/andrea-gpu-check.XXXXXX)}
+mkdir -p "$WORK"   # a WORKDIR given on the command line may not exist yet
 STEPS=${2:-300}
 NPROC=${NPROC:-1}
 EXTRA=()
