@@ -32,6 +32,7 @@ import operator
 import os
 import pathlib
 import re
+import stat
 import queue
 import struct
 import sys
@@ -232,6 +233,35 @@ def _open_error(path: pathlib.Path, exc: OSError) -> CheckpointError:
     return err
 
 
+def _open_regular(path: pathlib.Path):
+    """Open `path` for unbuffered binary reading, refusing anything but a regular file before
+    a read can block: a FIFO or a device named like a checkpoint would hang its reader (opened
+    with O_NONBLOCK, checked with fstat). Raises CheckpointError (rule "io") for such a file;
+    OSError from the open itself (the callers turn it into rule "io")."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a directory"
+                if stat.S_ISDIR(mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "not a regular file"
+            )
+            raise CheckpointError(
+                f"{path.name}: {kind}, not a checkpoint file: move it out of the run directory "
+                f"or give a checkpoint file",
+                path=path,
+                rule="io",
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_header(path: os.PathLike | str) -> tuple[int, int]:
     """The header of a checkpoint file: (step, n_params), two Python ints (docs/checkpoint-format.md).
 
@@ -241,7 +271,7 @@ def read_header(path: os.PathLike | str) -> tuple[int, int]:
     """
     path = pathlib.Path(path)
     try:
-        with open(path, "rb", buffering=0) as f:
+        with _open_regular(path) as f:
             return _header_from(f, path, os.fstat(f.fileno()).st_size)
     except OSError as exc:
         raise _open_error(path, exc) from exc
@@ -350,7 +380,7 @@ def validate_checkpoint(
     n_params = _check_expected_n(n_params)
     want = _normalise_checksum(checksum, path) if checksum is not None else None
     try:
-        with open(path, "rb", buffering=0) as f:
+        with _open_regular(path) as f:
             info = _check_structure(f, path, n_params)
             if want is not None:
                 f.seek(0)
@@ -510,7 +540,7 @@ def load_checkpoint(
     n_params = _check_expected_n(n_params)
     want = _normalise_checksum(checksum, path) if checksum is not None else None
     try:
-        with open(path, "rb", buffering=0) as f:
+        with _open_regular(path) as f:
             info = _check_structure(f, path, n_params)
             n = info.n_params
             if out is None:
@@ -572,7 +602,7 @@ def load_weights(
     want = _normalise_checksum(checksum, path) if checksum is not None else None
     check = values if values is not None else want is None
     try:
-        with open(path, "rb", buffering=0) as f:
+        with _open_regular(path) as f:
             info = _check_structure(f, path, n_params)
             n = info.n_params
             if out is None:
@@ -700,7 +730,7 @@ def file_checksum(path: os.PathLike | str) -> str:
     """
     path = pathlib.Path(path)
     try:
-        with open(path, "rb", buffering=0) as f:
+        with _open_regular(path) as f:
             return _crc_of_stream(f)
     except OSError as exc:
         raise _open_error(path, exc) from exc

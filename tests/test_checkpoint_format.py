@@ -273,7 +273,7 @@ def test_load_into_arrays_names_the_offset_where_a_shrinking_file_ended(tmp_path
     w, m, v = _arrays(100)
     path, _, _ = cf.write_checkpoint(tmp_path, 4, w, m, v, fsync=False)
     out = tuple(np.zeros(100, np.float32) for _ in range(3))
-    real_open = open
+    real_open = cf._open_regular
 
     class Shrunk:  # the file as a reader sees it when it shrinks after the size check
         def __init__(self, f):
@@ -293,8 +293,7 @@ def test_load_into_arrays_names_the_offset_where_a_shrinking_file_ended(tmp_path
                 return 0
             return self.f.readinto(view[: 8 + 4 * 150 - self.f.tell()])
 
-    import builtins
-    monkeypatch.setattr(builtins, "open", lambda *a, **k: Shrunk(real_open(*a, **k)))
+    monkeypatch.setattr(cf, "_open_regular", lambda *a, **k: Shrunk(real_open(*a, **k)))
     with pytest.raises(CheckpointError, match=f"ended after {8 + 4 * 150:,} of"):
         cf.load_checkpoint(path, 100, out=out)
 
@@ -649,3 +648,31 @@ def test_the_resume_scan_passes_over_a_newest_file_with_nan_that_no_checksum_vou
     assert [(e.path.name, e.rule) for e in rejected] == [("step_000020.bin", "values")]
     assert scan_for_resume(tmp_path, 100)[0].step == 20  # without values: header and size only
     assert scan_for_resume(tmp_path, 100, {20: ck20}, values=True)[0].step == 20
+
+
+def test_a_fifo_or_directory_named_like_a_checkpoint_is_refused_without_blocking(tmp_path):
+    """A FIFO named step_*.bin hung every reader (sample, status, inspect, export) in its open;
+    now each check refuses it at once with rule io, as it does a directory."""
+    import subprocess
+    import sys as _sys
+    fifo = tmp_path / "step_000010.bin"
+    os.mkfifo(fifo)
+    (tmp_path / "step_000020.bin").mkdir()
+    code = (
+        "import sys; from shared import checkpoint_format as cf\n"
+        "for name in ('step_000010.bin', 'step_000020.bin'):\n"
+        "    p = sys.argv[1] + '/' + name\n"
+        "    for f in (lambda: cf.validate_checkpoint(p, None), lambda: cf.load_checkpoint(p, None),\n"
+        "              lambda: cf.load_weights(p, None), lambda: cf.read_header(p),\n"
+        "              lambda: cf.file_checksum(p)):\n"
+        "        try:\n"
+        "            f()\n"
+        "        except cf.CheckpointError as e:\n"
+        "            print(e.rule, str(e).split(':')[1].strip())\n"
+    )
+    r = subprocess.run([_sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                       text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)),
+                       env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__))))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines == ["io a FIFO, not a checkpoint file"] * 5 + ["io a directory, not a checkpoint file"] * 5, lines
