@@ -153,6 +153,7 @@ class RunLayout:
     pivot_request = property(lambda s: s.root / ".pivot.request.json")
     pivot_request_lock = property(lambda s: s.root / ".pivot.request.lock")
     state_snapshots = property(lambda s: s.root / ".state.snapshots.jsonl")
+    compile_cache = property(lambda s: s.root / ".compile-cache")  # TORCHINDUCTOR_CACHE_DIR
     data = property(lambda s: s.root / "data")
     arms_index = property(lambda s: s.root / "data" / "arms.json")
     archive = property(lambda s: s.root / "archive")

@@ -18,6 +18,7 @@ from shared.config import AUDIT_TOKENS
 
 USR1_AT = ("step", "boundary")
 PRECISIONS = ("auto", "fp32", "bf16")
+COMPILE = ("auto", "on", "off")
 
 
 @dataclass
@@ -36,7 +37,7 @@ class WorkerOptions:
     policy_timeout: float = 120.0  # seconds to wait for the proxy's policy
     max_nonfinite: int = 5  # consecutive non-finite steps before the run stops
     audit_tokens: int = AUDIT_TOKENS  # tokens generated per arm per sample audit
-    compile: bool = False  # torch.compile the training module
+    compile: str = "auto"  # torch.compile the training step: auto (CUDA), on, off
     precision: str = "auto"  # auto, fp32, bf16: worker/precision.py
     micro_batch_size: int | None = None  # None: run.json's (None there: the rank's whole slice)
     resume_verified: str | None = None  # checksum the proxy verified resume_from against
@@ -58,8 +59,8 @@ class WorkerOptions:
             argv += ["--resume-from", str(self.resume_from)]
             if self.resume_verified:  # the worker checks the file against it as it reads
                 argv += ["--resume-verified", self.resume_verified]
-        if self.compile:
-            argv.append("--compile")
+        if self.compile != "auto":
+            argv += ["--compile", self.compile]
         if self.precision != "auto":
             argv += ["--precision", self.precision]
         if self.micro_batch_size is not None:  # per start: speed and memory, not the data
@@ -87,7 +88,12 @@ class WorkerOptions:
         ap.add_argument("--keep-last", type=int, default=d["keep_last"])
         ap.add_argument("--keep-every", type=int, default=d["keep_every"])
         ap.add_argument("--policy-timeout", type=float, default=d["policy_timeout"])
-        ap.add_argument("--compile", action="store_true", help="torch.compile the training module")
+        ap.add_argument(
+            "--compile",
+            choices=COMPILE,
+            default=d["compile"],
+            help="torch.compile the training step: auto (on for CUDA, off for CPU), on, off",
+        )
         ap.add_argument(
             "--precision",
             choices=PRECISIONS,

@@ -90,7 +90,7 @@ def test_command_line_beats_the_file_and_the_sources_say_so(tmp_path):
                  'arm = ["a=text:x"]\n')
     a = parse_run_args(_parser(), ["--run-dir", "r", "--config", str(f), "--batch-size", "64",
                                    "--arm", "b=text:y"])
-    assert (a.batch_size, a.micro_batch_size, a.lr, a.compile, a.arm) == (64, 8, 1.0, True,
+    assert (a.batch_size, a.micro_batch_size, a.lr, a.compile, a.arm) == (64, 8, 1.0, "on",
                                                                           ["b=text:y"])
     assert (a.sources["batch_size"], a.sources["micro_batch_size"], a.sources["seed"],
             a.sources["arm"]) == ("command line", "file", "default", "command line")

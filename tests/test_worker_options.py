@@ -11,7 +11,7 @@ def test_options_survive_the_command_line_unchanged():
     opts = WorkerOptions(run_dir=Path("/runs/a"), resume_from=Path("/runs/a/step_000100.bin"),
                          resume_verified="crc32:0badf00d", max_steps=600, usr1_at="boundary",
                          device="cpu", parent_pid=4242, keep_last=3, keep_every=500,
-                         policy_timeout=30.5, compile=True, precision="bf16", micro_batch_size=4)
+                         policy_timeout=30.5, compile="on", precision="bf16", micro_batch_size=4)
     assert WorkerOptions.from_argv(opts.to_argv()) == opts
 
 

@@ -74,6 +74,55 @@ def _libc():
 _LIBC = _libc() if os.name == "posix" else None
 
 
+class _CudaCopy:
+    """The checkpoint copy of three flat CUDA buffers (w, m, v; float32, n each) into the
+    page-locked `host` image, on a side stream so that it overlaps training
+    (docs/checkpoint-format.md#writing-without-stalling). When the device has room for a second
+    copy of the three (free memory above twice their size), they are first copied on the
+    device (a millisecond at device bandwidth) and the optimizer's next step waits only for
+    that; the slow device-to-host copy then runs behind the following updates. Otherwise the
+    device-to-host copy reads w, m, v directly and the next optimizer step waits for all of it
+    on the device. The host never blocks but in `wait_host` (the writer thread)."""
+
+    def __init__(self, host: torch.Tensor, n: int, device: torch.device) -> None:
+        self.host, self.n, self.device = host, n, device
+        self.stream = torch.cuda.Stream(device)
+        free, _ = torch.cuda.mem_get_info(device)
+        need = 3 * n * 4
+        self.staging = (
+            torch.empty(3 * n, dtype=torch.float32, device=device) if free > 2 * need else None
+        )
+        self.sources_free: torch.cuda.Event | None = None  # w, m, v may change after it
+        self.on_host: torch.cuda.Event | None = None  # the host image is complete after it
+
+    def start(self, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+        """Queue the copy after everything queued so far on the current stream."""
+        n = self.n
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            dst = self.staging if self.staging is not None else self.host
+            for i, src in enumerate((w, m, v)):
+                dst[i * n : (i + 1) * n].copy_(src.detach().reshape(-1), non_blocking=True)
+            self.sources_free = torch.cuda.Event()
+            self.sources_free.record(self.stream)
+            if self.staging is not None:
+                self.host.copy_(self.staging, non_blocking=True)
+            self.on_host = torch.cuda.Event()
+            self.on_host.record(self.stream)
+
+    def before_change(self) -> None:
+        """Make the current stream wait (on the device) until the copy has read w, m, v."""
+        if self.sources_free is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.sources_free)
+            self.sources_free = None
+
+    def wait_host(self) -> None:
+        """Block the calling (writer) thread until the host image holds the copy."""
+        if self.on_host is not None:
+            self.on_host.synchronize()
+            self.on_host = None
+
+
 @dataclass
 class WriteResult:
     """Outcome of one checkpoint write attempt (docs/checkpoint-format.md).
@@ -140,6 +189,7 @@ class Checkpointer:
         self.writer_nice = writer_nice
         self._pinned = pin_memory
         self.release_after_write = not pin_memory
+        self._cuda: _CudaCopy | None = None  # the side stream's copy (CUDA), made on first use
 
     def _release_host_buffer(self) -> None:
         """Let the kernel reclaim the host buffer's pages when it needs memory (CPU buffers
@@ -182,19 +232,28 @@ class Checkpointer:
         (the wait for a previous write still in flight, plus the copy); after it returns the
         caller may change w, m, v freely.
 
-        defer_copy (CPU tensors, background only): the copy itself runs in the writer thread,
-        overlapping the next forward and backward pass, which only read the weights; the caller
-        must call `wait_copied()` before anything changes w, m or v (the optimizer step). The
-        held time is then only the wait for a previous write."""
+        defer_copy (background only): the copy overlaps the next forward and backward pass,
+        which only read the weights; the caller must call `wait_copied()` before anything
+        changes w, m or v (the optimizer step). CPU tensors: the writer thread copies. CUDA
+        tensors: the copy is queued on a side stream after the work queued so far (`_CudaCopy`)
+        and the writer thread waits for it; `wait_copied()` then makes the caller's stream wait
+        on the device, without blocking the host. The held time is then the wait for a
+        previous write and the queueing."""
         t0 = time.perf_counter()
         self.wait()
-        defer = defer_copy and background and not w.is_cuda
-        if not defer:
+        defer = defer_copy and background
+        on_cuda = defer and w.is_cuda
+        if on_cuda:
+            if self._cuda is None:
+                self._cuda = _CudaCopy(self._host_t, self.n, w.device)
+            self._cuda.start(w, m, v)
+        elif not defer:
             self._copy(w, m, v)
         held = time.perf_counter() - t0
         if background:
-            self._copied.clear()
-            args = (step, reason, (w, m, v) if defer else None)
+            if defer and not on_cuda:  # the host waits for the writer thread's copy
+                self._copied.clear()
+            args = (step, reason, (w, m, v) if defer and not on_cuda else None)
             self._thread = threading.Thread(
                 target=self._write_after_copy, args=args, name=f"ckpt-{step}", daemon=False
             )
@@ -216,11 +275,16 @@ class Checkpointer:
             torch.cuda.synchronize()
 
     def wait_copied(self) -> None:
-        """Block until a deferred copy (snapshot(defer_copy=True)) has left w, m, v."""
+        """Block until a deferred copy (snapshot(defer_copy=True)) has left w, m, v; on CUDA,
+        make the current stream wait for it on the device instead."""
+        if self._cuda is not None:
+            self._cuda.before_change()
         self._copied.wait()
 
     def _write_after_copy(self, step: int, reason: str, arrays) -> None:
         try:
+            if self._cuda is not None:
+                self._cuda.wait_host()
             if arrays is not None:
                 self._copy(*arrays)
         finally:

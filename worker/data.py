@@ -44,10 +44,19 @@ def dropout_seed(seed: int, step: int, rank: int, micro_batch: int) -> int:
 
 @dataclass
 class Batch:
-    x: torch.Tensor  # int64 (b, T) inputs of this rank
-    y: torch.Tensor  # int64 (b, T) next-token targets
+    tokens: torch.Tensor  # int64 (b, T + 1) windows of this rank: inputs x, then targets y
     arm_index: np.ndarray  # int (b,) index into the sorted arm names, this rank's rows
     counts: dict[str, int]  # sequences per arm in the GLOBAL batch
+
+    @property
+    def x(self) -> torch.Tensor:
+        """int64 (b, T): the inputs, a view of `tokens`."""
+        return self.tokens[:, :-1]
+
+    @property
+    def y(self) -> torch.Tensor:
+        """int64 (b, T): the next-token targets, a view of `tokens`."""
+        return self.tokens[:, 1:]
 
 
 class ArmSampler:
@@ -107,8 +116,7 @@ class ArmSampler:
             ]
         )
         self._check_ids(buf, [self.names[arm_idx[i]] for i in rows], [int(starts[i]) for i in rows])
-        t = torch.from_numpy(buf)
-        return Batch(t[:, :-1], t[:, 1:], arm_idx[rank * per : (rank + 1) * per], counts)
+        return Batch(torch.from_numpy(buf), arm_idx[rank * per : (rank + 1) * per], counts)
 
     def _check_ids(self, buf: np.ndarray, names: list[str], starts: list[int]) -> None:
         """Raise ArmSourceError naming the arm, its file and the offset when a window of `buf`

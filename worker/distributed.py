@@ -8,8 +8,8 @@ variables (a plain `python -m worker`) it returns a world of one and nothing her
 `agree(events)` is the step-boundary collective: every rank contributes a vector of small ints
 (stop requested, SIGUSR1 seen, control request seen, ...) and all receive the element-wise MAX,
 so a signal that reached one rank only still gives the same checkpoint and stop decision on all.
-`sum_floats(values)` aggregates per-rank statistics (loss sums, per-arm sums and counts) so the
-step record rank 0 writes is global.
+`sum_(t)` adds up per-rank statistics on the device (the loss sum and per-arm loss sums) so
+the step record rank 0 writes is global.
 
 What it is not: the decisions themselves (worker/trainer.py) or the launcher (proxy/supervision/supervisor.py).
 """
@@ -146,15 +146,22 @@ def agree(info: DistInfo, events: list[int]) -> list[int]:
     return [int(x) for x in t.tolist()]
 
 
-def sum_floats(info: DistInfo, values: list[float]) -> list[float]:
-    """Element-wise SUM of float64 `values` over all ranks (loss sums, per-arm sums and counts)."""
+def sum_(info: DistInfo, t: torch.Tensor) -> torch.Tensor:
+    """Element-wise SUM of `t` over all ranks, in place (the update's loss sums), queued on
+    `t`'s device with no host read on NCCL; gloo on the CPU runs it at once. World of one:
+    `t` unchanged. Returns `t`."""
     if not info.enabled:
-        return list(values)
+        return t
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(info))
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return [float(x) for x in t.tolist()]
+    dev = _comm_device(info)
+    if t.device == dev:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    else:
+        c = t.to(dev)
+        dist.all_reduce(c, op=dist.ReduceOp.SUM)
+        t.copy_(c)
+    return t
 
 
 GLOO_DRAIN_S = 0.05  # seconds without the GIL before the process group is destroyed

@@ -36,6 +36,11 @@ and supervision tests are deterministic instead of racing a 10 ms step:
                                      ends), once per run directory (marker `.test-hang-done`)
   ANDREA_TEST_ORPHAN_FILE=PATH       at start-up the worker leaves an orphaned grandchild
                                      (`sleep 2`) and writes its pid to PATH (tests the reaper)
+  ANDREA_TEST_COUNT_HOST_READS=1     the worker counts its host reads of tensor values with torch's
+                                     function and dispatch modes (`HostReadCounter`) and reports
+                                     {"type": "event", "event": "test-host-reads", "step": k,
+                                     "reads": {what: n}} after each update k: the reads since
+                                     the previous report (eager runs only; a mode stops compile)
 
 Production runs never set them; nothing here changes results when they are unset.
 """
@@ -193,6 +198,57 @@ def hold_before_resume(run_dir: Path) -> None:
     _sleep(3600.0, None, Path(run_dir) / ".test-release-resume")
 
 
+class HostReadCounter:
+    """Counts, on the thread that enters it, every read of a tensor's values by the host:
+    `Tensor.numpy` and `Tensor.tolist` (torch's function mode: on the CPU they read without
+    dispatching), `aten._local_scalar_dense` (`item`, `float(t)`, `bool(t)`, also from inside
+    torch) and copies to the host of a tensor on another device (its dispatch mode; a
+    `tolist` of a device tensor then counts twice). `take()` returns the counts since the last
+    call."""
+
+    def __init__(self) -> None:
+        import torch
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counts: dict[str, int] = {}
+        self.counts = counts
+
+        def count(what: str) -> None:
+            counts[what] = counts.get(what, 0) + 1
+
+        class Functions(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                name = getattr(func, "__name__", "")
+                if name in ("numpy", "tolist") and args and isinstance(args[0], torch.Tensor):
+                    count(f"Tensor.{name}")
+                return func(*args, **(kwargs or {}))
+
+        class Dispatch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                name = str(func)
+                if name.startswith("aten._local_scalar_dense"):
+                    count(name)
+                elif name.startswith(("aten.copy_", "aten._to_copy")):
+                    src = args[1] if name.startswith("aten.copy_") else args[0]
+                    if out.device.type == "cpu" and src.device.type != "cpu":
+                        count(name)
+                return out
+
+        self._modes = (Functions(), Dispatch())
+
+    def start(self) -> None:
+        """Count from now on, on this thread (the modes stay entered until the process ends)."""
+        for m in self._modes:
+            m.__enter__()
+
+    def take(self) -> dict[str, int]:
+        out = dict(self.counts)
+        self.counts.clear()
+        return out
+
+
 class NoHooks:
     """The trainer's test hooks, doing nothing: what a Trainer gets unless told otherwise."""
 
@@ -221,10 +277,13 @@ class EnvHooks(NoHooks):
     def __init__(self, run_dir: Path, stopping: Callable[[], bool] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.stopping = stopping
+        self.reads = HostReadCounter() if os.environ.get("ANDREA_TEST_COUNT_HOST_READS") else None
 
     def at_start(self) -> None:
         steal_signal()
         leave_orphan()
+        if self.reads is not None:
+            self.reads.start()
 
     def on_loss(self, step: int, loss):
         return poison_loss(step, loss)
@@ -233,6 +292,9 @@ class EnvHooks(NoHooks):
         pause_between_micro_batches(step, micro, report, self.run_dir, self.stopping)
 
     def after_step(self, step: int, report) -> None:
+        if self.reads is not None:
+            reads = self.reads.take()
+            report({"type": "event", "event": "test-host-reads", "step": step, "reads": reads})
         pause_in_step(step, report, self.run_dir, self.stopping)
         hang_in_step(step, self.run_dir)
 

@@ -62,7 +62,10 @@ class _FusedAdamW:
         ]
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, found_inf: torch.Tensor | None = None) -> None:
+        """One AdamW update of every parameter with a gradient; `found_inf` (float32 scalar on
+        the parameters' device): 1.0 leaves parameters, exp_avg and exp_avg_sq untouched (the
+        kernel reads it on the device; the step counters still advance, FlatAdamW.skip_step)."""
         for g in self.param_groups:
             params = [p for p in g["params"] if p.grad is not None]
             if not params:
@@ -85,7 +88,7 @@ class _FusedAdamW:
                 eps=g["eps"],
                 maximize=False,
                 grad_scale=None,
-                found_inf=None,
+                found_inf=found_inf,
             )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -144,10 +147,19 @@ class FlatAdamW:
         for st in self.opt.state.values():
             st["step"].fill_(float(step))
 
-    def step(self, lr: float) -> None:
+    def step(self, lr: float, found_inf: torch.Tensor | None = None) -> None:
+        """The update at learning rate `lr`. `found_inf`: a float32 scalar tensor, 1.0 when the
+        update's loss or gradient is not finite; then nothing changes but the AdamW step, as in
+        `skip_step` (docs/architecture.md#bad-input-and-faults). The fused kernel decides on the
+        device, so the host never waits for the value; the foreach path reads it first."""
         for g in self.opt.param_groups:
             g["lr"] = lr
-        self.opt.step()
+        if isinstance(self.opt, _FusedAdamW):
+            self.opt.step(found_inf)
+        elif found_inf is not None and bool(found_inf):
+            self.skip_step()
+        else:
+            self.opt.step()
 
     def skip_step(self) -> None:
         """Do not apply this update (non-finite loss or gradient, docs/architecture.md#bad-input-and-faults):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import sys
 import time
@@ -64,6 +63,16 @@ from worker.signals import SignalFlags, Usr1Requests
 log = logging.getLogger("worker.trainer")
 
 REASON_PRIORITY = ("final", "pivot", "alarm", "sigusr1", "sigterm", "cadence")
+COMPILE = ("auto", "on", "off")
+
+
+def resolve_compile(requested: str, device: torch.device) -> bool:
+    """Whether the training step is torch.compile'd for `--compile requested` on `device`:
+    auto is on for CUDA and off elsewhere (on the CPU, compiling takes longer than most runs
+    there gain from it). Raises ValueError for a value not in COMPILE."""
+    if requested not in COMPILE:
+        raise ValueError(f"--compile {requested!r}: choose one of {', '.join(COMPILE)}")
+    return requested == "on" or (requested == "auto" and device.type == "cuda")
 
 
 class ResumeLoadError(CheckpointError):
@@ -107,6 +116,46 @@ class Boundary:
     why: str = ""
 
 
+@dataclass
+class QueuedUpdate:
+    """Update k queued on the device, its values not yet read (docs/architecture.md#the-step-loop).
+
+    values: float64 (2 + arms + 1,) on the host, page-locked on CUDA: [loss sum over the global
+    batch, per-arm loss sums (sorted arm names), gradient norm, 1.0 if not applied (non-finite)
+    else 0.0]; valid once `events[1]` has completed (CUDA; None elsewhere: valid at once).
+    events: the update's start and end timing events (CUDA). t0: perf_counter at its start;
+    queued_s: host seconds to queue it (its whole time on the CPU, where work is synchronous)."""
+
+    k: int
+    probs: dict
+    counts: dict[str, int]
+    lr: float
+    values: torch.Tensor
+    events: tuple[torch.cuda.Event, torch.cuda.Event] | None
+    t0: float
+    queued_s: float
+    probe: dict[str, float] | None = None
+
+
+class SequenceLoss(torch.nn.Module):
+    """Mean next-token loss per sequence of `module` (GPT, DDP of it): forward(x, y: int64
+    (b, T)) -> float32 (b,). The forward runs under worker/precision.py `autocast` (bf16 for
+    --precision bf16, and auto on CUDA); weights, m and v stay fp32; the loss is computed in
+    fp32. The unit torch.compile compiles: the model and its loss in one graph."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device, precision: str) -> None:
+        super().__init__()
+        self.module, self.device_, self.precision = module, device, precision
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with wprec.autocast(self.device_, self.precision):
+            logits = self.module(x)
+        tok = F.cross_entropy(
+            logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none"
+        )
+        return tok.view(y.shape).mean(dim=1)
+
+
 class Trainer:
     def __init__(
         self, opts: WorkerOptions, flags: SignalFlags, hooks: fault_injection.NoHooks | None = None
@@ -129,6 +178,7 @@ class Trainer:
         self.micro = micro
         self.micro_scale = micro / per_rank  # each micro-batch's share of the rank's mean loss
         self.precision = wprec.resolve_precision(opts.precision, self.device)  # "bf16" / "fp32"
+        self.compiled = resolve_compile(opts.compile, self.device)
         check_micro_batch_fits(
             self.cfg.model,
             self.cfg.vocab_size,
@@ -137,7 +187,7 @@ class Trainer:
             self.precision,
             wprec.device_memory_bytes(self.device),
             str(self.device),
-            compiled=bool(opts.compile),
+            compiled=self.compiled,
         )
         if self.device.type == "cuda":  # TF32 for fp32 matmuls left outside bf16 autocast only:
             tf32 = self.precision == "bf16"  # --precision fp32 means true fp32 matmuls
@@ -174,7 +224,8 @@ class Trainer:
             t_opt - t_model,
             time.perf_counter() - t_opt,
         )
-        self.train_module = self._wrap_for_training()
+        self.eval_loss = SequenceLoss(self.model, self.device, self.precision)
+        self.train_loss = self._wrap_for_training()
         self.flops_per_token = self.model.flops_per_token()
         self.peak = PeakFlops(self.device, cache_dir() / "cpu-peak-flops.json")  # no wait here
         if self.device.type == "cuda" and self.precision == "fp32" and self.peak.value:
@@ -200,8 +251,10 @@ class Trainer:
         self.probe_plan = probe_plan(
             self.cfg, len(self.sampler.names)
         )  # <= probe_budget of compute
-        self._policy: tuple[int, dict] | None = None
-        self._views_checked = False  # FlatAdamW.check_views after this incarnation's 1st update
+        self._views_checked = False  # check_flat / check_views after this incarnation's 1st update
+        self._pending: QueuedUpdate | None = None  # queued, its report not yet written
+        self._last_read: float | None = None  # perf_counter when the previous report was read
+        self.policy_waits, self.policy_wait_s = 0, 0.0  # times (and seconds) a policy was late
         if self.rank == 0:
             log.info(
                 "training on %s: %d micro-batch(es) of %d sequences per rank per update, "
@@ -214,14 +267,16 @@ class Trainer:
                 if self.precision == "bf16"
                 else "no autocast",
                 "fused" if self.opt.fused else "foreach",
-                "on" if opts.compile else "off",
+                f"{'on' if self.compiled else 'off'} (--compile {opts.compile})",
             )
 
     # ------------------------------------------------------------------ set-up
     def _wrap_for_training(self) -> torch.nn.Module:
-        """The module the training step runs: DDP over the ranks (gradients averaged in buckets
-        that the .grad tensors view), optionally torch.compile'd. Probes, audits and checkpoints
-        use the unwrapped `self.model`, whose parameters stay views of `model.flat`."""
+        """The per-sequence loss the training step runs: of DDP over the ranks (gradients
+        averaged in buckets that the .grad tensors view), torch.compile'd when `self.compiled`
+        (static shapes; one graph without DDP). Probes, audits and checkpoints use the
+        unwrapped `self.model`, whose parameters stay views of `model.flat` (checked after the
+        first update, compiled or not)."""
         module: torch.nn.Module = self.model
         self._ddp = None  # the DDP wrapper, for no_sync between micro-batches
         if self.dist.enabled:
@@ -233,14 +288,14 @@ class Trainer:
                 gradient_as_bucket_view=True,
             )
             self._ddp = module
-            flat = self.model.flat.untyped_storage().data_ptr()
-            if any(p.untyped_storage().data_ptr() != flat for p in self.model.parameters()):
-                raise RuntimeError(
-                    "DDP moved a parameter out of model.flat; checkpoints would save stale weights"
-                )
-        if self.opts.compile:
-            module = torch.compile(module)  # type: ignore[assignment]  # called like the module
-        return module
+            self.model.check_flat()  # DDP must not move a parameter out of model.flat
+        loss = SequenceLoss(module, self.device, self.precision)
+        if not self.compiled:
+            return loss
+        # the compile cache in the run directory, where every resume (any node) finds it
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.layout.compile_cache))
+        compiled = torch.compile(loss, dynamic=False, fullgraph=self._ddp is None)
+        return compiled  # type: ignore[return-value]  # called like the module
 
     def _resume(self, path: Path) -> None:
         """Read checkpoint `path` into the model and AdamW's state, checked against the
@@ -305,7 +360,7 @@ class Trainer:
             "peak_source": self.peak.source,
             "precision": self.precision,
             "fused_adamw": self.opt.fused,
-            "compile": self.opts.compile,
+            "compile": self.compiled,
             "micro_batch_size": self.micro,
             "accumulation_steps": self.accum,
         }
@@ -325,17 +380,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ one update
     def _policy_for(self, step: int) -> tuple[dict | None, dict]:
-        """(probabilities for update `step`, control requests), waiting for the proxy."""
+        """(probabilities for update `step`, control requests), waiting for the proxy. A late
+        policy is counted (`policy_waits`, `policy_wait_s`, reported when the worker stops);
+        before waiting, the pending report is written: the proxy may need it."""
         period = policy_period(step, self.cfg.probe_every)
         deadline = time.monotonic() + self.opts.policy_timeout
+        waited_since = None
         while True:
             d = read_handshake(self.layout)
             pol = d["policies"].get(str(period))
             control = d.get("control") or {}
-            if pol is not None:
-                return pol["p"], control
-            if self.flags.stop_reason:
-                return None, control
+            if pol is not None or self.flags.stop_reason:
+                if waited_since is not None:
+                    self.policy_waits += 1
+                    self.policy_wait_s += time.monotonic() - waited_since
+                return (pol["p"] if pol is not None else None), control
+            if waited_since is None:
+                waited_since = time.monotonic()
+                self._write_pending()
             if time.monotonic() > deadline:
                 raise HandshakeError(
                     f"{self.layout.handshake}: no policy for period {period} "
@@ -343,45 +405,28 @@ class Trainer:
                 )
             time.sleep(0.005)
 
-    def _seq_losses(
-        self, x: torch.Tensor, y: torch.Tensor, module: torch.nn.Module | None = None
-    ) -> torch.Tensor:
-        """Mean next-token loss per sequence, float32 (b,). `module`: the training module (DDP /
-        compiled) or, by default, the unwrapped model (probes: no collective). The forward
-        runs under worker/precision.py `autocast` (bf16 for --precision bf16, and auto on
-        CUDA); weights, m and v stay fp32. The loss is computed in fp32."""
-        module = self.model if module is None else module
-        with wprec.autocast(self.device, self.precision):
-            logits = module(x.to(self.device, non_blocking=True))
-        tok = F.cross_entropy(
-            logits.float().reshape(-1, logits.size(-1)),
-            y.to(self.device, non_blocking=True).reshape(-1),
-            reduction="none",
-        )
-        return tok.view(y.shape).mean(dim=1)
+    def _seq_losses(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean next-token loss per sequence of the unwrapped model (probes: eager, no
+        collective), float32 (b,); `x`, `y` int64 (b, T) on any device."""
+        return self.eval_loss(x.to(self.device, non_blocking=True), y.to(self.device))
 
-    def _update_losses(self, seq: torch.Tensor, arm_index: np.ndarray) -> tuple[float, dict]:
-        """(loss over the update's GLOBAL batch, per-arm mean loss over the global batch) from
-        this rank's per-sequence losses `seq` (float32 (b,), all its micro-batches in order):
-        one sum of [sum, per-arm sums, per-arm counts] over the ranks (worker/distributed.py
-        `sum_floats`; a no-op on one rank), in float64. One code path for every world size."""
-        seq_np = seq.detach().float().cpu().numpy().astype(np.float64)
-        names = self.sampler.names
-        local = [float(seq_np.sum())]
-        local += [float(seq_np[arm_index == i].sum()) for i in range(len(names))]
-        local += [float((arm_index == i).sum()) for i in range(len(names))]
-        tot = wdist.sum_floats(self.dist, local)
-        a = len(names)
-        arm_loss = {
-            n: tot[1 + i] / tot[1 + a + i] for i, n in enumerate(names) if tot[1 + a + i] > 0
-        }
-        return tot[0] / self.cfg.batch_size, arm_loss
+    def _to_device(self, a: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Host array `a` on the training device. On CUDA it is first copied into page-locked
+        memory (torch's caching host allocator reuses the block once its copy has completed),
+        so the upload is asynchronous and overlaps the device's work; elsewhere a no-op."""
+        t = torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
 
-    def _micro_batches(self, batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's slice of the update's batch as `self.accum` consecutive (x, y) micro-batches
-        of `self.micro` rows, in row order (docs/configuration.md#batch-and-accumulation)."""
+    def _micro_batches(self, tokens: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's slice of the update's batch, `tokens` int64 (rows, T + 1) on the device,
+        as `self.accum` consecutive (x, y) micro-batches of `self.micro` rows, in row order
+        (docs/configuration.md#batch-and-accumulation)."""
         m = self.micro
-        return [(batch.x[i : i + m], batch.y[i : i + m]) for i in range(0, batch.x.size(0), m)]
+        return [
+            (tokens[i : i + m, :-1], tokens[i : i + m, 1:]) for i in range(0, tokens.size(0), m)
+        ]
 
     def _grad_sync(self, last: bool):
         """Context of one micro-batch's backward: DDP's `no_sync` (gradients accumulate locally)
@@ -390,131 +435,142 @@ class Trainer:
             return contextlib.nullcontext()
         return self._ddp.no_sync()
 
-    def _apply_update(self, lr: float) -> None:
-        self.ckpt.wait_copied()  # a deferred checkpoint copy must not see this update
-        self.opt.step(lr)
-        if not self._views_checked:  # m/v still the flat buffers the checkpoints copy
-            self.opt.check_views()
-            self._views_checked = True
-        self.nonfinite_run = 0
-
-    def _skip_update(self, k: int, loss_v: float, gnorm_v: float) -> str:
-        """docs/architecture.md#bad-input-and-faults: a non-finite update is not applied, and the event is recorded."""
-        self.opt.skip_step()
-        self.nonfinite_run += 1
-        why = f"non-finite loss {loss_v} / grad norm {gnorm_v}: update not applied"
-        log.error("step %d: %s", k, why)
-        return why
-
-    def train_step(self, k: int, probs: dict) -> dict:
-        """Optimizer update k with the proxy's probabilities `probs` {arm: p}; returns its step
-        report (docs/handshake.md#reports). The maths (`_forward_backward`, `_clip`,
-        `_update_losses`, `_apply_or_skip`), then the record (`_step_record`), the probe when
-        one is due, and the timing (`_add_timing`: the update alone, without the probe)."""
+    def _queue_update(self, k: int, probs: dict) -> QueuedUpdate:
+        """Queue optimizer update k (probabilities `probs` {arm: p}) on the device without
+        reading any of its values on the host (docs/architecture.md#the-step-loop): draw batch
+        k on the host, upload it, forward and backward, clip, the update's statistics (loss
+        sum and per-arm loss sums over the GLOBAL batch, gradient norm, non-finite flag) as one
+        float64 vector, AdamW skipping itself on the device when the flag is set, and the
+        vector's copy to host memory behind an event. `_read_update` turns it into the step
+        report."""
         t0 = time.perf_counter()
         cfg = self.cfg
-        batch = self.sampler.draw(cfg.seed, k, probs, cfg.batch_size, self.rank, self.world_size)
-        lr = learning_rate(k, cfg)
-        seq = self._forward_backward(k, batch)
-        gnorm_v = self._clip()
-        loss_v, arm_loss = self._update_losses(seq, batch.arm_index)
-        skipped = self._apply_or_skip(k, lr, loss_v, gnorm_v)
+        events = None
         if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        train_time = time.perf_counter() - t0
-        rec = self._step_record(k, probs, batch, lr, loss_v, gnorm_v, arm_loss, skipped)
-        if self.probe_plan.active and k % self.probe_plan.every == 0 and self.rank == 0:
-            rec["probe"] = self.probe()
-        self._add_timing(rec, t0, train_time)
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        batch = self.sampler.draw(cfg.seed, k, probs, cfg.batch_size, self.rank, self.world_size)
+        a = len(self.sampler.names)
+        weights = np.zeros((a + 1, batch.arm_index.size), dtype=np.float64)
+        weights[0] = 1.0  # row 0: the loss sum; row 1 + i: the sum over arm i's rows
+        weights[1 + batch.arm_index, np.arange(batch.arm_index.size)] = 1.0
+        tokens, weights_d = self._to_device(batch.tokens), self._to_device(weights)
+        lr = learning_rate(k, cfg)
+        seq = self._forward_backward(k, tokens)
+        clip = cfg.grad_clip
+        gnorm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), clip if clip > 0 else float("inf")
+        )
+        sums = weights_d @ seq.double()  # (1 + arms,), this rank's rows
+        wdist.sum_(self.dist, sums)  # over the ranks: every rank sees the same values
+        gnorm = gnorm.double().reshape(1)
+        bad = (~(torch.isfinite(sums[:1]) & torch.isfinite(gnorm))).double()
+        self.ckpt.wait_copied()  # a deferred checkpoint copy must not see this update
+        self.opt.step(lr, found_inf=bad.float().reshape(()))
+        if not self._views_checked:  # still the flat buffers the checkpoints copy, compiled too
+            self.model.check_flat()
+            self.opt.check_views()
+            self._views_checked = True
+        values = torch.cat([sums, gnorm, bad])
+        if events is not None:  # to page-locked host memory, read once the event has passed
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            values = host
+            events[1].record()
+        return QueuedUpdate(
+            k, probs, batch.counts, lr, values, events, t0, time.perf_counter() - t0
+        )
+
+    def _read_update(self, q: QueuedUpdate) -> dict:
+        """The step report of queued update `q` (docs/handshake.md#reports): its one read of
+        device values (waiting for the update's event on CUDA), the non-finite bookkeeping,
+        the probe attached to it and the timing."""
+        if q.events is not None:
+            q.events[1].synchronize()
+        values = q.values.tolist()  # the one host read of the update
+        names = self.sampler.names
+        a = len(names)
+        cfg = self.cfg
+        loss_v, gnorm_v, bad = values[0] / cfg.batch_size, values[1 + a], values[2 + a]
+        arm_loss = {n: values[1 + i] / q.counts[n] for i, n in enumerate(names) if q.counts[n]}
+        rec = {
+            "type": "step",
+            "step": q.k,
+            "loss": loss_v,
+            "lr": q.lr,
+            "tokens": q.k * cfg.batch_size * cfg.model.block_size,
+            "arms": q.counts,
+            "p": {n: float(q.probs.get(n, 0.0)) for n in names},
+            "period": policy_period(q.k, cfg.probe_every),
+            "grad_norm": gnorm_v,
+            "arm_loss": arm_loss,
+        }
+        if bad:  # docs/architecture.md#bad-input-and-faults: not applied, and recorded
+            self.nonfinite_run += 1
+            why = f"non-finite loss {loss_v} / grad norm {gnorm_v}: update not applied"
+            log.error("step %d: %s", q.k, why)
+            rec["skipped"] = why
+        else:
+            self.nonfinite_run = 0
+        if q.probe is not None:
+            rec["probe"] = q.probe
+        now = time.perf_counter()
+        rec["step_time"] = now - (self._last_read if self._last_read is not None else q.t0)
+        self._last_read = now
+        train_s = (
+            q.events[0].elapsed_time(q.events[1]) / 1e3 if q.events is not None else q.queued_s
+        )
+        tokens_per_s = cfg.batch_size * cfg.model.block_size / max(train_s, 1e-9)
+        rec["tokens_per_s"] = tokens_per_s  # global (all ranks), the update alone (no probe)
+        rec["mfu"] = mfu(self.flops_per_token, tokens_per_s, self.peak.value, self.world_size)
+        if self.rank == 0:
+            self.peak.measure_later()  # CPU, first update of a machine without a cached peak
+        rec["time"] = time.time()
         return rec
 
-    def _forward_backward(self, k: int, batch) -> torch.Tensor:
+    def train_step(self, k: int, probs: dict) -> dict:
+        """Optimizer update k with the proxy's probabilities `probs` {arm: p}, read at once:
+        its step report, with the probe when one is due (benchmarks and tests; the loop in
+        `run` reads each update's values while the next one runs)."""
+        q = self._queue_update(k, probs)
+        if self._probe_due(k):
+            q.probe = self.probe()
+        return self._read_update(q)
+
+    def _probe_due(self, k: int) -> bool:
+        return self.probe_plan.active and k % self.probe_plan.every == 0 and self.rank == 0
+
+    def _forward_backward(self, k: int, tokens: torch.Tensor) -> torch.Tensor:
         """Zeroed gradients, then forward and backward of this rank's slice of update k's batch
-        in `self.accum` micro-batches; returns the per-sequence losses, float32 (rows,), in row
-        order (detached)."""
+        (`tokens` int64 (rows, T + 1) on the device) in `self.accum` micro-batches; returns the
+        per-sequence losses, float32 (rows,), in row order (detached)."""
         self.model.train()
         self.opt.zero_grad()
         seqs = []
-        for i, (x, y) in enumerate(self._micro_batches(batch)):
+        for i, (x, y) in enumerate(self._micro_batches(tokens)):
             if self.cfg.dropout > 0:  # the masks follow from (seed, k, rank, i): exact resume
                 torch.manual_seed(dropout_seed(self.cfg.seed, k, self.rank, i))
             with self._grad_sync(last=i == self.accum - 1):
-                seq = self._seq_losses(x, y, self.train_module)
+                seq = self.train_loss(x, y)
                 seq = self.hooks.on_loss(k, seq)
                 (seq.mean() * self.micro_scale).backward()  # sum = the slice's mean gradient
             seqs.append(seq.detach())
             self.hooks.after_micro_batch(k, i + 1, self.reports.write)
         return torch.cat(seqs)
 
-    def _clip(self) -> float:
-        """Clip the gradients to `grad_clip` (0: no clipping); returns their norm before."""
-        clip = self.cfg.grad_clip
-        gnorm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), clip if clip > 0 else float("inf")
-        )
-        return float(gnorm)
-
-    def _apply_or_skip(self, k: int, lr: float, loss_v: float, gnorm_v: float) -> str | None:
-        """AdamW at `lr` when the loss and the gradient norm are finite; else the update is not
-        applied and the reason is returned (the record's "skipped")."""
-        if math.isfinite(loss_v) and math.isfinite(gnorm_v):
-            self._apply_update(lr)
-            return None
-        return self._skip_update(k, loss_v, gnorm_v)
-
-    def _step_record(
-        self,
-        k: int,
-        probs: dict,
-        batch,
-        lr: float,
-        loss_v: float,
-        gnorm_v: float,
-        arm_loss: dict,
-        skipped: str | None,
-    ) -> dict:
-        """The step report of update k without its probe and timing (docs/history.md)."""
-        cfg = self.cfg
-        rec = {
-            "type": "step",
-            "step": k,
-            "loss": loss_v,
-            "lr": lr,
-            "tokens": k * cfg.batch_size * cfg.model.block_size,
-            "arms": batch.counts,
-            "p": {n: float(probs.get(n, 0.0)) for n in self.sampler.names},
-            "period": policy_period(k, cfg.probe_every),
-            "grad_norm": gnorm_v,
-            "arm_loss": arm_loss,
-        }
-        if skipped is not None:
-            rec["skipped"] = skipped
-        return rec
-
-    def _add_timing(self, rec: dict, t0: float, train_time: float) -> None:
-        """The record's step_time (s, since `t0`, probe included), tokens_per_s (global, over
-        `train_time`: the update alone), mfu and wall-clock time."""
-        cfg = self.cfg
-        rec["step_time"] = time.perf_counter() - t0
-        tokens_per_s = cfg.batch_size * cfg.model.block_size / max(train_time, 1e-9)
-        rec["tokens_per_s"] = tokens_per_s  # global (all ranks), the update alone (no probe)
-        rec["mfu"] = mfu(self.flops_per_token, tokens_per_s, self.peak.value, self.world_size)
-        if self.rank == 0:
-            self.peak.measure_later()  # CPU, first update of a machine without a cached peak
-        rec["time"] = time.time()
-
     @torch.no_grad()
     def probe(self) -> dict[str, float]:
-        """Mean held-out loss per arm on the fixed probe set (never trained on; docs/bandit.md#rewards)."""
+        """Mean held-out loss per arm on the fixed probe set (never trained on; docs/bandit.md#rewards),
+        read from the device at once for every arm."""
         self.model.eval()
-        out = {}
+        means = []
         for n in self.sampler.names:
             if n not in self._probe_cache:
                 self._probe_cache[n] = self.sampler.heldout_windows(n, self.probe_plan.sequences)
             w = self._probe_cache[n]
-            out[n] = float(self._seq_losses(w[:, :-1], w[:, 1:]).mean())
+            means.append(self._seq_losses(w[:, :-1], w[:, 1:]).mean())
         self.model.train()
-        return out
+        return dict(zip(self.sampler.names, torch.stack(means).tolist()))
 
     @torch.no_grad()
     def sample_audit(self, k: int, probe: dict[str, float] | None) -> dict:
@@ -676,14 +732,35 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
-        """Train until max_steps or a stop; returns the process exit code."""
+        """Train until max_steps or a stop; returns the process exit code. Each update's report
+        is read and written while the next update runs, and at once at every checkpoint,
+        stop, probe, audit, late policy and after a non-finite update
+        (docs/architecture.md#the-step-loop)."""
         self._start()
         while True:
             b = self._one_update()
+            if b.reasons or b.stop:
+                self._write_pending()  # the checkpoint's and the stop's step is on record
             if b.reasons and self.step > 0:
                 self.checkpoint(self.step, list(b.reasons))
             if b.stop:
                 return self._stop(b)
+
+    def _write_pending(self) -> None:
+        """Read the queued update's values (waiting for the device) and write its report."""
+        q, self._pending = self._pending, None
+        if q is None:
+            return
+        rec = self._read_update(q)
+        if q.k == self.resumed_from + 1:
+            log.debug(
+                "start-up: first step %d of this worker done %.3f s since its launch (the step "
+                "%.3f s)",
+                q.k,
+                seconds_since_start() or 0.0,
+                rec["step_time"],
+            )
+        self.reports.write(rec)
 
     def _start(self) -> None:
         """Announce the worker, then check that its signal handlers survived library start-up."""
@@ -726,21 +803,20 @@ class Trainer:
         return probs
 
     def _train_and_report(self, k: int, probs: dict) -> None:
-        """Update k, then its step report and, when due, its sample audit."""
-        rec = self.train_step(k, probs)
-        if k == self.resumed_from + 1:
-            log.debug(
-                "start-up: first step %d of this worker done %.3f s since its launch (the step "
-                "%.3f s)",
-                k,
-                seconds_since_start() or 0.0,
-                rec["step_time"],
-            )
+        """Queue update k, then write update k-1's report while k runs; k's own report is
+        written at once when its probe or audit is due, or while updates are not finite (the
+        stop after `max_nonfinite` of them needs their values), else with update k+1."""
+        q = self._queue_update(k, probs)
+        self._write_pending()
         self.hooks.after_step(k, self.reports.write)
-        self.step = k
-        self.reports.write(rec)
-        if k % self.cfg.sample_every == 0 and self.rank == 0:
-            self.reports.write(self.sample_audit(k, rec.get("probe")))
+        self.step, self._pending = k, q
+        if self._probe_due(k):
+            q.probe = self.probe()
+        audit = k % self.cfg.sample_every == 0 and self.rank == 0
+        if audit or q.probe is not None or self.nonfinite_run:
+            self._write_pending()
+        if audit:
+            self.reports.write(self.sample_audit(k, q.probe))
 
     def _stop(self, b: Boundary) -> int:
         """The stop at boundary `b`: wait for the last checkpoint write, report "stopped", leave
@@ -770,9 +846,11 @@ class Trainer:
                 "step": self.step,
                 "why": why,
                 "exit_code": code,
+                "policy_waits": self.policy_waits,
+                "policy_wait_s": round(self.policy_wait_s, 6),
                 "time": time.time(),
             }
         )
-        self._ddp, self.train_module = None, self.model  # DDP's Reducer holds the group
+        self._ddp, self.train_loss = None, self.eval_loss  # DDP's Reducer holds the group
         wdist.shutdown(self.dist)
         return code

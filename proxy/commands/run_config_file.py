@@ -44,6 +44,11 @@ def _check_value(path: Path, key: str, value, action: argparse.Action):
         if not isinstance(value, bool):
             raise bad("true or false")
         return value
+    if action.choices is not None and {"on", "off"} <= set(action.choices):
+        if isinstance(value, bool):  # `compile = true`: a switch with an auto setting
+            return "on" if value else "off"
+        if not isinstance(value, str):
+            raise bad(f"true or false, or one of {', '.join(action.choices)}")
     if isinstance(action, argparse._AppendAction):  # noqa: SLF001
         if isinstance(value, str):
             value = [value]

@@ -76,7 +76,7 @@ class ProxyOptions:
     backoff: float = 1.0  # first restart delay, seconds (doubles, max 30)
     stop_on_collapse: bool = False  # the collapse alarm also stops the run
     launch: LaunchOptions = field(default_factory=LaunchOptions)  # torchrun
-    compile: bool = False  # torch.compile in the worker
+    compile: str = "auto"  # worker --compile: auto (on for CUDA), on, off
     precision: str = "auto"  # worker --precision: auto (bf16 on CUDA), fp32, bf16
     tensorboard: bool = False  # live event files under RUN/tensorboard/
     micro_batch_size: int | None = None  # worker --micro-batch-size; None: run.json's
@@ -360,7 +360,15 @@ def _add_launch_args(g: argparse._ArgumentGroup) -> None:
         help="several nodes: seconds the owner waits for every node to join before it "
         "stops naming the missing node ranks (600)",
     )
-    g.add_argument("--compile", action="store_true", help="torch.compile the training step")
+    g.add_argument(
+        "--compile",
+        nargs="?",
+        const="on",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="torch.compile the training step (model and loss, static shapes): auto = on for "
+        "CUDA, off for CPU; --compile alone = on (docs/operations.md#compile)",
+    )
     g.add_argument(
         "--precision",
         choices=("auto", "fp32", "bf16"),
