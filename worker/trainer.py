@@ -294,6 +294,11 @@ class Trainer:
             return loss
         # the compile cache in the run directory, where every resume (any node) finds it
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.layout.compile_cache))
+        if self.device.type == "cpu":
+            # inductor lowers the embedding's backward (index_put with accumulate) to atomic
+            # adds across threads unless deterministic algorithms are on; then aten's serial
+            # kernel: bit-identical runs and resumes on the CPU (tests/test_compile.py)
+            torch.use_deterministic_algorithms(True, warn_only=True)
         compiled = torch.compile(loss, dynamic=False, fullgraph=self._ddp is None)
         return compiled  # type: ignore[return-value]  # called like the module
 
