@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -49,6 +50,10 @@ def under_proxy(template: Path, work: Path, a) -> tuple[float, list[float]]:
     r = subprocess.run(proxy_args(d, a), cwd=ROOT, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"proxy run failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    m = FILED.search(r.stderr)
+    if m is None:
+        raise SystemExit(f"no filing-lag line in the proxy's log:\n{r.stderr[-3000:]}")
+    LAGS.append((float(m["lag_s"]), float(m["lag_steps"]), int(m["waits"]), float(m["wait_s"])))
     recs = json.loads((d / ".loss.json").read_text())
     t = {x["step"]: x["time"] for x in recs}
     w, n = a.warmup, a.steps
@@ -60,6 +65,9 @@ def under_proxy(template: Path, work: Path, a) -> tuple[float, list[float]]:
 
 
 DIRECT: list[float] = []
+LAGS: list[tuple[float, float, int, float]] = []  # per proxy run: lag s, lag steps, waits, wait s
+FILED = re.compile(r"step reports filed at most (?P<lag_s>[\d.]+) s \((?P<lag_steps>[\d.]+) steps\)"
+                   r".*?waited for a policy (?P<waits>\d+) time\(s\), (?P<wait_s>[\d.]+) s")
 
 
 def direct_cost(run_dir: Path, rec: dict, n: int = 300) -> None:
@@ -155,6 +163,12 @@ def main() -> int:
         print(f"identical losses on both sides        {'yes' if same else 'NO'}")
         print(pr.report("supervision_alone_over_proxy_step_time", 0.98, lower_is_better=False))
         print(f"ratio, mean step                      {statistics.mean(alo) / statistics.mean(sup):.3f}")
+        from shared.config import load_run_config
+        period = load_run_config(RunLayout(template).run_json).probe_every  # the policy period
+        print(f"filing lag, worst over {len(LAGS)} proxy runs   {max(x[0] for x in LAGS):.3f} s = "
+              f"{max(x[1] for x in LAGS):.1f} steps (a policy period is {period} steps)")
+        print(f"worker waits for a policy              {sum(x[2] for x in LAGS)} in all "
+              f"({sum(x[3] for x in LAGS):.3f} s)")
         per = statistics.median(DIRECT)
         print(f"worker's supervision work per step    {per * 1e6:.0f} us (handshake read + report) = "
               f"{per / med_a * 100:.2f}% of a step -> ratio bound {med_a / (med_a + per):.4f}")

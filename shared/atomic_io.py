@@ -58,10 +58,13 @@ def current_umask() -> int:
     return 0o022
 
 
-def atomic_write_bytes(path, data: bytes) -> None:
+def atomic_write_bytes(path, data: bytes, durable: bool = True) -> None:
     """Replace `path` with `data` atomically: a temporary in the same directory, fsync, rename.
     The file gets the mode a plain open() would give it (0o666 less the umask; a temporary of
-    tempfile.mkstemp alone would leave it 0o600, unreadable to the group).
+    tempfile.mkstemp alone would leave it 0o600, unreadable to the group). `durable=False`
+    leaves out both fsyncs: readers still see the old or the new file whole, but a power cut
+    may lose the write; for files rebuilt at every start (the handshake, `.status.json`),
+    written many times a second at high step rates.
 
     On any error the temporary is removed and the previous file (if any) is left intact.
     """
@@ -75,7 +78,8 @@ def atomic_write_bytes(path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -83,13 +87,14 @@ def atomic_write_bytes(path, data: bytes) -> None:
         except OSError:
             pass
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
-def atomic_write_json(path, obj: Any) -> None:
-    """Write `obj` as compact JSON plus a newline, atomically."""
+def atomic_write_json(path, obj: Any, durable: bool = True) -> None:
+    """Write `obj` as compact JSON plus a newline, atomically (`durable`: atomic_write_bytes)."""
     text = json.dumps(obj, indent=None, separators=(",", ":")) + "\n"
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), durable)
 
 
 def read_json(path, default: Any = None) -> Any:

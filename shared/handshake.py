@@ -87,7 +87,7 @@ def update_handshake(
         with FileLock(str(layout.handshake_lock), timeout=timeout):
             d = read_handshake(layout)
             change(d)
-            atomic_write_json(layout.handshake, d)
+            atomic_write_json(layout.handshake, d, durable=False)  # reset at every start
             return d
     except Timeout:
         raise HandshakeError(

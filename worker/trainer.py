@@ -124,7 +124,11 @@ class QueuedUpdate:
     batch, per-arm loss sums (sorted arm names), gradient norm, 1.0 if not applied (non-finite)
     else 0.0]; valid once `events[1]` has completed (CUDA; None elsewhere: valid at once).
     events: the update's start and end timing events (CUDA). t0: perf_counter at its start;
-    queued_s: host seconds to queue it (its whole time on the CPU, where work is synchronous)."""
+    queued_s: host seconds to queue it (its whole time on the CPU, where work is synchronous);
+    step_s: wall seconds from the end of queueing the previous update (the first of a worker:
+    from its own start) to the end of queueing this one, the loop's whole cadence (boundary,
+    reports, probe and checkpoint holds included): on a GPU the host waits once per update for
+    the device, so this is the device's pace."""
 
     k: int
     probs: dict
@@ -134,6 +138,7 @@ class QueuedUpdate:
     events: tuple[torch.cuda.Event, torch.cuda.Event] | None
     t0: float
     queued_s: float
+    step_s: float
     probe: dict[str, float] | None = None
 
 
@@ -253,7 +258,7 @@ class Trainer:
         )  # <= probe_budget of compute
         self._views_checked = False  # check_flat / check_views after this incarnation's 1st update
         self._pending: QueuedUpdate | None = None  # queued, its report not yet written
-        self._last_read: float | None = None  # perf_counter when the previous report was read
+        self._last_queued: float | None = None  # perf_counter when an update was last queued
         self.policy_waits, self.policy_wait_s = 0, 0.0  # times (and seconds) a policy was late
         if self.rank == 0:
             log.info(
@@ -482,9 +487,10 @@ class Trainer:
             host.copy_(values, non_blocking=True)
             values = host
             events[1].record()
-        return QueuedUpdate(
-            k, probs, batch.counts, lr, values, events, t0, time.perf_counter() - t0
-        )
+        now = time.perf_counter()
+        step_s = now - (self._last_queued if self._last_queued is not None else t0)
+        self._last_queued = now
+        return QueuedUpdate(k, probs, batch.counts, lr, values, events, t0, now - t0, step_s)
 
     def _read_update(self, q: QueuedUpdate) -> dict:
         """The step report of queued update `q` (docs/handshake.md#reports): its one read of
@@ -519,9 +525,7 @@ class Trainer:
             self.nonfinite_run = 0
         if q.probe is not None:
             rec["probe"] = q.probe
-        now = time.perf_counter()
-        rec["step_time"] = now - (self._last_read if self._last_read is not None else q.t0)
-        self._last_read = now
+        rec["step_time"] = q.step_s
         train_s = (
             q.events[0].elapsed_time(q.events[1]) / 1e3 if q.events is not None else q.queued_s
         )

@@ -38,7 +38,8 @@ class LiveStats:
 def write_status(
     layout: RunLayout, stats: LiveStats, max_steps: int, worker_pid: int | None, alive: bool = True
 ) -> None:
-    """`.status.json` for `python -m proxy status` (atomic; docs/operations.md#status)."""
+    """`.status.json` for `python -m proxy status` (atomic, not fsynced: rewritten every few
+    tenths of a second while the proxy lives; docs/operations.md#status)."""
     atomic_write_json(
         layout.status,
         {
@@ -53,6 +54,7 @@ def write_status(
             "last_checkpoint": stats.last_checkpoint,
             "time": time.time(),
         },
+        durable=False,
     )
 
 

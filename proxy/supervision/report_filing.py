@@ -74,6 +74,7 @@ class ReportFiler:
         self.snapshots: dict[int, dict] = {}  # step -> controller snapshot, until durable
         self._status_t = 0.0
         self._printed_at: float | None = None  # monotonic time of the last progress line
+        self.lag_s, self.lag_steps = 0.0, 0.0  # the most a step report waited to be filed
 
     def file(self, r: dict) -> None:
         """File one report (a dict with "type"); unknown types are ignored."""
@@ -101,6 +102,14 @@ class ReportFiler:
             if r.get("event") == "stopped":
                 self.stats.exit_code = r.get("exit_code")
                 self.stats.stop_why = r.get("why")
+                log.info(
+                    "step reports filed at most %.3f s (%.1f steps) after the worker wrote "
+                    "them; the worker waited for a policy %d time(s), %.3f s",
+                    self.lag_s,
+                    self.lag_steps,
+                    r.get("policy_waits", 0),
+                    r.get("policy_wait_s", 0.0),
+                )
             log.info(
                 "worker event %s: %s",
                 r.get("event", "?"),
@@ -117,8 +126,22 @@ class ReportFiler:
             rec["events"] = list(self.pending_events)
             self.pending_events.clear()
         self.history.append(rec)
+        self._lag(rec)
         self.mix.observe(rec)
         self._progress(rec)
+
+    def _lag(self, rec: dict) -> None:
+        """The filing lag of step record `rec`: seconds since the worker stamped it, and in
+        steps of its step time (docs/handshake.md#policy-periods-and-the-lag: under one period
+        the worker never waits for a policy); steps of the median recent step time."""
+        stamped = rec.get("time")
+        if not isinstance(stamped, (int, float)):
+            return
+        lag = max(0.0, time.time() - stamped)
+        self.lag_s = max(self.lag_s, lag)
+        recent = sorted(self.stats.recent)  # the last 20 step times
+        if recent and recent[len(recent) // 2] > 0:
+            self.lag_steps = max(self.lag_steps, lag / recent[len(recent) // 2])
 
     def _checkpoint(self, r: dict) -> None:
         if r.get("error"):
