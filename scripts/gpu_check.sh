@@ -5,7 +5,7 @@
 #
 #   scripts/gpu_check.sh [WORKDIR] [STEPS]        (defaults: a fresh temp dir, 300 steps)
 #   NPROC=2 scripts/gpu_check.sh                  (also runs each preset with torchrun on 2 GPUs)
-#   COMPILE=1 scripts/gpu_check.sh                (adds --compile)
+#   COMPILE=off scripts/gpu_check.sh              (--compile off|on; default auto: compiled on CUDA)
 #   PRECISION=fp32 scripts/gpu_check.sh           (--precision; default auto = bf16 autocast on a
 #                                                  GPU with native bf16; weights/m/v/file fp32 always)
 #
@@ -20,7 +20,7 @@ mkdir -p "$WORK"   # a WORKDIR given on the command line may not exist yet
 STEPS=${2:-300}
 NPROC=${NPROC:-1}
 EXTRA=()
-[ "${COMPILE:-0}" = 1 ] && EXTRA+=(--compile)
+[ -n "${COMPILE:-}" ] && EXTRA+=(--compile "$COMPILE")
 [ "$NPROC" -gt 1 ] && EXTRA+=(--nproc-per-node "$NPROC")
 PRECISION=${PRECISION:-auto}
 [ "$PRECISION" != auto ] && EXTRA+=(--precision "$PRECISION")

@@ -64,3 +64,13 @@ def test_bench_history_and_rewind_decide_from_rounds_not_one_measurement():
     assert out[0]["met"] is True   # a fraction of a second against 2 s
     few = _results("bench_rewind.py", "--records", "3000", "--rounds", "2")
     assert few[0]["met"] is None   # two rounds cannot decide
+
+
+def test_bench_gpu_smoke_runs_every_side_on_the_cpu_and_sets_no_target(tmp_path):
+    """The GPU benchmark's plumbing on the CPU (andrea-test, seconds): our compiled and eager
+    loops, the SDPA backends (those the CPU lacks are rows that say so), the checkpoint's paired
+    windows; without a nanoGPT checkout it says so and leaves that side out."""
+    out = _results("bench_gpu.py", "--smoke", "--nanogpt", str(tmp_path / "no-nanogpt"))
+    assert [x["figure"] for x in out] == ["mfu_andrea-test_best",
+                                          "checkpoint_cost_andrea-test_cadence_100"]
+    assert all(x["target"] is None and x["rounds"] == 6 for x in out)
