@@ -182,6 +182,8 @@ class RunConfig:
     sample_every: int = 100  # sample audit cadence, steps
     probe_every: int = 25  # held-out probe cadence = bandit policy period, steps
     probe_sequences: int = 8  # held-out sequences per arm per probe
+    eval_every: int = 0  # validation cadence, steps (0: none; a new run gets default_eval_every)
+    eval_sequences: int = 8  # held-out windows per arm per validation (the same ones each time)
     arms: list[ArmSpec] = field(default_factory=lambda: list(DEFAULT_ARMS))
     caps: dict[str, float] = field(default_factory=dict)
     floors: dict[str, float] = field(default_factory=dict)
@@ -222,6 +224,10 @@ class RunConfig:
             raise _bad("seed", self.seed, "must be in [0, 2**63) (numpy seeds are non-negative)")
         if self.warmup_steps < 0:
             raise _bad("warmup_steps", self.warmup_steps, "must be >= 0")
+        if self.eval_every < 0:
+            raise _bad("eval_every", self.eval_every, "must be >= 0 (0 = no validation)")
+        if self.eval_sequences < 1:
+            raise _bad("eval_sequences", self.eval_sequences, "must be >= 1")
         if not (isinstance(self.probe_budget, (int, float)) and 0 < self.probe_budget <= 1):
             raise ConfigError(
                 f"probe_budget={self.probe_budget!r} must be in (0, 1] (default 0.015)"
@@ -386,6 +392,7 @@ AUDIT_TOKENS = 48  # tokens generated per arm by a sample audit
 SAMPLE_TEMPERATURE = 0.8  # softmax temperature of audits, `sample` and the HF generation config
 SAMPLE_TOP_K = 40  # top-k of the same (0 or None: all tokens)
 AUDIT_BUDGET = 0.005  # default sample_every keeps the audits within this share of training
+EVAL_BUDGET = 0.01  # the default eval_every keeps validation within this share of training
 POLICY_BUDGET = 0.02  # probe (probe_budget 0.015) + audits (AUDIT_BUDGET), by default at most
 AUDIT_PROMPT_TOKENS = 16  # the audit prompt per arm: the first tokens of its held-out split
 
@@ -396,6 +403,7 @@ _FLAGGED = frozenset(
         "batch_size",
         "checkpoint_every",
         "sample_every",
+        "eval_every",
         "probe_every",
         "max_steps",
         "lr",
@@ -433,6 +441,26 @@ def audit_cost(cfg: RunConfig, n_arms: int | None = None) -> float:
     t = cfg.model.block_size
     ctx = sum(min(AUDIT_PROMPT_TOKENS + j, t) for j in range(AUDIT_TOKENS))
     return k * ctx / (3.0 * cfg.batch_size * t * cfg.sample_every)
+
+
+def eval_cost(cfg: RunConfig, n_arms: int | None = None) -> float:
+    """Validation's compute as a fraction of training FLOPs: K arms x eval_sequences windows
+    forward (1/3 of a training token's FLOPs) every eval_every steps of batch_size windows:
+    K * S / (3 * B * eval_every); 0.0 when eval_every is 0. `n_arms` defaults to
+    len(cfg.arms)."""
+    if cfg.eval_every <= 0:
+        return 0.0
+    k = max(1, len(cfg.arms) if n_arms is None else int(n_arms))
+    return k * cfg.eval_sequences / (3.0 * cfg.batch_size * cfg.eval_every)
+
+
+def default_eval_every(cfg: RunConfig, n_arms: int | None = None) -> int:
+    """The validation cadence of a new run: the smallest multiple of 10 steps whose cost
+    (`eval_cost`) is at most EVAL_BUDGET (1 %) of training."""
+    _positive(cfg, "batch_size")
+    k = max(1, len(cfg.arms) if n_arms is None else int(n_arms))
+    need = k * cfg.eval_sequences / (3.0 * cfg.batch_size * EVAL_BUDGET)
+    return 10 * max(1, math.ceil(need / 10 - 1e-9))
 
 
 def default_sample_every(cfg: RunConfig) -> int:

@@ -140,6 +140,7 @@ class QueuedUpdate:
     queued_s: float
     step_s: float
     probe: dict[str, float] | None = None
+    eval: dict[str, float] | None = None
 
 
 class SequenceLoss(torch.nn.Module):
@@ -252,7 +253,7 @@ class Trainer:
         self.usr1 = Usr1Requests(flags, opts.usr1_at, self.cfg.checkpoint_every)
         self._last_reason: str | None = None  # reason of the newest snapshot
         self.nonfinite_run = 0
-        self._probe_cache: dict[str, torch.Tensor] = {}
+        self._heldout_cache: dict[tuple[str, int], torch.Tensor] = {}  # (arm, n) -> windows
         self.probe_plan = probe_plan(
             self.cfg, len(self.sampler.names)
         )  # <= probe_budget of compute
@@ -525,6 +526,8 @@ class Trainer:
             self.nonfinite_run = 0
         if q.probe is not None:
             rec["probe"] = q.probe
+        if q.eval is not None:
+            rec["eval"] = q.eval
         rec["step_time"] = q.step_s
         train_s = (
             q.events[0].elapsed_time(q.events[1]) / 1e3 if q.events is not None else q.queued_s
@@ -581,16 +584,23 @@ class Trainer:
             self.hooks.after_micro_batch(k, i + 1, self.reports.write)
         return torch.cat(seqs)
 
-    @torch.no_grad()
     def probe(self) -> dict[str, float]:
-        """Mean held-out loss per arm on the fixed probe set (never trained on; docs/bandit.md#rewards),
-        read from the device at once for every arm."""
+        """Mean held-out loss per arm on the fixed probe set (never trained on; docs/bandit.md#rewards)."""
+        return self.heldout_losses(self.probe_plan.sequences)
+
+    @torch.no_grad()
+    def heldout_losses(self, sequences: int) -> dict[str, float]:
+        """Mean loss per arm, in nats, over the first `sequences` held-out windows of each arm
+        (the same windows every time, never trained on), of the model after the update just
+        queued; read from the device at once for every arm. Draws no random numbers, so the
+        training batches never depend on it (docs/history.md#record)."""
         self.model.eval()
         means = []
         for n in self.sampler.names:
-            if n not in self._probe_cache:
-                self._probe_cache[n] = self.sampler.heldout_windows(n, self.probe_plan.sequences)
-            w = self._probe_cache[n]
+            key = (n, sequences)
+            if key not in self._heldout_cache:
+                self._heldout_cache[key] = self.sampler.heldout_windows(n, sequences)
+            w = self._heldout_cache[key]
             means.append(self._seq_losses(w[:, :-1], w[:, 1:]).mean())
         self.model.train()
         return dict(zip(self.sampler.names, torch.stack(means).tolist()))
@@ -827,7 +837,7 @@ class Trainer:
 
     def _train_and_report(self, k: int, probs: dict) -> None:
         """Queue update k, then write update k-1's report while k runs; k's own report is
-        written at once when its probe or audit is due, or while updates are not finite (the
+        written at once when its probe, validation or audit is due, or while updates are not finite (the
         stop after `max_nonfinite` of them needs their values), else with update k+1."""
         q = self._queue_update(k, probs)
         self._write_pending()
@@ -835,8 +845,10 @@ class Trainer:
         self.step, self._pending = k, q
         if self._probe_due(k):
             q.probe = self.probe()
+        if self.cfg.eval_every and k % self.cfg.eval_every == 0 and self.rank == 0:
+            q.eval = self.heldout_losses(self.cfg.eval_sequences)  # the validation curve
         audit = k % self.cfg.sample_every == 0 and self.rank == 0
-        if audit or q.probe is not None or self.nonfinite_run:
+        if audit or q.probe is not None or q.eval is not None or self.nonfinite_run:
             self._write_pending()
         if audit:
             self.reports.write(self.sample_audit(k, q.probe))

@@ -53,7 +53,9 @@ from shared.config import (
     RunConfig,
     accumulation_steps,
     audit_cost,
+    default_eval_every,
     default_sample_every,
+    eval_cost,
     load_run_config,
     policy_cost,
     probe_plan,
@@ -578,6 +580,7 @@ def _print_settings(
         ),
         ("held-out probe", _probe_row(cfg), src("probe_sequences", "probe_budget")),
         ("sample audit", _audit_row(cfg), audit_src),
+        ("validation", _eval_row(cfg), src("eval_every")),
         ("policy overhead", _policy_row(cfg), src("probe_budget", "sample_every")),
         (
             "retention keep-last/keep-every",
@@ -660,6 +663,16 @@ def _audit_row(cfg: RunConfig) -> str:
     if cost > AUDIT_BUDGET + 1e-9:
         row += f" (over {AUDIT_BUDGET:.1%}: --sample-every {default_sample_every(cfg)} keeps it within)"
     return row
+
+
+def _eval_row(cfg: RunConfig) -> str:
+    """The validation curve's size and cost (shared/config.py eval_cost)."""
+    if not cfg.eval_every:
+        return f"none (--eval-every 0; {default_eval_every(cfg)} keeps it within 1% of training)"
+    return (
+        f"held-out loss of {len(cfg.arms)} arms x {cfg.eval_sequences} windows every "
+        f"{cfg.eval_every} steps = {eval_cost(cfg):.2%} of training FLOPs"
+    )
 
 
 def _policy_row(cfg: RunConfig) -> str:

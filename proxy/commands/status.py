@@ -93,6 +93,7 @@ def collect_status(run_dir) -> dict:
         "start_max_steps": st.get("max_steps") or cfg.max_steps,
     }
     d.update(_progress(cfg, recs, now))
+    d["validation"] = _validation(cfg, recs)
     d.update(_checkpoints(layout, now))
     d["arms"] = _arms(layout, recs[-1] if recs else None)
     d.update(_phase_and_pivot(layout))
@@ -153,6 +154,15 @@ def _progress(cfg, recs: list[dict], now: float) -> dict:
         "last_step_age_s": now - last["time"] if last and last.get("time") else None,
         "skipped_recent": sum(1 for r in recent if r.get("skipped")),
     }
+
+
+def _validation(cfg, recs: list[dict]) -> dict:
+    """The newest validation in the history's tail: {"every": steps (0: none), "step": its step
+    or None, "arms": {arm: held-out loss}} (docs/history.md#record, the `eval` field)."""
+    for r in reversed(recs):
+        if isinstance(r.get("eval"), dict) and r["eval"]:
+            return {"every": cfg.eval_every, "step": r["step"], "arms": r["eval"]}
+    return {"every": cfg.eval_every, "step": None, "arms": {}}
 
 
 def _checkpoints(layout: RunLayout, now: float) -> dict:
@@ -406,6 +416,14 @@ def _progress_lines(d: dict) -> list[str]:
         lines.append("loss        non-finite (update skipped)")
     if d["skipped_recent"]:
         lines.append(f"skipped     {d['skipped_recent']} of the last 20 updates (non-finite loss)")
+    v = d.get("validation") or {}
+    if v.get("arms"):
+        lines.append(
+            f"validation  (step {v['step']:,}) "
+            + ", ".join(f"{a} {x:.3f}" for a, x in sorted(v["arms"].items()))
+        )
+    elif v.get("every"):
+        lines.append(f"validation  none yet (every {v['every']} steps)")
     if d["tokens_per_s"]:
         lines.append(f"tokens/s    {d['tokens_per_s']:,.0f}")
     if d.get("tokens_per_update"):

@@ -109,26 +109,31 @@ def series(records: Iterable[dict], max_points: int = MAX_POINTS) -> dict:
     steps (each bucket's first step), loss (bucket means), loss_low / loss_high (bucket
     extremes), ema (the bias-corrected EMA at each bucket's last step), count (finite losses
     seen), width (finite losses per loss bucket but the last; 1: every loss drawn), probe
-    {arm: (steps, mean losses)}, mix_steps, mix {arm: [mean p]}, alarms [step].
+    {arm: (steps, mean losses)}, eval (the validation curve) and arm_loss (each arm's training
+    loss) of the same shape, mix_steps,
+    mix {arm: [mean p]}, alarms [step].
     Each series holds at most `max_points` buckets (`Buckets`); with fewer points than that
     every value is the record's own. Non-finite losses are left out of the loss line; an arm
     missing from a record's p counts as 0 there."""
     e = LossEma()
     loss = Buckets(_loss_start, _loss_add, _loss_merge, max_points)
     probe: dict[str, Buckets] = {}
+    evals: dict[str, Buckets] = {}
+    arm_loss: dict[str, Buckets] = {}
     mix = Buckets(lambda p: [dict(p)], _mix_add, _mix_merge, max_points)
     alarms = Buckets(lambda _: [], lambda b, _: None, lambda a, b: [], max_points)
     for r in records:
         x = r.get("loss")
         if isinstance(x, (int, float)) and _number(x):
             loss.push(r["step"], (float(x), e.update(x)))
-        for a, v in (r.get("probe") or {}).items():
-            if _number(v):
-                if a not in probe:
-                    probe[a] = Buckets(
-                        lambda v: [v], _sum_add, lambda a, b: [a[2] + b[2]], max_points
-                    )
-                probe[a].push(r["step"], float(v))
+        for field, into in (("probe", probe), ("eval", evals), ("arm_loss", arm_loss)):
+            for a, v in (r.get(field) or {}).items():
+                if _number(v):
+                    if a not in into:
+                        into[a] = Buckets(
+                            lambda v: [v], _sum_add, lambda a, b: [a[2] + b[2]], max_points
+                        )
+                    into[a].push(r["step"], float(v))
         p = r.get("p")
         if p:
             mix.push(r["step"], {a: float(v) for a, v in p.items()})
@@ -147,6 +152,14 @@ def series(records: Iterable[dict], max_points: int = MAX_POINTS) -> dict:
         "probe": {
             a: ([b[0] for b in s.buckets], [b[2] / b[1] for b in s.buckets])
             for a, s in probe.items()
+        },
+        "eval": {
+            a: ([b[0] for b in s.buckets], [b[2] / b[1] for b in s.buckets])
+            for a, s in evals.items()
+        },
+        "arm_loss": {
+            a: ([b[0] for b in s.buckets], [b[2] / b[1] for b in s.buckets])
+            for a, s in arm_loss.items()
         },
         "mix_steps": [b[0] for b in mix.buckets],
         "mix": {a: [b[2].get(a, 0.0) / b[1] for b in mix.buckets] for a in arms},
@@ -181,18 +194,40 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
         )
     ax1.plot(s["steps"], s["loss"], lw=0.6, alpha=0.5, label="loss")
     ax1.plot(s["steps"], s["ema"], lw=1.5, label=f"EMA ({BETA:g}, bias-corrected)")
+    every_arm = sorted(set(s["mix"]) | set(s["arm_loss"]) | set(s["eval"]) | set(s["probe"]))
+    color = {a: f"C{(i + 2) % 10}" for i, a in enumerate(every_arm)}  # C0, C1: loss, EMA
+    for a, (xs, ys) in sorted(s["arm_loss"].items()):
+        ax1.plot(xs, ys, lw=0.7, alpha=0.6, color=color[a], label=f"{a} (training)")
     for st in s["alarms"]:
         ax1.axvline(st, color="red", lw=1.0)
     ax1.set_ylabel("training loss (nats)")
-    ax1.legend(loc="upper right")
+    ax1.legend(loc="best", fontsize="small")
+    for a, (xs, ys) in sorted(s["eval"].items()):
+        ax2.plot(xs, ys, marker=".", lw=1.2, color=color[a], label=f"{a} (validation)")
     for a, (xs, ys) in sorted(s["probe"].items()):
-        ax2.plot(xs, ys, marker=".", lw=1.0, label=a)
-    ax2.set_ylabel("held-out probe loss (nats)")
-    if s["probe"]:
-        ax2.legend(loc="upper right", fontsize="small")
+        ax2.plot(xs, ys, ls="--", lw=0.8, color=color[a], label=f"{a} (bandit probe)")
+    ax2.set_ylabel("held-out loss (nats)")
+    if s["probe"] or s["eval"]:
+        ax2.legend(loc="best", fontsize="small")
+    else:
+        ax2.text(
+            0.5,
+            0.5,
+            "no held-out loss yet: the validation runs every --eval-every steps",
+            ha="center",
+            va="center",
+            transform=ax2.transAxes,
+            color="gray",
+        )
     if s["mix_steps"]:
         names = sorted(s["mix"])
-        ax3.stackplot(s["mix_steps"], [s["mix"][a] for a in names], labels=names, alpha=0.8)
+        ax3.stackplot(
+            s["mix_steps"],
+            [s["mix"][a] for a in names],
+            labels=names,
+            colors=[color[a] for a in names],
+            alpha=0.8,
+        )
         ax3.legend(loc="upper right", fontsize="small")
     ax3.set_ylim(0, 1)
     ax3.set_ylabel("arm mixture p")

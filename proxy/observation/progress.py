@@ -155,12 +155,14 @@ def credible_mfu_raw(rec: dict, tok_per_s: float | None) -> float:
 
 
 def _heldout(layout) -> tuple[int | None, dict]:
-    """(step, {arm: held-out loss}) of the newest probe in the history's tail or the newest
-    sample audit in .samples.json, whichever is later; (None, {}) when there is neither."""
+    """(step, {arm: held-out loss}) of the newest validation or probe in the history's tail or
+    the newest sample audit in .samples.json, whichever is later; (None, {}) when there is
+    none."""
     best: tuple[int | None, dict] = (None, {})
     for r in reversed(tail_records(layout.loss)):
-        if isinstance(r.get("probe"), dict) and r["probe"]:
-            best = (r["step"], r["probe"])
+        held = r.get("eval") or r.get("probe")
+        if isinstance(held, dict) and held:
+            best = (r["step"], held)
             break
     audits = read_audits(layout.samples)
     if audits and isinstance(audits[-1], dict) and audits[-1].get("step", -1) > (best[0] or -1):

@@ -363,4 +363,6 @@ def step_scalars(rec: dict, ema: float | None) -> dict:
         out[f"arms/train_loss/{arm}"] = v
     for arm, v in (rec.get("probe") or {}).items():
         out[f"heldout/{arm}"] = v
+    for arm, v in (rec.get("eval") or {}).items():
+        out[f"eval/{arm}"] = v  # the validation curve
     return out

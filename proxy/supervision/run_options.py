@@ -31,6 +31,7 @@ from shared.config import (
     RunConfig,
     accumulation_steps,
     count_parameters,
+    default_eval_every,
     default_sample_every,
     load_run_config,
 )
@@ -48,6 +49,7 @@ CREATION_ONLY = (
     "lr",
     "checkpoint_every",
     "sample_every",
+    "eval_every",
     "warmup_steps",
     "probe_every",
     "reward",
@@ -55,7 +57,7 @@ CREATION_ONLY = (
     "bpe_sample_bytes",
     "arm_max_tokens",
 )
-_SET_AS_GIVEN = tuple(n for n in CREATION_ONLY if n not in ("preset", "sample_every"))
+_SET_AS_GIVEN = tuple(n for n in CREATION_ONLY if n not in ("preset", "sample_every", "eval_every"))
 
 
 @dataclass
@@ -151,6 +153,14 @@ def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
         metavar="N",
         help="sample audit cadence in steps (default: the checkpoint cadence, or the "
         "smallest multiple of it that keeps audits within 0.5%% of training FLOPs)",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="validation cadence in steps: held-out loss per arm on fixed windows (default: "
+        "the smallest multiple of 10 that keeps it within 1%% of training FLOPs; 0: none)",
     )
     g.add_argument(
         "--probe-every",
@@ -530,6 +540,7 @@ def config_from_args(a) -> RunConfig:
         arms = [parse_arm_option(t) for t in a.arm]
         cfg.arms = (list(DEFAULT_ARMS) if a.default_arms else []) + arms
     cfg.sample_every = a.sample_every if a.sample_every is not None else default_sample_every(cfg)
+    cfg.eval_every = a.eval_every if a.eval_every is not None else default_eval_every(cfg)
     names = [x.name for x in cfg.arms]
     cfg.caps = parse_arm_values(a.caps, names, "--caps")
     cfg.floors = parse_arm_values(a.floors, names, "--floors")
