@@ -79,7 +79,8 @@ from shared.config import DEFAULT_ARMS, PRESETS, ArmSpec, RunConfig, probe_plan 
 from shared.run_layout import RunLayout  # noqa: E402
 from worker.data import ArmSampler  # noqa: E402
 from worker.model import GPT  # noqa: E402
-from worker.optim import FlatAdamW, learning_rate  # noqa: E402
+from shared.lr_schedule import learning_rate  # noqa: E402
+from worker.optim import FlatAdamW  # noqa: E402
 
 FLOOR, CAP = 0.1, 0.6         # the box of every arm
 TRAP = "list-trap"

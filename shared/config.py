@@ -171,7 +171,10 @@ class RunConfig:
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
     warmup_steps: int = 50  # linear warm-up, steps
     lr_decay_steps: int = 600  # end of the cosine, steps (the planned total at creation)
-    max_steps: int = 600  # planned number of updates
+    max_steps: int = 600  # planned number of updates (the newest plan's, after a re-plan)
+    schedule: str = "cosine"  # "cosine" or "wsd" (warmup-stable-decay), worker/optim.py
+    decay_fraction: float = 0.2  # wsd: the share of the plan spent in the final linear decay
+    replans: list = field(default_factory=list)  # [{"at", "lr_decay_steps", "decay_at"}], in order
     weight_decay: float = 0.1  # on matrices only
     grad_clip: float = 1.0  # global norm; 0 = off
     beta1: float = 0.9
@@ -224,6 +227,28 @@ class RunConfig:
             raise _bad("seed", self.seed, "must be in [0, 2**63) (numpy seeds are non-negative)")
         if self.warmup_steps < 0:
             raise _bad("warmup_steps", self.warmup_steps, "must be >= 0")
+        if self.schedule not in SCHEDULES:
+            raise _bad(
+                "schedule", repr(self.schedule), f"is unknown: choose {', '.join(SCHEDULES)}"
+            )
+        if not (isinstance(self.decay_fraction, (int, float)) and 0 < self.decay_fraction <= 1):
+            raise _bad("decay_fraction", self.decay_fraction, "must be in (0, 1]")
+        last = 0
+        for i, r in enumerate(self.replans):
+            ok = (
+                isinstance(r, dict)
+                and isinstance(r.get("at"), int)
+                and isinstance(r.get("lr_decay_steps"), int)
+                and r["at"] >= last
+                and r["lr_decay_steps"] > r["at"]
+                and (r.get("decay_at") is None or isinstance(r.get("decay_at"), int))
+            )
+            if not ok:
+                raise ConfigError(
+                    f"replans[{i}]={r!r}: a re-plan is {{'at': step, 'lr_decay_steps': a "
+                    "later step, 'decay_at': a step or null}, in step order; restore run.json"
+                )
+            last = r["at"]
         if self.eval_every < 0:
             raise _bad("eval_every", self.eval_every, "must be >= 0 (0 = no validation)")
         if self.eval_sequences < 1:
@@ -386,6 +411,7 @@ def probe_plan(cfg: RunConfig, n_arms: int | None = None) -> ProbePlan:
     )
 
 
+SCHEDULES = ("cosine", "wsd")  # learning-rate schedules, worker/optim.py learning_rate
 REWARDS = ("train_slope", "heldout_progress", "train_loss")  # proxy/mixture/bandit.py REWARDS
 PROBE_REWARDS = ("heldout_progress",)  # rewards that read the held-out probe (the others run none)
 AUDIT_TOKENS = 48  # tokens generated per arm by a sample audit
@@ -404,6 +430,8 @@ _FLAGGED = frozenset(
         "checkpoint_every",
         "sample_every",
         "eval_every",
+        "schedule",
+        "decay_fraction",
         "probe_every",
         "max_steps",
         "lr",

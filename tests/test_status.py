@@ -140,7 +140,7 @@ def test_status_and_the_summary_measure_against_the_runs_plan_not_the_last_start
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "40 of 40 planned in total" in out, out[-3000:]
     resume = next(l for l in out.splitlines() if "resume  " in l)
-    assert "--max-steps 80" in resume and "the learning rate stays at its floor" in resume
+    assert "--max-steps 80 --replan" in resume and "--replan continues the learning rate" in resume
     st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(r_dir)],
                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                         capture_output=True, text=True, timeout=60)

@@ -1,4 +1,5 @@
-"""AdamW over the flat parameter buffer, and the learning-rate schedule (docs/architecture.md#the-worker).
+"""AdamW over the flat parameter buffer (docs/architecture.md#the-worker); the learning rate it is
+given comes from shared/lr_schedule.py.
 
 AdamW, betas (0.9, 0.999), weight decay on matrices only (nanoGPT's configure_optimizers), its
 exp_avg (m) and exp_avg_sq (v) pre-created as views into two flat float32 buffers in checkpoint
@@ -15,26 +16,11 @@ devices) uses `torch.optim.AdamW` itself.
 
 from __future__ import annotations
 
-import math
 
 import torch
 
 from shared.config import RunConfig
 from worker.model import GPT
-
-
-def learning_rate(step: int, cfg: RunConfig) -> float:
-    """Learning rate of update `step` (1-based): linear warm-up over `warmup_steps`, cosine
-    decay to `lr * min_lr_ratio` at `lr_decay_steps`, flat after. A pure function of the step,
-    so a resumed run uses exactly the uninterrupted run's rates (docs/architecture.md#the-worker)."""
-    peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
-    if cfg.warmup_steps and step <= cfg.warmup_steps:
-        return peak * step / cfg.warmup_steps
-    if step >= cfg.lr_decay_steps:
-        return floor
-    span = max(1, cfg.lr_decay_steps - cfg.warmup_steps)
-    ratio = (step - cfg.warmup_steps) / span
-    return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - floor)
 
 
 class _FusedAdamW:

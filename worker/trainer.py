@@ -53,7 +53,8 @@ from worker import distributed as wdist
 from worker.checkpointer import Checkpointer, WriteResult
 from worker.data import ArmSampler, dropout_seed
 from worker.model import GPT
-from worker.optim import FlatAdamW, learning_rate
+from worker.optim import FlatAdamW
+from shared.lr_schedule import learning_rate
 from worker.sampling import generate_batched
 from worker.perf import PeakFlops, mfu
 from worker import precision as wprec

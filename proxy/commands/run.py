@@ -562,8 +562,9 @@ def _print_settings(
         ("max steps", a.max_steps or cfg.max_steps, kept("max_steps", not a.max_steps)),
         ("lr peak", cfg.lr, src("lr")),
         (
-            "lr warm-up / cosine end (steps)",
-            f"{cfg.warmup_steps}/{cfg.lr_decay_steps}",
+            f"lr warm-up / {cfg.schedule} end (steps)",
+            f"{cfg.warmup_steps}/{cfg.lr_decay_steps}"
+            + "".join(f", re-planned at {r['at']} to {r['lr_decay_steps']}" for r in cfg.replans),
             warm_src
             if warm_src == src("max_steps")
             else f"warm-up {warm_src}, end {src('max_steps')}",

@@ -264,15 +264,12 @@ def format_summary(
     lines.append(
         f"  checkpoint  {info.path} (step {info.step:,})" if info else "  checkpoint  none yet"
     )
-    # before the plan (run.json), a plain `run` goes on to it; past it, only a longer
-    # --max-steps trains more, at the schedule's floor learning rate
+    # before the plan (run.json), a plain `run` goes on to it; past it, a longer --max-steps
+    # with --replan re-plans the schedule to the new end (docs/configuration.md#the-schedule)
     more, why = "", ""
     if end_step >= cfg.max_steps:
-        more = f" --max-steps {max(cfg.max_steps * 2, end_step + 1)}"
-        why = (
-            f"   (past the plan: the learning rate stays at its floor after step "
-            f"{cfg.lr_decay_steps:,})"
-        )
+        more = f" --max-steps {max(cfg.max_steps * 2, end_step + 1)} --replan"
+        why = "   (past the plan: --replan continues the learning rate to the new end)"
     py = python_command()
     lines += [
         "  next:",

@@ -50,6 +50,8 @@ CREATION_ONLY = (
     "checkpoint_every",
     "sample_every",
     "eval_every",
+    "schedule",
+    "decay_fraction",
     "warmup_steps",
     "probe_every",
     "reward",
@@ -82,6 +84,8 @@ class ProxyOptions:
     precision: str = "auto"  # worker --precision: auto (bf16 on CUDA), fp32, bf16
     tensorboard: bool = False  # live event files under RUN/tensorboard/
     micro_batch_size: int | None = None  # worker --micro-batch-size; None: run.json's
+    replan: bool = False  # re-plan the schedule to max_steps at the step this start resumes from
+    decay_at: int | None = None  # with replan, wsd: the step the final decay starts at
 
 
 def add_run_args(ap: argparse.ArgumentParser) -> None:
@@ -145,6 +149,21 @@ def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
         default=None,
         metavar="N",
         help=f"checkpoint cadence in steps ({rc.checkpoint_every})",
+    )
+    g.add_argument(
+        "--schedule",
+        choices=("cosine", "wsd"),
+        default=None,
+        help=f"learning-rate schedule after the warm-up: cosine to the floor, or wsd "
+        f"(warmup-stable-decay: the peak, then a linear decay over the last --decay-fraction) "
+        f"({rc.schedule})",
+    )
+    g.add_argument(
+        "--decay-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help=f"wsd: the share of the plan spent in the final decay ({rc.decay_fraction})",
     )
     g.add_argument(
         "--sample-every",
@@ -247,7 +266,23 @@ def _add_start_args(g: argparse._ArgumentGroup, po: ProxyOptions) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="stop after this many updates (at creation: also the end of the cosine schedule)",
+        help="stop after this many updates (at creation: also the end of the schedule; on a "
+        "resume, with --replan: the schedule's new end)",
+    )
+    g.add_argument(
+        "--replan",
+        action="store_true",
+        help="on a resume: re-plan the learning-rate schedule to end at --max-steps, from the "
+        "step it resumes at, keeping the rate continuous (recorded in run.json; "
+        "docs/configuration.md#the-schedule)",
+    )
+    g.add_argument(
+        "--decay-at",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="with --replan and --schedule wsd: start the final decay at STEP (default: the "
+        "last --decay-fraction of the new plan)",
     )
     g.add_argument(
         "--micro-batch-size",
@@ -438,6 +473,16 @@ def check_run_options(a) -> None:
     for name, value, ok, rule in rules:
         if not ok:
             raise ConfigError(f"{name} {value}: {rule}")
+    if getattr(a, "replan", False) and a.max_steps is None:
+        raise ConfigError(
+            "--replan needs --max-steps N: the step the re-planned schedule ends at "
+            "(docs/configuration.md#the-schedule)"
+        )
+    if getattr(a, "decay_at", None) is not None and not getattr(a, "replan", False):
+        raise ConfigError(
+            f"--decay-at {a.decay_at} goes with --replan (it re-plans the schedule's decay); "
+            "at creation the decay is set by --decay-fraction"
+        )
     _check_nnodes(a.nnodes)
     if str(device).startswith("cuda") and (why := check_cuda_device(str(device))):
         raise ConfigError(why)  # before anything is created: the worker would exit 3 later
@@ -661,4 +706,6 @@ def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
         precision=a.precision,
         tensorboard=a.tensorboard,
         micro_batch_size=a.micro_batch_size,
+        replan=a.replan,
+        decay_at=a.decay_at,
     )

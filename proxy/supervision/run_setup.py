@@ -174,3 +174,43 @@ def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
     write_phases(layout, [Phase(0, "initial", 0, dict(cfg.caps), dict(cfg.floors))])
     atomic_write_json(layout.run_json, cfg.to_json())
     return cfg
+
+
+def replan(
+    layout: RunLayout, cfg: RunConfig, at: int, max_steps: int, decay_at: int | None = None
+) -> dict | None:
+    """Re-plan the learning-rate schedule of the run `cfg` to end at `max_steps`, from step
+    `at` (where this start resumes), keeping every rate up to `at` and the rate continuous
+    there (shared/lr_schedule.py; docs/configuration.md#the-schedule). Records the re-plan in
+    run.json (`replans`, `max_steps`; re-plans at or after `at`, on steps a rewind dropped, are
+    replaced) and updates `cfg`. Returns the entry, or None when the plan already ends at
+    `max_steps` (a restart by the same command records nothing, so its resume stays exact).
+    Raises ConfigError when `max_steps` is not after `at`, or `decay_at` is given for a
+    cosine schedule or lies outside [at, max_steps)."""
+    last = cfg.replans[-1] if cfg.replans else None
+    if max_steps == cfg.max_steps and (
+        decay_at is None or (last is not None and last.get("decay_at") == decay_at)
+    ):
+        return None
+    if max_steps <= at:
+        raise ConfigError(
+            f"--replan --max-steps {max_steps}: this start resumes at step {at:,}; give a "
+            f"later end (the plan was {cfg.max_steps:,})"
+        )
+    if decay_at is not None:
+        if cfg.schedule != "wsd":
+            raise ConfigError(
+                f"--decay-at {decay_at}: this run's schedule is {cfg.schedule} (run.json), "
+                "whose decay spans the whole plan; --decay-at is for --schedule wsd"
+            )
+        if not at <= decay_at < max_steps:
+            raise ConfigError(
+                f"--decay-at {decay_at}: give a step from {at:,} (where this start resumes) "
+                f"to before --max-steps {max_steps:,}"
+            )
+    entry = {"at": at, "lr_decay_steps": max_steps, "decay_at": decay_at}
+    cfg.replans = [r for r in cfg.replans if r["at"] < at] + [entry]
+    cfg.max_steps = max_steps
+    cfg.validate()
+    atomic_write_json(layout.run_json, cfg.to_json())
+    return entry

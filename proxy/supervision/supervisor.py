@@ -37,6 +37,7 @@ from proxy.run_files.pivot_request import RequestLockTimeout, pending_request
 from proxy.run_files.sidecars import SamplesLog
 from proxy.run_files.status_file import LiveStats, write_status
 from proxy.supervision import proc_tree
+from proxy.supervision.run_setup import replan
 from proxy.supervision.launch import (
     agent_descendants,
     die_with_parent,
@@ -72,6 +73,7 @@ from proxy.supervision.report_salvage import salvage_step_reports
 from proxy.supervision.resume_planning import ResumeError, plan_resume
 from proxy.supervision.run_options import ProxyOptions
 from shared.config import RunConfig
+from shared.lr_schedule import learning_rate
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
 from shared.loss_history import LossHistory
@@ -111,6 +113,7 @@ class Supervisor:
         self.subreaper = False  # orphans of the worker's tree are re-parented here
         self._status_t = 0.0
         self.pending_events: list[dict] = []  # attached to the next step record filed
+        self._replanned = False  # --replan done (the first incarnation does it)
         self.watch = RunWatch(layout, cfg, self.max_steps, opts.tensorboard)
         self.pivot_step: int | None = None  # a pivot at B recorded, its worker's first step due
         self._lock_warned_at = -math.inf  # the last "pivot ... deferred" warning (monotonic s)
@@ -355,6 +358,32 @@ class Supervisor:
         self._refresh_ranks()
         return self.my_ranks
 
+    def _replan(self, step: int) -> None:
+        """--replan: the schedule re-planned at `step`, where this start resumes, to end at
+        --max-steps (proxy/supervision/run_setup.py `replan`); logged and recorded in the
+        next history record as an event. Once per proxy: a restart resumes in the new plan."""
+        self._replanned = True
+        before = learning_rate(step + 1, self.cfg) if step else None
+        entry = replan(self.layout, self.cfg, step, self.max_steps, self.opts.decay_at)
+        if entry is None:
+            log.info(
+                "--replan: the plan already ends at step %d; nothing to change", self.max_steps
+            )
+            return
+        after = learning_rate(step + 1, self.cfg)
+        log.warning(
+            "re-planned the learning-rate schedule at step %d to end at step %d (%s%s): the "
+            "rate of step %d was %s and is %.3g (run.json replans)",
+            step,
+            self.max_steps,
+            self.cfg.schedule,
+            f", decay from step {entry['decay_at']}" if entry["decay_at"] is not None else "",
+            step + 1,
+            f"{before:.3g}" if before is not None else "-",
+            after,
+        )
+        self.pending_events.append({"event": "replanned", **entry, "time": time.time()})
+
     def _post_policies(self, mix: MixtureController, first_period: int) -> None:
         pols = mix.policies_from(first_period)
         update_handshake(self.layout, lambda d: d.__setitem__("policies", pols))
@@ -364,11 +393,12 @@ class Supervisor:
         wait_for_earlier_workers(self.layout, self.opts.stop_timeout)  # a kill -9'd proxy's
         history = LossHistory(self.layout.loss)  # logs each repair of a torn tail itself, once
         salvage_step_reports(self.layout, history, read_phases(self.layout))  # a dead proxy's
-        if self.max_steps != self.cfg.max_steps:
+        if self.max_steps != self.cfg.max_steps and not self.opts.replan:
             log.warning(
-                "!!! --max-steps %d differs from the %d planned at creation (run.json): the "
-                "learning-rate schedule stays the planned one (warm-up %d, cosine to step "
-                "%d, flat after); recorded in .loss.json as an event !!!",
+                "!!! --max-steps %d differs from the %d planned (run.json): the "
+                "learning-rate schedule stays the planned one (warm-up %d, decay to step "
+                "%d, flat after); add --replan to re-plan it to end at --max-steps; "
+                "recorded in .loss.json as an event !!!",
                 self.max_steps,
                 self.cfg.max_steps,
                 self.cfg.warmup_steps,
@@ -476,6 +506,8 @@ class Supervisor:
         except ResumeError as e:
             raise SupervisorError(str(e), code=e.code) from None
         step, point, mix = plan.step, plan, plan.mix
+        if self.opts.replan and not self._replanned:
+            self._replan(step)
         self.arm_changes, self.pivot_step = plan.arm_changes, plan.pivot_step
         self.watch.on_incarnation(step)  # ETA window restarts; TensorBoard purges steps > step
         samples = SamplesLog(
