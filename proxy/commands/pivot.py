@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from proxy.mixture.bandit import BanditConfigError, parse_arm_values, resolve_bounds
 from proxy.observation.progress import fmt_duration, wall_seconds_per_update
+from proxy.run_files.checkpoint_lookup import run_dir_problem
 from proxy.run_files.history_tail import tail_records
 from proxy.run_files.phases import read_phases
 from proxy.run_files.pivot_request import (
@@ -40,7 +41,7 @@ from shared.config import ConfigError, RunConfig, load_run_config
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 from shared.handshake import update_handshake
 from shared.loss_history import LossHistory
-from shared.run_layout import RunLayout, missing_run_json
+from shared.run_layout import RunLayout
 
 # A waiting `pivot` repeats its "waiting for boundary" line at most this often (seconds), and at
 # once when the boundary changes: a line per step made thousands of lines with fast steps.
@@ -107,8 +108,8 @@ def cmd_pivot(a) -> int:
     1 the pivot did not complete (the message says what state it left); 2 refused before
     anything changed (bad bounds, a pending pivot, a finished run)."""
     layout = RunLayout(a.run_dir)
-    if not layout.run_json.exists():
-        return _refuse(missing_run_json(layout.root))
+    if (problem := run_dir_problem(layout.root)) is not None:  # every command's words, exit 2
+        return _refuse(problem[1])
     try:
         return _pivot(layout, a)
     except RequestLockTimeout as e:  # a `pivot` command suspended inside it, say
