@@ -214,7 +214,7 @@ def prepare_arm(
         return done
     layout.data.mkdir(parents=True, exist_ok=True)
     cap = cfg.arm_max_tokens
-    docs = used = bad = empty = 0
+    docs = used = bad = empty = text_bytes = 0
     first_bad, total, capped = "", 0, False
     if arm.kind == "tokens":
         files, dt, n_all = check_token_files(arm, tok)
@@ -249,7 +249,7 @@ def prepare_arm(
                 st.bytes_total,
                 st.capped,
             )
-            empty = st.empty
+            empty, text_bytes = st.empty, st.text_bytes
             bad, first_bad = st.bad.count, st.bad.first
             if arm.kind in ("python-docstrings", "python-code", "python-docs"):
                 used = st.chars
@@ -308,7 +308,12 @@ def prepare_arm(
     elif arm.kind == "tokens":
         of = f"used {used:,} of {total:,} bytes of {len(files)} token file(s)"
     else:
-        of = f"{docs:,} documents, used {used:,} of {total:,} source bytes"
+        # the source's bytes on disk (compressed for .gz/.zst, Parquet's encoded pages) are
+        # not its text: the decoded text's size is said beside them
+        of = (
+            f"{docs:,} documents, used {used:,} of {total:,} source bytes on disk, "
+            f"{text_bytes:,} bytes of decoded text"
+        )
         if empty:
             of += f" ({empty:,} empty document{'s' if empty != 1 else ''} skipped)"
     if capped:

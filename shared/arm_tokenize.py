@@ -74,6 +74,7 @@ class ArmStats:
     bytes_total: int = 0
     tokens: int = 0
     chars: int = 0  # characters tokenized (separators included)
+    text_bytes: int = 0  # UTF-8 bytes of the decoded text tokenized (separators not included)
     capped: bool = False  # stopped at an explicit --arm-max-tokens
     bad: BadRecords = field(default_factory=BadRecords)
     seconds: float = 0.0
@@ -255,8 +256,10 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
                     text = SEPARATOR + text
                 first = False
                 if n <= skip:  # in tmp already: hashed and counted, not encoded
-                    h.update(text.encode("utf-8"))
+                    raw = text.encode("utf-8")
+                    h.update(raw)
                     stats.chars += len(text)
+                    stats.text_bytes += len(raw) - (len(text) - len(p.text))  # ASCII separator
                     prog.update(p.done)
                     stop_request.check(f"tokenization of arm {arm.name}")
                     if n == skip and (
@@ -280,11 +283,13 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
                     if batch and done_at_cap is None:
                         flush(fh, (pool.submit(tok.encode_pieces, batch), at_batch))
                     raise
-                h.update(text.encode("utf-8"))
+                raw = text.encode("utf-8")
+                h.update(raw)
                 prog.update(p.done)
                 if done_at_cap is not None:
                     continue  # capped: read on only for the fingerprint and the total
                 stats.chars += len(text)
+                stats.text_bytes += len(raw) - (len(text) - len(p.text))  # ASCII separator
                 for i in range(0, len(text), ITEM_CHARS):
                     batch.append(text[i : i + ITEM_CHARS])
                 size += len(text)

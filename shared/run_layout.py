@@ -101,8 +101,15 @@ def last_creation_error(root, nbytes: int = 1 << 16) -> str | None:
 def missing_run_json(root) -> str:
     """The error for a `--run-dir` without run.json: a creation that was stopped or killed
     before it wrote run.json (data/ or tokenizer.json are there; docs/data.md#crash-safe-creation)
-    or not a run directory at all. Names the path and the fix."""
+    or not a run directory at all (no such directory, a file, a folder without run.json). Names
+    the path and the fix; every command that takes a run directory says it in these words."""
     root = Path(root)
+    if not root.exists() or root.is_file():
+        return (
+            f"{root}: not a run directory ("
+            + ("no such directory" if not root.exists() else "a file, not a directory")
+            + "); pass the --run-dir given to `python -m proxy run`"
+        )
     creator = creating_proxy(root)
     if creator is not None:
         return (

@@ -52,7 +52,8 @@ def test_a_text_arm_is_tokenized_whole_every_byte_plus_separators(tmp_path, capl
     got = np.fromfile(run / idx["big"].path, dtype=np.uint16).astype(np.uint8).tobytes()
     assert got == big.read_bytes()
     log = caplog.text
-    assert f"used {big.stat().st_size:,} of {big.stat().st_size:,} source bytes" in log
+    n = big.stat().st_size
+    assert f"used {n:,} of {n:,} source bytes on disk, {n:,} bytes of decoded text" in log
     assert "3 documents" in log
 
 
@@ -86,6 +87,27 @@ def test_jsonl_gz_and_zst_are_read_transparently_and_bad_records_are_counted(tmp
         assert idx[n].bad_records == 4
     assert idx["g"].first_bad == f"{tmp_path}/a.jsonl.gz:11: invalid JSON"
     assert "4 bad records skipped" in caplog.text and "no field 'text'" in caplog.text
+
+
+def test_the_log_says_the_decoded_text_beside_the_bytes_on_disk_for_gz_and_parquet(tmp_path, caplog):
+    """"used 2,636,211 of 2,636,211 source bytes" for a .gz or Parquet arm counted the file on
+    disk, and the size of the text it holds was never said: it is, beside them, for every
+    text, JSON Lines and Parquet arm (the documents' UTF-8 bytes, separators left out)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    texts = [prose(3_000, seed=i) + " é ü" for i in range(40)]       # non-ASCII: bytes, not chars
+    text_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    gz = tmp_path / "a.jsonl.gz"
+    gz.write_bytes(gzip.compress("\n".join(json.dumps({"text": t}) for t in texts).encode()))
+    pq.write_table(pa.table({"body": texts}), tmp_path / "p.parquet")
+    with caplog.at_level(logging.INFO):
+        create_template(tmp_path / "run", "--arm", f"g=jsonl:{gz}",
+                        "--arm", f"p=parquet:{tmp_path / 'p.parquet'}:body")
+    for arm, size in (("g", gz.stat().st_size), ("p", (tmp_path / "p.parquet").stat().st_size)):
+        line = next(l for l in caplog.text.splitlines() if f"arm {arm} (" in l and "documents" in l)
+        assert f"40 documents, used {size:,} of {size:,} source bytes on disk, " \
+               f"{text_bytes:,} bytes of decoded text" in line, line
+        assert size < text_bytes / 2   # what the old line reported instead of the text
 
 
 def test_parquet_is_streamed_by_row_group_from_a_directory(tmp_path):

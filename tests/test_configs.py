@@ -271,3 +271,34 @@ def test_a_resume_labels_the_values_it_takes_from_run_json_as_such(tmp_path):
     for row in ("max steps", "micro-batch (sequences/rank)", "micro-batches per update"):
         assert "[run.json]" in _table_row(r.stderr, row), _table_row(r.stderr, row)
     assert " 4 " in _table_row(r.stderr, "micro-batch (sequences/rank)")
+
+
+@pytest.mark.slow
+def test_no_warning_about_a_derived_setting_comes_before_a_configuration_error(tmp_path):
+    """`run --max-steps 50` with a bad --caps printed "learning-rate warm-up shortened" and then
+    the error: a warning about a setting of a run that is refused only misleads. Derived-setting
+    and ignored-option warnings (creation and resume) come only once the configuration is valid."""
+    from proc_helpers import run_proxy
+    src = tmp_path / "a.txt"
+    src.write_text("some words of prose\n" * 3000)
+    refused = {
+        "--caps": ["--caps", "nosuch=0.5"],
+        "matches no file": ["--arm", f"a=text:{src}", "--arm", f"b=text:{src}",
+                            "--arm", f"c=text:{tmp_path}/missing.txt"],
+    }
+    for said, args in refused.items():
+        r = run_proxy(tmp_path / "new", "--max-steps", "50", *args, timeout=120)
+        assert r.returncode == 2 and said in r.stderr, r.stderr[-2000:]
+        assert "WARNING" not in r.stderr, r.stderr[-2000:]
+        assert not (tmp_path / "new").exists()
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "2", timeout=120)     # valid: the warning is said, once
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.count("learning-rate warm-up shortened to 0 steps") == 1, r.stderr[-2000:]
+    r = run_proxy(run, "--max-steps", "4", "--lr", "0.5", "--caps", "repo-code=0.9", timeout=120)
+    assert r.returncode == 2 and "would change the policy mid-phase" in r.stderr, r.stderr[-2000:]
+    assert "ignored" not in r.stderr, r.stderr[-2000:]
+    r = run_proxy(run, "--max-steps", "4", "--lr", "0.5", "--default-arms", "--arm",
+                  f"x=text:{tmp_path}/missing.txt", timeout=120)
+    assert r.returncode == 2 and "missing.txt" in r.stderr, r.stderr[-2000:]
+    assert "ignored" not in r.stderr, r.stderr[-2000:]

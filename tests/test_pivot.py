@@ -197,6 +197,52 @@ def test_pivot_names_the_boundary_even_when_the_proxy_passed_it_before_the_first
     assert out.index("boundary step 40") < out.index("archived to")
 
 
+def test_a_waiting_pivot_repeats_its_waiting_line_at_most_every_interval_and_when_the_boundary_moves(
+        tmp_path, capsys):
+    """A worker filing a step every few ms while the command waits for a far boundary: the
+    "waiting for boundary" line came once per step (70 lines in 91 s, thousands with fast GPU
+    steps). It is printed when the wait starts, at most once per interval after that, and at
+    once when the boundary moves."""
+    import threading
+    import time
+    from proxy.commands.pivot import WAIT_LINE_EVERY_S, _wait
+    from proxy.run_files.pivot_request import write_request
+    from shared.loss_history import LossHistory
+    layout = RunLayout(tmp_path)
+    req = {"label": "polish", "caps": {}, "floors": {}, "state": "boundary", "step": 10_000}
+    write_request(layout, req)
+    done = threading.Event()
+
+    def file_steps(first, moved_at=None):
+        with LossHistory(layout.loss) as h:
+            for step in range(first, first + 200):
+                h.append({"step": step, "loss": 1.0, "time": time.time()})
+                if step == moved_at:  # the worker was past B: the boundary is its next one
+                    write_request(layout, dict(req, step=20_000))
+                time.sleep(0.01)
+        done.set()
+
+    def waiting_lines(line_every, first, moved_at=None):
+        done.clear()
+        t = threading.Thread(target=file_steps, args=(first, moved_at))
+        t.start()
+        assert _wait(layout, None, timeout=3.0, line_every=line_every) != 0  # times out
+        t.join()
+        assert done.is_set()
+        return [l for l in capsys.readouterr().out.splitlines()
+                if l.startswith("pivot: waiting for boundary")]
+
+    assert WAIT_LINE_EVERY_S == 30.0
+    lines = waiting_lines(WAIT_LINE_EVERY_S, 1)   # ~200 steps filed during the wait
+    assert len(lines) == 1 and "step 10000" in lines[0], lines
+    lines = waiting_lines(1.0, 201)                # 3 s at one line per second at most
+    assert 2 <= len(lines) <= 4, lines
+    write_request(layout, req)
+    lines = waiting_lines(WAIT_LINE_EVERY_S, 401, moved_at=450)
+    assert [l.split(" (")[0] for l in lines] == ["pivot: waiting for boundary step 10000",
+                                                 "pivot: waiting for boundary step 20000"], lines
+
+
 def test_a_worker_already_past_the_posted_boundary_pivots_at_its_next_checkpoint_in_the_same_proxy(tmp_path):
     """B is chosen from the last step the proxy filed; on a loaded machine the worker can be past
     it when the control request reaches it. CI saw the worker stop at once (not a boundary), the

@@ -50,7 +50,7 @@ def test_sample_prints_text_from_the_newest_checkpoint_and_refuses_a_bad_file(tm
         f.truncate(100)
     r = subprocess.run(cmd + [str(run / "step_000020.bin")], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "step_000020.bin" in r.stderr
+    assert r.returncode == 1 and "step_000020.bin" in r.stderr   # fails a rule, as for inspect
 
 
 def test_a_checkpoint_whose_bytes_changed_is_not_the_newest_for_status_sample_or_fork(tmp_path):
@@ -74,13 +74,13 @@ def test_a_checkpoint_whose_bytes_changed_is_not_the_newest_for_status_sample_or
     bad = [l for l in lines if l.startswith("INVALID")]
     assert len(bad) == 1 and "checksum" in bad[0] and bad[0].count("step_000020.bin") == 1, bad
     r = proxy("sample", str(run / "step_000020.bin"), "--tokens", "4")
-    assert r.returncode == 2 and "checksum" in r.stderr and "step_000020.bin" in r.stderr
+    assert r.returncode == 1 and "checksum" in r.stderr and "step_000020.bin" in r.stderr
     r = proxy("sample", "--run-dir", str(run), "--tokens", "4")
     assert r.returncode == 0 and "step_000010.bin (step 10" in r.stdout, r.stderr
     (run / "rejected").mkdir()
     (run / "step_000020.bin").rename(run / "rejected" / "step_000020.bin")
     r = proxy("sample", str(run / "rejected" / "step_000020.bin"), "--tokens", "4")
-    assert r.returncode == 2 and "checksum" in r.stderr
+    assert r.returncode == 1 and "checksum" in r.stderr
     r = proxy("fork", "--from", str(run / "step_000010.bin"), "--run-dir", str(tmp_path / "f"))
     assert r.returncode == 0 and "(step 10)" in r.stdout, r.stderr
     r = proxy("fork", "--from", f"{run}:ten", "--run-dir", str(tmp_path / "g"))
@@ -222,3 +222,64 @@ def test_status_tells_a_run_whose_proxy_was_killed_from_one_that_stopped_and_nam
     assert r.returncode == 0, r.stderr[-3000:]
     h = health()
     assert "stopped" in h and "uncleanly" not in h, h
+
+
+def test_every_command_says_one_thing_with_one_exit_code_for_each_bad_run_directory(tmp_path):
+    """`export --from-run` on a directory that is not a run said "no valid checkpoint" and
+    exited 1 where `status` said "not a run directory" and exited 2; `sample` before the first
+    checkpoint said nothing of what to do. Each condition now has one message and one exit code
+    in every command that meets it, and the message names the next step."""
+    from proc_helpers import create_template
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def proxy(*args):
+        r = subprocess.run([sys.executable, "-m", "proxy", *args], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+        line = (r.stdout + r.stderr).strip().splitlines()[-1]
+        return r.returncode, line.removeprefix(f"{args[0]}: ")   # the command's own prefix
+
+    def per_command(d, with_plot=True):
+        out = tmp_path / "out.safetensors"
+        said = {"status": proxy("status", "--run-dir", str(d)),
+                "sample": proxy("sample", "--run-dir", str(d), "--tokens", "2"),
+                "export": proxy("export", "--from-run", str(d), "--to", str(out))}
+        if with_plot:
+            said["plot"] = proxy("plot", "--run-dir", str(d), "--out", str(tmp_path / "p.png"))
+        return said
+
+    not_run = tmp_path / "notes"
+    not_run.mkdir()
+    (not_run / "x.txt").write_text("hello")
+    for d, why in ((tmp_path / "missing", "no such directory"), (not_run, "no run.json")):
+        said = per_command(d)
+        want = (2, f"{d}: not a run directory ({why}); pass the --run-dir given to "
+                   "`python -m proxy run`")
+        assert all(v == want for v in said.values()), said
+    run = create_template(tmp_path / "run", "--checkpoint-every", "10")
+    said = per_command(run, with_plot=False)
+    assert said["status"][0] == 0
+    want = (2, f"{run}: no checkpoint yet: trained to step 0, the first is written at step 10 "
+               f"(--checkpoint-every); wait for it while the run trains, or start it with "
+               f"`python -m proxy run --run-dir {run}`")
+    assert said["sample"] == said["export"] == want, said
+    code, line = proxy("plot", "--run-dir", str(run))
+    assert code == 2 and "no history to plot yet" in line and "python -m proxy run" in line
+    ghost = run / "step_000010.bin"
+    for cmd in (["inspect", str(ghost)], ["sample", str(ghost)],
+                ["export", str(ghost), "--to", str(tmp_path / "o.safetensors")]):
+        assert proxy(*cmd) == (2, f"{ghost}: no such checkpoint file; `python -m proxy status "
+                                  f"--run-dir {run}` names the run's checkpoints"), cmd
+    for cmd in (["inspect", str(run)], ["export", str(run), "--to", str(tmp_path / "o.st")]):
+        code, line = proxy(*cmd)
+        assert code == 2 and line.startswith(f"{run}: a directory, not a checkpoint file"), line
+    done = tmp_path / "done"
+    assert run_proxy(done, "--max-steps", "10", "--checkpoint-every", "10").returncode == 0
+    with open(done / "step_000010.bin", "r+b") as f:
+        f.truncate(100)
+    said = per_command(done, with_plot=False)
+    want = (1, f"{done}: no valid checkpoint: none of its 1 checkpoint file(s) passes the rules "
+               f"(newest step_000010.bin); `python -m proxy status --run-dir {done}` names each "
+               "one's fault (docs/checkpoint-format.md#validity)")
+    assert said["sample"] == said["export"] == want, said
+    assert proxy("inspect", str(done / "step_000010.bin"))[0] == 1
+    assert proxy("sample", str(done / "step_000010.bin"), "--tokens", "2")[0] == 1

@@ -21,7 +21,14 @@ from safetensors.numpy import save
 
 from proxy.commands.tool_threads import add_threads_arg
 from proxy.commands.hf_export import HFExportError, write_hf_dir
-from proxy.run_files.checkpoint_lookup import find_config, manifest_entry, newest_valid
+from proxy.run_files.checkpoint_lookup import (
+    checkpoint_path_problem,
+    find_config,
+    manifest_entry,
+    newest_valid,
+    no_checkpoint_problem,
+    run_dir_problem,
+)
 from shared.atomic_io import atomic_write_bytes
 from shared.checkpoint_format import CheckpointError, load_weights
 from shared.config import RunConfig, parameter_table
@@ -116,8 +123,11 @@ def cmd_export(a) -> int:
     ``state_dict`` names, e.g. ``transformer.wte.weight`` (vocab, n_embd)); metadata holds
     step, n_params, preset and the source file. The checkpoint is validated first (with the
     manifest checksum when there is an entry). The output is written to a temporary beside it
-    and renamed. Returns 0, EXIT_INVALID (1) for a bad checkpoint, EXIT_USAGE (2) when the
-    config is missing or OUT exists without --force.
+    and renamed. Returns 0, EXIT_INVALID (1) for a bad checkpoint (or a --from-run whose every
+    checkpoint is), EXIT_USAGE (2) when PATH is no checkpoint file, RUN is not a run directory or
+    has no checkpoint yet, the config is missing or OUT exists without --force (the conditions
+    shared with `sample`, `inspect`, `status` and `plot` in their words:
+    proxy/run_files/checkpoint_lookup.py).
     """
     if (a.path is None) == (a.from_run is None):
         print("export: give a checkpoint PATH or --from-run RUN (one of them)")
@@ -126,26 +136,20 @@ def cmd_export(a) -> int:
     if (why := _bad_output(a.to, a.format)) is not None:
         print(f"export: --to {a.to}: {why}")
         return EXIT_USAGE
-    if a.path is not None and not Path(a.path).is_file():
-        p = Path(a.path)
-        print(
-            f"export: {p}: "
-            + (
-                "a directory; give a checkpoint file, or --from-run "
-                f"{p} for its newest valid checkpoint"
-                if p.is_dir()
-                else "no such checkpoint file"
-            )
-        )
-        return EXIT_USAGE
+    problem = (
+        checkpoint_path_problem(Path(a.path), "--from-run DIR for its newest valid checkpoint")
+        if a.path is not None
+        else run_dir_problem(Path(a.from_run))
+    )
+    if problem is not None:
+        print(f"export: {problem[1]}")
+        return problem[0]
     if a.from_run is not None:
         path = newest_valid(Path(a.from_run))
         if path is None:
-            print(
-                f"export: {a.from_run} has no valid checkpoint (see `python -m proxy status "
-                f"--run-dir {a.from_run}`)"
-            )
-            return EXIT_INVALID
+            code, message = no_checkpoint_problem(Path(a.from_run))
+            print(f"export: {message}")
+            return code
         a.run_dir = a.run_dir or a.from_run
     else:
         path = Path(a.path)

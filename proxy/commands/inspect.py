@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from proxy.commands.tool_threads import add_threads_arg
-from proxy.run_files.checkpoint_lookup import find_config, manifest_entry
+from proxy.run_files.checkpoint_lookup import checkpoint_path_problem, find_config, manifest_entry
 from shared.checkpoint_format import CheckpointError, expected_size, load_checkpoint, read_header
 from shared.config import parameter_table
 from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fails a rule
@@ -35,10 +35,17 @@ def cmd_inspect(a) -> int:
     """Print a checkpoint's header, size check, checksum status, parameter table and norms.
 
     Reads the file once (one readinto), computes its crc32 and compares it with the manifest
-    entry when there is one. Returns 0 when every rule passes, EXIT_INVALID (1) otherwise;
-    prints, never raises, for a bad file.
+    entry when there is one. Returns 0 when every rule passes, EXIT_INVALID (1) otherwise,
+    EXIT_USAGE (2) when PATH does not exist or is a directory (the words `sample` and `export`
+    use: proxy/run_files/checkpoint_lookup.py); prints, never raises, for a bad file.
     """
     path = Path(a.path)
+    problem = checkpoint_path_problem(
+        path, "`python -m proxy status --run-dir DIR` for its checkpoints"
+    )
+    if problem is not None:
+        print(f"inspect: {problem[1]}")
+        return problem[0]
     try:
         step, n = read_header(path)
     except CheckpointError as e:

@@ -12,6 +12,7 @@ rebuild (proxy/mixture/rebuild.py), resume planning (proxy/supervision/resume_pl
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -19,6 +20,7 @@ from collections.abc import Callable
 
 from proxy.mixture.bandit import BanditConfigError, parse_arm_values, resolve_bounds
 from proxy.observation.progress import fmt_duration, wall_seconds_per_update
+from proxy.run_files.checkpoint_lookup import run_dir_problem
 from proxy.run_files.history_tail import tail_records
 from proxy.run_files.phases import read_phases
 from proxy.run_files.pivot_request import (
@@ -39,7 +41,11 @@ from shared.config import ConfigError, RunConfig, load_run_config
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 from shared.handshake import update_handshake
 from shared.loss_history import LossHistory
-from shared.run_layout import RunLayout, missing_run_json
+from shared.run_layout import RunLayout
+
+# A waiting `pivot` repeats its "waiting for boundary" line at most this often (seconds), and at
+# once when the boundary changes: a line per step made thousands of lines with fast steps.
+WAIT_LINE_EVERY_S = 30.0
 
 # ------------------------------------------------------------------------------ bounds
 
@@ -102,8 +108,8 @@ def cmd_pivot(a) -> int:
     1 the pivot did not complete (the message says what state it left); 2 refused before
     anything changed (bad bounds, a pending pivot, a finished run)."""
     layout = RunLayout(a.run_dir)
-    if not layout.run_json.exists():
-        return _refuse(missing_run_json(layout.root))
+    if (problem := run_dir_problem(layout.root)) is not None:  # every command's words, exit 2
+        return _refuse(problem[1])
     try:
         return _pivot(layout, a)
     except RequestLockTimeout as e:  # a `pivot` command suspended inside it, say
@@ -274,9 +280,14 @@ def withdraw(layout: RunLayout) -> int:
     return 0
 
 
-def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
-    """Follow the live proxy through the pivot, printing each state once."""
-    end, told, b, last_togo = time.monotonic() + timeout, set(), None, None
+def _wait(
+    layout: RunLayout, pid: int | None, timeout: float, line_every: float = WAIT_LINE_EVERY_S
+) -> int:
+    """Follow the live proxy through the pivot, printing each state once. The line "waiting for
+    boundary step B (n steps to go...)" is printed when the wait starts, when B changes, and
+    then at most once every `line_every` seconds (not once per step: fast steps made thousands)."""
+    end, told, b = time.monotonic() + timeout, set(), None
+    waited_for, waited_at = None, -math.inf  # the boundary of the last waiting line, its time
     while True:
         req = read_request(layout)
         if req is None and b is not None:  # moved into the archive: running
@@ -324,8 +335,9 @@ def _wait(layout: RunLayout, pid: int | None, timeout: float) -> int:
                     flush=True,
                 )
                 told.add("at-boundary")
-            elif b - last != last_togo:  # a line when it changes, not every poll
+            elif b != waited_for or time.monotonic() - waited_at >= line_every:
                 last_togo = b - last
+                waited_for, waited_at = b, time.monotonic()
                 print(
                     f"pivot: waiting for boundary step {b} ({last_togo} step"
                     f"{'' if last_togo == 1 else 's'} to go{when(layout, last_togo)})",

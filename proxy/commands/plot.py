@@ -8,14 +8,26 @@ from pathlib import Path
 
 from proxy.commands.tool_threads import add_threads_arg
 from proxy.observation.plot import plot_run
+from proxy.run_files.checkpoint_lookup import run_dir_problem
 from shared.exit_codes import EXIT_USAGE
 
 
 def cmd_plot(a) -> int:
+    """Write the picture; exit 0, or 2 when --run-dir is not a run directory (the words of
+    every command, proxy/run_files/checkpoint_lookup.py `run_dir_problem`) or has no history
+    yet (the message says how to get one)."""
+    run_dir = Path(a.run_dir)
+    if (problem := run_dir_problem(run_dir)) is not None:
+        print(f"plot: {problem[1]}", file=sys.stderr)
+        return problem[0]
     try:
-        out = plot_run(Path(a.run_dir), Path(a.out) if a.out else None)
+        out = plot_run(run_dir, Path(a.out) if a.out else None)
     except FileNotFoundError as e:
-        print(f"plot: {e}", file=sys.stderr)
+        print(
+            f"plot: {e}: wait for the first step while the run trains, or start it with "
+            f"`python -m proxy run --run-dir {run_dir}`",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     print(f"plot: wrote {out}")
     return 0

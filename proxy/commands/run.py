@@ -98,22 +98,28 @@ def setup_logging(layout: RunLayout | None) -> None:
         root.addHandler(fh)
 
 
-def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout) -> RunConfig:
+def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout, notes: list[str]) -> RunConfig:
     """`--arm ...` on a restart is the run's new arm list, matched by name: new names
     are tokenized and join at the resume step, names left out are retired there, names listed
     again after a removal re-join with their statistics (proxy/mixture/arm_changes.py). Without --arm
     the arms stay as they are. Raises ConfigError (nothing written) for a changed source under
-    an old name or bounds the arms left cannot meet."""
+    an old name or bounds the arms left cannot meet. `notes` (warnings about the options) are
+    logged once the new arm list is known to be valid, before anything is tokenized; without
+    --arm they, and an ignored --default-arms, are left in `notes` for the caller to log."""
     if not a.arm:
         if a.default_arms:
-            log.warning(
-                "--default-arms without --arm ignored: the run keeps its arms (%s)",
-                ", ".join(x.name for x in cfg.arms),
+            notes.append(
+                "--default-arms without --arm ignored: the run keeps its arms ("
+                + ", ".join(x.name for x in cfg.arms)
+                + ")"
             )
         return cfg
     specs = (list(DEFAULT_ARMS) if a.default_arms else []) + [parse_arm_option(t) for t in a.arm]
     phase = read_phases(layout)[-1]
     plan = plan_arm_set(layout, cfg, specs, phase.caps, phase.floors)
+    for message in notes:  # the resume is valid: said before the new arms are tokenized
+        log.warning("%s", message)
+    notes.clear()
     if not plan.changes_anything:
         return cfg
     return commit_arm_set(layout, cfg, plan)
@@ -380,18 +386,21 @@ def _open_run(a, layout: RunLayout) -> tuple[RunConfig, bool, float | None]:
     """(config, resumed, creation seconds or None): the run in `layout` resumed with the
     options it may change, or created from the options (shared/arm_data, run_setup). Raises
     ConfigError / BanditConfigError (refused) and StopRequested (stopped during creation)."""
+    notes: list[str] = []  # warnings about the settings: logged once they are known valid
     if layout.run_json.exists():
         cfg = load_run_config(layout.run_json)
-        check_resume_args(a, cfg, layout)
-        cfg = _apply_arm_list(a, cfg, layout)
+        check_resume_args(a, cfg, layout, notes)
+        cfg = _apply_arm_list(a, cfg, layout, notes)
+        for message in notes:
+            log.warning("%s", message)
         log.info(
             "resuming run %s (%s, %s parameters)", layout.root, cfg.preset, f"{cfg.n_params:,}"
         )
         return cfg, True, None
-    cfg = config_from_args(a)
+    cfg = config_from_args(a, notes)
     log.info("creating run %s (%s)", layout.root, cfg.preset)
     t_create = time.monotonic()
-    cfg = create_run(layout, cfg)
+    cfg = create_run(layout, cfg, notes)
     creation_s = time.monotonic() - t_create
     log.info(
         "created: %s parameters, vocabulary %d, checkpoint %s bytes",

@@ -15,12 +15,17 @@ from pathlib import Path
 
 from proxy.commands.tool_threads import add_threads_arg, set_torch_threads, tool_threads
 from proxy.commands.export import manifest_entry
+from proxy.run_files.checkpoint_lookup import (
+    checkpoint_path_problem,
+    no_checkpoint_problem,
+    run_dir_problem,
+)
 from proxy.observation.sample_format import format_sample
 from shared.checkpoint_dir import find_latest_valid
 from shared.checkpoint_format import CheckpointError
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, ConfigError, load_run_config
-from shared.exit_codes import EXIT_USAGE
+from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
 
@@ -85,7 +90,10 @@ def _run_dir_of(path: Path) -> Path:
 
 
 def cmd_sample(a) -> int:
-    """Print `--samples` continuations of `--prompt`; exit 2 on bad input (named), 0 otherwise."""
+    """Print `--samples` continuations of `--prompt`; exit 0, 1 when the checkpoint fails a
+    rule (or every checkpoint of the run does), 2 on bad input: a bad value, a PATH that is no
+    checkpoint file, a run directory that is not one or has no checkpoint yet (each named, with
+    the next step; proxy/run_files/checkpoint_lookup.py words them for every command)."""
     t_start = time.perf_counter()
     if a.path and not a.run_dir and Path(a.path).is_dir():  # `sample RUN_DIR`: its newest
         a.run_dir, a.path = a.path, None
@@ -111,6 +119,14 @@ def cmd_sample(a) -> int:
     if greedy:  # the most likely token each time, as --top-k 1 gives
         a.temperature, a.top_k = 1.0, 1
     layout = RunLayout(run_dir)
+    problem = (
+        checkpoint_path_problem(Path(a.path), "--run-dir DIR for its newest valid checkpoint")
+        if a.path
+        else None
+    ) or run_dir_problem(run_dir)
+    if problem is not None:
+        print(f"sample: {problem[1]}", file=sys.stderr)
+        return problem[0]
     try:
         cfg = load_run_config(layout.run_json)
         tok = RunTokenizer.load(layout.tokenizer)
@@ -121,8 +137,9 @@ def cmd_sample(a) -> int:
                 run_dir, cfg.n_params, manifest_checksums(read_manifest(run_dir))
             )
             if info is None:
-                print(f"sample: {run_dir} has no valid checkpoint", file=sys.stderr)
-                return EXIT_USAGE
+                code, message = no_checkpoint_problem(run_dir)
+                print(f"sample: {message}", file=sys.stderr)
+                return code
             path = info.path
         entry = manifest_entry(path)  # also for a quarantined rejected/step_*.bin
         ids = tok.encode(a.prompt).astype("int64")
@@ -136,9 +153,12 @@ def cmd_sample(a) -> int:
         set_torch_threads(tool_threads(a.threads))
         threads = torch.get_num_threads()  # what torch really uses
         step, model = load_weights_only(path, cfg, entry.checksum if entry else None)
-    except (ConfigError, CheckpointError) as e:
+    except ConfigError as e:
         print(f"sample: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except CheckpointError as e:  # the file fails a rule: as `inspect` and `export` say it
+        print(f"sample: {e}", file=sys.stderr)
+        return EXIT_FAILED
     t_gen = time.perf_counter()
     g = torch.Generator().manual_seed(a.seed)
     idx = torch.from_numpy(ids).view(1, -1).repeat(a.samples, 1)

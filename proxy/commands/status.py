@@ -29,6 +29,7 @@ import time
 import psutil
 
 from proxy.observation.progress import wall_seconds_per_update
+from proxy.run_files.checkpoint_lookup import run_dir_problem
 from proxy.run_files.history_tail import tail_records
 from proxy.run_files.loss_ema import loss_ema
 from proxy.run_files.phases import phase_entries
@@ -41,10 +42,9 @@ from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_format import CheckpointError, validate_checkpoint
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import ConfigError, accumulation_steps, load_run_config
-from shared.exit_codes import EXIT_USAGE
 from shared.handshake import read_handshake
 from shared.procfs import process_state
-from shared.run_layout import RunLayout, creating_proxy, missing_run_json
+from shared.run_layout import RunLayout, creating_proxy
 
 STALE_S = 30.0  # no step for this long (and 10x the usual step time): stalled
 
@@ -489,12 +489,12 @@ def add_status_args(p) -> None:
 def cmd_status(a) -> int:
     """`python -m proxy status --run-dir DIR [--json]`."""
     layout = RunLayout(a.run_dir)
-    if not layout.run_json.exists():
-        if creating_proxy(layout.root) is not None:  # alive and creating: not an error
-            print(missing_run_json(layout.root))
+    if (problem := run_dir_problem(layout.root)) is not None:
+        if layout.root.is_dir() and creating_proxy(layout.root) is not None:
+            print(problem[1])  # alive and creating: not an error
             return 0
-        print(missing_run_json(layout.root), file=sys.stderr)
-        return EXIT_USAGE
+        print(problem[1], file=sys.stderr)
+        return problem[0]
     d = collect_status(layout.root)
     if getattr(a, "json", False):
         print(json.dumps(d, indent=1, sort_keys=True))

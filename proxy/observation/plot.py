@@ -183,7 +183,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
 
     layout = RunLayout(run_dir)
     if not layout.loss.exists():
-        raise FileNotFoundError(f"{layout.loss}: no history to plot (has the run started?)")
+        raise FileNotFoundError(f"{layout.root}: no history to plot yet (no {layout.loss.name})")
     s = read_series(layout.loss)
     phases = phase_entries(layout)
     out = Path(out) if out else layout.root / "loss.png"

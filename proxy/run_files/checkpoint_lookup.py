@@ -10,9 +10,76 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from proxy.run_files.history_tail import tail_records
+from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_format import CheckpointError, find_latest_valid, parse_checkpoint_name
 from shared.checkpoint_manifest import ManifestEntry, manifest_checksums, read_manifest
 from shared.config import ConfigError, RunConfig, load_run_config
+from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
+from shared.run_layout import RunLayout, missing_run_json
+
+
+def run_dir_problem(root: Path) -> tuple[int, str] | None:
+    """(exit code, message) when `root` is not a run directory (missing, a file, no run.json:
+    shared/run_layout.py `missing_run_json` words it), else None. The one check behind every
+    command that takes a run directory (`status`, `sample`, `export --from-run`, `plot`,
+    `pivot`), so each says the same thing with the same exit code, 2 (docs/operations.md#errors)."""
+    if RunLayout(root).run_json.exists():
+        return None
+    return EXIT_USAGE, missing_run_json(root)
+
+
+def checkpoint_path_problem(path: Path, instead: str) -> tuple[int, str] | None:
+    """(2, message) when `path`, given as a checkpoint file, does not exist or is a directory,
+    else None (a file: the checkpoint's own rules judge it). `instead` is what the command takes
+    for a run directory DIR (`--from-run DIR for its newest valid checkpoint`), named in the
+    fix with the path for DIR."""
+    if path.is_dir():
+        return EXIT_USAGE, (
+            f"{path}: a directory, not a checkpoint file; give a step_NNNNNN.bin file, or "
+            + instead.replace("DIR", str(path))
+        )
+    if not path.exists():
+        run = path.parent if (path.parent / "run.json").exists() else "DIR"
+        return EXIT_USAGE, (
+            f"{path}: no such checkpoint file; `python -m proxy status --run-dir {run}` names "
+            "the run's checkpoints"
+        )
+    return None
+
+
+def no_checkpoint_problem(run_dir: Path) -> tuple[int, str]:
+    """(exit code, message) for a run directory without a valid checkpoint: none written yet
+    (2: says the step of the first one and how to get there), or every one fails a rule (1:
+    names the newest and its rule; `status` lists them)."""
+    present = list_checkpoints(run_dir)
+    if present:
+        newest = Path(present[-1][1]).name
+        return EXIT_FAILED, (
+            f"{run_dir}: no valid checkpoint: none of its {len(present)} checkpoint file(s) "
+            f"passes the rules (newest {newest}); `python -m proxy status --run-dir {run_dir}` "
+            "names each one's fault (docs/checkpoint-format.md#validity)"
+        )
+    layout = RunLayout(run_dir)
+    recs = tail_records(layout.loss)
+    step = recs[-1]["step"] if recs else 0
+    try:
+        every = load_run_config(layout.run_json).checkpoint_every
+    except (ConfigError, OSError, ValueError):
+        every = None
+    first = (
+        ""
+        if not every
+        else f"the first is written at step {every:,} (--checkpoint-every)"
+        if step < every
+        else f"one is written every {every:,} steps (--checkpoint-every)"
+    )
+    return EXIT_USAGE, (
+        f"{run_dir}: no checkpoint yet: trained to step {step:,}"
+        + (f", {first}" if first else "")
+        + f"; wait for it while the run trains, or start it with `python -m proxy run "
+        f"--run-dir {run_dir}`"
+    )
 
 
 def find_config(path: Path, run_dir: str | None) -> tuple[RunConfig | None, str]:

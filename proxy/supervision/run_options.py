@@ -542,9 +542,14 @@ def _check_batch_split(a) -> None:
     accumulation_steps(batch, a.micro_batch_size or cfg.micro_batch_size, world)
 
 
-def config_from_args(a) -> RunConfig:
+def config_from_args(a, notes: list[str] | None = None) -> RunConfig:
     """The RunConfig of a new run from the parsed options `a` (defaults from shared/config.py).
-    Raises ConfigError (a warm-up not below --max-steps) and BanditConfigError (bad bounds)."""
+    Raises ConfigError (a warm-up not below --max-steps) and BanditConfigError (bad bounds).
+
+    A setting derived for the run (a warm-up shortened to fit it) is said in a warning that is
+    appended to `notes` when given, for the caller to log once the configuration is known to be
+    valid (a warning before a refusal only misleads), and logged at once otherwise."""
+    said: list[str] = [] if notes is None else notes
     cfg = RunConfig()
     if a.preset:
         cfg.preset = a.preset
@@ -575,11 +580,10 @@ def config_from_args(a) -> RunConfig:
             for d in (cfg.sources, getattr(a, "sources", None)):
                 if d is not None:
                     d["warmup_steps"] = "file, shortened to a tenth of max steps"
-        log.warning(
-            "a %d-step run: learning-rate warm-up shortened to %d steps%s",
-            cfg.max_steps,
-            cfg.warmup_steps,
-            f" (from the --config file's {was})" if from_file else "",
+        said.append(
+            f"a {cfg.max_steps}-step run: learning-rate warm-up shortened to "
+            f"{cfg.warmup_steps} steps"
+            + (f" (from the --config file's {was})" if from_file else "")
         )
     if a.arm:
         arms = [parse_arm_option(t) for t in a.arm]
@@ -589,14 +593,19 @@ def config_from_args(a) -> RunConfig:
     names = [x.name for x in cfg.arms]
     cfg.caps = parse_arm_values(a.caps, names, "--caps")
     cfg.floors = parse_arm_values(a.floors, names, "--floors")
+    if notes is None:
+        for message in said:
+            log.warning("%s", message)
     return cfg
 
 
-def check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
+def check_resume_args(a, cfg: RunConfig, layout: RunLayout, notes: list[str] | None = None) -> None:
     """Creation-only options given on a resume must match run.json (docs/architecture.md#the-run-directory):
     a different preset is refused (ConfigError naming both parameter counts), other creation
     options (CREATION_ONLY) are ignored with a warning naming run.json's value, caps/floors are
-    refused (that is a pivot)."""
+    refused (that is a pivot). The warnings are appended to `notes` when given, for the caller
+    to log once the resume is known to be valid, and logged at once otherwise."""
+    said: list[str] = [] if notes is None else notes
     if a.preset and a.preset != cfg.preset:
         n_new = count_parameters(PRESETS[a.preset], cfg.vocab_size)
         raise ConfigError(
@@ -608,15 +617,16 @@ def check_resume_args(a, cfg: RunConfig, layout: RunLayout) -> None:
         v = getattr(a, name, None)
         if v is not None and v != getattr(cfg, name):
             was = getattr(cfg, name)
-            log.warning(
-                "--%s %s ignored: this run was created with %s (run.json); the value "
-                "is fixed for the life of the run",
-                name.replace("_", "-"),
-                v,
-                "no cap (0)" if name == "arm_max_tokens" and not was else was,
+            shown = "no cap (0)" if name == "arm_max_tokens" and not was else was
+            said.append(
+                f"--{name.replace('_', '-')} {v} ignored: this run was created with {shown} "
+                "(run.json); the value is fixed for the life of the run"
             )
     if a.caps or a.floors:
         _check_same_bounds(a, cfg, layout)
+    if notes is None:
+        for message in said:
+            log.warning("%s", message)
 
 
 def _check_same_bounds(a, cfg: RunConfig, layout: RunLayout) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from proxy.mixture.bandit import resolve_bounds
@@ -113,16 +114,13 @@ def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
     return tok
 
 
-def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
-    """Build (or finish building) the run directory for `cfg`; returns cfg with the tokenizer's
-    vocab_size.
-
-    Raises ConfigError (bad numbers, infeasible caps/floors, missing, corrupt or tiny arm
-    sources) before the run directory holds a run.json; arms already complete are kept. Every
-    arm is checked before anything is written (shared/arm_checks.check_arms): all problems in
-    one ArmSourceError (docs/data.md#checks-before-any-work)."""
+def check_new_run(cfg: RunConfig) -> list[str]:
+    """Every check of a new run's configuration that needs no writing: the numbers, the
+    caps/floors box, each arm's source (all problems in one ArmSourceError,
+    docs/data.md#checks-before-any-work). Raises ConfigError; returns the warnings about a valid
+    configuration (two arms reading one source), for the caller to log: none is said before a
+    refusal."""
     cfg.validate()
-    pin_mmap_threshold()  # before BPE training too: peak memory that does not grow with the corpus
     names = [a.name for a in cfg.arms]
     resolve_bounds(names, cfg.caps, cfg.floors)  # infeasible boxes refused before any work
     problems = check_arms(cfg.arms)  # every arm, all at once, before anything is written
@@ -132,20 +130,34 @@ def create_run(layout: RunLayout, cfg: RunConfig) -> RunConfig:
             "a directory you made, logs/ keeps this attempt's log for `status`):\n"
             + "\n".join(f"  - {m}" for m in problems)
         )
+    warnings: list[str] = []
     seen: dict[tuple, str] = {}
     for a in cfg.arms:
         fp = source_fingerprint(a)  # every missing source refused before anything is written
         key = (a.kind, a.field, fp)
         if key in seen:
-            log.warning(
-                "arms %s and %s read the same source (%s %s): its data counts twice in "
-                "the mixture; remove one, or give them different sources",
-                seen[key],
-                a.name,
-                a.kind,
-                a.source or "(embedded)",
+            warnings.append(
+                f"arms {seen[key]} and {a.name} read the same source ({a.kind} "
+                f"{a.source or '(embedded)'}): its data counts twice in the mixture; remove "
+                "one, or give them different sources"
             )
         seen.setdefault(key, a.name)
+    return warnings
+
+
+def create_run(layout: RunLayout, cfg: RunConfig, notes: Iterable[str] = ()) -> RunConfig:
+    """Build (or finish building) the run directory for `cfg`; returns cfg with the tokenizer's
+    vocab_size. `notes`, the warnings about settings derived for the run
+    (proxy/supervision/run_options.py `config_from_args`), are logged once `check_new_run`
+    has passed, with its own warnings, so none comes before a refusal.
+
+    Raises ConfigError (bad numbers, infeasible caps/floors, missing, corrupt or tiny arm
+    sources) before the run directory holds a run.json; arms already complete are kept. Every
+    arm is checked before anything is written (shared/arm_checks.check_arms): all problems in
+    one ArmSourceError (docs/data.md#checks-before-any-work)."""
+    for message in [*notes, *check_new_run(cfg)]:
+        log.warning("%s", message)
+    pin_mmap_threshold()  # before BPE training too: peak memory that does not grow with the corpus
     layout.ensure()
     # An attempt killed (kill -9) mid-write leaves `.NAME.XXXXXXXX.tmp` files of atomic writes
     # (a progress record, the tokenizer's recipe). Creation runs under the run lock and nothing
