@@ -51,6 +51,7 @@ RUN_ENTRIES = frozenset(
         "archive",
         "rejected",
         "tensorboard",
+        "wandb",
         "fork.json",
         "loss.png",
     }

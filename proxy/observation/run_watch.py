@@ -1,6 +1,7 @@
 """What a person watching a run sees, fed from the supervisor's call sites: the
 progress line (proxy/observation/progress.py), live TensorBoard scalars (proxy/observation/tensorboard_log.py, with
-`--tensorboard`) and the summary logged when the run stops.
+`--tensorboard`), Weights & Biases (proxy/observation/wandb_log.py, with `--wandb`) and the summary
+logged when the run stops.
 
 What it is not: supervision. The supervisor (proxy/supervision/supervisor.py) calls `on_incarnation`,
 `on_report`, `progress_line` and `close`, one line each; nothing here changes what it files.
@@ -12,25 +13,24 @@ import logging
 import time
 
 from proxy.observation.progress import ProgressLine, format_summary
-from proxy.observation.tensorboard_log import TensorBoardLog, check_available, step_scalars
+from proxy.observation.tensorboard_log import TensorBoardLog, step_scalars
+from proxy.observation.wandb_log import WandbLog
 
 log = logging.getLogger("proxy")
 
 
-def check_watch_args(a) -> str | None:
-    """The error for `--tensorboard` without the package (None when fine); checked before
-    anything is created so that the run directory is not touched."""
-    return check_available() if getattr(a, "tensorboard", False) else None
-
-
 class RunWatch:
-    """The observers of one `run`. `tensorboard`: write event files under RUN/tensorboard/."""
+    """The observers of one `run`. `tensorboard`: write event files under RUN/tensorboard/;
+    `wandb`: log to the run's W&B run (files under RUN/wandb/)."""
 
-    def __init__(self, layout, cfg, max_steps: int, tensorboard: bool = False) -> None:
+    def __init__(
+        self, layout, cfg, max_steps: int, tensorboard: bool = False, wandb: bool = False
+    ) -> None:
         self.layout, self.cfg, self.max_steps = layout, cfg, max_steps
         self.progress = ProgressLine(max_steps)
         self.t0 = time.monotonic()
         self.tb = TensorBoardLog(layout.root / "tensorboard") if tensorboard else None
+        self.wb = WandbLog(layout.root, cfg.to_json()) if wandb else None
         self._last_step = 0
         self._ema: float | None = None
         self.creation_s: float | None = None  # set by `run` when this start created the run
@@ -41,31 +41,37 @@ class RunWatch:
         self._last_step = step
         if self.tb is not None:  # backfills what the history holds up to `step`
             self.tb.start(step, self.layout.loss, self.layout.samples)
+        if self.wb is not None:
+            self.wb.start(step, self.layout.loss, self.layout.samples)
 
     def on_step(self, rec: dict, ema: float | None) -> None:
         """A step record was filed into .loss.json (`rec` as filed, `ema` after it)."""
         self.progress.observe(rec)
         self._last_step, self._ema = rec["step"], ema
-        if self.tb is not None:
-            self.tb.scalars(rec["step"], step_scalars(rec, ema), rec.get("time"))
+        if self.tb is not None or self.wb is not None:
+            values = step_scalars(rec, ema)
+            for sink in (self.tb, self.wb):
+                if sink is not None:
+                    sink.scalars(rec["step"], values, rec.get("time"))
 
     def on_report(self, r: dict) -> None:
         """Checkpoint and audit reports (step records come through `on_step`)."""
-        if self.tb is None:
-            return
         kind = r.get("type")
-        if kind == "checkpoint" and not r.get("error"):
-            self.tb.scalars(
-                r["step"],
-                {
-                    "checkpoint/step": r["step"],
-                    "checkpoint/bytes": r.get("bytes"),
-                    "checkpoint/seconds": r.get("seconds"),
-                },
-                r.get("time"),
-            )
-        elif kind == "audit":
-            self.tb.audit(r)  # held-out losses as scalars, the samples as text
+        for sink in (self.tb, self.wb):
+            if sink is None:
+                continue
+            if kind == "checkpoint" and not r.get("error"):
+                sink.scalars(
+                    r["step"],
+                    {
+                        "checkpoint/step": r["step"],
+                        "checkpoint/bytes": r.get("bytes"),
+                        "checkpoint/seconds": r.get("seconds"),
+                    },
+                    r.get("time"),
+                )
+            elif kind == "audit":
+                sink.audit(r)  # held-out losses as scalars, the samples as text (a table)
 
     def progress_line(self, rec: dict, stats) -> str:
         """The progress line for `rec` (`stats`: the supervisor's LiveStats)."""
@@ -73,8 +79,9 @@ class RunWatch:
 
     def close(self, last_step: int | None = None) -> None:
         """The run stops: close the event file, log the summary."""
-        if self.tb is not None:
-            self.tb.close()
+        for sink in (self.tb, self.wb):
+            if sink is not None:
+                sink.close()
         try:
             log.info(
                 "%s",

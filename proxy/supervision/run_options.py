@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from proxy.mixture.arm_bounds import parse_arm_values
 from proxy.observation.tensorboard_log import check_available as check_tensorboard
+from proxy.observation.wandb_log import check_available as check_wandb
 from proxy.run_files.phases import read_phases
 from proxy.supervision.launch import LaunchOptions
 from shared.arms import parse_arm_option
@@ -83,6 +84,7 @@ class ProxyOptions:
     compile: str = "auto"  # worker --compile: auto (on for CUDA), on, off
     precision: str = "auto"  # worker --precision: auto (bf16 on CUDA), fp32, bf16
     tensorboard: bool = False  # live event files under RUN/tensorboard/
+    wandb: bool = False  # log to the run's W&B run (files under RUN/wandb/)
     micro_batch_size: int | None = None  # worker --micro-batch-size; None: run.json's
     replan: bool = False  # re-plan the schedule to max_steps at the step this start resumes from
     decay_at: int | None = None  # with replan, wsd: the step the final decay starts at
@@ -367,6 +369,15 @@ def _add_start_args(g: argparse._ArgumentGroup, po: ProxyOptions) -> None:
         "[tensorboard] extra (pip install -e '.[tensorboard]')",
     )
     g.add_argument(
+        "--wandb",
+        action="store_true",
+        help="log the same scalars and sample audits to Weights & Biases: one W&B run per "
+        "run directory (id in RUN/wandb/andrea-run.json), resumed on every start and "
+        "backfilled from the history; project WANDB_PROJECT (default andrea), "
+        "WANDB_MODE=offline to log without a network; needs the [wandb] extra "
+        "(pip install -e '.[wandb]')",
+    )
+    g.add_argument(
         "--from-scratch",
         action="store_true",
         help="start at step 0 even though the history has records but no checkpoint",
@@ -487,6 +498,8 @@ def check_run_options(a) -> None:
     if str(device).startswith("cuda") and (why := check_cuda_device(str(device))):
         raise ConfigError(why)  # before anything is created: the worker would exit 3 later
     if a.tensorboard and (why := check_tensorboard()):  # before anything is created
+        raise ConfigError(why)
+    if a.wandb and (why := check_wandb()):
         raise ConfigError(why)
     _check_batch_split(a)
 
@@ -715,6 +728,7 @@ def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
         compile=a.compile,
         precision=a.precision,
         tensorboard=a.tensorboard,
+        wandb=a.wandb,
         micro_batch_size=a.micro_batch_size,
         replan=a.replan,
         decay_at=a.decay_at,

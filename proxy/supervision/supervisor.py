@@ -114,7 +114,7 @@ class Supervisor:
         self._status_t = 0.0
         self.pending_events: list[dict] = []  # attached to the next step record filed
         self._replanned = False  # --replan done (the first incarnation does it)
-        self.watch = RunWatch(layout, cfg, self.max_steps, opts.tensorboard)
+        self.watch = RunWatch(layout, cfg, self.max_steps, opts.tensorboard, opts.wandb)
         self.pivot_step: int | None = None  # a pivot at B recorded, its worker's first step due
         self._lock_warned_at = -math.inf  # the last "pivot ... deferred" warning (monotonic s)
         # several nodes (docs/architecture.md#several-nodes): this proxy is the owner
