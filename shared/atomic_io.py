@@ -22,7 +22,37 @@ __all__ = [
     "atomic_write_json",
     "read_json",
     "clean_stale_writes",
+    "named",
+    "storage_failure",
 ]
+
+# errno of a write that failed for the storage, not the program: the disk or the quota is full,
+# the file system went read-only or failed, the file hit a size limit
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
+
+
+def named(e: OSError, path) -> OSError:
+    """`e` with `path` as its file name (an fd write or a temporary's error names no run file);
+    the same subclass (OSError picks it from the errno)."""
+    if e.errno is None:
+        return e
+    out = OSError(e.errno, e.strerror, os.fspath(path))
+    out.__cause__ = e
+    return out
+
+
+def storage_failure(e: BaseException) -> str | None:
+    """The one line for a write that failed for the storage (STORAGE_ERRNOS): the file, the
+    cause, that what the file held before this write is intact, and what to do; None for any
+    other error (docs/operations.md#a-full-disk)."""
+    if not isinstance(e, OSError) or e.errno not in STORAGE_ERRNOS:
+        return None
+    where = e.filename or "a run file"
+    return (
+        f"{where}: {e.strerror} ({errno.errorcode.get(e.errno, e.errno)}) while writing it; what "
+        "it held before this write is intact. Free space on its file system (or make it "
+        "writable), then run the same command again: the run resumes from its newest checkpoint"
+    )
 
 
 # errno of a file system that cannot fsync a directory at all (procfs, some FUSE and network
@@ -81,11 +111,13 @@ def atomic_write_bytes(path, data: bytes, durable: bool = True) -> None:
             if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.filename in (None, tmp):
+            raise named(e, path) from e
         raise
     if durable:
         fsync_dir(directory)

@@ -24,7 +24,7 @@ from typing import Callable
 
 from filelock import FileLock, Timeout
 
-from shared.atomic_io import atomic_write_json
+from shared.atomic_io import atomic_write_json, named
 from shared.json_safe import jsonable
 from shared.run_layout import RunLayout
 
@@ -120,6 +120,7 @@ class ReportWriter:
     exclusive flock of the file so the proxy's compaction never falls between two writes."""
 
     def __init__(self, layout: RunLayout) -> None:
+        self.path = layout.reports
         self.fd = os.open(layout.reports, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def write(self, report: dict) -> None:
@@ -127,6 +128,8 @@ class ReportWriter:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             os.write(self.fd, line.encode("utf-8"))
+        except OSError as e:
+            raise named(e, self.path) from e
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 

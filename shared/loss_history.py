@@ -37,7 +37,7 @@ import re
 import time
 from typing import Iterable, Iterator
 
-from shared.atomic_io import atomic_write_bytes, fsync_dir
+from shared.atomic_io import atomic_write_bytes, fsync_dir, named
 from shared.json_safe import jsonable
 
 __all__ = [
@@ -488,13 +488,15 @@ class LossHistory:
         assert self._fd is not None  # open: writes happen only between _open and close
         try:
             _pwrite_all(self._fd, buf, offset)
-        except BaseException:
+        except BaseException as e:
             # e.g. disk full mid-write: put the closing bracket back so the file stays valid
             try:
                 os.ftruncate(self._fd, self._end)
                 _pwrite_all(self._fd, _CLOSE, self._end)
             except OSError:
                 pass
+            if isinstance(e, OSError):
+                raise named(e, self.path) from e
             raise
         self.bytes_written += len(buf)
 

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+from shared.atomic_io import storage_failure
 from shared.config import ArmSourceError
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportWriter
@@ -62,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return trainer.run()
     except ArmSourceError as e:  # a token file changed under the run: restarting cannot help
         return _fatal(opts.run_dir, e)
+    except OSError as e:  # a report could not be written (a full disk): no restart can help
+        if (line := storage_failure(e)) is None:
+            raise
+        return _fatal(opts.run_dir, ValueError(line))
 
 
 def _fatal(run_dir, e: Exception) -> int:

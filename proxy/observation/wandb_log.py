@@ -1,5 +1,5 @@
 """Weights & Biases from the proxy: `run --wandb` logs the run to one W&B run, resumed on every
-start (docs/operations.md#weights--biases).
+start (docs/operations.md#watching).
 
 What it is: a logger built on the `wandb` package (the `[wandb]` extra), fed by the proxy as it
 files records, with the same scalars as TensorBoard (proxy/observation/tensorboard_log.py

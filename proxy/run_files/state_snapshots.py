@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 
-from shared.atomic_io import atomic_write_bytes
+from shared.atomic_io import atomic_write_bytes, named
 from shared.checkpoint_dir import list_checkpoints
 from shared.run_layout import RunLayout
 
@@ -33,7 +33,9 @@ def _append(layout: RunLayout, obj: dict) -> None:
     line = (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
     fd = os.open(_path(layout), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, line)
+        os.write(fd, line)  # a torn line (disk full) is dropped by every reader
+    except OSError as e:
+        raise named(e, _path(layout)) from e
     finally:
         os.close(fd)
 

@@ -72,6 +72,7 @@ from proxy.supervision.report_filing import ReportFiler
 from proxy.supervision.report_salvage import salvage_step_reports
 from proxy.supervision.resume_planning import ResumeError, plan_resume
 from proxy.supervision.run_options import ProxyOptions
+from shared.atomic_io import storage_failure
 from shared.config import RunConfig
 from shared.lr_schedule import learning_rate
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
@@ -416,6 +417,7 @@ class Supervisor:
             )
         restarts = 0
         clean = False  # the run ends with exit 0 (followers that stopped exit 0 too)
+        storage_failed = False  # a run file could not be written (a full disk)
         try:
             while True:
                 outcome, rc = self._incarnation(history)
@@ -479,6 +481,12 @@ class Supervisor:
                 if self.stop_requested:
                     clean = True
                     return 0
+        except OSError as e:  # a run file could not be written: the disk is full, say
+            if (line := storage_failure(e)) is None:
+                raise
+            self._stop_worker_now()  # its unfiled reports stay in .reports.jsonl for the next start
+            storage_failed = True
+            raise SupervisorError(line) from None
         finally:
             if self.node is not None:  # followers exit once they see it
                 write_job(
@@ -492,8 +500,24 @@ class Supervisor:
                 )
                 self.node.leave()
             history.close()
-            self._write_status(force=True, alive=False)
+            try:
+                if not storage_failed:  # said once, by the error above
+                    self._write_status(force=True, alive=False)
+            except OSError as e:
+                log.error("%s", storage_failure(e) or e)
             self.watch.close(self.stats.step)  # TensorBoard closed, run summary logged
+
+    def _stop_worker_now(self) -> None:
+        """SIGTERM (and SIGCONT) to a running worker; SIGKILL to its group past --stop-timeout."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        log.info("asking worker pid %d to stop", self.proc.pid)
+        self._signal_worker(signal.SIGTERM)
+        self._signal_worker(signal.SIGCONT)
+        try:
+            self.proc.wait(timeout=self.opts.stop_timeout)
+        except subprocess.TimeoutExpired:
+            self._kill_group()
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
