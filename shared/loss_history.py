@@ -267,6 +267,7 @@ class _Plan:
     def __init__(self, kind, cut=0, tail=None, count=0, last_step=None, messages=()):
         self.kind, self.cut, self.tail = kind, cut, tail
         self.count, self.last_step, self.messages = count, last_step, list(messages)
+        self.damaged = False  # a hole: the rewritten region's bytes are kept aside first
 
 
 def _first_byte(data) -> bytes:
@@ -310,7 +311,12 @@ def _plan(data, path, monotonic: bool) -> _Plan:
     rewrite: list[bytes] = []
     glued = False
     chain_end, chain = cut, count
+    holes: list[tuple[int, int, int, int]] = []  # (first byte, end byte, first step, last step)
+    noted = 0
     for s, e, step, _obj, shares_line in _walk(data, cut, last_step, monotonic, notes):
+        if len(notes) > noted and step > (last_step or 0) + 1:  # damage, then steps missing
+            holes.append((notes[noted][0], s, (last_step or 0) + 1, step - 1))
+        noted = len(notes)
         glued = glued or shares_line
         sep = b",\n" if count else b"\n"
         if not rewrite and not notes and chain_end > 0 and data[chain_end:s] == sep:
@@ -339,8 +345,15 @@ def _plan(data, path, monotonic: bool) -> _Plan:
     if not why:
         why.append(f"tail {data[chain_end : chain_end + 16]!r} is not {_CLOSE!r}")
     more = f"; +{len(why) - _MAX_LISTED} more" if len(why) > _MAX_LISTED else ""
+    where = (
+        f"{len(holes)} hole(s) inside the history, not a torn tail: "
+        + "; ".join(f"bytes {a}..{b} damaged, steps {x}..{y} lost" for a, b, x, y in holes)
+        + " (steps past them kept)"
+        if holes
+        else f"torn tail at byte {chain_end}"
+    )
     messages = [
-        f"{path}: torn tail at byte {chain_end} ({dropped} bytes dropped: "
+        f"{path}: {where} ({dropped} bytes dropped: "
         f"{'; '.join(why[:_MAX_LISTED])}{more}); kept {count} records, "
         f"last step {last_step}"
     ]
@@ -349,7 +362,9 @@ def _plan(data, path, monotonic: bool) -> _Plan:
         messages.append(f"{path}: dropped the record at byte {offset}: {kind}")
     if len(dups) > _MAX_LISTED:
         messages.append(f"{path}: dropped {len(dups) - _MAX_LISTED} more out-of-order records")
-    return _Plan("repair", chain_end, tail, count, last_step, messages)
+    plan = _Plan("repair", chain_end, tail, count, last_step, messages)
+    plan.damaged = bool(holes)  # a torn tail (every kill) is not worth a copy; a hole is
+    return plan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,6 +387,21 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
 
 def _sync(fd: int) -> None:
     (getattr(os, "fdatasync", None) or os.fsync)(fd)
+
+
+def _keep_damaged(path: str, data, start: int) -> str:
+    """Copy data[start:] (bytes or a memory map) to `<path>.damaged-<unix time>`, fsynced,
+    _CHUNK bytes at a time; returns the copy's name."""
+    aside = f"{path}.damaged-{int(time.time())}"
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i in range(start, len(data), _CHUNK):
+            _pwrite_all(fd, bytes(data[i : min(len(data), i + _CHUNK)]), i - start)
+            _release(data, i)
+        _sync(fd)
+    finally:
+        os.close(fd)
+    return os.path.basename(aside)
 
 
 def _move_aside(path: str) -> str:
@@ -420,6 +450,12 @@ class LossHistory:
             with _mapped(fd) as data:  # read through a map: memory flat in the size
                 plan = _plan(data, self.path, self.monotonic)
                 size, head = len(data), data[:16]
+                if plan.kind == "repair" and plan.damaged:
+                    aside = _keep_damaged(self.path, data, plan.cut)
+                    plan.messages[0] += (
+                        f"; the original bytes from byte {plan.cut} on are kept in {aside} for "
+                        "a post-mortem"
+                    )
             if plan.kind == "garbage":
                 os.close(fd)
                 fd = None  # type: ignore[assignment]  # closed: reopened below before any use
@@ -801,3 +837,31 @@ def rewind(path, keep_upto_step: int, rewound_path, reason: str, *, repaired: bo
         reason,
     )
     return len(moved)
+
+
+def holes(path) -> list[tuple[int, int]]:
+    """The steps missing from the history at `path`, as [first, last] ranges between step 1 and
+    its last step ([] for a missing file): steps a repair dropped (docs/history.md#torn-tail-repair).
+    A canonical file whose steps are 1..n is checked at C speed as opening checks it; any other
+    is streamed record by record to find where."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return []
+    try:
+        with _mapped(fd) as data:  # the opening's own check: a canonical file, at C speed
+            trusted = _trusted_prefix(data, True) if len(data) else None
+            first = _STEP_AT_LINE_START.search(bytes(data[:_CHUNK]))
+    finally:
+        os.close(fd)
+    if trusted is not None and first is not None:
+        _, n, last = trusted
+        if int(first.group(1)) == 1 and last == n:
+            return []
+    out, prev = [], 0
+    for rec in iter_records(path):
+        step = rec.get("step")
+        if isinstance(step, int) and step > prev + 1:
+            out.append((prev + 1, step - 1))
+        prev = step if isinstance(step, int) else prev
+    return out

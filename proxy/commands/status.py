@@ -32,6 +32,7 @@ from proxy.observation.progress import wall_seconds_per_update
 from proxy.run_files.checkpoint_lookup import run_dir_problem
 from proxy.run_files.history_tail import tail_records
 from proxy.run_files.loss_ema import loss_ema
+from shared.loss_history import holes
 from proxy.run_files.phases import phase_entries
 from proxy.run_files.pivot_request import pending_request
 from proxy.run_files.run_lock import read_owner
@@ -94,6 +95,7 @@ def collect_status(run_dir) -> dict:
     }
     d.update(_progress(cfg, recs, now))
     d["validation"] = _validation(cfg, recs)
+    d["history_holes"] = holes(layout.loss)  # steps a repair of .loss.json dropped
     d.update(_checkpoints(layout, now))
     d["arms"] = _arms(layout, recs[-1] if recs else None)
     d.update(_phase_and_pivot(layout))
@@ -416,6 +418,14 @@ def _progress_lines(d: dict) -> list[str]:
         lines.append("loss        non-finite (update skipped)")
     if d["skipped_recent"]:
         lines.append(f"skipped     {d['skipped_recent']} of the last 20 updates (non-finite loss)")
+    if d.get("history_holes"):
+        gaps = d["history_holes"]
+        lines.append(
+            f"history     {sum(b - a + 1 for a, b in gaps):,} steps missing from .loss.json: "
+            + ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in gaps[:5])
+            + (f" (+{len(gaps) - 5} more)" if len(gaps) > 5 else "")
+            + " (a repair dropped damaged records; see the .loss.json.damaged-* copy)"
+        )
     v = d.get("validation") or {}
     if v.get("arms"):
         lines.append(
