@@ -479,3 +479,19 @@ def test_a_pivot_withdrawn_at_its_boundary_changes_nothing_and_a_second_withdraw
     assert [x["step"] for x in recs] == list(range(1, last_step(run) + 1))
     assert recs[-1]["phase"]["index"] == want_phases - 1
     assert not (run / ".pivot.request.json").exists()
+
+
+def test_a_pivot_archives_the_old_phase_whole_when_its_sidecars_were_never_written(tmp_path):
+    """A proxy killed before it filed the checkpoint or audit that writes `.state.json` and
+    `.samples.json` (a fast worker with slow checkpoint writes) leaves neither; the pivot's archive
+    still holds the old phase's bandit at B (the replay) and its audit log (empty)."""
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "10", *COMMON).returncode == 0
+    (run / ".state.json").unlink()
+    (run / ".samples.json").unlink()
+    r = pivot(run, "--caps", CAPS, "--floors", FLOORS, "--label", "polish", "--max-steps", "20")
+    assert r.returncode == 0, r.stderr
+    assert run_proxy(run, "--max-steps", "20", *COMMON).returncode == 0
+    assert_one_consistent_state(run, 20)
+    old = json.loads((run / "archive" / "pivot-10" / ".samples.json").read_text())
+    assert old["phase"]["index"] == 0

@@ -29,6 +29,7 @@ from proxy.run_files.pivot_request import (
     request_lock,
     write_request,
 )
+from proxy.run_files.sidecars import SamplesLog, write_state
 from shared.atomic_io import fsync_dir
 from shared.config import RunConfig
 from shared.handshake import update_handshake
@@ -231,9 +232,12 @@ def _tmp_archive(layout: RunLayout, step) -> Path:
     return layout.archive / f"pivot-{step}.tmp"
 
 
-def archive_sidecars(layout: RunLayout, step: int) -> Path:
-    """Copy `.samples.json` and `.state.json` into archive/pivot-<step>/ via pivot-<step>.tmp/
-    and one rename, so the archive is complete or absent (docs/pivots.md#crash-safety). The
+def archive_sidecars(layout: RunLayout, step: int, bandit: dict, phase: dict) -> Path:
+    """Archive the old phase at `step` into archive/pivot-<step>/ via pivot-<step>.tmp/ and one
+    rename, so the archive is complete or absent (docs/pivots.md#crash-safety): `.state.json` =
+    `bandit` (the old phase's bandit at `step`, replayed from the history) and `.samples.json`
+    copied, or an empty audit log of `phase` when no audit was filed. Either sidecar may be
+    missing (a proxy killed before it filed the checkpoint or audit that writes it). The
     originals stay until the phase is recorded. Idempotent: an existing archive is kept."""
     dest = layout.pivot_archive(step)
     if dest.exists():
@@ -241,11 +245,14 @@ def archive_sidecars(layout: RunLayout, step: int) -> Path:
     tmp = _tmp_archive(layout, step)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for p in (layout.samples, layout.state):
-        if p.exists():
-            shutil.copyfile(p, tmp / p.name)
-            with open(tmp / p.name, "rb") as f:
-                os.fsync(f.fileno())
+    write_state(tmp / layout.state.name, bandit)
+    if layout.samples.exists():
+        shutil.copyfile(layout.samples, tmp / layout.samples.name)
+    else:
+        SamplesLog(tmp / layout.samples.name, phase).save()
+    for p in tmp.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
     fsync_dir(tmp)
     tmp.replace(dest)
     fsync_dir(layout.archive)

@@ -369,7 +369,8 @@ def start_pivot_phase(
     `.loss.json` is not touched. Raises BanditConfigError (bounds)."""
     new = mix.next_phase(req["label"], req["caps"], req["floors"], step)
     new_mix = new_controller(layout, cfg, new, changes)  # bounds checked before any change
-    archive_sidecars(layout, step)
+    old = {"label": mix.phase.label, "index": mix.phase.index}
+    archive_sidecars(layout, step, mix.bandit.to_dict(), old)
     req.update(state="archived", archived_at=time.time())
     write_request(layout, req)
     fault_point("after-archive")
