@@ -77,6 +77,8 @@ def test_pivot_refuses_bad_bounds_a_second_request_and_a_finished_run_before_cha
         assert r.returncode == 2 and words in r.stderr, (caps, floors, r.stderr)
     r = pivot(run, "--caps", "repo-code=0.5")
     assert r.returncode == 2 and "already finished at step 10" in r.stderr and "--max-steps" in r.stderr
+    r = pivot(run, "--keep-bounds", "--decay", "--max-steps", "20")
+    assert r.returncode == 2 and "schedule is cosine" in r.stderr and "without --decay" in r.stderr
     assert (run / "phases.json").read_bytes() == before
     assert not (run / "archive").exists() or not list((run / "archive").glob("pivot-*"))
     assert not (run / ".pivot.request.json").exists()
@@ -495,3 +497,38 @@ def test_a_pivot_archives_the_old_phase_whole_when_its_sidecars_were_never_writt
     assert_one_consistent_state(run, 20)
     old = json.loads((run / "archive" / "pivot-10" / ".samples.json").read_text())
     assert old["phase"]["index"] == 0
+
+
+def test_a_pivot_with_decay_starts_a_wsd_runs_final_decay_at_its_step_live_and_stopped_alike(tmp_path):
+    """`pivot --decay` on a warmup-stable-decay run: every rate up to B as planned, then linear
+    from lr(B) to the floor at the last step, recorded as a re-plan in run.json; the same pivot
+    on a stopped fork at B reaches the same final checkpoint byte for byte."""
+    run = tmp_path / "run"
+    proc = start(run, "--max-steps", "200", "--schedule", "wsd", "--warmup-steps", "5", *COMMON,
+                 "--keep-last", "1000")
+    with cleaned_up(proc, run):
+        wait_for(lambda: last_step(run) >= 25, 300, what="training to pass step 25")
+        r = pivot(run, "--keep-bounds", "--decay", "--label", "polish")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert proc.wait(300) == 0
+    b = phases(run)[1]["start_step"]
+    assert b < 150, "the pivot came after the planned decay (step 160); make the run longer"
+    cfg = json.loads((run / "run.json").read_text())
+    assert cfg["replans"] == [{"at": b, "lr_decay_steps": 200, "decay_at": b}]
+    lrs = [x["lr"] for x in loss_records(run)]
+    peak, floor = cfg["lr"], cfg["lr"] * cfg["min_lr_ratio"]
+    assert lrs[5:b] == [peak] * (b - 5), "the rates before the pivot changed"
+    drops = [x - y for x, y in zip(lrs[b - 1:], lrs[b:])]
+    assert all(d == pytest.approx((peak - floor) / (200 - b)) for d in drops), "not linear from B"
+    assert lrs[-1] == pytest.approx(floor)
+    assert_one_consistent_state(run, 200)
+
+    fork = tmp_path / "fork"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    f = subprocess.run([sys.executable, "-m", "proxy", "fork", "--from", f"{run}:{b}",
+                        "--run-dir", str(fork)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert f.returncode == 0, f.stderr
+    r = pivot(fork, "--keep-bounds", "--decay", "--label", "polish")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert run_proxy(fork, "--max-steps", "200").returncode == 0
+    assert (fork / checkpoint_name(200)).read_bytes() == (run / checkpoint_name(200)).read_bytes()

@@ -120,9 +120,9 @@ def _pivot(layout: RunLayout, a) -> int:
     """cmd_pivot's body; raises RequestLockTimeout when the request lock stays held."""
     given = bool(a.caps or a.floors)
     if a.withdraw:
-        if given or a.keep_bounds or a.no_bounds or a.now or a.label:
+        if given or a.keep_bounds or a.no_bounds or a.now or a.label or a.decay:
             return _refuse(
-                "--withdraw takes no bounds, --now or --label: it withdraws the "
+                "--withdraw takes no bounds, --now, --label or --decay: it withdraws the "
                 "pending request whatever it asks"
             )
         return withdraw(layout)
@@ -150,6 +150,12 @@ def _pivot(layout: RunLayout, a) -> int:
             caps, floors = validated_bounds(cfg, a.caps, a.floors)
     except (ConfigError, BanditConfigError) as e:
         return _refuse(f"{e}")
+    if a.decay and cfg.schedule != "wsd":
+        return _refuse(
+            f"--decay starts a warmup-stable-decay run's final decay; this run's schedule is "
+            f"{cfg.schedule} (run.json), whose decay spans the whole plan already: pivot "
+            "without --decay"
+        )
     label = a.label or "pivot"
     with request_lock(layout):  # the check and the write are one step (docs/pivots.md)
         then = _request(layout, cfg, caps, floors, label, a)
@@ -210,6 +216,8 @@ def _request(
         )
     if a.now:
         req["now"] = True
+    if a.decay:
+        req["decay_to"] = planned
     pid = owner_pid(layout)
     write_request(layout, req)
     where = (
@@ -413,6 +421,8 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
                     f"--max-steps N with N > {last} here and to the next `run`"
                 )
             req.update(state="boundary", step=None)
+            if a.decay:
+                req["decay_to"] = planned
             try:
                 plan = plan_resume(layout, cfg, history, False, stopped_pivot=req)
             except ResumeError as e:
@@ -475,6 +485,12 @@ def add_pivot_args(p) -> None:
         action="store_true",
         help="live run: checkpoint at the next step and pivot there, instead of at the "
         "next checkpoint boundary (the default); docs/pivots.md#the-boundary",
+    )
+    p.add_argument(
+        "--decay",
+        action="store_true",
+        help="--schedule wsd: start the final learning-rate decay at the pivot's step, "
+        "linear to the floor at the run's last step; docs/pivots.md#a-decay-at-the-pivot",
     )
     p.add_argument(
         "--withdraw",

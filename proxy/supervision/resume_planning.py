@@ -32,6 +32,7 @@ from proxy.run_files.pivot_request import (
 from proxy.run_files.sidecars import read_state, write_state
 from proxy.run_files.state_snapshots import mark_rewound
 from proxy.supervision.pivots import archive_sidecars, fault_point, mark_running, pivot_due
+from proxy.supervision.run_setup import replan
 from shared.atomic_io import STALE_WRITE_S, atomic_write_json, clean_stale_writes
 from shared.checkpoint_dir import (
     QUARANTINE_DIR,
@@ -44,6 +45,7 @@ from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import RunConfig
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 from shared.loss_history import LossHistory
+from shared.lr_schedule import learning_rate
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
@@ -340,7 +342,7 @@ def _serve_pivot_request(
         plan.pivot_step = step
         fault_point("after-record")
     elif b == step:  # recorded before a kill: finish, idempotently
-        finish_pivot(layout, plan.mix, req, step)
+        finish_pivot(layout, cfg, plan.mix, req, step)
         plan.pivot_step = step
     elif recorded and b is not None and step > b:  # the new phase already trained past B
         if req.get("state") == "recorded":
@@ -383,13 +385,38 @@ def start_pivot_phase(
         new.caps,
         new.floors,
     )
-    finish_pivot(layout, new_mix, req, step)
+    finish_pivot(layout, cfg, new_mix, req, step)
     return new_mix
 
 
-def finish_pivot(layout: RunLayout, mix: MixtureController, req: dict, step: int) -> None:
-    """After the phase is recorded: `.state.json` = the fresh bandit at `step`, `.samples.json`
-    = an empty log of the new phase, request state "recorded". Idempotent."""
+def finish_pivot(
+    layout: RunLayout, cfg: RunConfig, mix: MixtureController, req: dict, step: int
+) -> None:
+    """After the phase is recorded: the final learning-rate decay from `step` when the request
+    asks for it (`pivot --decay`: a re-plan at `step` with decay_at = `step`, ending at the
+    request's `decay_to`; docs/pivots.md#a-decay-at-the-pivot), `.state.json` = the fresh bandit
+    at `step`, `.samples.json` = an empty log of the new phase, request state "recorded".
+    Idempotent."""
+    end = req.get("decay_to")
+    if isinstance(end, int) and end > step:
+        entry = replan(layout, cfg, step, end, decay_at=step)
+        if entry is not None:
+            log.warning(
+                "pivot %r: the final learning-rate decay starts at step %d (lr %.3g) and "
+                "reaches the floor %.3g at step %d (run.json replans)",
+                req.get("label"),
+                step,
+                learning_rate(step, cfg),
+                cfg.lr * cfg.min_lr_ratio,
+                end,
+            )
+    elif end is not None:
+        log.warning(
+            "pivot %r at step %d: no decay started, the plan's end %s is not after it",
+            req.get("label"),
+            step,
+            end,
+        )
     write_state(layout.state, mix.bandit.to_dict())
     atomic_write_json(
         layout.samples,
