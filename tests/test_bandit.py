@@ -1061,3 +1061,28 @@ def test_an_arm_past_one_epoch_stops_counting_and_is_never_raised_above_stratifi
     assert b.target["small"] <= 1 / 3 + 1e-12
     back = Bandit.from_dict(json.loads(json.dumps(b.to_dict())))
     assert back.to_dict() == b.to_dict() and back.repeated == {"small": crossed}
+
+
+def test_the_policy_explains_what_it_waits_for_and_why_it_moved():
+    """docs/bandit.md#reading-the-policy: `explain()` names the warm-up, the evidence still
+    missing and the gain's bound while stratified; once the gate opens, the bound > 0 and the
+    posted mixture is the target; the per-arm slopes are the fits' and the unlearnable arm's
+    target is its floor. Never part of `.state.json`."""
+    arms = ["a", "b", "noise"]
+    recs = trend_records(400, {"a": 0.3, "b": 0.3, "noise": 0.0}, sigma=0.02)
+    cfg = BanditConfig(warmup_steps=50)
+    b = Bandit(arms, {n: 0.1 for n in arms}, {}, cfg, period_steps=10)
+    whys = []
+    for r in recs:
+        b.observe(r)
+        e = b.explain()
+        whys.append(e["why"].split(":")[0])
+        assert e["open"] == (e["lambda"] > 0) and e["bound"] == pytest.approx(e["gain"] - 3 * e["gain_se"])
+        assert {a: x["posted"] for a, x in e["arms"].items()} == b.probabilities()
+    assert whys[0] == "warm-up" and "waiting for evidence" in whys and whys[-1] == "moved"
+    e = b.explain()
+    assert e["arms"]["noise"]["target"] == pytest.approx(0.1) and e["arms"]["a"]["periods"] == 35
+    assert e["arms"]["a"]["slope"] == pytest.approx(0.3, abs=0.05)
+    assert (e["arms"]["a"]["slope"], e["arms"]["a"]["slope_se"]) == pytest.approx(b.slopes()["a"])
+    assert "explain" not in json.dumps(b.to_dict()) and "why" not in b.to_dict()
+    json.dumps(e)  # JSON-ready

@@ -28,6 +28,7 @@ import time
 
 import psutil
 
+from proxy.mixture.bandit import Bandit, BanditConfigError
 from proxy.observation.progress import wall_seconds_per_update
 from proxy.run_files.checkpoint_lookup import run_dir_problem
 from proxy.run_files.history_tail import tail_records
@@ -98,6 +99,7 @@ def collect_status(run_dir) -> dict:
     d["history_holes"] = holes(layout.loss)  # steps a repair of .loss.json dropped
     d.update(_checkpoints(layout, now))
     d["arms"] = _arms(layout, recs[-1] if recs else None)
+    d["policy"] = _policy(layout, st)
     d.update(_phase_and_pivot(layout))
     proxy_alive = _proxy_alive(owner, layout.root)
     d["target_steps"] = d["start_max_steps"] if proxy_alive else d["max_steps"]
@@ -212,6 +214,24 @@ def _arms(layout: RunLayout, last: dict | None) -> dict:
     if last and last.get("p"):
         return {n: {"p": p, "pulls": None} for n, p in sorted(last["p"].items())}
     return {}
+
+
+def _policy(layout: RunLayout, st: dict) -> dict | None:
+    """Why the mixture is what it is (the bandit's `explain()`, docs/bandit.md#reading-the-policy):
+    the live proxy's from `.status.json`, or, when that is missing or older than `.state.json`
+    (a stopped run since pivoted, say), the one `.state.json`'s bandit gives."""
+    live = st.get("policy")
+    state = read_state(layout.state, garbage="default")
+    if state and (
+        not isinstance(live, dict)
+        or (live.get("phase", -1), live.get("step", -1))
+        < ((state.get("phase") or {}).get("index", -1), state.get("step", -1))
+    ):
+        try:
+            return Bandit.from_dict(state).explain()
+        except (ValueError, KeyError, TypeError, BanditConfigError):
+            return live if isinstance(live, dict) else None  # the proxy rebuilds it
+    return live if isinstance(live, dict) else None
 
 
 def _phase_and_pivot(layout: RunLayout) -> dict:
@@ -341,7 +361,12 @@ def format_status(d: dict) -> str:
     """The human-readable table of `collect_status`'s dict: who runs it, the phase, training
     progress, the newest checkpoint and the arms, one line each (`nodes`: one per node)."""
     return "\n".join(
-        _run_lines(d) + _phase_lines(d) + _progress_lines(d) + _checkpoint_lines(d) + _arm_lines(d)
+        _run_lines(d)
+        + _phase_lines(d)
+        + _progress_lines(d)
+        + _checkpoint_lines(d)
+        + _arm_lines(d)
+        + _policy_lines(d)
     )
 
 
@@ -488,6 +513,32 @@ def _arm_lines(d: dict) -> list[str]:
             if a.get("p") is not None
         )
     ]
+
+
+def _policy_lines(d: dict) -> list[str]:
+    """The default policy's evidence: what it waits for or why it moved, then per arm the
+    fitted slope and its standard error, fitted periods, epochs, target and posted share."""
+    pol = d.get("policy")
+    if not pol or "why" not in pol:
+        return []
+
+    def num(x, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    at = f"step {pol.get('step')}"
+    lines = [
+        f"policy      {pol['reward']} at {at}: {pol['why']}",
+        f"            {'arm':<20} {'slope':>8} {'se':>8} {'periods':>7} {'epochs':>7} "
+        f"{'target':>7} {'posted':>7}",
+    ]
+    for n, a in pol["arms"].items():
+        lines.append(
+            f"            {n:<20} {num(a.get('slope'), '.4f'):>8} {num(a.get('slope_se'), '.4f'):>8} "
+            f"{a.get('periods', 0):>7} {num(a.get('epochs'), '.2f'):>7} "
+            f"{num(a.get('target'), '.3f'):>7} {num(a.get('posted'), '.3f'):>7}"
+            + (f"  past one epoch at step {a['repeated_at']}" if a.get("repeated_at") else "")
+        )
+    return lines
 
 
 def add_status_args(p) -> None:

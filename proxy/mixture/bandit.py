@@ -474,6 +474,75 @@ class Bandit:
                 out[a] = (s[0], math.sqrt(s[1]))
         return out
 
+    def explain(self) -> dict:
+        """Why the posted mixture is what it is (docs/bandit.md#reading-the-policy), a JSON-ready
+        view for `status`, TensorBoard and the plot; never part of `.state.json`.
+
+        Keys: "step", "phase" (index), "reward"; per arm under "arms" {"posted" (p), "stratified"}, and for
+        train_slope also "slope" and "slope_se" (nats of loss per e-fold of steps, None before
+        3 fitted periods), "periods" (fitted policy periods), "epochs" (lifetime pulls over one
+        epoch's windows, None when unknown), "repeated_at" (step, or None), "target" (pi, None
+        before any fit). train_slope also: "z", "min_periods", "period_steps", "rule", "gain",
+        "gain_se" and "bound" = gain - z gain_se (nats), "lambda", "open" (lambda > 0), and
+        "why", one sentence saying what the policy waits for or why it moved."""
+        p, s = self.probabilities(), self.stratified()
+        out: dict[str, Any] = {
+            "step": self.step,
+            "phase": self.phase_index,
+            "reward": self.config.reward,
+        }
+        arms: dict[str, dict] = {a: {"posted": p[a], "stratified": s[a]} for a in self.arms}
+        out["arms"] = arms
+        if self.config.reward != "train_slope":
+            return out
+        cfg, slopes = self.config, self.slopes()
+        for a in self.arms:
+            e = self.epoch_size.get(a, 0.0)
+            b, se = slopes.get(a, (None, None))
+            arms[a].update(
+                slope=b,
+                slope_se=se,
+                periods=self.fits[a].n,
+                epochs=self.pulls_lifetime[a] / e if e > 0 else None,
+                repeated_at=self.repeated.get(a),
+                target=None if self.target is None else self.target[a],
+            )
+        bound = self.gain - cfg.confidence_z * self.gain_se
+        out.update(
+            z=cfg.confidence_z,
+            min_periods=cfg.min_periods,
+            period_steps=self.period_steps,
+            rule=cfg.lambda_rule,
+            gain=self.gain,
+            gain_se=self.gain_se,
+            bound=bound,
+            **{"lambda": self.lam, "open": self.lam > 0},
+        )
+        warm_end = self.phase_start_step + cfg.warmup_steps
+        ready = sum(self.fits[a].n >= cfg.min_periods for a in self.arms)
+        if self.lam > 0:
+            why = (
+                f"moved: the target's modelled gain {self.gain:.4f} nats has a lower bound "
+                f"{bound:.4f} > 0 at z = {cfg.confidence_z:g}; posted = {self.lam:.2f} of the "
+                "way from stratified to the target"
+            )
+        elif self.step <= warm_end:
+            why = f"warm-up: stratified until step {warm_end}, then one fit point per period"
+        elif ready < 2:
+            most = max((self.fits[a].n for a in self.arms), default=0)
+            why = (
+                f"waiting for evidence: {most} of {cfg.min_periods} fitted periods "
+                f"({self.period_steps} steps each) on at least two arms; stratified until then"
+            )
+        else:
+            why = (
+                f"stratified: the target's modelled gain {self.gain:.4f} nats has a lower bound "
+                f"{bound:.4f} <= 0 at z = {cfg.confidence_z:g}; it moves once the gain is "
+                f"{cfg.confidence_z:g} standard errors clear of zero"
+            )
+        out["why"] = why
+        return out
+
     def _multiplier(self, record: Mapping[str, Any], a: str) -> float:
         if not self.config.epochs_discount:
             return 1.0

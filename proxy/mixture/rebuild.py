@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from proxy.mixture.arm_changes import ArmChange, read_changes
 from proxy.mixture.controller import MixtureController
@@ -81,12 +81,14 @@ def rebuild_mixture(
     changes: list[ArmChange] | None = None,
     phase: Phase | None = None,
     use_snapshots: bool = True,
+    watch: Callable[[int, MixtureController], None] | None = None,
 ) -> Rebuilt:
     """The controller as it was after update `step` of `phase` (default: the phase in force at
     `step`), with the arm changes up to `step` applied. `changes`: the arm-change log (default:
     data/arms.json's). `use_snapshots=False` replays the phase from its start even when a
     snapshot exists (what tests compare `.state.json` against). The result is the same either
-    way, bit for bit. Raises BanditConfigError (bounds) and OSError (unreadable history)."""
+    way, bit for bit. `watch(step, controller)`, when given, is called after each record is
+    folded. Raises BanditConfigError (bounds) and OSError (unreadable history)."""
     t0 = time.perf_counter()
     if changes is None:
         changes = read_changes(layout)
@@ -106,6 +108,8 @@ def rebuild_mixture(
         if r["step"] > phase.start_step:
             mix.observe(r)
             n += 1
+            if watch is not None:
+                watch(r["step"], mix)
     changed = mix.apply_changes(step)
     return Rebuilt(mix, changed, snap["step"] if snap else None, n, time.perf_counter() - t0)
 
@@ -116,3 +120,25 @@ def replay_run(
     """`rebuild_mixture` from the phase start, no snapshot: its `bandit.to_dict()` equals the
     `.state.json` written with checkpoint `step`."""
     return rebuild_mixture(layout, cfg, step, changes, use_snapshots=False).mix
+
+
+def gate_changes(layout: RunLayout, cfg: RunConfig) -> list[tuple[int, bool]]:
+    """The steps where the default policy's gate opened (True) or closed (False), phase by
+    phase, from a replay of `.loss.json` (docs/bandit.md#reading-the-policy); a phase starts
+    closed. Empty for the other rewards. Streams the history once per phase. Raises
+    BanditConfigError (bounds) and OSError (unreadable history)."""
+    if cfg.reward != "train_slope":
+        return []
+    phases = read_phases(layout)
+    out: list[tuple[int, bool]] = []
+    for i, ph in enumerate(phases):
+        end = phases[i + 1].start_step if i + 1 < len(phases) else 2**62
+        changes: list[tuple[int, bool]] = []
+
+        def seen(step: int, mix: MixtureController, changes: list = changes) -> None:
+            if (mix.bandit.lam > 0) != (changes[-1][1] if changes else False):
+                changes.append((step, mix.bandit.lam > 0))
+
+        rebuild_mixture(layout, cfg, end, phase=ph, use_snapshots=False, watch=seen)
+        out += changes
+    return out

@@ -173,9 +173,13 @@ def read_series(path: Path, max_points: int = MAX_POINTS) -> dict:
     return series(iter_records(path), max_points)
 
 
-def plot_run(run_dir: Path, out: Path | None = None) -> Path:
+def plot_run(
+    run_dir: Path, out: Path | None = None, gates: Iterable[tuple[int, bool]] = ()
+) -> Path:
     """Write the PNG; returns its path. Raises FileNotFoundError when the run has no history.
-    Memory is bounded by MAX_POINTS per series, not by the history's length (`series`)."""
+    Memory is bounded by MAX_POINTS per series, not by the history's length (`series`). The
+    mixture panel marks `gates`, the (step, opened) where the default policy's gate opened and
+    closed (proxy/mixture/rebuild.py `gate_changes`)."""
     import matplotlib  # heavy (about a second): only `plot` needs it, so it is imported here
 
     matplotlib.use("Agg")
@@ -229,6 +233,17 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
             alpha=0.8,
         )
         ax3.legend(loc="upper right", fontsize="small")
+    for step, opened in gates:
+        ax3.axvline(step, color="green" if opened else "gray", ls=":", lw=1.2)
+        ax3.annotate(
+            "gate open" if opened else "gate closed",
+            (step, 0.02),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="bottom",
+            ha="right",
+            fontsize="small",
+        )
     ax3.set_ylim(0, 1)
     ax3.set_ylabel("arm mixture p")
     ax3.set_xlabel("step")

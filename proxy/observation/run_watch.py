@@ -13,7 +13,7 @@ import logging
 import time
 
 from proxy.observation.progress import ProgressLine, format_summary
-from proxy.observation.tensorboard_log import TensorBoardLog, step_scalars
+from proxy.observation.tensorboard_log import TensorBoardLog, policy_scalars, step_scalars
 from proxy.observation.wandb_log import WandbLog
 
 log = logging.getLogger("proxy")
@@ -44,12 +44,15 @@ class RunWatch:
         if self.wb is not None:
             self.wb.start(step, self.layout.loss, self.layout.samples)
 
-    def on_step(self, rec: dict, ema: float | None) -> None:
-        """A step record was filed into .loss.json (`rec` as filed, `ema` after it)."""
+    def on_step(self, rec: dict, ema: float | None, policy: dict | None = None) -> None:
+        """A step record was filed into .loss.json (`rec` as filed, `ema` after it; `policy`:
+        the bandit's `explain()` when it updated at this step, logged under arms/ and policy/)."""
         self.progress.observe(rec)
         self._last_step, self._ema = rec["step"], ema
         if self.tb is not None or self.wb is not None:
             values = step_scalars(rec, ema)
+            if policy is not None:
+                values.update(policy_scalars(policy))
             for sink in (self.tb, self.wb):
                 if sink is not None:
                     sink.scalars(rec["step"], values, rec.get("time"))

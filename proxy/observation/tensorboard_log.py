@@ -366,3 +366,19 @@ def step_scalars(rec: dict, ema: float | None) -> dict:
     for arm, v in (rec.get("eval") or {}).items():
         out[f"eval/{arm}"] = v  # the validation curve
     return out
+
+
+def policy_scalars(policy: dict) -> dict:
+    """Tags -> values of the bandit's `explain()` (proxy/mixture/bandit.py): per arm the fitted
+    slope, its standard error, epochs and target under arms/, the gain, its lower bound and
+    the gate (1 open, 0 closed) under policy/ (docs/bandit.md#reading-the-policy)."""
+    out: dict = {}
+    for arm, a in (policy.get("arms") or {}).items():
+        for key in ("slope", "slope_se", "epochs", "target"):
+            if a.get(key) is not None:
+                out[f"arms/{key}/{arm}"] = a[key]
+    if "open" in policy:
+        out["policy/gain"] = policy["gain"]
+        out["policy/gain_bound"] = policy["bound"]
+        out["policy/gate_open"] = 1.0 if policy["open"] else 0.0
+    return out

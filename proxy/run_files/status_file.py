@@ -28,6 +28,7 @@ class LiveStats:
     worker: dict | None = None  # the worker's hello report once it arrived
     exit_code: int | None = None  # from the worker's "stopped" event
     stop_why: str | None = None  # its reason, named in a fatal exit's message
+    policy: dict | None = None  # the bandit's `explain()` at its last update
 
     def new_worker(self) -> None:
         """Forget the previous worker's hello and "stopped" event before the next one starts
@@ -52,6 +53,7 @@ def write_status(
             "loss_ema": stats.ema,
             "tokens_per_s": stats.tok_per_s,
             "last_checkpoint": stats.last_checkpoint,
+            "policy": stats.policy,
             "time": time.time(),
         },
         durable=False,

@@ -75,6 +75,7 @@ class ReportFiler:
         self._status_t = 0.0
         self._printed_at: float | None = None  # monotonic time of the last progress line
         self.lag_s, self.lag_steps = 0.0, 0.0  # the most a step report waited to be filed
+        stats.policy = mix.bandit.explain()  # this incarnation's policy, before its first step
 
     def file(self, r: dict) -> None:
         """File one report (a dict with "type"); unknown types are ignored."""
@@ -181,7 +182,11 @@ class ReportFiler:
         tokens_per_step = self.cfg.batch_size * self.cfg.model.block_size
         if s.recent and sum(s.recent) > 0:
             s.tok_per_s = tokens_per_step * len(s.recent) / sum(s.recent)
-        self.watch.on_step(rec, s.ema)
+        bandit = self.mix.bandit
+        policy = None
+        if rec["step"] % bandit.period_steps == 0:  # the policy's updates
+            policy = s.policy = bandit.explain()
+        self.watch.on_step(rec, s.ema, policy)
         now = time.monotonic()
         # the first step of this start at once, then every --print-every steps or every
         # PRINT_SECONDS, whichever comes first (docs/operations.md#watching)

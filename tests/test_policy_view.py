@@ -1,0 +1,66 @@
+"""The default policy explains itself (docs/bandit.md#reading-the-policy): `status` and its
+`--json`, TensorBoard's arms/ and policy/ tags and the plot's gate marks, on a real run whose
+mixture moves (two learnable arms and base64 noise)."""
+import base64
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from proc_helpers import ROOT, run_proxy
+from proxy.mixture.rebuild import gate_changes, replay_run
+from shared.config import load_run_config
+from shared.run_layout import RunLayout
+
+pytestmark = pytest.mark.slow  # a real proxy and worker, and TensorBoard's reader
+
+
+def _arms(d):
+    rng = random.Random(0)
+    (d / "noise.txt").write_text("\n".join(base64.b64encode(rng.randbytes(60)).decode()
+                                           for _ in range(20000)))
+    (d / "docs.txt").write_text("\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))))
+    (d / "code.txt").write_text("\n".join(p.read_text() for p in sorted((ROOT / "proxy").rglob("*.py"))))
+    return [f"--arm={n}=text:{d / n}.txt" for n in ("noise", "docs", "code")]
+
+
+def test_status_tensorboard_and_the_plot_say_why_the_mixture_moved(tmp_path):
+    pytest.importorskip("tensorboard")
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "300", "--probe-every", "10", "--bandit-warmup", "20", "--batch-size", "16",
+                  "--tensorboard", *_arms(tmp_path), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run), "--json"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    pol = json.loads(st.stdout)["policy"]
+    layout = RunLayout(run)
+    cfg = load_run_config(layout.run_json)
+    bandit = replay_run(layout, cfg, 300).bandit
+    assert pol["step"] == 300 and pol == json.loads(json.dumps(bandit.explain()))
+    assert pol["open"] and pol["bound"] > 0 and pol["why"].startswith("moved")
+    noise, docs = pol["arms"]["noise"], pol["arms"]["docs"]
+    assert noise["slope"] < docs["slope"] and noise["target"] < docs["target"]
+    assert all(a["periods"] >= 4 and a["slope_se"] > 0 and 0 < a["epochs"] for a in pol["arms"].values())
+    text = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60).stdout
+    assert "policy      train_slope at step 300: moved" in text and "periods" in text, text
+
+    gates = gate_changes(layout, cfg)
+    assert gates and gates[0][1] is True and 20 < gates[0][0] < 300
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    opened = [(e.step, e.value) for e in acc.Scalars("policy/gate_open")]
+    assert [s for s, _ in opened] == list(range(10, 301, 10))
+    assert next(s for s, v in opened if v == 1.0) == gates[0][0]
+    assert acc.Scalars("arms/slope/noise")[-1].value == pytest.approx(noise["slope"])
+
+    out = tmp_path / "p.png"
+    p = subprocess.run([sys.executable, "-m", "proxy", "plot", "--run-dir", str(run), "--out", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and out.stat().st_size > 0 and not p.stderr.strip(), p.stderr
