@@ -168,3 +168,19 @@ def test_the_code_cites_docs_never_a_document_outside_or_a_ticket_number(tmp_pat
     (tmp_path / "proxy" / "x.py").write_text(bad + "\n")
     (tmp_path / "proxy" / "ok.py").write_text("# see docs/checkpoint-format.md#layout\n")
     assert outside_references(tmp_path) == [f"proxy/x.py:1: {bad}"]
+
+
+def test_the_module_lists_of_the_proxys_layers_name_every_module_of_the_tree():
+    """docs/architecture.md#the-proxys-layers lists each layer's modules; the list and the
+    folder must hold the same names, so a module added or removed without the docs fails here."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## The proxy's layers", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("| `proxy/") and "/` " in r.split("|")[1] + " "]
+    assert len(rows) == 4, rows
+    for row in rows:
+        folders_cell, modules_cell = row.split("|")[1:3]
+        folders = re.findall(r"`(proxy/[a-z_]+)/`", folders_cell)
+        listed = set(re.findall(r"`([a-z_]+)`", modules_cell))
+        actual = {p.stem for f in folders for p in (ROOT / f).glob("*.py") if p.stem != "__init__"}
+        assert listed == actual, (folders, "missing from the docs:", sorted(actual - listed),
+                                  "not in the tree:", sorted(listed - actual))
