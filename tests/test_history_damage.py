@@ -41,6 +41,12 @@ def test_a_hole_is_named_with_its_bytes_and_steps_and_the_damage_kept_aside(tmp_
     assert damaged.endswith(aside[0].read_bytes())  # the original bytes, from the cut on
     assert [r["step"] for r in iter_records(p)] == [*range(1, 11), *range(13, 21)]
     assert holes(p) == [(11, 12)]
+    # the same damage again at once (the same second, as a fast restart loop would): the first
+    # copy is kept, the second gets a name of its own
+    p.write_bytes(damaged)
+    LossHistory(p).close()
+    copies = sorted(tmp_path.glob(".loss.json.damaged-*"))
+    assert len(copies) == 2 and all(damaged.endswith(c.read_bytes()) for c in copies)
 
 
 def test_a_torn_tail_is_still_called_one(tmp_path):
