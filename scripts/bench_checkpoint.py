@@ -53,8 +53,7 @@ import numpy as np  # noqa: E402
 
 from scripts.bench_stats import add_result, result_line  # noqa: E402
 from shared import checkpoint_format as cf  # noqa: E402
-
-from shared import checkpoint_write as cw
+from shared import checkpoint_write as cw  # noqa: E402
 
 N_12M = 12_811_008
 
@@ -164,12 +163,12 @@ def bench_write(d: pathlib.Path, a, header: bytes, buf, w, m, v) -> None:
             raw.append(_timed(lambda: _raw_write(d / "raw.bin", header, (w, m, v))))
             os.unlink(d / "raw.bin")
 
-        def do_ours():
+        def do_ours(i=i):
             ours.append(_timed(lambda: cw.write_checkpoint_image(d, 100 + i, image)))
             os.unlink(d / cf.checkpoint_name(100 + i))
         for f in ((do_raw, do_ours) if i % 2 == 0 else (do_ours, do_raw)):
             f()
-        arrays.append(_timed(lambda: cw.write_checkpoint(d, 100 + i, w, m, v)))
+        arrays.append(_timed(lambda i=i: cw.write_checkpoint(d, 100 + i, w, m, v)))
         if i < a.repeats - 1:
             os.unlink(d / cf.checkpoint_name(100 + i))
     t_ours, t_raw, t_arr = (statistics.median(x) for x in (ours, raw, arrays))
@@ -239,6 +238,7 @@ def bench_stall(d: pathlib.Path, a, w, m, v) -> None:
     alone (no target here: what a checkpoint costs training against nanoGPT's save is the
     --cost figure, over whole windows with the write landed)."""
     import torch
+
     from shared.config import PRESETS
     from worker.checkpointer import Checkpointer
     from worker.model import GPT
@@ -324,7 +324,9 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
     it, wrapped around the real functions; the crc32 thread's share as the crc32 of the same
     bytes alone; the process's total CPU per checkpoint. The first (cold) round is dropped."""
     import collections
+
     import torch
+
     from worker import checkpointer as ck
     rows: list[tuple[str, float, float]] = []
 
@@ -380,7 +382,7 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
     # nanoGPT's blocking save of the same three tensors, in this (the training) thread: all of
     # its CPU is time training waits for; its wall time adds the page-cache writes' waits
     saves = []
-    for i in range(rounds):
+    for _ in range(rounds):
         c0, t0 = time.thread_time(), time.perf_counter()
         torch.save({"model": w, "exp_avg": m, "exp_avg_sq": v}, d / "ckpt.pt")
         saves.append((time.thread_time() - c0, time.perf_counter() - t0))
@@ -605,7 +607,9 @@ def lost_training_time(d: pathlib.Path, a) -> None:
     means, the ratio of the median costs (one burst of other load cannot wreck it)."""
     import json
     import subprocess
-    from scripts.bench_stats import ROOT as REPO, decide, median_ci
+
+    from scripts.bench_stats import ROOT as REPO
+    from scripts.bench_stats import decide, median_ci
     from scripts.bench_train import make_run_fresh
     run = make_run_fresh(d / "cost", 1)
     out = d / "nanogpt"

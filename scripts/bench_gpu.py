@@ -121,6 +121,7 @@ def _window(tr, k0: int, n: int, probs: dict, ckpt_at: int | None = None) -> flo
 def child_ours(a) -> dict:
     """Our loop for each of `a.configs` ("micro:backend") in one process; one Trainer each."""
     import torch
+
     from worker.signals import SignalFlags
     from worker.trainer import Trainer, WorkerOptions
     out = []
@@ -171,6 +172,7 @@ def child_nanogpt(a) -> dict:
     """nanoGPT's model.py and train.py loop at our preset's shape, vocabulary and batch."""
     import numpy as np
     import torch
+
     from shared.config import PRESETS, load_run_config
     from worker.model import GPT as OurGPT
     spec = importlib.util.spec_from_file_location("nanogpt_model", Path(a.nanogpt) / "model.py")

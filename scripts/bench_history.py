@@ -110,7 +110,7 @@ def memory(args) -> None:
         print(f"history: {args.records:,} records, {size / 2**20:.0f} MiB; seed 0; "
               f"{args.repeats} fresh processes per step; load {os.getloadavg()[0]:.2f}")
         got: dict[str, list[dict]] = {s: [] for s in _STEPS}
-        for i in range(args.repeats):
+        for _ in range(args.repeats):
             for what in _STEPS:
                 out = subprocess.run([sys.executable, "-c", _CHILD, what, d, root],
                                      capture_output=True, text=True, check=True)

@@ -69,17 +69,17 @@ import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from proxy.mixture.bandit import BanditConfig, project_to_box  # noqa: E402
-from scripts.bench_stats import add_result, decide  # noqa: E402
 from proxy.mixture.controller import MixtureController  # noqa: E402
 from proxy.mixture.rebuild import epoch_windows  # noqa: E402
 from proxy.run_files.phases import Phase  # noqa: E402
 from proxy.supervision.run_setup import create_run  # noqa: E402
+from scripts.bench_stats import add_result, decide  # noqa: E402
 from shared.arm_data import read_arm_index  # noqa: E402
 from shared.config import DEFAULT_ARMS, PRESETS, ArmSpec, RunConfig, probe_plan  # noqa: E402
+from shared.lr_schedule import learning_rate  # noqa: E402
 from shared.run_layout import RunLayout  # noqa: E402
 from worker.data import ArmSampler  # noqa: E402
 from worker.model import GPT  # noqa: E402
-from shared.lr_schedule import learning_rate  # noqa: E402
 from worker.optim import FlatAdamW  # noqa: E402
 
 FLOOR, CAP = 0.1, 0.6         # the box of every arm
@@ -104,7 +104,8 @@ POLICY_SOURCE = hashlib.sha256(b"".join(
                                       "proxy/mixture/reward_scaler.py",
                                       "proxy/mixture/loss_trend.py",
                                       "proxy/mixture/box_projection.py", "shared/config.py",
-                                      "scripts/bench_mixture.py"))).hexdigest()[:16]  # policies run as the real system runs them: with the worker's probe
+                                      "scripts/bench_mixture.py"))).hexdigest()[:16]
+# (policies run as the real system runs them: with the worker's probe)
 
 
 def arm_set(name: str, tmp: Path) -> list[ArmSpec]:
@@ -384,7 +385,8 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
     evals, tiles = {}, {}
     for n in names:
         evals[n], tiles[n] = eval_windows(sampler, n, a.eval_windows, range(1, max_s + 1))
-    print(f"\n=== arm set {set_name}: {', '.join(f'{n} ({read_arm_index(layout)[n].n_tokens:,} tokens)' for n in names)}; "
+    sizes = ", ".join(f"{n} ({read_arm_index(layout)[n].n_tokens:,} tokens)" for n in names)
+    print(f"\n=== arm set {set_name}: {sizes}; "
           f"run created in {time.perf_counter() - t0:.1f} s")
     print(f"{a.steps} steps x {B} sequences x {cfg.model.block_size} tokens per bandit policy and seed; "
           f"seeds {' '.join(map(str, a.seeds))}; box floors {FLOOR}, caps {CAP} on every arm")
@@ -514,10 +516,11 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
               f"unconstrained gain {sm['gain']:.4f} at {mix_label(sm['mix'], names, 2)[5:]}; within the "
               f"limits (every learnable arm <= +{WORST_LIMIT} vs stratified on its surface) "
               f"{sm['gain_lim']:.4f} +- {sm['gain_lim_se']:.4f} (bootstrap over seeds) at "
-              f"{mix_label(sm['mix_lim'], names, 2)[5:]}: {sm['gain_lim'] / sm['gain_lim_se'] if sm['gain_lim_se'] > 0 else float('inf'):.1f} "
+              f"{mix_label(sm['mix_lim'], names, 2)[5:]}: "
+              f"{sm['gain_lim'] / sm['gain_lim_se'] if sm['gain_lim_se'] > 0 else float('inf'):.1f} "
               f"standard errors -> {'MIXING MATTERS' if sm['matters'] else 'mixing does not matter measurably'} here")
     out = {}
-    for lab, kind, _, _ in brows:
+    for lab, _kind, _, _ in brows:
         r = res[lab]
         st = paired_stats(r["lmeans"], ref["lmeans"])
         per_arm = {n: _mean([x["h"][n] - y["h"][n] for x, y in zip(r["runs"], ref["runs"])]) for n in judged}

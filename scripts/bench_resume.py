@@ -19,8 +19,9 @@ Each round's ratio is ours / nanoGPT; the median of the paired ratios with its 9
 decides (target <= 1.0: no slower), or says it cannot. Beside wall time, each side's CPU time
 (ours: the proxy and its worker, sampled from /proc every 10 ms; nanoGPT: its process) is
 paired the same way: other processes' load stretches wall time, hardly CPU time, and start-up is
-mostly single-threaded imports, so the CPU ratio is what a quiet machine's wall ratio tends to. Run with ANDREA_LOG_LEVEL=DEBUG to see
-each stage of ours (docs/operations.md#start-and-resume). A measurement, never a test.
+mostly single-threaded imports, so the CPU ratio is what a quiet machine's wall ratio tends to.
+Run with ANDREA_LOG_LEVEL=DEBUG to see each stage of ours (docs/operations.md#start-and-resume).
+A measurement, never a test.
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.bench_stats import interleaved
+from scripts.bench_stats import interleaved  # noqa: E402
 
 TARGET = 2.0
 

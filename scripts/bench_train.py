@@ -10,7 +10,8 @@ trained on two standard-library files, so creation takes seconds), then times
              nn.Parameters, torch.optim.AdamW with its defaults, the same clip and weight decay,
              on the same batch shape (random tokens),
 interleaved in rounds (ours then reference, reference then ours, ...: scripts/bench_stats.py) so a
-busy machine slows both alike; the median of the per-round paired ratios counts, with its spread. It prints tokens/s side by side, the ratio, and the achieved FLOP/s (6N +
+busy machine slows both alike; the median of the per-round paired ratios counts, with its spread.
+It prints tokens/s side by side, the ratio, and the achieved FLOP/s (6N +
 attention per token, nanoGPT's estimate) against the peak the worker measures at start (an fp32
 1024^3 matmul on CPU) or the device table on CUDA.
 

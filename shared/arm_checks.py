@@ -15,7 +15,6 @@ from shared.arm_sources import ParquetReader, corrupt_error, open_binary, resolv
 from shared.arms import EMBEDDED_KINDS, source_fingerprint, token_files
 from shared.config import ArmSourceError, ArmSpec
 
-
 HEAD_RECORDS = 100  # JSON Lines records looked at by the up-front check
 HEAD_BYTES = 1 << 20  # at most this much (decompressed) read by it
 BINARY_PROBE = 8000  # bytes of a single-file text arm looked at for NUL (git's rule)

@@ -45,10 +45,10 @@ from shared.arm_tokenize import (
     tokenize_stream,
 )
 from shared.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
-from shared.stop_request import StopRequested
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, RunConfig, check_arm_name
 from shared.run_layout import RunLayout
+from shared.stop_request import StopRequested
 from shared.tokenizer import RunTokenizer
 
 # what to do about a token file that changed under a run (ArmData.tokens, worker/data.py)

@@ -31,9 +31,9 @@ import math
 import operator
 import os
 import pathlib
+import queue
 import re
 import stat
-import queue
 import struct
 import sys
 import threading

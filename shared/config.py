@@ -16,9 +16,9 @@ import math
 import re
 import types
 import typing
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shared.checkpoint_format import INT32_MAX, expected_size
 from shared.run_layout import missing_run_json

@@ -76,7 +76,7 @@ def last_step(run_dir) -> int:
             tail = f.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return 0
-    steps = [int(l.split(",", 1)[0][8:]) for l in tail.splitlines() if l.startswith('{"step":')]
+    steps = [int(ln.split(",", 1)[0][8:]) for ln in tail.splitlines() if ln.startswith('{"step":')]
     return steps[-1] if steps else 0
 
 

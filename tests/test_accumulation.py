@@ -103,8 +103,15 @@ ACC = ["--max-steps", "30", "--checkpoint-every", "10", "--probe-every", "10",
 
 @pytest.mark.slow
 def test_sigterm_between_micro_batches_finishes_the_update_and_the_resume_is_bit_exact(tmp_path):
-    from proc_helpers import (assert_same_run, checkpoint_steps, clone, run, start, stopped_step,
-                              wait_report)
+    from proc_helpers import (
+        assert_same_run,
+        checkpoint_steps,
+        clone,
+        run,
+        start,
+        stopped_step,
+        wait_report,
+    )
     tpl = create_template(tmp_path / "tpl", *ACC, "--micro-batch-size", "2")  # 8 = 4 x 2
     ref = clone(tpl, tmp_path / "ref")
     r = run(ref, *ACC)

@@ -3,19 +3,19 @@
 in data/arms.json makes replays reproduce .state.json across the changes."""
 import json
 import random
-
 import subprocess
 import sys
+
+import pytest
 
 from proc_helpers import ROOT, loss_records, run_proxy
 from proxy.mixture.arm_changes import ArmChange, read_changes
 from proxy.mixture.controller import MixtureController
-from proxy.run_files.phases import Phase
 from proxy.mixture.rebuild import replay_run
+from proxy.run_files.phases import Phase
 from shared.arm_data import read_arm_index
 from shared.config import load_run_config
 from shared.run_layout import RunLayout
-import pytest
 
 # the probe policy (heldout_progress): these tests follow each arm's probe rewards by name
 COMMON = ["--checkpoint-every", "10", "--probe-every", "5", "--bandit-warmup", "5",
@@ -153,6 +153,7 @@ def test_an_active_arm_missing_from_run_json_is_still_retired_when_left_out(tmp_
 
 def test_bad_arm_names_are_refused_by_name():
     import pytest
+
     from shared.arms import parse_arm_option
     from shared.config import ConfigError
     for bad in ("./a", "../x", "x/y", ".hidden", "a b", "a..b", "x" * 65):
@@ -252,6 +253,7 @@ def test_an_arm_rejoining_after_a_pivot_starts_as_an_average_arm_with_its_lifeti
 def test_an_audit_fork_has_the_arms_of_its_checkpoint(tmp_path):
     import subprocess
     import sys
+
     from proc_helpers import ROOT
     arms = _sources(tmp_path)
     run = tmp_path / "run"

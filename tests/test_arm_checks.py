@@ -6,9 +6,9 @@ import gzip
 import json
 
 import pytest
-from proc_helpers import run_proxy
 from test_arm_sources import prose
 
+from proc_helpers import run_proxy
 from shared.arm_checks import check_arm, check_arms
 from shared.arms import parse_arm_option
 

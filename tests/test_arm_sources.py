@@ -104,7 +104,7 @@ def test_the_log_says_the_decoded_text_beside_the_bytes_on_disk_for_gz_and_parqu
         create_template(tmp_path / "run", "--arm", f"g=jsonl:{gz}",
                         "--arm", f"p=parquet:{tmp_path / 'p.parquet'}:body")
     for arm, size in (("g", gz.stat().st_size), ("p", (tmp_path / "p.parquet").stat().st_size)):
-        line = next(l for l in caplog.text.splitlines() if f"arm {arm} (" in l and "documents" in l)
+        line = next(ln for ln in caplog.text.splitlines() if f"arm {arm} (" in ln and "documents" in ln)
         assert f"40 documents, used {size:,} of {size:,} source bytes on disk, " \
                f"{text_bytes:,} bytes of decoded text" in line, line
         assert size < text_bytes / 2   # what the old line reported instead of the text
@@ -394,6 +394,7 @@ def test_arm_option_forms():
 
 def test_progress_is_a_bar_on_a_terminal_and_plain_lines_in_a_log(caplog):
     import io
+
     from shared.progress import Progress
 
     class Tty(io.StringIO):

@@ -3,6 +3,7 @@ with a held-out split never trained on; zombie arms retired by name; bad bounds 
 import json
 
 import numpy as np
+import pytest
 
 from proc_helpers import loss_records, run_proxy
 from proxy.mixture.bandit import Bandit, BanditConfig
@@ -11,7 +12,6 @@ from shared.arm_data import heldout_ranges, heldout_size, read_arm_index
 from shared.config import load_run_config, probe_plan
 from shared.run_layout import RunLayout
 from worker.data import ArmSampler
-import pytest
 
 PROSE = ("It was a bright cold day in April, and the clocks were striking thirteen. "
          "Winston Smith slipped quickly through the glass doors of Victory Mansions. ")
@@ -36,7 +36,7 @@ def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_
     src = tmp_path / "src"
     toks = make_sources(src)
     n = len(toks)
-    from shared.config import RunConfig, PRESETS
+    from shared.config import PRESETS, RunConfig
     cfg = RunConfig(model=PRESETS["andrea-test"])
     hold = heldout_size(n, cfg)
     ranges = heldout_ranges(n, cfg)                         # spread over the arm
@@ -128,6 +128,7 @@ def test_relative_sources_survive_another_directory_and_a_zombie_re_joins_when_i
     import os
     import subprocess
     import sys
+
     from proc_helpers import ROOT, TINY
     src = tmp_path / "src"
     src.mkdir()

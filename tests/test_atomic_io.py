@@ -55,6 +55,7 @@ def test_stale_temporaries_of_a_killed_writer_are_removed_and_young_ones_and_oth
     import os
     import tempfile
     import time
+
     from shared.atomic_io import clean_stale_writes
 
     old = [
@@ -84,6 +85,7 @@ def test_an_atomic_write_gets_the_mode_a_plain_open_gives_not_mkstemps_0600(tmp_
     tempfile.mkstemp whatever the umask, so a group that shares runs could not read them."""
     import os
     import stat
+
     from shared.atomic_io import atomic_write_bytes, current_umask
 
     old = os.umask(0o027)

@@ -8,8 +8,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from proxy.mixture.bandit import (Bandit, BanditConfig, BanditConfigError, QuantileScaler,
-                          parse_arm_values, project_to_box, resolve_bounds)
+from proxy.mixture.bandit import (
+    Bandit,
+    BanditConfig,
+    BanditConfigError,
+    QuantileScaler,
+    parse_arm_values,
+    project_to_box,
+    resolve_bounds,
+)
 from proxy.mixture.controller import MixtureController
 from proxy.run_files.phases import Phase
 
@@ -468,7 +475,8 @@ def test_retire_moves_arm_out_and_reprojects():
     # the retired arm's lifetime pulls carry into the next phase
     mix = MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 200, 25)
     mix.bandit = b
-    assert mix.next_phase("v2", {}, {}, 400).lifetime_pulls["repo-docstrings"] == d["retired"]["repo-docstrings"]["pulls_lifetime"]
+    assert (mix.next_phase("v2", {}, {}, 400).lifetime_pulls["repo-docstrings"]
+            == d["retired"]["repo-docstrings"]["pulls_lifetime"])
 
 
 def test_retire_refuses_infeasible_remaining_bounds_and_unknown_arms():
@@ -525,7 +533,7 @@ def test_centred_progress_ignores_a_trend_common_to_every_arm():
             assert not same
 
 
-# ----------------------------------------------------------------------------- the mixture benchmark and the collapse trap
+# ------------------------------------------------------ the mixture benchmark and the collapse trap
 
 TRAP_ARMS = ARMS + ["list-trap"]
 
@@ -561,8 +569,10 @@ def test_collapse_trap_default_never_raises_the_repetitive_arm_after_warmup():
     """point 4, the synthetic case: when the repetitive arm's held-out progress says
     nothing beyond the trend, the default bandit (heldout_progress) never lifts its probability
     above where it stands when the warm-up ends, although its train loss falls fastest (the
-    bench's real trap, whose held-out loss falls fastest too, is held by the repetition guard instead: docs/bandit.md#the-repetition-guard); the ODM baseline (train_loss) reacts to the train loss instead (here it lowers
-    it: a raw-loss reward prefers hard arms, the trap's danger is to a loss-DECREASE reward)."""
+    bench's real trap, whose held-out loss falls fastest too, is held by the repetition guard
+    instead: docs/bandit.md#the-repetition-guard); the ODM baseline (train_loss) reacts to the
+    train loss instead (here it lowers it: a raw-loss reward prefers hard arms, the trap's danger
+    is to a loss-DECREASE reward)."""
     floors, caps = {a: 0.1 for a in TRAP_ARMS}, {a: 0.6 for a in TRAP_ARMS}
     cfg = BanditConfig(reward="heldout_progress", warmup_steps=50)
     b = Bandit(TRAP_ARMS, floors, caps, cfg)
@@ -626,7 +636,8 @@ def test_progress_per_p_divides_progress_by_the_mean_recorded_p():
     b.observe({"step": 3, "phase_index": 0, "arms": {"a": 1, "b": 3}, "p": p, "probe": {"a": 2.9, "b": 2.9}})
     assert sorted(b.scaler.to_dict()["values"]) == pytest.approx(sorted([0.1 / 0.25, 0.1 / 0.75]))
     assert b.probabilities()["a"] > 0.5
-    plain = Bandit(["a", "b"], None, None, BanditConfig(reward="heldout_progress", warmup_steps=0, center_progress=False))
+    plain = Bandit(["a", "b"], None, None,
+                   BanditConfig(reward="heldout_progress", warmup_steps=0, center_progress=False))
     for r in ({"step": 1, "phase_index": 0, "arms": {}, "p": p, "probe": {"a": 3.0, "b": 3.0}},
               {"step": 3, "phase_index": 0, "arms": {}, "p": p, "probe": {"a": 2.9, "b": 2.9}}):
         plain.observe(r)
@@ -693,7 +704,8 @@ def test_collapse_trap_whose_probe_falls_fastest_is_held_by_the_easy_arm_guard()
         recs.append(rec)
     tops = {}
     for ratio in (0.8, 0.0):
-        b = Bandit(TRAP_ARMS, floors, caps, BanditConfig(reward="heldout_progress", warmup_steps=10, easy_arm_ratio=ratio, eta=0.3))
+        b = Bandit(TRAP_ARMS, floors, caps, BanditConfig(reward="heldout_progress", warmup_steps=10,
+                                                         easy_arm_ratio=ratio, eta=0.3))
         start, top = None, 0.0
         for r in recs:
             b.observe(r)
@@ -758,8 +770,10 @@ def test_repetition_guard_is_redecided_per_phase_and_released_when_a_retirement_
 def test_compression_ratio_separates_list_like_text_from_prose_and_code(tmp_path):
     """shared/arm_redundancy.py on real text: the benchmark's trap arm compresses an order of
     magnitude better than this repository's prose and code, bytes- and BPE-tokenized alike."""
-    import numpy as np
     from pathlib import Path
+
+    import numpy as np
+
     from shared.arm_redundancy import compression_ratio
     root = Path(__file__).resolve().parent.parent
     words = ["region", "value", "entry", "table", "field", "option"]
@@ -795,8 +809,16 @@ def test_default_audit_cadence_keeps_audits_within_their_budget_at_every_preset_
     batch and arm count, on a multiple of the checkpoint cadence, and the checkpoint cadence
     itself wherever that is already cheap enough; the cost formula counts every context token."""
     import dataclasses
-    from shared.config import (AUDIT_BUDGET, AUDIT_PROMPT_TOKENS, AUDIT_TOKENS, PRESETS, RunConfig,
-                               audit_cost, default_sample_every)
+
+    from shared.config import (
+        AUDIT_BUDGET,
+        AUDIT_PROMPT_TOKENS,
+        AUDIT_TOKENS,
+        PRESETS,
+        RunConfig,
+        audit_cost,
+        default_sample_every,
+    )
     for preset, shape in PRESETS.items():
         for batch in (1, 2, 4, 16, 64):
             for k in (1, 3, 8):
@@ -819,8 +841,14 @@ def test_probe_and_audits_together_cost_at_most_the_policy_budget_by_default():
     cadence, probe + audits (shared/config.py policy_cost) stay within POLICY_BUDGET (2 %) of
     training FLOPs at every preset, batch and arm count (with the probe of heldout_progress; the
     default train_slope pays only the audits); the start-up table states the sum."""
-    from shared.config import (POLICY_BUDGET, PRESETS, RunConfig, audit_cost, default_sample_every,
-                               policy_cost)
+    from shared.config import (
+        POLICY_BUDGET,
+        PRESETS,
+        RunConfig,
+        audit_cost,
+        default_sample_every,
+        policy_cost,
+    )
     assert POLICY_BUDGET == 0.02
     free = RunConfig(batch_size=16)
     free.sample_every = default_sample_every(free)
@@ -841,6 +869,7 @@ def test_batched_generation_with_one_generator_per_row_matches_each_row_alone():
     """worker/sampling.py generate_batched: the sample audit generates its arms as one batch,
     each row with its own generator, and each row's text is what that row alone would give."""
     import torch
+
     from shared.config import PRESETS
     from worker.model import GPT
     from worker.sampling import generate_batched

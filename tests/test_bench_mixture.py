@@ -198,7 +198,7 @@ def test_quick_benchmark_prints_one_result_per_set_with_every_p_in_its_box():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_mixture.py"), "--quick"],
                          capture_output=True, text=True, timeout=900, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    res = [json.loads(l[len("RESULT "):]) for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+    res = [json.loads(ln[len("RESULT "):]) for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert [r["set"] for r in res] == ["A", "D", "F", "trap"]
     for r in res:
         assert list(r)[:16] == ["figure", "ratio", "low", "high", "target", "met", "rounds",

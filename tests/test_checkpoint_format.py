@@ -8,7 +8,8 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared import checkpoint_format as cf
 from shared import checkpoint_manifest as cm

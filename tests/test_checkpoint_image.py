@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
+from shared import checkpoint_dir as cdir
 from shared import checkpoint_format as cf
-
-from shared import checkpoint_write as cw, checkpoint_dir as cdir
+from shared import checkpoint_write as cw
 
 
 @pytest.mark.parametrize("n", [1, 341, 1000, 300_000])   # tails of every length, and none

@@ -16,12 +16,13 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from proc_helpers import ROOT
-from shared import checkpoint_format as cf
 from shared import checkpoint_dir as cdir
+from shared import checkpoint_format as cf
 from shared import checkpoint_manifest as cm
 from shared import checkpoint_write as cw
-import pytest
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
@@ -79,7 +80,7 @@ def test_sigkill_at_random_moments_during_writes_leaves_only_valid_checkpoints(t
     rng = random.Random(1234)
     first, kills_mid_write, retired_seen = 1, 0, 0
     seen_steps: set[int] = set()
-    for kill in range(KILLS):
+    for _ in range(KILLS):
         proc = subprocess.Popen([sys.executable, "-c", CHILD, str(run_dir), str(N_PARAMS),
                                  str(first)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)

@@ -12,8 +12,16 @@ import subprocess
 
 import pytest
 
-from proc_helpers import (ROOT, checkpoint_steps, last_step, loss_records, proxy_cmd,
-                          run_proxy, start_proxy, wait_for)
+from proc_helpers import (
+    ROOT,
+    checkpoint_steps,
+    last_step,
+    loss_records,
+    proxy_cmd,
+    run_proxy,
+    start_proxy,
+    wait_for,
+)
 from shared import checkpoint_format as cf
 from shared import checkpoint_manifest as cm
 from shared.config import INT32_MAX, ConfigError, ModelShape, RunConfig
@@ -28,7 +36,7 @@ def _manifest(run):
 
 
 def _rejected_lines(out):
-    return [l for l in out.splitlines() if " rejected step_" in l and "(rule: " in l]
+    return [ln for ln in out.splitlines() if " rejected step_" in ln and "(rule: " in ln]
 
 
 def test_resume_rejects_bad_files_with_their_rule_keeps_them_and_ignores_other_names(tmp_path):

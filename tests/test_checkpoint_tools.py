@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from proc_helpers import ROOT
-from shared import checkpoint_write as cw
 from shared import checkpoint_manifest as cm
+from shared import checkpoint_write as cw
 from shared.config import PRESETS, RunConfig, parameter_table
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
@@ -79,6 +79,7 @@ def test_inspect_reports_a_flipped_byte_and_a_truncated_file_with_their_rules(
 def test_export_writes_named_weights_that_a_fresh_model_loads_and_runs_identically(run_with_checkpoint,
                                                                        tmp_path):
     from safetensors.numpy import load_file
+
     from worker.model import GPT
     run, model, path = run_with_checkpoint
     out = tmp_path / "model.safetensors"

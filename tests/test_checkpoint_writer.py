@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from proc_helpers import ROOT
+from shared import checkpoint_dir as cdir
 from shared import checkpoint_format as cf
-from shared import checkpoint_write as cw, checkpoint_dir as cdir
 from shared import checkpoint_manifest as cm
+from shared import checkpoint_write as cw
 from worker import checkpointer as ck
 from worker.checkpointer import Checkpointer
 

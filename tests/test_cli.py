@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from proxy.cli import COMMANDS, build_parser
 from proc_helpers import ROOT
+from proxy.cli import COMMANDS, build_parser
 
 
 def _subparsers(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -3,11 +3,12 @@ bad audits in a row pin the last checkpoint before them, write an alarm into the
 log, and with --stop-on-collapse stop the run."""
 import json
 
+import pytest
+
 from proc_helpers import loss_records, run_proxy
 from proxy.mixture.collapse_watch import CollapseWatch, repetition_scores
 from shared.checkpoint_manifest import read_manifest
 from shared.run_layout import RunLayout
-import pytest
 
 
 def test_repetition_scores_tell_region_region_region_from_prose():

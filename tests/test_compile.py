@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from proc_helpers import (assert_same_run, clone, create_template, loss_records, run, start,
-                          stopped_step, wait_report)
+from proc_helpers import (
+    assert_same_run,
+    clone,
+    create_template,
+    loss_records,
+    run,
+    start,
+    stopped_step,
+    wait_report,
+)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
 from worker.trainer import resolve_compile
 

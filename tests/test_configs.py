@@ -147,7 +147,7 @@ def test_every_config_creates_and_trains_a_run_on_cpu(path, tmp_path):
 
 
 def _table_row(stderr: str, key: str) -> str:
-    return next(l for l in stderr.splitlines() if l.split("  ", 1)[-1].lstrip().startswith(key))
+    return next(ln for ln in stderr.splitlines() if ln.split("  ", 1)[-1].lstrip().startswith(key))
 
 
 @pytest.mark.slow
@@ -193,6 +193,7 @@ def test_start_up_table_shows_the_phase_in_force_with_its_caps_and_floors(tmp_pa
     draws in, and a pivot recorded on a stopped run is seen to be in force."""
     import subprocess
     import sys
+
     from proc_helpers import ROOT, run_proxy
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "10", "--checkpoint-every", "5", "--sample-every", "5",
@@ -236,6 +237,7 @@ def test_a_run_json_value_of_the_wrong_type_is_refused_naming_the_file_and_key(t
     """A hand-edited run.json with a value of the wrong type is a ConfigError (exit 2) naming the
     file and the key, not a TypeError deep in a computation later."""
     import dataclasses
+
     from shared.config import PRESETS, load_run_config
     d = json.loads(json.dumps(dataclasses.asdict(RunConfig(model=PRESETS["andrea-test"]))))
     assert RunConfig.from_json(d) == RunConfig(model=PRESETS["andrea-test"])

@@ -8,8 +8,9 @@ import signal
 import subprocess
 
 import pytest
-from proc_helpers import ROOT, proxy_cmd, run_proxy, wait_for
 from test_arm_sources import prose
+
+from proc_helpers import ROOT, proxy_cmd, run_proxy, wait_for
 
 # many files (one document each) of a few hundred KB: dozens of pieces and batches
 ARGS = ["--tokenizer", "bpe", "--bpe-sample-bytes", "200000", "--max-steps", "1",

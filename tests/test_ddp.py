@@ -5,20 +5,27 @@ Each run uses two small text arms (standard-library sources) so creation takes a
 """
 import json
 import os
+import signal
 import subprocess
 import sys
-import textwrap
-import shutil
-import signal
 import sysconfig
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 
-from proc_helpers import (ROOT, checkpoint_steps, last_step, loss_records, pid_alive, run_proxy,
-                          start_proxy, wait_for)
+from proc_helpers import (
+    ROOT,
+    checkpoint_steps,
+    last_step,
+    loss_records,
+    pid_alive,
+    run_proxy,
+    start_proxy,
+    wait_for,
+)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes

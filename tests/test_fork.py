@@ -4,10 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from proc_helpers import ROOT, loss_records, run_proxy
 from shared.checkpoint_format import checkpoint_name
 from shared.checkpoint_manifest import read_manifest
-import pytest
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 

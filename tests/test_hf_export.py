@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from proc_helpers import ROOT
-from shared import checkpoint_write as cw
 from shared import checkpoint_manifest as cm
+from shared import checkpoint_write as cw
 from shared.config import PRESETS, RunConfig
 from shared.tokenizer import RunTokenizer
 

@@ -34,8 +34,8 @@ def test_early_in_a_run_the_ema_lies_within_the_losses_seen():
 
 
 def test_plot_status_and_the_live_filer_share_the_one_ema():
-    from proxy.observation.plot import series
     from proxy.commands.status import loss_ema as status_ema
+    from proxy.observation.plot import series
     recs = [{"step": i + 1, "loss": 5 + math.sin(i)} for i in range(40)]
     recs[7]["loss"] = None
     assert series(recs)["ema"][-1] == pytest.approx(loss_ema(recs))

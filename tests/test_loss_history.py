@@ -3,6 +3,7 @@ open without losing a complete record, rewind to `.loss.rewound.json`. Real file
 
 import json
 import os
+import re
 
 import pytest
 
@@ -111,7 +112,7 @@ def test_append_is_o1_bytes_written_independent_of_history_length(hist):
             size0, written0 = os.stat(hist).st_size, h.bytes_written
             calls = []
             real = h._write_at
-            h._write_at = lambda off, buf: (calls.append(len(buf)), real(off, buf))
+            h._write_at = lambda off, buf, calls=calls, real=real: (calls.append(len(buf)), real(off, buf))
             h.append(dict(record, step=step))
             h._write_at = real
             line = len(json.dumps(dict(record, step=step), separators=(",", ":")))
@@ -358,9 +359,10 @@ def test_whole_file_scans_in_small_chunks_find_exactly_what_one_pass_finds(hist,
         monkeypatch.setattr(lh, "_CHUNK", chunk)
         for name, body in cases.items():
             hist.write_bytes(body)
-            with LossHistory(hist) as h:
-                got = (len(h), h.last_step, [m.split(": ", 1)[1] for m in h.repairs],
-                       hist.read_bytes())
+            with LossHistory(hist) as h:  # the copy of damaged bytes is named by the second
+                got = (len(h), h.last_step,
+                       [re.sub(r"damaged-\d+(\.\d+)?", "damaged-T", m.split(": ", 1)[1])
+                        for m in h.repairs], hist.read_bytes())
             results.setdefault(name, got)
             assert got == results[name], (name, chunk)
     assert results["healthy"][:3] == (12, 12, [])

@@ -4,8 +4,18 @@ import signal
 
 import pytest
 
-from proc_helpers import (checkpoint_steps, last_step, loss_records, pid_alive, run_proxy,
-                          start, start_proxy, wait_for, wait_report, worker_pid)
+from proc_helpers import (
+    checkpoint_steps,
+    last_step,
+    loss_records,
+    pid_alive,
+    run_proxy,
+    start,
+    start_proxy,
+    wait_for,
+    wait_report,
+    worker_pid,
+)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
 from shared.config import PRESETS, count_parameters
 

@@ -18,11 +18,22 @@ from pathlib import Path
 import psutil
 import pytest
 
+from proc_helpers import (
+    ROOT,
+    TINY,
+    _env,
+    assert_same_run,
+    checkpoint_steps,
+    clone,
+    cmd,
+    create_template,
+    last_step,
+    loss_records,
+    manifest,
+    run_processes,
+    wait_for,
+)
 from worker.signals import USR1_BURST_S
-
-from proc_helpers import (ROOT, TINY, _env, assert_same_run, checkpoint_steps, clone, cmd,
-                          create_template, last_step, loss_records, manifest, run_processes,
-                          wait_for)
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 ARMS = ["--arm", f"argparse=text:{STDLIB / 'argparse.py'}",
@@ -134,6 +145,7 @@ def test_of_two_followers_that_took_one_node_rank_at_once_the_later_moves(tmp_pa
     """Where `.nodes/.lock` is not shared between hosts, two followers can take one node rank;
     the owner gathers only distinct ranks, and the later joiner moves to a free one."""
     import time
+
     from proxy.supervision.nodes import NodeRecord, NodeSetupError, wait_for_followers
     from shared.run_layout import RunLayout
     layout = RunLayout(tmp_path)
@@ -165,6 +177,7 @@ def test_the_rendezvous_deadline_names_the_node_ranks_that_never_joined(tmp_path
 
 def test_the_store_is_served_at_the_endpoint_host_only_when_it_is_this_machine():
     import socket
+
     from proxy.supervision.nodes import store_address
     assert store_address("127.0.0.1:29400") == "127.0.0.1"
     assert store_address("192.0.2.7:29400") == socket.gethostname()  # TEST-NET-1: not ours
@@ -175,6 +188,7 @@ def test_a_node_record_keeps_beating_while_its_proxy_is_busy(tmp_path):
     """Other hosts judge a node by its heartbeat; the owner's main thread may be busy for
     minutes (creating the run, replaying the history), so a thread keeps the record fresh."""
     import time
+
     from proxy.supervision.nodes import NodeRecord, node_records, record_alive
     from shared.run_layout import RunLayout
     rec = NodeRecord(RunLayout(tmp_path), "owner", 0, "tok", 1)
@@ -240,6 +254,7 @@ def test_an_owner_record_that_beats_holds_the_run_where_the_lock_is_not_shared(
 def test_an_owner_record_of_another_host_is_alive_while_its_heartbeat_moves(tmp_path):
     import threading
     import time
+
     from proxy.run_files.run_lock import owner_alive, read_owner
     from shared.atomic_io import atomic_write_json
     from shared.run_layout import RunLayout
@@ -268,6 +283,7 @@ def test_of_two_owners_claiming_one_directory_at_once_the_earlier_keeps_it(tmp_p
     """Two hosts that both found the record free both write theirs: at the next beat the later
     claim yields (`lost`), the earlier one rewrites its record."""
     import time
+
     from proxy.run_files.run_lock import NO_FLOCK_ENV, RunLock, read_owner
     from shared.atomic_io import atomic_write_json
     from shared.run_layout import RunLayout
@@ -369,7 +385,9 @@ def test_a_node_never_follows_the_last_starts_owner_record_while_the_new_owner_w
     same --rdzv-id): a node may find the lock already held while the record still names the
     last start's owner, released. It waits for the new owner's record and follows that one."""
     import time
+
     from filelock import FileLock
+
     from shared.atomic_io import atomic_write_json
     from shared.run_layout import RunLayout
     run = tmp_path / "run"

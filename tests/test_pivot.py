@@ -6,14 +6,24 @@ import signal
 import subprocess
 import sys
 
-from proc_helpers import ROOT, TINY, checkpoint_steps, cleaned_up, last_step, loss_records, \
-    pid_alive, run_processes, run_proxy, start, wait_for
+import pytest
+
+from proc_helpers import (
+    ROOT,
+    checkpoint_steps,
+    cleaned_up,
+    last_step,
+    loss_records,
+    run_processes,
+    run_proxy,
+    start,
+    wait_for,
+)
 from proxy.mixture.rebuild import rebuild_mixture, replay_run
 from proxy.run_files.phases import read_phases
 from shared.checkpoint_format import checkpoint_name
 from shared.config import load_run_config
 from shared.run_layout import RunLayout
-import pytest
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
@@ -92,7 +102,7 @@ def test_pivot_refuses_bad_bounds_a_second_request_and_a_finished_run_before_cha
     st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)], cwd=ROOT,
                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
                         text=True, timeout=60)
-    line = next(l for l in st.stdout.splitlines() if l.startswith("processes"))
+    line = next(ln for ln in st.stdout.splitlines() if ln.startswith("processes"))
     assert "no proxy since the `pivot` command" in line, line  # it named that pid as the proxy
     r = pivot(run, "--caps", "repo-code=0.4", "--label", "v3", "--max-steps", "20")
     assert r.returncode == 2 and "already pending" in r.stderr and "'v2'" in r.stderr
@@ -207,6 +217,7 @@ def test_a_waiting_pivot_repeats_its_waiting_line_at_most_every_interval_and_whe
     once when the boundary moves."""
     import threading
     import time
+
     from proxy.commands.pivot import WAIT_LINE_EVERY_S, _wait
     from proxy.run_files.pivot_request import write_request
     from shared.loss_history import LossHistory
@@ -231,8 +242,8 @@ def test_a_waiting_pivot_repeats_its_waiting_line_at_most_every_interval_and_whe
         assert _wait(layout, None, timeout=3.0, line_every=line_every) != 0  # times out
         t.join()
         assert done.is_set()
-        return [l for l in capsys.readouterr().out.splitlines()
-                if l.startswith("pivot: waiting for boundary")]
+        return [ln for ln in capsys.readouterr().out.splitlines()
+                if ln.startswith("pivot: waiting for boundary")]
 
     assert WAIT_LINE_EVERY_S == 30.0
     lines = waiting_lines(WAIT_LINE_EVERY_S, 1)   # ~200 steps filed during the wait
@@ -241,7 +252,7 @@ def test_a_waiting_pivot_repeats_its_waiting_line_at_most_every_interval_and_whe
     assert 2 <= len(lines) <= 4, lines
     write_request(layout, req)
     lines = waiting_lines(WAIT_LINE_EVERY_S, 401, moved_at=450)
-    assert [l.split(" (")[0] for l in lines] == ["pivot: waiting for boundary step 10000",
+    assert [ln.split(" (")[0] for ln in lines] == ["pivot: waiting for boundary step 10000",
                                                  "pivot: waiting for boundary step 20000"], lines
 
 
@@ -322,8 +333,9 @@ def test_a_pivot_request_never_replaces_a_pending_collapse_alarm_stop(tmp_path):
     (served at the next start) and says what it waits for; once no alarm is pending it is
     posted."""
     import dataclasses
-    from proxy.supervision.pivots import poll_pivot_request
+
     from proxy.run_files.pivot_request import read_request, write_request
+    from proxy.supervision.pivots import poll_pivot_request
     from shared.config import RunConfig
     from shared.handshake import read_handshake, update_handshake
     layout = RunLayout(tmp_path)
@@ -367,9 +379,9 @@ def test_the_creating_command_run_again_after_a_pivot_resumes_under_the_pivots_b
 
 
 def test_pivot_now_stops_at_the_next_step_and_a_stop_rule_with_now_ignores_the_cadence():
+    from proxy.commands.pivot import next_boundary
     from shared.config import RunConfig
     from shared.handshake import control_stops_at
-    from proxy.commands.pivot import next_boundary
     now = {"stop_at_step": 23, "reason": "pivot", "now": True}
     assert [k for k in range(20, 26) if control_stops_at(now, k, 10)] == [23, 24, 25]
     cfg = RunConfig(checkpoint_every=10)
@@ -406,7 +418,7 @@ def test_a_live_pivot_says_when_its_boundary_comes_and_pivot_now_pivots_at_the_n
         b = phases(run)[1]["start_step"]
         assert 15 < b < 100, b
         assert f"filed step {b + 1}" in r.stdout and "pivots at the next step" in r.stdout
-        waits = [l for l in r.stdout.splitlines() if l.startswith("pivot: waiting for boundary")]
+        waits = [ln for ln in r.stdout.splitlines() if ln.startswith("pivot: waiting for boundary")]
         assert len(waits) == len(set(waits)), r.stdout
         wait_for(lambda: last_step(run) >= b + 3, 300, what="training after the pivot")
         proc.send_signal(signal.SIGTERM)

@@ -4,10 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from proc_helpers import ROOT, run_proxy
 from proxy.observation.plot import series
 from proxy.run_files.loss_ema import loss_ema
-import pytest
 
 
 @pytest.mark.slow
@@ -111,6 +112,7 @@ def test_plot_reads_a_long_history_in_memory_that_does_not_grow_with_it(tmp_path
     """read_series streams the file: the Python heap's peak while reading 60,000 records is
     below 4 MiB (the records as a list: 37 MiB)."""
     import tracemalloc
+
     from proxy.observation.plot import read_series
     from shared.loss_history import LossHistory
 

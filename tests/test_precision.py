@@ -15,9 +15,22 @@ import numpy as np
 import pytest
 import torch
 
-from proc_helpers import (assert_same_run, checkpoint_steps, clone, create_template, kill_run,
-                          loss_records, manifest, output, reports, run, start, stopped_step,
-                          wait_for, wait_report)
+from proc_helpers import (
+    assert_same_run,
+    checkpoint_steps,
+    clone,
+    create_template,
+    kill_run,
+    loss_records,
+    manifest,
+    output,
+    reports,
+    run,
+    start,
+    stopped_step,
+    wait_for,
+    wait_report,
+)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint, read_header
 from shared.checkpoint_manifest import read_manifest
 
@@ -99,6 +112,7 @@ def test_bf16_autocast_keeps_weights_and_gradients_fp32():
 
 def test_proxy_run_passes_precision_to_the_options():
     import argparse
+
     from proxy.supervision.run_options import add_run_args, proxy_options
     from shared.config import RunConfig
 

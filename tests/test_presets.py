@@ -1,6 +1,7 @@
-"""The published ANDREA shapes, exactly (docs/checkpoint-format.md, docs/architecture.md#the-worker): parameter counts and
-checkpoint sizes per preset and vocabulary, and the parameter order table checked against the
-bytes of a checkpoint the worker's own writer put on disk."""
+"""The published ANDREA shapes, exactly (docs/checkpoint-format.md,
+docs/architecture.md#the-worker): parameter counts and checkpoint sizes per preset and
+vocabulary, and the parameter order table checked against the bytes of a checkpoint the
+worker's own writer put on disk."""
 import math
 
 import numpy as np

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import psutil
 
-from shared.procfs import all_pids, process_state, read_stat
 from proc_helpers import wait_for
+from shared.procfs import all_pids, process_state, read_stat
 
 
 def test_read_stat_of_this_process_matches_the_os():

@@ -1,9 +1,9 @@
 """the progress line (elapsed, ETA, a credible MFU) and readable samples — the pure
 formatting, no processes (the run-level checks are in tests/test_run_watch.py)."""
 import time
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from proxy.observation.progress import ProgressLine, credible_mfu, fmt_duration
 from proxy.observation.sample_format import format_audit, format_sample
@@ -60,8 +60,8 @@ def test_status_of_a_run_no_proxy_ever_held_says_so_not_pid_none(tmp_path):
     from proc_helpers import create_template
     from proxy.commands.status import collect_status, format_status
     run = create_template(tmp_path / "run")
-    line = next(l for l in format_status(collect_status(run)).splitlines()
-                if l.startswith("processes"))
+    line = next(ln for ln in format_status(collect_status(run)).splitlines()
+                if ln.startswith("processes"))
     assert "None" not in line and "no proxy" in line, line
 
 
@@ -69,6 +69,7 @@ def test_printed_commands_name_the_interpreter_that_runs_this(tmp_path, monkeypa
     """The summary's `next:` commands name the interpreter running the proxy, not a bare
     `python`, which may be another interpreter without the project installed."""
     import sys
+
     from proxy.observation.progress import python_command
     monkeypatch.chdir(tmp_path)
     assert python_command() == sys.executable          # not under the working directory

@@ -5,13 +5,29 @@ import json
 import os
 import signal
 
-import numpy as np
 import pytest
 
-from proc_helpers import (assert_same_run, checkpoint_steps, clone, compare_keys, create_template,
-                          EXACT, hello_pid, kill_run, last_step, loss_records, manifest,
-                          proxy_log, run, run_processes, start, stopped_step,
-                          usr1_to_paused_worker, wait_for, wait_report)
+from proc_helpers import (
+    EXACT,
+    assert_same_run,
+    checkpoint_steps,
+    clone,
+    compare_keys,
+    create_template,
+    hello_pid,
+    kill_run,
+    last_step,
+    loss_records,
+    manifest,
+    proxy_log,
+    run,
+    run_processes,
+    start,
+    stopped_step,
+    usr1_to_paused_worker,
+    wait_for,
+    wait_report,
+)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint, read_header
 from shared.checkpoint_manifest import remove_entries
 
@@ -169,7 +185,8 @@ def test_resume_with_a_different_max_steps_warns_loudly_and_records_it_in_the_hi
     assert {x["lr"] for x in recs[60:]} == {recs[59]["lr"]}
 
 
-def test_sigterm_to_the_worker_process_group_stops_like_one_to_the_proxy_and_resumes_bit_exact(template, reference, tmp_path):
+def test_sigterm_to_the_worker_process_group_stops_like_one_to_the_proxy_and_resumes_bit_exact(
+        template, reference, tmp_path):
     """Schedulers signal the job's processes, not the proxy: same result (exit 0, a sigterm
     checkpoint of the stop step, history to it, no restart), and the resume is exact."""
     b = clone(template, tmp_path / "run")

@@ -27,12 +27,12 @@ def finished_run(tmp_path_factory):
 
 def test_progress_lines_show_elapsed_time_an_eta_and_a_credible_mfu(finished_run):
     _, r = finished_run
-    lines = [l for l in r.stdout.splitlines() if l.startswith("step ")]
-    steps = [int(l.split()[1].split("/")[0]) for l in lines]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("step ")]
+    steps = [int(ln.split()[1].split("/")[0]) for ln in lines]
     assert steps[0] == 1 and {5, 10, 15, 20} <= set(steps)   # the first step at once
-    assert all(re.search(r"\| \d+:\d\d:\d\d elapsed, eta (\d+:\d\d:\d\d|--) \|", l) for l in lines)
+    assert all(re.search(r"\| \d+:\d\d:\d\d elapsed, eta (\d+:\d\d:\d\d|--) \|", ln) for ln in lines)
     assert "eta 0:00:00" in lines[-1]
-    assert all(float(m) <= 100 for l in lines for m in re.findall(r"mfu ([\d.]+)%", l))
+    assert all(float(m) <= 100 for ln in lines for m in re.findall(r"mfu ([\d.]+)%", ln))
 
 
 def test_sample_audits_are_logged_with_the_prompt_and_the_text_apart(finished_run):
@@ -118,7 +118,7 @@ def test_progress_from_the_first_step_then_by_steps_or_time_and_a_summary_that_f
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "3", "--print-every", "1000", f"--arm=c=text:{src}")
     assert r.returncode == 0, r.stderr[-3000:]
-    steps = [int(l.split()[1].split("/")[0]) for l in r.stdout.splitlines() if l.startswith("step ")]
+    steps = [int(ln.split()[1].split("/")[0]) for ln in r.stdout.splitlines() if ln.startswith("step ")]
     assert steps[0] == 1 and steps[-1] == 3, steps
     summary = proxy_log(run)[proxy_log(run).index("run summary: "):]
     assert re.search(r"wall time   \d+:\d\d:\d\d \(creation \d+:\d\d:\d\d, training "
@@ -131,7 +131,7 @@ def test_progress_from_the_first_step_then_by_steps_or_time_and_a_summary_that_f
                         "--max-steps", "6", "--print-every", "1000"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=180, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
-    steps = [int(l.split()[1].split("/")[0]) for l in r.stdout.splitlines() if l.startswith("step ")]
+    steps = [int(ln.split()[1].split("/")[0]) for ln in r.stdout.splitlines() if ln.startswith("step ")]
     assert steps == [4, 5, 6], steps            # by time: every step when the period is 0
     summary = proxy_log(run)[proxy_log(run).rindex("run summary: "):]
     assert "training (a resumed run: no creation)" in summary
@@ -149,6 +149,7 @@ def test_tensorboard_switched_on_for_a_trained_run_shows_its_whole_history_once(
     assert "backfilled" not in r.stderr
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.compat.proto import event_pb2
+
     from proxy.observation.tensorboard_log import EVENT_GLOB, read_events
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()

@@ -7,10 +7,19 @@ import math
 import signal
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from proc_helpers import (assert_same_run, clone, create_template, loss_records, run, start,
-                          stopped_step, wait_report)
+from proc_helpers import (
+    assert_same_run,
+    clone,
+    create_template,
+    loss_records,
+    run,
+    start,
+    stopped_step,
+    wait_report,
+)
 from proxy.supervision.run_setup import replan
 from shared.config import ConfigError, RunConfig
 from shared.lr_schedule import learning_rate

@@ -2,13 +2,14 @@
 the rewind path when the newest checkpoint is corrupt, and the bounded .samples.json."""
 import json
 
+import pytest
+
 from proc_helpers import loss_records, run_proxy
 from proxy.mixture.rebuild import replay_run
 from shared.checkpoint_format import checkpoint_name
 from shared.config import load_run_config
 from shared.loss_history import read_records
 from shared.run_layout import RunLayout
-import pytest
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 

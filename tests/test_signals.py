@@ -11,9 +11,23 @@ import time
 import psutil
 import pytest
 
-from proc_helpers import (checkpoint_steps, cleaned_up, clone, create_template, hello_pid,
-                          kill_run, last_step, loss_records, manifest, output, reports, start,
-                          usr1_forwarded, usr1_to_paused_worker, wait_for, wait_report)
+from proc_helpers import (
+    checkpoint_steps,
+    cleaned_up,
+    clone,
+    create_template,
+    hello_pid,
+    last_step,
+    loss_records,
+    manifest,
+    output,
+    reports,
+    start,
+    usr1_forwarded,
+    usr1_to_paused_worker,
+    wait_for,
+    wait_report,
+)
 from shared.checkpoint_format import checkpoint_name, is_temporary_name, load_checkpoint
 from shared.checkpoint_manifest import read_manifest
 from worker.signals import USR1_BURST_S
@@ -60,7 +74,8 @@ def _stop(proc, timeout=120):
     return proc.wait(timeout=timeout)
 
 
-def test_three_quick_sigusr1_plus_a_copy_to_the_worker_group_give_one_checkpoint_and_one_on_a_cadence_step_writes_once(template, tmp_path):
+def test_three_quick_sigusr1_plus_a_copy_to_the_worker_group_give_one_checkpoint_and_one_on_a_cadence_step_writes_once(  # noqa: E501
+        template, tmp_path):
     b = clone(template, tmp_path / "run")
     # each pause ends once the proxy has forwarded the SIGUSR1 (usr1_to_paused_worker)
     proc = start(b, *LONG, env={"ANDREA_TEST_PAUSE_AT_STEP": "4:600,10:600"})
@@ -158,7 +173,7 @@ def test_sigusr1_during_startup_of_proxy_and_worker_is_honoured_after_the_first_
                          what="the worker process")[0]
         blocked = open(f"/proc/{child.pid}/status").read()
         os.kill(child.pid, signal.SIGUSR1)  # during the worker's interpreter start-up
-        print("worker status when signalled:", [l for l in blocked.splitlines() if l.startswith("SigBlk")])
+        print("worker status when signalled:", [ln for ln in blocked.splitlines() if ln.startswith("SigBlk")])
         wait_for(lambda: [s for s, r, _ in manifest(b) if r == "sigusr1"], 180, what="the SIGUSR1 checkpoint")
         wait_for(lambda: last_step(b) >= 5, 60, what="training to go on")
         assert psutil.pid_exists(child.pid) and child.status() != psutil.STATUS_ZOMBIE

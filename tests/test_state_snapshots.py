@@ -4,9 +4,8 @@ import json
 import random
 
 from proxy.mixture.controller import MixtureController
-from proxy.run_files.phases import Phase
 from proxy.mixture.rebuild import rebuild_mixture
-from proxy.run_files.phases import write_phases
+from proxy.run_files.phases import Phase, write_phases
 from proxy.run_files.state_snapshots import append_snapshot, find_snapshot, mark_rewound
 from shared.arm_data import ArmData, write_arm_index
 from shared.config import RunConfig

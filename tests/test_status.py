@@ -3,8 +3,9 @@ import os
 import subprocess
 import sys
 
-from proc_helpers import ROOT, run_proxy
 import pytest
+
+from proc_helpers import ROOT, run_proxy
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
@@ -18,9 +19,9 @@ def test_status_skips_a_truncated_newest_checkpoint_and_names_it_invalid(tmp_pat
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
-    line = next(l for l in r.stdout.splitlines() if l.startswith("checkpoint"))
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("checkpoint"))
     assert "step_000010.bin" in line
-    assert any(l.startswith("INVALID") and "step_000020.bin" in l for l in r.stdout.splitlines())
+    assert any(ln.startswith("INVALID") and "step_000020.bin" in ln for ln in r.stdout.splitlines())
 
 
 def test_pivot_of_a_finished_run_is_refused_and_changes_nothing(tmp_path):
@@ -70,8 +71,8 @@ def test_a_checkpoint_whose_bytes_changed_is_not_the_newest_for_status_sample_or
     r = proxy("status", "--run-dir", str(run))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert "step_000010.bin" in next(l for l in lines if l.startswith("checkpoint"))
-    bad = [l for l in lines if l.startswith("INVALID")]
+    assert "step_000010.bin" in next(ln for ln in lines if ln.startswith("checkpoint"))
+    bad = [ln for ln in lines if ln.startswith("INVALID")]
     assert len(bad) == 1 and "checksum" in bad[0] and bad[0].count("step_000020.bin") == 1, bad
     r = proxy("sample", str(run / "step_000020.bin"), "--tokens", "4")
     assert r.returncode == 1 and "checksum" in r.stderr and "step_000020.bin" in r.stderr
@@ -91,6 +92,7 @@ def test_status_while_a_proxy_is_creating_the_run_says_so_and_not_that_creation_
     """During a long creation (tokenizing a big arm) `status` said the creation was "stopped
     or killed" and exited 2, while the proxy was alive and working."""
     import signal
+
     from proc_helpers import proxy_cmd, wait_for
     src = tmp_path / "big.txt"
     src.write_text("the quick brown fox jumps over the lazy dog, said the clock. " * 400_000)
@@ -129,7 +131,7 @@ def test_status_and_the_summary_measure_against_the_runs_plan_not_the_last_start
     r = run(r_dir, "--max-steps", "20")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "20 of 40 planned in total (this start's --max-steps 20)" in r.stdout + r.stderr
-    resume = next(l for l in (r.stdout + r.stderr).splitlines() if "resume  " in l)
+    resume = next(ln for ln in (r.stdout + r.stderr).splitlines() if "resume  " in ln)
     assert "--max-steps" not in resume, resume
     st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(r_dir)],
                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
@@ -139,12 +141,12 @@ def test_status_and_the_summary_measure_against_the_runs_plan_not_the_last_start
     r = run(r_dir)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "40 of 40 planned in total" in out, out[-3000:]
-    resume = next(l for l in out.splitlines() if "resume  " in l)
+    resume = next(ln for ln in out.splitlines() if "resume  " in ln)
     assert "--max-steps 80 --replan" in resume and "--replan continues the learning rate" in resume
     st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(r_dir)],
                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                         capture_output=True, text=True, timeout=60)
-    step_line = next(l for l in st.stdout.splitlines() if l.startswith("step "))
+    step_line = next(ln for ln in st.stdout.splitlines() if ln.startswith("step "))
     assert "health      finished" in st.stdout and "40 / 40" in step_line
     assert "this start" not in step_line, step_line
 
@@ -163,9 +165,11 @@ def test_sample_names_each_bad_value_and_temperature_zero_is_greedy(tmp_path):
     r = sample("--tokens", "0", "--top-k", "-2")
     assert r.returncode == 2
     assert r.stderr.strip() == "sample: --tokens 0: must be >= 1; --top-k -2: must be >= 0 (0: no limit)"
-    greedy, top1 = sample("--temperature", "0", "--tokens", "12"), sample("--top-k", "1", "--tokens", "12", "--seed", "5")
+    greedy = sample("--temperature", "0", "--tokens", "12")
+    top1 = sample("--top-k", "1", "--tokens", "12", "--seed", "5")
     assert greedy.returncode == 0 and "greedy" in greedy.stdout.splitlines()[0], greedy.stderr
-    body = lambda out: [l for l in out.splitlines() if not l.startswith("#")]
+    def body(out):
+        return [ln for ln in out.splitlines() if not ln.startswith("#")]
     assert body(greedy.stdout) == body(top1.stdout)
 
 
@@ -193,8 +197,17 @@ def test_status_tells_a_run_whose_proxy_was_killed_from_one_that_stopped_and_nam
     steps after the newest checkpoint will be trained again; after a clean start and stop it
     says plain "stopped" again (before, both read "stopped")."""
     import signal
-    from proc_helpers import (cleaned_up, create_template, hello_pid, last_step, manifest, start,
-                              wait_for, wait_report)
+
+    from proc_helpers import (
+        cleaned_up,
+        create_template,
+        hello_pid,
+        last_step,
+        manifest,
+        start,
+        wait_for,
+        wait_report,
+    )
     b = create_template(tmp_path / "run", "--max-steps", "400", "--checkpoint-every", "10")
     proc = start(b, env={"ANDREA_TEST_PAUSE_AT_STEP": "15:600"})
     with cleaned_up(proc, b):
@@ -212,7 +225,7 @@ def test_status_tells_a_run_whose_proxy_was_killed_from_one_that_stopped_and_nam
                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
-        return next(l for l in r.stdout.splitlines() if l.startswith("health"))
+        return next(ln for ln in r.stdout.splitlines() if ln.startswith("health"))
 
     h = health()
     assert "stopped uncleanly" in h and f"proxy pid {proc.pid}" in h, h

@@ -1,10 +1,11 @@
-"""The process tree (docs/signals.md, docs/architecture.md#bad-input-and-faults): proxy death, worker crash and hang, one
-proxy per run directory, PID 1 / orphan reaping, NaN storms, and `status` live and after a stop.
+"""The process tree (docs/signals.md, docs/architecture.md#bad-input-and-faults): proxy death,
+worker crash and hang, one proxy per run directory, PID 1 / orphan reaping, NaN storms, and
+`status` live and after a stop.
 Real processes and real signals; the worker's fault hooks (worker/fault_injection.py) make the
 faults exact."""
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,10 +16,27 @@ import numpy as np
 import psutil
 import pytest
 
-from proc_helpers import (checkpoint_steps, cleaned_up, clone, cmd, create_template, _env,
-                          hello_pid, kill_run, last_step, loss_records, manifest, output,
-                          proxy_log, reports, ROOT, run, run_processes, start, wait_for,
-                          wait_report)
+from proc_helpers import (
+    ROOT,
+    _env,
+    checkpoint_steps,
+    cleaned_up,
+    clone,
+    cmd,
+    create_template,
+    hello_pid,
+    kill_run,
+    last_step,
+    loss_records,
+    manifest,
+    proxy_log,
+    reports,
+    run,
+    run_processes,
+    start,
+    wait_for,
+    wait_report,
+)
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
 from shared.procfs import process_state
 
@@ -232,7 +250,7 @@ def test_proxy_as_pid_1_reaps_orphans_and_stops_cleanly_on_sigterm(template, tmp
                              stderr=subprocess.STDOUT)
     try:
         init = wait_for(lambda: psutil.Process(outer.pid).children(), 60, what="the namespace's PID 1")[0]
-        ns = [l for l in open(f"/proc/{init.pid}/status") if l.startswith("NSpid:")][0].split()
+        ns = [ln for ln in open(f"/proc/{init.pid}/status") if ln.startswith("NSpid:")][0].split()
         assert ns[-1] == "1", f"the proxy must be PID 1 in its namespace: {ns}"
         wait_for(lambda: pidfile.exists(), 180, what="the orphan")
         wait_for(lambda: last_step(b) >= 3, 120, what="training")
@@ -329,6 +347,7 @@ def test_a_sigterm_that_reaches_a_worker_after_it_stopped_is_not_called_a_loss(t
     written, and that event counts for its own worker only, not for the next."""
     import logging
     import signal as sig
+
     from proc_helpers import create_template
     from proxy.supervision.run_options import ProxyOptions
     from proxy.supervision.supervisor import Supervisor
@@ -402,7 +421,8 @@ def test_a_worker_killed_while_its_first_checkpoint_is_still_being_written_start
     assert {x["step"] for x in rewound} >= {1, 12}, "the 12 records were kept aside"
 
 
-def test_a_run_killed_before_its_first_checkpoint_starts_again_from_step_0_in_the_proxy_and_on_the_next_start(template, tmp_path):
+def test_a_run_killed_before_its_first_checkpoint_starts_again_from_step_0_in_the_proxy_and_on_the_next_start(
+        template, tmp_path):
     """A worker SIGKILLed before the first cadence checkpoint left records but no checkpoint.
     Before, the restart was refused ("no valid checkpoint exists ... --from-scratch"), so the
     proxy gave up, and under systemd the run could never start again without a hand."""

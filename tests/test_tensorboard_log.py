@@ -65,6 +65,7 @@ def _history(path, steps):
 def _raw_steps(logdir, tag):
     """Every event of `tag` in the files, duplicates included (the loader would hide some)."""
     from tensorboard.compat.proto import event_pb2
+
     from proxy.observation.tensorboard_log import EVENT_GLOB, read_events
     return sorted(ev.step for f in logdir.glob(EVENT_GLOB) for raw in read_events(f)
                   for ev in [event_pb2.Event.FromString(raw)] if ev.HasField("summary")
@@ -73,6 +74,7 @@ def _raw_steps(logdir, tag):
 
 def test_switched_on_for_a_trained_run_it_backfills_the_history_and_its_audits(tmp_path):
     import json
+
     from proxy.run_files.loss_ema import loss_ema
     _history(tmp_path / ".loss.json", range(1, 13))
     audits = [{"step": s, "time": 1_700_000_000.0 + s,

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from proc_helpers import ROOT, run_proxy
 
+from proc_helpers import ROOT, run_proxy
 from proxy.commands.tool_threads import threads_from_argv, tool_threads
 
 

@@ -9,14 +9,23 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from proc_helpers import (ROOT, assert_same_run, clone, create_template, loss_records, run,
-                          start, stopped_step, wait_report)
+from proc_helpers import (
+    ROOT,
+    assert_same_run,
+    create_template,
+    loss_records,
+    run,
+    start,
+    stopped_step,
+    wait_report,
+)
 from proxy.observation.plot import read_series
 from proxy.observation.tensorboard_log import step_scalars
 from shared.checkpoint_format import checkpoint_name
-from shared.config import (EVAL_BUDGET, ConfigError, RunConfig, default_eval_every, eval_cost)
+from shared.config import EVAL_BUDGET, ConfigError, RunConfig, default_eval_every, eval_cost
 
 FINAL = 40
 ARGS = ["--max-steps", str(FINAL), "--checkpoint-every", "20", "--warmup-steps", "5"]

@@ -27,8 +27,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from worker import fault_injection
 from shared.checkpoint_format import CheckpointError, expected_size
+from shared.checkpoint_manifest import (
+    DEFAULT_KEEP_EVERY,
+    DEFAULT_KEEP_LAST,
+    ManifestEntry,
+    record_checkpoint,
+)
 from shared.checkpoint_retention import apply_retention
 from shared.checkpoint_write import (
     DIRECT_ALIGN,
@@ -36,12 +41,7 @@ from shared.checkpoint_write import (
     image_offset,
     write_checkpoint_image,
 )
-from shared.checkpoint_manifest import (
-    DEFAULT_KEEP_EVERY,
-    DEFAULT_KEEP_LAST,
-    ManifestEntry,
-    record_checkpoint,
-)
+from worker import fault_injection
 
 log = logging.getLogger("worker.checkpointer")
 

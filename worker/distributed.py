@@ -21,8 +21,8 @@ import gc
 import logging
 import os
 import time
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 

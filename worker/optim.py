@@ -16,7 +16,6 @@ devices) uses `torch.optim.AdamW` itself.
 
 from __future__ import annotations
 
-
 import torch
 
 from shared.config import RunConfig

@@ -25,40 +25,40 @@ from torch.nn import functional as F
 from shared.activation_memory import check_micro_batch_fits
 from shared.arm_data import read_arm_index
 from shared.checkpoint_format import CheckpointError, load_checkpoint, parse_checkpoint_name
-from shared.embedded_arms import cache_dir
 from shared.checkpoint_manifest import read_manifest
-from shared.exit_codes import EXIT_FATAL, EXIT_OK
 from shared.config import (
-    ConfigError,
-    RunConfig,
     SAMPLE_TEMPERATURE,
     SAMPLE_TOP_K,
+    ConfigError,
+    RunConfig,
     accumulation_steps,
     load_run_config,
     probe_plan,
 )
+from shared.embedded_arms import cache_dir
+from shared.exit_codes import EXIT_FATAL, EXIT_OK
 from shared.handshake import (
+    HandshakeError,
     ReportWriter,
     control_stops_at,
     policy_period,
     read_handshake,
     update_handshake,
-    HandshakeError,
 )
+from shared.lr_schedule import learning_rate
 from shared.procfs import seconds_since_start
 from shared.run_layout import RunLayout
-from shared.worker_options import WorkerOptions as WorkerOptions  # also named here
 from shared.tokenizer import RunTokenizer
+from shared.worker_options import WorkerOptions as WorkerOptions  # also named here
 from worker import distributed as wdist
+from worker import fault_injection
+from worker import precision as wprec
 from worker.checkpointer import Checkpointer, WriteResult
 from worker.data import ArmSampler, dropout_seed
 from worker.model import GPT
 from worker.optim import FlatAdamW
-from shared.lr_schedule import learning_rate
-from worker.sampling import generate_batched
 from worker.perf import PeakFlops, mfu
-from worker import precision as wprec
-from worker import fault_injection
+from worker.sampling import generate_batched
 from worker.signals import SignalFlags, Usr1Requests
 
 log = logging.getLogger("worker.trainer")

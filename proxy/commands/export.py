@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save
 
-from proxy.commands.tool_threads import add_threads_arg
 from proxy.commands.hf_export import HFExportError, write_hf_dir
+from proxy.commands.tool_threads import add_threads_arg
 from proxy.run_files.checkpoint_lookup import (
     checkpoint_path_problem,
     find_config,

@@ -35,6 +35,8 @@ from proxy.supervision.nodes import (
 from proxy.supervision.proc_tree import EarlySignals
 from proxy.supervision.run_options import (
     add_run_args as add_run_args,  # `run`'s options, for proxy/cli.py
+)
+from proxy.supervision.run_options import (
     check_resume_args,
     check_run_options,
     config_from_args,

@@ -13,14 +13,14 @@ import sys
 import time
 from pathlib import Path
 
-from proxy.commands.tool_threads import add_threads_arg, set_torch_threads, tool_threads
 from proxy.commands.export import manifest_entry
+from proxy.commands.tool_threads import add_threads_arg, set_torch_threads, tool_threads
+from proxy.observation.sample_format import format_sample
 from proxy.run_files.checkpoint_lookup import (
     checkpoint_path_problem,
     no_checkpoint_problem,
     run_dir_problem,
 )
-from proxy.observation.sample_format import format_sample
 from shared.checkpoint_dir import find_latest_valid
 from shared.checkpoint_format import CheckpointError
 from shared.checkpoint_manifest import manifest_checksums, read_manifest

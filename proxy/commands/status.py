@@ -33,7 +33,6 @@ from proxy.observation.progress import wall_seconds_per_update
 from proxy.run_files.checkpoint_lookup import run_dir_problem
 from proxy.run_files.history_tail import tail_records
 from proxy.run_files.loss_ema import loss_ema
-from shared.loss_history import holes
 from proxy.run_files.phases import phase_entries
 from proxy.run_files.pivot_request import pending_request
 from proxy.run_files.run_lock import read_owner
@@ -45,6 +44,7 @@ from shared.checkpoint_format import CheckpointError, validate_checkpoint
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import ConfigError, accumulation_steps, load_run_config
 from shared.handshake import read_handshake
+from shared.loss_history import holes
 from shared.procfs import process_state
 from shared.run_layout import RunLayout, creating_proxy
 

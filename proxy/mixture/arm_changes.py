@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from proxy.mixture.bandit import BanditConfigError, resolve_bounds
 from proxy.run_files.phases import read_phases
+from shared.arm_checks import check_arms
 from shared.arm_data import (
     ArmData,
     prepare_arm,
@@ -45,7 +46,6 @@ from shared.arm_data import (
     read_arm_index_doc,
     write_arm_index_doc,
 )
-from shared.arm_checks import check_arms
 from shared.arms import ArmSourceError, content_fingerprint, source_fingerprint
 from shared.atomic_io import atomic_write_json
 from shared.config import ArmSpec, ConfigError, RunConfig

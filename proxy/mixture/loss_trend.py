@@ -26,7 +26,6 @@ from typing import Mapping
 
 from proxy.mixture.box_projection import project_to_box
 
-
 MIN_SHARE = 0.1  # the target keeps every arm at this fraction of its stratified share or more
 
 

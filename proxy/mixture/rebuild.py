@@ -21,7 +21,6 @@ from proxy.mixture.arm_changes import ArmChange, read_changes
 from proxy.mixture.controller import MixtureController
 from proxy.run_files.phases import Phase, read_phases
 from proxy.run_files.state_snapshots import find_snapshot
-
 from shared.arm_data import ArmData, arm_compression, read_arm_index
 from shared.config import RunConfig
 from shared.loss_history import iter_records, iter_records_after

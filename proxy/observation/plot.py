@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from proxy.run_files.loss_ema import BETA, LossEma
 from proxy.run_files.phases import phase_entries

@@ -27,8 +27,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from proxy.run_files.loss_ema import recent_mean
 from proxy.run_files.history_tail import tail_records
+from proxy.run_files.loss_ema import recent_mean
 from proxy.run_files.sidecars import read_audits
 from shared.checkpoint_dir import find_latest_valid
 from shared.checkpoint_format import CheckpointError
@@ -191,6 +191,7 @@ def suggested_prompt(layout) -> str:
         # the tokenizers library costs ~0.35 s to import: only `run`'s start-up line needs it,
         # and `status` imports this module
         import numpy as np
+
         from shared.arm_data import read_arm_index
         from shared.tokenizer import RunTokenizer
 

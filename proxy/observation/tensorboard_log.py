@@ -33,8 +33,8 @@ import math
 import os
 import struct
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from proxy.run_files.loss_ema import LossEma
 from shared.loss_history import iter_records
@@ -263,6 +263,7 @@ class TensorBoardLog:
         """One sample audit (`{"step", "arms": {name: {"prompt", "text", "loss", ...}}}`): the
         held-out losses as `heldout/<arm>` scalars and the samples as one text summary."""
         import time
+
         from tensorboard.compat.proto import event_pb2
         from tensorboard.plugins.text.summary_v2 import text_pb
 

@@ -36,27 +36,26 @@ import time
 from pathlib import Path
 
 from proxy.run_files.run_lock import HEARTBEAT_S, owner_alive, read_owner
-from proxy.supervision import proc_tree
+from proxy.supervision import beacon, proc_tree
+from proxy.supervision.beacon import Beacon
 from proxy.supervision.launch import (
     die_with_parent,
-    rank_env,
     kill_ranks,
     local_ranks,
+    rank_env,
     reap_leftover_ranks,
     signal_pids,
     static_argv,
 )
-from proxy.supervision import beacon
-from proxy.supervision.beacon import Beacon
 from proxy.supervision.nodes import (
     NODE_STALE_S,
     NodeRecord,
     NodeSetupError,
     assign_node_rank,
     node_records,
+    nodes_dir,
     read_job,
     read_json,
-    nodes_dir,
     record_alive,
 )
 from shared.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE

@@ -21,8 +21,8 @@ from pathlib import Path
 from proxy.mixture.bandit import resolve_bounds
 from proxy.run_files.phases import Phase, write_phases
 from shared import stop_request
-from shared.arm_data import prepare_arm, write_arm_index
 from shared.arm_checks import check_arms
+from shared.arm_data import prepare_arm, write_arm_index
 from shared.arm_sources import open_arm, sample_text
 from shared.arm_tokenize import pin_mmap_threshold, release_free_memory
 from shared.arms import ArmSourceError, source_fingerprint

@@ -37,7 +37,6 @@ from proxy.run_files.pivot_request import RequestLockTimeout, pending_request
 from proxy.run_files.sidecars import SamplesLog
 from proxy.run_files.status_file import LiveStats, write_status
 from proxy.supervision import proc_tree
-from proxy.supervision.run_setup import replan
 from proxy.supervision.launch import (
     agent_descendants,
     die_with_parent,
@@ -72,12 +71,13 @@ from proxy.supervision.report_filing import ReportFiler
 from proxy.supervision.report_salvage import salvage_step_reports
 from proxy.supervision.resume_planning import ResumeError, plan_resume
 from proxy.supervision.run_options import ProxyOptions
+from proxy.supervision.run_setup import replan
 from shared.atomic_io import storage_failure
 from shared.config import RunConfig
-from shared.lr_schedule import learning_rate
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
 from shared.loss_history import LossHistory
+from shared.lr_schedule import learning_rate
 from shared.procfs import seconds_since_start
 from shared.run_layout import RunLayout
 from shared.worker_options import WorkerOptions
