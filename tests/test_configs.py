@@ -152,9 +152,9 @@ def _table_row(stderr: str, key: str) -> str:
 
 @pytest.mark.slow
 def test_start_up_table_names_run_json_for_creation_values_on_a_resume(tmp_path):
-    """A new-user walk-through found the table saying [command line] for a creation value the
-    resume ignored, and [file]/[command line] for a warm-up that was derived from --max-steps;
-    and --probe-every/--reward on a resume were dropped without a warning."""
+    """The start-up table names the real source of each value: a warm-up derived from
+    --max-steps says so, and on a resume the creation values (lr, --probe-every, --reward) say
+    [run.json], with a warning for each such option given again and ignored."""
     from proc_helpers import run_proxy
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "20", timeout=120)   # warm-up 50 >= 20: shortened to 2

@@ -184,3 +184,22 @@ def test_the_module_lists_of_the_proxys_layers_name_every_module_of_the_tree():
         actual = {p.stem for f in folders for p in (ROOT / f).glob("*.py") if p.stem != "__init__"}
         assert listed == actual, (folders, "missing from the docs:", sorted(actual - listed),
                                   "not in the tree:", sorted(listed - actual))
+
+
+HISTORY_WORDS = re.compile(r"\bBefore,|\(before,|\bA breaker\b|\bbreaker session\b|\bwalk-through found\b"
+                           r"|\bsession found\b|\bpreviously\b|\bused to (be|say|give|refuse)\b"
+                           r"|\bnow has one\b|\bno longer (says|refuses|crashes)\b")
+
+
+def test_test_docstrings_state_behaviour_not_history():
+    """CONTRIBUTING.md#the-tests: a test's docstring says what it checks, not how the fault was
+    found or what the code did before (the phrases in HISTORY_WORDS)."""
+    import ast
+    found = []
+    for p in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)):
+                doc = ast.get_docstring(node) or ""
+                found += [f"{p.name}::{getattr(node, 'name', '<module>')}: {m.group(0)!r}"
+                          for m in HISTORY_WORDS.finditer(doc)]
+    assert not found, found

@@ -25,8 +25,9 @@ def test_bad_supervision_number_is_refused_before_the_run_directory_exists(tmp_p
     ("--batch-size", "batch_size"), ("--checkpoint-every", "checkpoint_every"),
     ("--probe-every", "probe_every"), ("--sample-every", "sample_every")])
 def test_a_zero_cadence_or_batch_is_a_clear_error_not_a_division_by_zero(tmp_path, option, name):
-    """A breaker session found --batch-size 0 and --checkpoint-every 0 ending in a
-    ZeroDivisionError traceback (exit 1) from the audit and probe cost arithmetic."""
+    """A zero --batch-size or cadence (checkpoints, probes, audits) is refused with one line
+    naming the option (exit 2) before anything is created, never reaching the audit and probe
+    cost arithmetic, which divides by them."""
     run = tmp_path / "run"
     r = run_proxy(run, option, "0", "--max-steps", "5", timeout=60)
     assert r.returncode == 2, r.stderr[-2000:]
@@ -78,10 +79,10 @@ def test_a_run_shorter_than_the_warmup_gets_a_warmup_that_fits(tmp_path):
 
 
 def test_the_creating_command_with_caps_and_floors_resumes_and_other_bounds_are_refused(tmp_path):
-    """A new-user walk-through found that running the same command again (README: "run the same
-    command again to resume"; Slurm requeues and systemd restarts do exactly that) was refused
-    whenever the run was created with --caps or --floors. The phase's own values go on; other
-    values are a pivot and are refused, naming the phase's values and the real run directory."""
+    """Running the creating command again (README: "run the same command again to resume";
+    Slurm requeues and systemd restarts do exactly that) resumes a run created with --caps or
+    --floors: the phase's own values go on; other values are a pivot and are refused, naming
+    the phase's values and the real run directory."""
     run = tmp_path / "run"
     bounds = ["--caps", "repo-code=0.5", "--floors", "python-docs=0.1"]
     r = run_proxy(run, *bounds, "--max-steps", "4", timeout=120)
@@ -97,9 +98,9 @@ def test_the_creating_command_with_caps_and_floors_resumes_and_other_bounds_are_
 
 
 def test_a_malformed_device_is_refused_not_restarted(tmp_path):
-    """A breaker session found --device bogus crashing the worker three times with back-off and
-    ending in exit 1, which systemd restarts forever. It is refused before anything is created
-    (exit 2; a CUDA device that is not there: the test above)."""
+    """--device bogus is refused before anything is created (exit 2), so the worker is never
+    started and restarted with back-off for it, nor the run restarted forever by systemd (a
+    CUDA device that is not there: the test above)."""
     run = tmp_path / "run"
     r = run_proxy(run, "--device", "bogus", "--max-steps", "3", timeout=60)
     assert r.returncode == 2 and "--device bogus: choose auto, cpu, cuda or cuda:N" in r.stderr

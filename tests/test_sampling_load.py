@@ -72,8 +72,8 @@ def test_sample_loads_the_bytes_its_checksum_covered_while_the_run_replaces_the_
     """`sample` beside a run: the file at the checkpoint's name is replaced (retention retires it
     and the name is written again, or an operator copies another file over it) while it is
     loaded. The weights it returns are always those the given checksum vouches for; a load
-    that read the other file fails with the checksum rule. Before, the file was validated by
-    one open and its weights read by a second one, so the weights could be another file's."""
+    that read the other file fails with the checksum rule: one open both validates the file
+    and reads its weights, so they can never be another file's."""
     from worker.sampling import load_weights_only
     cfg = _cfg()
     n = cfg.n_params

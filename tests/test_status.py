@@ -195,7 +195,7 @@ def test_status_of_a_failed_creation_names_its_error_not_an_interruption(tmp_pat
 def test_status_tells_a_run_whose_proxy_was_killed_from_one_that_stopped_and_names_the_lost_steps(tmp_path):
     """kill -9 of the proxy and its worker: `status` says the run stopped uncleanly and which
     steps after the newest checkpoint will be trained again; after a clean start and stop it
-    says plain "stopped" again (before, both read "stopped")."""
+    says plain "stopped" again."""
     import signal
 
     from proc_helpers import (
@@ -238,10 +238,9 @@ def test_status_tells_a_run_whose_proxy_was_killed_from_one_that_stopped_and_nam
 
 
 def test_every_command_says_one_thing_with_one_exit_code_for_each_bad_run_directory(tmp_path):
-    """`export --from-run` on a directory that is not a run said "no valid checkpoint" and
-    exited 1 where `status` said "not a run directory" and exited 2; `sample` before the first
-    checkpoint said nothing of what to do. Each condition now has one message and one exit code
-    in every command that meets it, and the message names the next step."""
+    """Each bad run directory (not a run, no checkpoint yet, ...) gets one message and one exit
+    code in every command that meets it (`status`, `sample`, `export --from-run`, `inspect`,
+    `plot`), and the message names the next step."""
     from proc_helpers import create_template
     env = dict(os.environ, PYTHONPATH=str(ROOT))
 

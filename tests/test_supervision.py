@@ -304,10 +304,10 @@ def test_nan_loss_is_skipped_and_recorded_and_a_run_of_them_stops_with_the_last_
 def test_a_new_proxy_waits_for_the_worker_a_killed_proxy_left_before_resuming(tmp_path):
     """kill -9 of the proxy leaves its worker writing its last checkpoint (slowed to 3 s here);
     the same `run` started meanwhile must wait for that worker, then resume from the checkpoint
-    it wrote, with the history continuous (docs/signals.md#kill--9). Before, the new proxy
-    planned its resume from the older checkpoint while the old worker was still writing.
-    The old worker is held (SIGSTOP) from before the kill until the new proxy has seen it, so
-    the new proxy's start-up, however slow the machine, cannot outlast the old worker's exit."""
+    it wrote, with the history continuous (docs/signals.md#kill--9), never from the older
+    checkpoint while the old worker is still writing. The old worker is held (SIGSTOP) from
+    before the kill until the new proxy has seen it, so the new proxy's start-up, however slow
+    the machine, cannot outlast the old worker's exit."""
     from proc_helpers import hello_pid, loss_records, start, wait_for
     run_dir = tmp_path / "run"
     args = ["--max-steps", "40", "--checkpoint-every", "10", "--probe-every", "5"]
@@ -372,9 +372,10 @@ def test_a_sigterm_that_reaches_a_worker_after_it_stopped_is_not_called_a_loss(t
 
 
 def test_a_worker_that_wrote_a_new_checkpoint_before_it_crashed_starts_the_restart_count_again(template, tmp_path):
-    """--max-restarts counts failures in a row without progress. Before, the count never reset:
-    a run of weeks was given up after N crashes however far apart (here: two crashes, each after
-    a new checkpoint, used up --max-restarts 1)."""
+    """--max-restarts counts failures in a row without progress: a crash after a new
+    checkpoint starts the count again, so a run of weeks is not given up after N crashes
+    however far apart (here: two crashes, each after a new checkpoint, within
+    --max-restarts 1)."""
     b = clone(template, tmp_path / "run")
     # pauses: the first worker in step 13 (resume from 10), the second in 25 (after it wrote
     # step_000020.bin), the third in 27 (before it can write step_000030.bin)
@@ -400,9 +401,9 @@ def test_a_worker_that_wrote_a_new_checkpoint_before_it_crashed_starts_the_resta
 def test_a_worker_killed_while_its_first_checkpoint_is_still_being_written_starts_again_from_step_0(
         template, tmp_path):
     """The first cadence write (step 10) runs in the background; a worker SIGKILLed in step 13
-    before it landed left 12 records and no checkpoint. Before, the proxy refused to restart
-    ("no valid checkpoint exists ... --from-scratch") since the history went past step 10: the
-    run died for good on a loaded machine. Now it starts again from step 0."""
+    before it landed leaves 12 records and no checkpoint; the proxy starts it again from step 0
+    rather than refuse ("no valid checkpoint exists ... --from-scratch") because the history
+    went past step 10."""
     b = clone(template, tmp_path / "run")
     env = {**pauses(13), "ANDREA_TEST_WRITE_DELAY": "600"}  # no write lands while it runs
     proc = start(b, *LONG, env=env)
@@ -423,9 +424,9 @@ def test_a_worker_killed_while_its_first_checkpoint_is_still_being_written_start
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again_from_step_0_in_the_proxy_and_on_the_next_start(
         template, tmp_path):
-    """A worker SIGKILLed before the first cadence checkpoint left records but no checkpoint.
-    Before, the restart was refused ("no valid checkpoint exists ... --from-scratch"), so the
-    proxy gave up, and under systemd the run could never start again without a hand."""
+    """A worker SIGKILLed before the first cadence checkpoint leaves records but no checkpoint;
+    the proxy and the next start both start again from step 0 rather than refuse ("no valid
+    checkpoint exists ... --from-scratch"), so under systemd the run starts without a hand."""
     b = create_template(tmp_path / "run", "--max-steps", "400", "--checkpoint-every", "1000")
     proc = start(b, "--max-steps", "400", env={"ANDREA_TEST_PAUSE_AT_STEP": "6:60,9:60"})
     with cleaned_up(proc, b):
