@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -188,13 +189,19 @@ def _mb(n: int) -> str:
 
 
 def prepare_arm(
-    arm: ArmSpec, tok: RunTokenizer, layout: RunLayout, cfg: RunConfig, text: str | None = None
+    arm: ArmSpec,
+    tok: RunTokenizer,
+    layout: RunLayout,
+    cfg: RunConfig,
+    text: str | None = None,
+    after_batch: Callable[[], None] | None = None,
 ) -> ArmData:
     """Tokenize one arm whole into `data/<name>.u16` (`.u32` above 65,536 tokens), streamed
     (shared/arm_tokenize.py), or check a `tokens` arm's file(s); record completion in
     `data/<name>.done.json`. An arm already complete with the same key is kept as it is (not
     redone). The token file appears under its final name only whole and accepted, so a refused
-    or interrupted arm leaves nothing training could read. `text` is unused (older callers).
+    or interrupted arm leaves nothing training could read. `text` is unused (older callers);
+    `after_batch` goes to `tokenize_stream`.
 
     Logs what was used of how much (documents, source bytes, tokens, bad records). Raises
     ArmSourceError (a ConfigError) naming the arm, the file and the fix: a missing or corrupt
@@ -241,7 +248,7 @@ def prepare_arm(
                 n = concat_token_files(files, dt, tmp, n)
         else:
             assert tmp is not None  # set above for every arm that is tokenized
-            fp, st = tokenize_stream(arm, tok, tmp, cap, key=key)
+            fp, st = tokenize_stream(arm, tok, tmp, cap, key=key, after_batch=after_batch)
             n, docs, used, total, capped = (
                 st.tokens,
                 st.documents,

@@ -22,7 +22,7 @@ import hashlib
 import json
 import logging
 import os
-import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,7 +116,6 @@ def release_free_memory() -> bool:
 
 
 PROGRESS_SUFFIX = ".progress.json"
-DELAY_ENV = "ANDREA_TOKENIZE_DELAY"  # test hook: seconds to sleep after each recorded batch
 
 _log = logging.getLogger("andrea.data")
 
@@ -156,8 +155,11 @@ def tokenize_stream(
     max_tokens: int = 0,
     label: str | None = None,
     key: dict | None = None,
+    after_batch: Callable[[], None] | None = None,
 ) -> tuple[str, ArmStats]:
-    """Tokenize the whole text of `arm` into `tmp` (flat `tok.dtype`, no header), fsynced.
+    """Tokenize the whole text of `arm` into `tmp` (flat `tok.dtype`, no header), fsynced;
+    `after_batch`, when given, is called after each batch's progress is recorded (a test's
+    pause, proxy/fault_injection.py).
 
     Returns (content fingerprint "sha256:<hex>" of the text as streamed, stats). With
     `max_tokens` > 0 at most that many tokens are written (the source is still read to the end
@@ -175,14 +177,16 @@ def tokenize_stream(
     from there: the result is byte-identical to an uninterrupted run. On any other error the
     caller removes `tmp` and its record."""
     try:
-        return _tokenize(arm, tok, tmp, max_tokens, label, key, _resume_point(tmp, key))
+        return _tokenize(
+            arm, tok, tmp, max_tokens, label, key, _resume_point(tmp, key), after_batch
+        )
     except _Diverged as e:
         _log.warning("arm %s: %s; tokenizing it from the start", arm.name, e)
         progress_path(tmp).unlink(missing_ok=True)
-        return _tokenize(arm, tok, tmp, max_tokens, label, key, None)
+        return _tokenize(arm, tok, tmp, max_tokens, label, key, None, after_batch)
 
 
-def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
+def _tokenize(arm, tok, tmp, max_tokens, label, key, resume, after_batch):
     pin_mmap_threshold()  # memory that does not grow with the corpus (see there)
     reader = open_arm(arm)
     stats = ArmStats(bytes_total=reader.total, bad=reader.bad)
@@ -194,7 +198,6 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
     batch: list[str] = []
     size, first, written, done_at_cap = 0, True, 0, None
     skip = 0  # pieces already in tmp (a resume)
-    delay = float(os.environ.get(DELAY_ENV) or 0)
     if resume is not None:
         skip, written = int(resume["pieces"]), int(resume["tokens"])
         done_at_cap = resume.get("capped_at")
@@ -226,8 +229,8 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume):
             progress_path(tmp),
             {"key": key, **at, "bytes": fh.tell(), "tokens": written, "capped_at": done_at_cap},
         )
-        if delay:
-            time.sleep(delay)
+        if after_batch is not None:
+            after_batch()
 
     def flush(fh, job) -> None:
         nonlocal written, done_at_cap

@@ -33,3 +33,18 @@ def test_without_a_release_or_a_stop_the_pause_lasts_its_seconds(tmp_path, monke
     t0 = time.monotonic()
     pause_in_step(2, lambda r: None, tmp_path, lambda: False)
     assert time.monotonic() - t0 >= 0.3
+
+
+def test_test_hooks_live_only_in_the_two_fault_injection_modules():
+    """Every ANDREA_TEST_*/ANDREA_FAULT_* variable and the tokenization delay is read in
+    worker/fault_injection.py or proxy/fault_injection.py and nowhere else in the packages, so a
+    reader finds every test hook in one place per side."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    hook = re.compile(r"""["'](ANDREA_TEST_\w+|ANDREA_FAULT_\w+|ANDREA_TOKENIZE_DELAY)["']""")
+    seams = {root / "worker" / "fault_injection.py", root / "proxy" / "fault_injection.py"}
+    outside = [f"{p.relative_to(root)}: {m.group(1)}"
+               for pkg in ("proxy", "worker", "shared") for p in sorted((root / pkg).rglob("*.py"))
+               if p not in seams for m in hook.finditer(p.read_text())]
+    assert not outside, outside

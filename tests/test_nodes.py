@@ -233,7 +233,8 @@ def test_an_owner_record_that_beats_holds_the_run_where_the_lock_is_not_shared(
         tmp_path, monkeypatch):
     """A filesystem whose flock is not shared between hosts: the multi-node owner's record
     (token, heartbeat) holds the run; a clean exit releases it at once."""
-    from proxy.run_files.run_lock import NO_FLOCK_ENV, RunLock, RunLockError, read_owner
+    from proxy.fault_injection import NO_FLOCK_ENV
+    from proxy.run_files.run_lock import RunLock, RunLockError, read_owner
     from shared.run_layout import RunLayout
     monkeypatch.setenv(NO_FLOCK_ENV, "1")
     layout = RunLayout(tmp_path)
@@ -284,7 +285,8 @@ def test_of_two_owners_claiming_one_directory_at_once_the_earlier_keeps_it(tmp_p
     claim yields (`lost`), the earlier one rewrites its record."""
     import time
 
-    from proxy.run_files.run_lock import NO_FLOCK_ENV, RunLock, read_owner
+    from proxy.fault_injection import NO_FLOCK_ENV
+    from proxy.run_files.run_lock import RunLock, read_owner
     from shared.atomic_io import atomic_write_json
     from shared.run_layout import RunLayout
     monkeypatch.setenv(NO_FLOCK_ENV, "1")

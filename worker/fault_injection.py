@@ -36,6 +36,8 @@ and supervision tests are deterministic instead of racing a 10 ms step:
                                      ends), once per run directory (marker `.test-hang-done`)
   ANDREA_TEST_ORPHAN_FILE=PATH       at start-up the worker leaves an orphaned grandchild
                                      (`sleep 2`) and writes its pid to PATH (tests the reaper)
+  ANDREA_TEST_FUSED_ADAMW=0|1        pin the AdamW kernel: foreach (0) or fused (1), whatever the
+                                     device (worker/precision.py `use_fused_adamw`)
   ANDREA_TEST_COUNT_HOST_READS=1     the worker counts its host reads of tensor values with torch's
                                      function and dispatch modes (`HostReadCounter`) and reports
                                      {"type": "event", "event": "test-host-reads", "step": k,
@@ -308,3 +310,10 @@ def hooks_from_environment(run_dir: Path, stopping: Callable[[], bool] | None = 
     if any(k.startswith("ANDREA_TEST_") for k in os.environ):
         return EnvHooks(run_dir, stopping)
     return NoHooks()
+
+
+def fused_adamw_override() -> bool | None:
+    """ANDREA_TEST_FUSED_ADAMW: True (=1, fused) or False (=0, foreach) pins the AdamW kernel;
+    None (unset) leaves the choice to worker/precision.py."""
+    env = os.environ.get("ANDREA_TEST_FUSED_ADAMW", "")
+    return env == "1" if env in ("0", "1") else None

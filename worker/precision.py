@@ -18,17 +18,17 @@ generate in fp32). `resolve_precision` is the one place `auto` is decided.
 
 The AdamW kernel (`use_fused_adamw`): torch's fused kernel on CUDA and on CPU (one pass over
 all parameters; on CPU it takes 0.010 s per andrea-12m update where foreach takes 0.049 s, 2 %
-of a step), foreach on any other device. The environment variable `ANDREA_TEST_FUSED_ADAMW=0`
-forces foreach (`=1` fused) so tests can compare the two kernels in a real worker.
+of a step), foreach on any other device. A test pins either with `ANDREA_TEST_FUSED_ADAMW=0`
+(foreach) or `=1` (fused) to compare the two kernels in a real worker (worker/fault_injection.py).
 
 What it is not: the model (worker/model.py) or the optimizer's flat buffers (worker/optim.py).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from worker import fault_injection
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -59,11 +59,10 @@ def autocast(device: torch.device, precision: str):
 
 
 def use_fused_adamw(device: torch.device) -> bool:
-    """Fused AdamW on CUDA and CPU, foreach elsewhere; ANDREA_TEST_FUSED_ADAMW=1/0 overrides."""
-    env = os.environ.get("ANDREA_TEST_FUSED_ADAMW", "")
-    if env in ("0", "1"):
-        return env == "1"
-    return device.type in ("cuda", "cpu")
+    """Fused AdamW on CUDA and CPU, foreach elsewhere; a test may pin either
+    (worker/fault_injection.py `fused_adamw_override`)."""
+    pinned = fault_injection.fused_adamw_override()
+    return pinned if pinned is not None else device.type in ("cuda", "cpu")
 
 
 def device_memory_bytes(device: torch.device) -> int | None:

@@ -36,6 +36,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from proxy.fault_injection import tokenize_pause
 from proxy.mixture.bandit import BanditConfigError, resolve_bounds
 from proxy.run_files.phases import read_phases
 from shared.arm_checks import check_arms
@@ -288,7 +289,7 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
         tok = RunTokenizer.load(layout.tokenizer)
         try:
             for s in plan.added:
-                prepared.append(prepare_arm(s, tok, layout, cfg))
+                prepared.append(prepare_arm(s, tok, layout, cfg, after_batch=tokenize_pause()))
         except StopRequested:
             raise  # a stop, not a refusal: complete new arms are kept for the same command
         except Exception:

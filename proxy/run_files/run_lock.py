@@ -30,6 +30,7 @@ from collections.abc import Callable
 import psutil
 from filelock import FileLock, Timeout
 
+from proxy.fault_injection import flock_shared
 from proxy.run_files.json_file import read_json
 from shared.atomic_io import atomic_write_json
 from shared.run_layout import RunLayout
@@ -38,8 +39,6 @@ log = logging.getLogger("proxy")
 
 HEARTBEAT_S = 1.0  # a multi-node owner rewrites its owner record this often (seconds)
 OWNER_STALE_S = 15.0  # an owner record on another host that did not move for this long is dead
-# A filesystem whose flock is not shared between hosts (test knob: two "hosts" on one machine)
-NO_FLOCK_ENV = "ANDREA_TEST_NO_FLOCK"
 
 
 class RunLockError(RuntimeError):
@@ -112,7 +111,7 @@ class RunLock:
         self.command = command
         self.job = job
         self._lock = FileLock(str(layout.proxy_lock), timeout=0)
-        self._flock = os.environ.get(NO_FLOCK_ENV) != "1"
+        self._flock = flock_shared()  # off only in a test (proxy/fault_injection.py)
         self._record: dict | None = None
         self._beating: threading.Event | None = None
         self.lost: dict | None = None  # the owner record of the claim that won over ours

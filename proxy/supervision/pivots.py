@@ -16,12 +16,12 @@ import functools
 import logging
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
+from proxy.fault_injection import pivot_fault
 from proxy.run_files.pivot_request import (
     archive_request,
     pending_request,
@@ -41,9 +41,6 @@ R = TypeVar("R")
 MOVE_LOCK_TIMEOUT_S = 1.0  # the live proxy's wait for the request lock before it defers a move
 
 
-FAULT_ENV = "ANDREA_FAULT_PIVOT"  # test hook: the proxy SIGKILLs itself at that moment
-
-
 def _under_request_lock(
     move: Callable[Concatenate[RunLayout, P], R],
 ) -> Callable[Concatenate[RunLayout, P], R]:
@@ -59,15 +56,6 @@ def _under_request_lock(
             return move(layout, *args, **kwargs)
 
     return locked
-
-
-def fault_point(moment: str) -> None:
-    """Test hook (docs/pivots.md#crash-safety): SIGKILL this process when the environment
-    variable ANDREA_FAULT_PIVOT names `moment`. Off unless set; production never sets it."""
-    if os.environ.get(FAULT_ENV) == moment:
-        log.warning("%s=%s: killing this proxy (SIGKILL) for a crash test", FAULT_ENV, moment)
-        logging.shutdown()
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @_under_request_lock
@@ -117,7 +105,7 @@ def poll_pivot_request(
         ", --now" if now else "",
         b,
     )
-    fault_point("before-boundary")
+    pivot_fault("before-boundary")
     return b
 
 

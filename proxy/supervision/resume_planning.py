@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from proxy.fault_injection import pivot_fault
 from proxy.mixture.arm_changes import ArmChange, handle_zombies
 from proxy.mixture.controller import MixtureController
 from proxy.mixture.rebuild import new_controller, rebuild_mixture
@@ -31,7 +32,7 @@ from proxy.run_files.pivot_request import (
 )
 from proxy.run_files.sidecars import read_state, write_state
 from proxy.run_files.state_snapshots import mark_rewound
-from proxy.supervision.pivots import archive_sidecars, fault_point, mark_running, pivot_due
+from proxy.supervision.pivots import archive_sidecars, mark_running, pivot_due
 from proxy.supervision.run_setup import replan
 from shared.atomic_io import STALE_WRITE_S, atomic_write_json, clean_stale_writes
 from shared.checkpoint_dir import (
@@ -340,7 +341,7 @@ def _serve_pivot_request(
     if b == step and not recorded:
         plan.mix = start_pivot_phase(layout, cfg, plan.mix, req, step, changes)
         plan.pivot_step = step
-        fault_point("after-record")
+        pivot_fault("after-record")
     elif b == step:  # recorded before a kill: finish, idempotently
         finish_pivot(layout, cfg, plan.mix, req, step)
         plan.pivot_step = step
@@ -375,7 +376,7 @@ def start_pivot_phase(
     archive_sidecars(layout, step, mix.bandit.to_dict(), old)
     req.update(state="archived", archived_at=time.time())
     write_request(layout, req)
-    fault_point("after-archive")
+    pivot_fault("after-archive")
     write_phases(layout, read_phases(layout) + [new])
     log.info(
         "pivot: phase %d %r starts at step %d with caps %s floors %s",

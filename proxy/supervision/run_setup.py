@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from proxy.fault_injection import tokenize_pause
 from proxy.mixture.bandit import resolve_bounds
 from proxy.run_files.phases import Phase, write_phases
 from shared import stop_request
@@ -176,7 +177,8 @@ def create_run(layout: RunLayout, cfg: RunConfig, notes: Iterable[str] = ()) -> 
         cfg.vocab_size,
     )
     t0 = time.perf_counter()
-    arms = [prepare_arm(a, tok, layout, cfg) for a in cfg.arms]
+    pause = tokenize_pause()  # a test's, proxy/fault_injection.py
+    arms = [prepare_arm(a, tok, layout, cfg, after_batch=pause) for a in cfg.arms]
     write_arm_index(layout, arms)
     log.info(
         "arms: %s in %.1f s",

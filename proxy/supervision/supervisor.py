@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from proxy.fault_injection import pivot_fault
 from proxy.mixture.controller import MixtureController
 from proxy.observation.run_watch import RunWatch
 from proxy.run_files.history_tail import tail_records
@@ -62,7 +63,6 @@ from proxy.supervision.nodes import (
 )
 from proxy.supervision.pivots import (
     fail_unserved,
-    fault_point,
     follow_worker_boundary,
     mark_running,
     poll_pivot_request,
@@ -813,7 +813,7 @@ class Supervisor:
             if r.get("reason") == "pivot":  # deferred: pivot_due serves it again
                 self._pivot_move(follow_worker_boundary, self.layout, r["step"])
             if self._pivot_boundary() == r["step"]:
-                fault_point("during-checkpoint")  # crash test hook (docs/pivots.md)
+                pivot_fault("during-checkpoint")  # crash test hook (docs/pivots.md)
 
     def _pivot_move(self, move: Callable[..., Any], *args: Any) -> Any:
         """Call a move of the pivot state machine (proxy/supervision/pivots.py); when another
