@@ -25,6 +25,7 @@ from shared.checkpoint_format import (
     parse_checkpoint_name,
     validate_checkpoint,
 )
+from shared.run_layout import RunLayout
 
 __all__ = [
     "QUARANTINE_DIR",
@@ -142,7 +143,7 @@ def find_latest_valid(
     return info, [(err.path, str(err)) for err in rejected]
 
 
-QUARANTINE_DIR = "rejected"  # run-directory subfolder for checkpoints resume rejected
+QUARANTINE_DIR = RunLayout(".").rejected.name  # checkpoints resume rejected (shared/run_layout.py)
 
 
 def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR) -> pathlib.Path:

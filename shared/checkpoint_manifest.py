@@ -27,8 +27,9 @@ from filelock import FileLock
 
 from shared.atomic_io import atomic_write_bytes
 from shared.checkpoint_format import INT32_MAX
+from shared.run_layout import RunLayout
 
-MANIFEST_NAME = "checkpoints.json"
+MANIFEST_NAME = RunLayout(".").manifest.name  # the name is spelt in shared/run_layout.py
 MANIFEST_FORMAT = "andrea-checkpoints/1"
 REASONS = frozenset({"cadence", "sigusr1", "sigterm", "pivot", "final", "alarm"})
 

@@ -76,7 +76,7 @@ def foreign_entries(root) -> list[str]:
 def last_creation_error(root, nbytes: int = 1 << 16) -> str | None:
     """The first ERROR message the last creation attempt logged in `root`/logs/proxy.log (the
     lines after its last "creating run"), or None: killed or stopped attempts log none."""
-    log = Path(root) / "logs" / "proxy.log"
+    log = RunLayout(root).proxy_log
     try:
         with open(log, "rb") as f:
             f.seek(max(0, log.stat().st_size - nbytes))
@@ -115,14 +115,14 @@ def missing_run_json(root) -> str:
     if creator is not None:
         return (
             f"{root}: being created by proxy pid {creator} (alive: tokenizing its arms, "
-            f"no run.json yet); wait for it, and follow it in {root / 'logs' / 'proxy.log'}"
+            f"no run.json yet); wait for it, and follow it in {RunLayout(root).proxy_log}"
         )
     failed = last_creation_error(root)
     if failed:
         return (
             f"{root}: the last attempt to create this run failed (no run.json): {failed}; "
             f"fix that and run the `python -m proxy run --run-dir {root} ...` command again "
-            f"(the log: {root / 'logs' / 'proxy.log'})"
+            f"(the log: {RunLayout(root).proxy_log})"
         )
     if (root / "data").is_dir() or (root / "tokenizer.json").exists():
         return (
@@ -166,6 +166,20 @@ class RunLayout:
     arms_index = property(lambda s: s.root / "data" / "arms.json")
     archive = property(lambda s: s.root / "archive")
     logs = property(lambda s: s.root / "logs")
+    proxy_log = property(lambda s: s.root / "logs" / "proxy.log")  # rotated: proxy.log.1 .. .4
+    manifest = property(lambda s: s.root / "checkpoints.json")  # shared/checkpoint_manifest.py
+    rejected = property(lambda s: s.root / "rejected")  # checkpoints a resume rejected
+    fork_json = property(lambda s: s.root / "fork.json")
+    tensorboard = property(lambda s: s.root / "tensorboard")
+    wandb = property(lambda s: s.root / "wandb")
+    plot = property(lambda s: s.root / "loss.png")  # `plot`'s default output
+    nodes = property(lambda s: s.root / ".nodes")  # several nodes: docs/architecture.md
+    nodes_job = property(lambda s: s.root / ".nodes" / "job.json")
+    nodes_lock = property(lambda s: s.root / ".nodes" / ".lock")
+
+    def node_record(self, host: str, pid: int) -> Path:
+        """The record of the node whose proxy is `pid` on `host` (docs/architecture.md#several-nodes)."""
+        return self.nodes / f"{host}-{pid}.json"
 
     @property
     def own_files(self) -> frozenset[str]:
@@ -178,8 +192,8 @@ class RunLayout:
                 self.run_json,
                 self.tokenizer,
                 self.phases,
-                self.root / "checkpoints.json",
-                self.root / "fork.json",
+                self.manifest,
+                self.fork_json,
                 self.loss,
                 self.loss_rewound,
                 self.samples,

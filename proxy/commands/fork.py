@@ -138,7 +138,7 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     if last is not None and last != step:
         print(f"fork: warning: the source history ends at step {last}, not {step}", file=sys.stderr)
     atomic_write_json(
-        dst.root / "fork.json",
+        dst.fork_json,
         {"from": str(src.root.resolve()), "step": step, "checkpoint": ck.name},
     )
     atomic_write_json(dst.run_json, cfg.to_json())  # last: its presence marks a complete run

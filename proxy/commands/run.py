@@ -94,7 +94,7 @@ def setup_logging(layout: RunLayout | None) -> None:
         layout.logs.mkdir(parents=True, exist_ok=True)
         # bounded: a weeks-long run's log rotates at LOG_BYTES into LOG_BACKUPS older files
         fh = logging.handlers.RotatingFileHandler(
-            layout.logs / "proxy.log", maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS
+            layout.proxy_log, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS
         )
         fh.setFormatter(fmt)
         root.addHandler(fh)

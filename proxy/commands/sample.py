@@ -84,7 +84,10 @@ def add_sample_args(p) -> None:
 def _run_dir_of(path: Path) -> Path:
     """The run directory of checkpoint `path`: its folder, or the one above for a file
     quarantined in rejected/ (docs/checkpoint-format.md#validity)."""
-    if not (path.parent / "run.json").exists() and (path.parent.parent / "run.json").exists():
+    if (
+        not RunLayout(path.parent).run_json.exists()
+        and RunLayout(path.parent.parent).run_json.exists()
+    ):
         return path.parent.parent
     return path.parent
 

@@ -190,7 +190,7 @@ def plot_run(
         raise FileNotFoundError(f"{layout.root}: no history to plot yet (no {layout.loss.name})")
     s = read_series(layout.loss)
     phases = phase_entries(layout)
-    out = Path(out) if out else layout.root / "loss.png"
+    out = Path(out) if out else layout.plot
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
     if len(s["steps"]) < s["count"]:  # decimated: the band is each bucket's lowest..highest
         ax1.fill_between(

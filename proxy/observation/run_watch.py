@@ -29,7 +29,7 @@ class RunWatch:
         self.layout, self.cfg, self.max_steps = layout, cfg, max_steps
         self.progress = ProgressLine(max_steps)
         self.t0 = time.monotonic()
-        self.tb = TensorBoardLog(layout.root / "tensorboard") if tensorboard else None
+        self.tb = TensorBoardLog(layout.tensorboard) if tensorboard else None
         self.wb = WandbLog(layout.root, cfg.to_json()) if wandb else None
         self._last_step = 0
         self._ema: float | None = None

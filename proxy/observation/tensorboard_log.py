@@ -27,7 +27,6 @@ and are rebuilt from it by the backfill) or `plot` (proxy/observation/plot.py).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.run_files.loss_ema import LossEma
+from proxy.run_files.sidecars import read_audits
 from shared.loss_history import iter_records
 
 log = logging.getLogger("proxy")
@@ -208,10 +208,8 @@ class TensorBoardLog:
         first_new = None
         pending = []  # the audits to write, in step order, each after its step's record
         if samples_path is not None:
-            try:  # read only: a garbage file is the run's to handle (proxy/run_files/sidecars.py)
-                got = json.loads(Path(samples_path).read_text()).get("audits") or []
-            except (OSError, ValueError, AttributeError):
-                got = []
+            # read only: a garbage file is the run's to handle (proxy/run_files/sidecars.py)
+            got = read_audits(Path(samples_path), garbage="default")
             pending = sorted(
                 (
                     a

@@ -45,6 +45,7 @@ from proxy.run_files.loss_ema import LossEma
 from proxy.run_files.sidecars import read_audits
 from shared.atomic_io import atomic_write_json
 from shared.loss_history import iter_records
+from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
 
@@ -136,7 +137,7 @@ class WandbLog:
 
     def __init__(self, root: Path, config: dict) -> None:
         self.root = Path(root)
-        self.dir = self.root / "wandb"
+        self.dir = RunLayout(self.root).wandb
         self.id_file = self.dir / "andrea-run.json"
         self.config = config
         self._run: Any = None

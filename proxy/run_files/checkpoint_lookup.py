@@ -40,7 +40,7 @@ def checkpoint_path_problem(path: Path, instead: str) -> tuple[int, str] | None:
             + instead.replace("DIR", str(path))
         )
     if not path.exists():
-        run = path.parent if (path.parent / "run.json").exists() else "DIR"
+        run = path.parent if RunLayout(path.parent).run_json.exists() else "DIR"
         return EXIT_USAGE, (
             f"{path}: no such checkpoint file; `python -m proxy status --run-dir {run}` names "
             "the run's checkpoints"
@@ -86,7 +86,7 @@ def find_config(path: Path, run_dir: str | None) -> tuple[RunConfig | None, str]
     """(config, where) for the checkpoint at ``path``; (None, why) when none is at hand."""
     candidates = [Path(run_dir)] if run_dir else [path.parent, path.parent.parent]
     for d in candidates:
-        rj = d / "run.json"
+        rj = RunLayout(d).run_json
         if rj.exists():
             try:
                 return load_run_config(rj), str(rj)
@@ -110,7 +110,7 @@ def manifest_entry(path: Path) -> ManifestEntry | None:
 
 def newest_valid(run_dir: Path) -> Path | None:
     """The newest valid checkpoint of `run_dir` (manifest checksums checked), or None."""
-    cfg, _ = find_config(run_dir / "run.json", str(run_dir))
+    cfg, _ = find_config(RunLayout(run_dir).run_json, str(run_dir))
     try:
         info, _ = find_latest_valid(
             run_dir, cfg.n_params if cfg else None, manifest_checksums(read_manifest(run_dir))

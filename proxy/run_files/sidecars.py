@@ -55,8 +55,9 @@ def read_state(path: Path, garbage: Garbage = "aside") -> dict | None:
     return d if isinstance(d, dict) or d is None else None
 
 
-def read_audits(path: Path) -> list[dict]:
+def read_audits(path: Path, garbage: Garbage = "aside") -> list[dict]:
     """The audits in `.samples.json`, [] when there are none; a garbage file is moved aside with
-    a warning, as the proxy's own reader does (`SamplesLog`)."""
-    d = read_json(path, {}, garbage="aside")
+    a warning, as the proxy's own reader does (`SamplesLog`), or with `garbage="default"` left
+    alone (a reader that must not disturb the run)."""
+    d = read_json(path, {}, garbage=garbage)
     return (d.get("audits") if isinstance(d, dict) else None) or []

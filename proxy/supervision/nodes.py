@@ -58,11 +58,11 @@ class NodeSetupError(RuntimeError):
 
 
 def nodes_dir(layout: RunLayout) -> Path:
-    return layout.root / ".nodes"
+    return layout.nodes
 
 
 def job_path(layout: RunLayout) -> Path:
-    return nodes_dir(layout) / "job.json"
+    return layout.nodes_job
 
 
 def read_json(path: Path) -> dict | None:
@@ -104,7 +104,7 @@ def node_records(layout: RunLayout) -> list[dict]:
     if not d.is_dir():
         return out
     for p in sorted(d.glob("*.json")):
-        if p.name == "job.json":
+        if p.name == layout.nodes_job.name:
             continue
         rec = read_json(p)
         if rec is not None:
@@ -125,7 +125,7 @@ class NodeRecord:
 
     def __post_init__(self) -> None:
         self.host, self.pid = socket.gethostname(), os.getpid()
-        self.path = nodes_dir(self.layout) / f"{self.host}-{self.pid}.json"
+        self.path = self.layout.node_record(self.host, self.pid)
         self.fields: dict = {
             "joined_at": time.time(),  # who keeps a node rank two followers took at once
             "agent_pid": None,
@@ -247,7 +247,7 @@ def assign_node_rank(layout: RunLayout, token: str, nnodes: int, nproc: int) -> 
     no live follower holds, taken under `.nodes/.lock` so two nodes arriving together never
     share one. Raises NodeSetupError when every rank is held (more nodes than --nnodes)."""
     nodes_dir(layout).mkdir(exist_ok=True)
-    with FileLock(str(nodes_dir(layout) / ".lock"), timeout=30):
+    with FileLock(str(layout.nodes_lock), timeout=30):
         held = {r.get("node_rank"): r for r in live_followers(layout, token)}
         free = [r for r in range(1, nnodes) if r not in held]
         if not free:

@@ -36,7 +36,6 @@ from proxy.supervision.pivots import archive_sidecars, mark_running, pivot_due
 from proxy.supervision.run_setup import replan
 from shared.atomic_io import STALE_WRITE_S, atomic_write_json, clean_stale_writes
 from shared.checkpoint_dir import (
-    QUARANTINE_DIR,
     clean_stale_temporaries,
     quarantine_checkpoint,
     scan_for_resume,
@@ -161,7 +160,7 @@ def _any_quarantined(layout: RunLayout) -> bool:
     """True if rejected/ holds a file: a checkpoint existed once, so a history without a valid
     one is not a run that never checkpointed."""
     try:
-        with os.scandir(layout.root / QUARANTINE_DIR) as entries:
+        with os.scandir(layout.rejected) as entries:
             return any(True for _ in entries)
     except (FileNotFoundError, NotADirectoryError):
         return False
