@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.procfs import process_state
+from shared.processes import alive
 
 
 def creating_proxy(root) -> int | None:
@@ -28,7 +28,7 @@ def creating_proxy(root) -> int | None:
         pid = int(owner["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if owner.get("host") != socket.gethostname() or process_state(pid) in (None, "Z", "X"):
+    if owner.get("host") != socket.gethostname() or not alive(pid):
         return None
     try:  # the owner file outlives its proxy: a reused pid must be a proxy of this run
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared.procfs import process_state
+from shared.processes import alive, process_state
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,12 +97,7 @@ def stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 60) -> int
     return proc.wait(timeout=timeout)
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return process_state(pid) not in (None, "Z")  # a zombie counts as dead
+pid_alive = alive  # a zombie counts as dead (shared/processes.py)
 
 
 # The exactness configuration: a short warm-up so a resume can land inside it and after it, a

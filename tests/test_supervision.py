@@ -38,7 +38,7 @@ from proc_helpers import (
     wait_report,
 )
 from shared.checkpoint_format import checkpoint_name, load_checkpoint
-from shared.procfs import process_state
+from shared.processes import process_state
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 

@@ -15,7 +15,7 @@ from shared.atomic_io import storage_failure
 from shared.config import ArmSourceError
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportWriter
-from shared.procfs import seconds_since_start
+from shared.processes import seconds_since_start
 from shared.run_layout import RunLayout
 from shared.worker_options import WorkerOptions
 from worker import fault_injection

@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 
-from shared.procfs import process_state
+from shared.processes import alive
 
 log = logging.getLogger("worker.signals")
 
@@ -112,13 +112,7 @@ class SignalFlags:
         def gone() -> bool:
             if not via_agent:
                 return os.getppid() != parent_pid
-            try:
-                os.kill(parent_pid, 0)
-            except ProcessLookupError:
-                return True
-            except PermissionError:
-                return False
-            return process_state(parent_pid) in (None, "Z")  # a zombie proxy is a dead one
+            return not alive(parent_pid)  # a zombie proxy is a dead one
 
         if gone():  # died before prctl took effect
             self.stop_reason = self.stop_reason or "parent-died"

@@ -46,7 +46,7 @@ from shared.handshake import (
     update_handshake,
 )
 from shared.lr_schedule import learning_rate
-from shared.procfs import seconds_since_start
+from shared.processes import seconds_since_start
 from shared.run_layout import RunLayout
 from shared.tokenizer import RunTokenizer
 from shared.worker_options import WorkerOptions as WorkerOptions  # also named here

@@ -35,12 +35,12 @@ from proxy.run_files.pivot_request import (
 from proxy.run_files.run_lock import RunLock, lock_is_free, owner_pid, read_owner
 from proxy.run_files.status_file import read_status
 from proxy.supervision.pivots import next_boundary, take_back_pivot_stop
-from proxy.supervision.proc_tree import pid_alive
 from proxy.supervision.resume_planning import ResumeError, plan_resume
 from shared.config import ConfigError, RunConfig, load_run_config
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 from shared.handshake import update_handshake
 from shared.loss_history import LossHistory
+from shared.processes import alive
 from shared.run_layout import RunLayout
 
 # A waiting `pivot` repeats its "waiting for boundary" line at most this often (seconds), and at
@@ -370,7 +370,7 @@ def _wait(
                 flush=True,
             )
             return 0
-        if pid is not None and not pid_alive(pid):
+        if pid is not None and not alive(pid):
             print(
                 f"pivot failed: proxy pid {pid} exited during the pivot (request state "
                 f"{state}); `python -m proxy run --run-dir {layout.root}` resumes "

@@ -63,7 +63,7 @@ from shared.config import (
     probe_plan,
 )
 from shared.exit_codes import EXIT_OK, EXIT_USAGE
-from shared.procfs import seconds_since_start
+from shared.processes import seconds_since_start
 from shared.run_layout import RunLayout, foreign_entries
 from shared.stop_request import StopRequested
 

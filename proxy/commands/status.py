@@ -26,8 +26,6 @@ import socket
 import sys
 import time
 
-import psutil
-
 from proxy.mixture.bandit import Bandit, BanditConfigError
 from proxy.observation.progress import wall_seconds_per_update
 from proxy.run_files.checkpoint_lookup import run_dir_problem
@@ -45,7 +43,7 @@ from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import ConfigError, accumulation_steps, load_run_config
 from shared.handshake import read_handshake
 from shared.loss_history import holes
-from shared.procfs import process_state
+from shared.processes import alive, process_state
 from shared.run_layout import RunLayout, creating_proxy
 
 STALE_S = 30.0  # no step for this long (and 10x the usual step time): stalled
@@ -65,13 +63,7 @@ def _proxy_alive(owner: dict | None, run_dir) -> bool:
         return rec is not None and record_alive(rec)
     if not owner or owner.get("host") != socket.gethostname():
         return False
-    pid = owner.get("pid")
-    if pid is None or _proc_state(pid) in (None, "Z", "X"):
-        return False
-    try:
-        return psutil.Process(int(pid)).create_time() <= float(owner.get("started_at", 0)) + 5
-    except Exception:
-        return True
+    return alive(owner.get("pid"), owner.get("started_at", 0))
 
 
 def collect_status(run_dir) -> dict:

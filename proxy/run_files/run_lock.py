@@ -27,12 +27,12 @@ import threading
 import time
 from collections.abc import Callable
 
-import psutil
 from filelock import FileLock, Timeout
 
 from proxy.fault_injection import flock_shared
 from proxy.run_files.json_file import read_json
 from shared.atomic_io import atomic_write_json
+from shared.processes import alive
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
@@ -67,16 +67,6 @@ def _token(o: dict | None) -> str | None:
     return job.get("token") if isinstance(job, dict) else None
 
 
-def _pid_runs_since(pid, started_at) -> bool:
-    """Process `pid` of this host exists, is not a zombie, and started before `started_at`
-    (seconds since the epoch; a younger process reuses a dead owner's pid)."""
-    try:
-        p = psutil.Process(int(pid))
-        return p.status() != psutil.STATUS_ZOMBIE and p.create_time() <= float(started_at) + 5
-    except (psutil.Error, TypeError, ValueError):
-        return False
-
-
 def owner_alive(layout: RunLayout, o: dict, watch_s: float = OWNER_STALE_S) -> bool:
     """The multi-node owner named by owner record `o` still runs: `released` records are dead;
     on this host, its pid runs (and is not a younger process with its number); on another host,
@@ -85,7 +75,7 @@ def owner_alive(layout: RunLayout, o: dict, watch_s: float = OWNER_STALE_S) -> b
     if o.get("released"):
         return False
     if o.get("host") == socket.gethostname():
-        return _pid_runs_since(o.get("pid"), o.get("started_at"))
+        return alive(o.get("pid"), o.get("started_at"))
     beat = o.get("heartbeat")
     if not isinstance(beat, (int, float)) or time.time() - beat > watch_s:
         return False

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from proxy.supervision.proc_tree import pid_alive
 from shared.handshake import read_handshake
+from shared.processes import alive
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy.supervision.launch")
@@ -256,9 +256,9 @@ def _wait_then_kill(pids: list[int], grace: float, why: str) -> list[int]:
     """Wait up to `grace` seconds for `pids` to exit, then SIGKILL (and log `why` % (left,
     grace)) those still alive; returns them."""
     end = time.monotonic() + grace
-    while time.monotonic() < end and any(pid_alive(p) for p in pids):
+    while time.monotonic() < end and any(alive(p) for p in pids):
         time.sleep(0.05)
-    left = [p for p in pids if pid_alive(p)]
+    left = [p for p in pids if alive(p)]
     if left:
         log.error(why, left, grace)
         kill_ranks(left)

@@ -42,7 +42,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from shared.atomic_io import atomic_write_json
-from shared.procfs import process_state
+from shared.processes import alive
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy")
@@ -83,17 +83,13 @@ def write_job(layout: RunLayout, job: dict) -> None:
     atomic_write_json(job_path(layout), job)
 
 
-def _pid_alive(pid) -> bool:
-    return isinstance(pid, int) and process_state(pid) not in (None, "Z", "X")
-
-
 def record_alive(rec: dict, stale_s: float = NODE_STALE_S) -> bool:
     """A node record's proxy is alive: on this host, its pid exists; on another host, its
     heartbeat is younger than `stale_s` seconds."""
     if rec.get("left"):
         return False
     if rec.get("host") == socket.gethostname():
-        return _pid_alive(rec.get("pid"))
+        return alive(rec.get("pid"))
     return time.time() - float(rec.get("heartbeat") or 0) < stale_s
 
 

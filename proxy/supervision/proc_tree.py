@@ -14,8 +14,10 @@ import logging
 import os
 import signal
 
+import psutil
+
 from shared import stop_request
-from shared.procfs import all_pids, process_state, read_stat
+from shared.processes import process_state
 
 log = logging.getLogger("proxy")
 
@@ -111,37 +113,19 @@ def reap_orphans(keep: set[int]) -> list[int]:
             return reaped
 
 
-def pid_alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie (a zombie has exited: only its status is left)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return process_state(pid) not in (None, "Z")
-
-
 def describe(pid: int) -> str:
-    """'pid 123 (python -m worker ..., stopped (SIGSTOP?))' from /proc; for log lines that say
+    """'pid 123 (python -m worker ..., stopped (SIGSTOP?))'; for log lines that say
     which process did not answer."""
     state = process_state(pid)
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except (FileNotFoundError, ProcessLookupError):
+        cmd = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         state = None
     if state is None:
         return f"pid {pid} (gone)"
     if len(cmd) > 60:
         cmd = cmd[:57] + "..."
     return f"pid {pid} ({cmd}, {STATES.get(state, state)})"
-
-
-def group_members(pgid: int) -> list[int]:
-    """Pids whose process group is `pgid` (the worker's session), from /proc."""
-    stats = (read_stat(pid) for pid in all_pids())
-    return [st.pid for st in stats if st is not None and st.pgrp == pgid]
 
 
 def signal_group(pgid: int, sig: int) -> None:

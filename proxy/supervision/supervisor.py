@@ -78,7 +78,7 @@ from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
 from shared.loss_history import LossHistory
 from shared.lr_schedule import learning_rate
-from shared.procfs import seconds_since_start
+from shared.processes import group_members, seconds_since_start
 from shared.run_layout import RunLayout
 from shared.worker_options import WorkerOptions
 
@@ -605,7 +605,7 @@ class Supervisor:
 
     def _who(self) -> str:
         """The worker's processes with their state, for 'which process did not answer'."""
-        pids = proc_tree.group_members(self.proc.pid) or [self.proc.pid]
+        pids = group_members(self.proc.pid) or [self.proc.pid]
         if self.opts.launch.uses_torchrun:
             pids = sorted(set(pids) | set(self._rank_pids()))
         return "; ".join(proc_tree.describe(p) for p in pids)
