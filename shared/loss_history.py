@@ -771,6 +771,30 @@ def _iter_from(
         log.warning("%s: skipped %d damaged or out-of-order pieces while reading", path, damaged)
 
 
+TAIL_BYTES = 1 << 17  # `tail_records`' default: the last 128 KiB, a few hundred records
+
+
+def tail_records(path, nbytes: int = TAIL_BYTES) -> list[dict]:
+    """The complete records in the last `nbytes` of the history at `path`, in file order, read
+    from the end without the rest of the file (what `status`, the progress line and `pivot`
+    show). A torn or partial line is skipped; a missing or unreadable file gives []."""
+    try:
+        with open(path, "rb") as f:
+            start = max(0, os.fstat(f.fileno()).st_size - nbytes)
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return []
+    if start:  # the first line is cut: it begins at the first newline
+        data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
+    return [
+        x
+        for line in data.split(b"\n")
+        for kind, _s, _e, x in _tokens(line, 0)
+        if kind == "rec" and _is_step(x.get("step"))
+    ]
+
+
 def repair(path, *, monotonic: bool = True) -> list[str]:
     """Repair a history in place (what opening it does); returns the warnings. A missing file
     is left missing."""

@@ -84,8 +84,8 @@ def test_reorder_remove_add_and_rejoin_keep_each_arms_statistics_by_name(tmp_pat
     assert st["arms"]["d"]["ema_n"] > 0              # d earned rewards after its first probe
     assert replay_run(layout, load_run_config(layout.run_json), 50).bandit.to_dict() == st
     # the proxy's loss EMA (progress line, .status.json) carries across restarts as `status`'s
-    from proxy.run_files.history_tail import tail_records
     from proxy.run_files.loss_ema import loss_ema
+    from shared.loss_history import tail_records
     assert abs(json.loads((run / ".status.json").read_text())["loss_ema"]
                - loss_ema(tail_records(layout.loss))) < 1e-6
 

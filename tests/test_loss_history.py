@@ -439,3 +439,19 @@ def test_opening_and_reading_a_long_tail_keep_peak_rss_flat(tmp_path):
     mib = 2 ** 20
     assert m["open"] - m["base"] < 10 * mib < size / 3, (m, size)
     assert m["tail_peak"] - m["base"] < 10 * mib, (m, size)
+
+
+def test_the_tail_reads_the_last_complete_records_from_the_end(hist):
+    """`tail_records`: the records in the last N bytes, the cut first line and a torn last one
+    skipped, glued records split, exactly what the whole-file reader gives for those steps."""
+    from shared.loss_history import tail_records
+    full = build(hist, 300)
+    whole = read_records(hist)
+    tail = tail_records(hist, 4096)
+    assert 10 < len(tail) < 300 and tail == whole[-len(tail):]
+    assert tail_records(hist, 10 ** 9) == whole
+    hist.write_bytes(full[:-40])  # a torn last record
+    assert tail_records(hist, 4096)[-1]["step"] == 299
+    hist.write_bytes(full.replace(b'},\n{"step":298', b'}{"step":298'))  # glued
+    assert [r["step"] for r in tail_records(hist, 4096)][-3:] == [298, 299, 300]
+    assert tail_records(hist.parent / "missing.json") == []

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from proxy.mixture.bandit import BanditConfigError, parse_arm_values, resolve_bounds
 from proxy.observation.progress import fmt_duration, wall_seconds_per_update
 from proxy.run_files.checkpoint_lookup import run_dir_problem
-from proxy.run_files.history_tail import tail_records
 from proxy.run_files.phases import read_phases
 from proxy.run_files.pivot_request import (
     RequestLockTimeout,
@@ -39,7 +38,7 @@ from proxy.supervision.resume_planning import ResumeError, plan_resume
 from shared.config import ConfigError, RunConfig, load_run_config
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 from shared.handshake import update_handshake
-from shared.loss_history import LossHistory
+from shared.loss_history import LossHistory, tail_records
 from shared.processes import alive
 from shared.run_layout import RunLayout
 

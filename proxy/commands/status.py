@@ -29,7 +29,6 @@ import time
 from proxy.mixture.bandit import Bandit, BanditConfigError
 from proxy.observation.progress import wall_seconds_per_update
 from proxy.run_files.checkpoint_lookup import run_dir_problem
-from proxy.run_files.history_tail import tail_records
 from proxy.run_files.loss_ema import loss_ema
 from proxy.run_files.phases import phase_entries
 from proxy.run_files.pivot_request import pending_request
@@ -42,7 +41,7 @@ from shared.checkpoint_format import CheckpointError, validate_checkpoint
 from shared.checkpoint_manifest import manifest_checksums, read_manifest
 from shared.config import ConfigError, accumulation_steps, load_run_config
 from shared.handshake import read_handshake
-from shared.loss_history import holes
+from shared.loss_history import holes, tail_records
 from shared.processes import alive, process_state
 from shared.run_layout import RunLayout, creating_proxy
 

@@ -27,11 +27,11 @@ import time
 from collections import deque
 from pathlib import Path
 
-from proxy.run_files.history_tail import tail_records
 from proxy.run_files.loss_ema import recent_mean
 from proxy.run_files.sidecars import read_audits
 from shared.checkpoint_dir import find_latest_valid
 from shared.checkpoint_format import CheckpointError
+from shared.loss_history import tail_records
 
 log = logging.getLogger("proxy")
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.run_files.history_tail import tail_records
 from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_format import CheckpointError, find_latest_valid, parse_checkpoint_name
 from shared.checkpoint_manifest import ManifestEntry, manifest_checksums, read_manifest
 from shared.config import ConfigError, RunConfig, load_run_config
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
+from shared.loss_history import tail_records
 from shared.run_layout import RunLayout, missing_run_json
 
 

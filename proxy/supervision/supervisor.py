@@ -31,7 +31,6 @@ from typing import Any
 from proxy.fault_injection import pivot_fault
 from proxy.mixture.controller import MixtureController
 from proxy.observation.run_watch import RunWatch
-from proxy.run_files.history_tail import tail_records
 from proxy.run_files.loss_ema import LossEma
 from proxy.run_files.phases import read_phases
 from proxy.run_files.pivot_request import RequestLockTimeout, pending_request
@@ -76,7 +75,7 @@ from shared.atomic_io import storage_failure
 from shared.config import RunConfig
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
 from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
-from shared.loss_history import LossHistory
+from shared.loss_history import LossHistory, tail_records
 from shared.lr_schedule import learning_rate
 from shared.processes import group_members, seconds_since_start
 from shared.run_layout import RunLayout
