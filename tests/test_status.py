@@ -295,3 +295,20 @@ def test_every_command_says_one_thing_with_one_exit_code_for_each_bad_run_direct
     assert said["sample"] == said["export"] == want, said
     assert proxy("inspect", str(done / "step_000010.bin"))[0] == 1
     assert proxy("sample", str(done / "step_000010.bin"), "--tokens", "2")[0] == 1
+
+
+def test_sidecars_of_the_wrong_shape_never_crash_the_policy_view(tmp_path):
+    """`status` reads `.state.json` and `.status.json` that are JSON of another shape (a field
+    of the wrong type) as it reads garbage ones: it passes over them and says the rest."""
+    import json as _json
+
+    from proc_helpers import create_template
+    from proxy.commands.status import collect_status, format_status
+    run = create_template(tmp_path / "run")
+    for state, status in [({"phase": 5}, {}), ({"step": "x", "phase": {"index": 0}}, {}),
+                          ({}, {"policy": {"why": "x", "reward": "r", "step": 99999, "phase": 9,
+                                           "arms": {"a": {"slope": "s", "periods": "p"}, "b": 3}}}),
+                          ({}, {"policy": {"why": "x", "arms": 7}})]:
+        (run / ".state.json").write_text(_json.dumps(state))
+        (run / ".status.json").write_text(_json.dumps(status))
+        format_status(collect_status(run))

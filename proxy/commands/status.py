@@ -210,19 +210,26 @@ def _arms(layout: RunLayout, last: dict | None) -> dict:
 def _policy(layout: RunLayout, st: dict) -> dict | None:
     """Why the mixture is what it is (the bandit's `explain()`, docs/bandit.md#reading-the-policy):
     the live proxy's from `.status.json`, or, when that is missing or older than `.state.json`
-    (a stopped run since pivoted, say), the one `.state.json`'s bandit gives."""
-    live = st.get("policy")
+    (a stopped run since pivoted, say), the one `.state.json`'s bandit gives. A file of the
+    wrong shape is passed over, as a garbage one is (the proxy rebuilds it)."""
+
+    def at(d: dict, phase) -> tuple[int, int]:
+        key = (phase, d.get("step"))
+        return tuple(k if isinstance(k, int) else -1 for k in key)  # type: ignore[return-value]
+
+    live = st.get("policy") if isinstance(st.get("policy"), dict) else None
+    if live is not None and not isinstance(live.get("arms"), dict):
+        live = None
     state = read_state(layout.state, garbage="default")
-    if state and (
-        not isinstance(live, dict)
-        or (live.get("phase", -1), live.get("step", -1))
-        < ((state.get("phase") or {}).get("index", -1), state.get("step", -1))
-    ):
-        try:
-            return Bandit.from_dict(state).explain()
-        except (ValueError, KeyError, TypeError, BanditConfigError):
-            return live if isinstance(live, dict) else None  # the proxy rebuilds it
-    return live if isinstance(live, dict) else None
+    if isinstance(state, dict) and state:
+        phase = state.get("phase")
+        index = phase.get("index") if isinstance(phase, dict) else None
+        if live is None or at(live, live.get("phase")) < at(state, index):
+            try:
+                return Bandit.from_dict(state).explain()
+            except (ValueError, KeyError, TypeError, AttributeError, BanditConfigError):
+                pass
+    return live
 
 
 def _phase_and_pivot(layout: RunLayout) -> dict:
@@ -514,18 +521,21 @@ def _policy_lines(d: dict) -> list[str]:
         return []
 
     def num(x, fmt: str) -> str:
-        return "-" if x is None else format(x, fmt)
+        ok = isinstance(x, (int, float)) and not isinstance(x, bool)
+        return format(x, fmt) if ok else "-"
 
     at = f"step {pol.get('step')}"
     lines = [
-        f"policy      {pol['reward']} at {at}: {pol['why']}",
+        f"policy      {pol.get('reward')} at {at}: {pol['why']}",
         f"            {'arm':<20} {'slope':>8} {'se':>8} {'periods':>7} {'epochs':>7} "
         f"{'target':>7} {'posted':>7}",
     ]
     for n, a in pol["arms"].items():
+        if not isinstance(a, dict):
+            continue
         lines.append(
             f"            {n:<20} {num(a.get('slope'), '.4f'):>8} {num(a.get('slope_se'), '.4f'):>8} "
-            f"{a.get('periods', 0):>7} {num(a.get('epochs'), '.2f'):>7} "
+            f"{num(a.get('periods'), 'd'):>7} {num(a.get('epochs'), '.2f'):>7} "
             f"{num(a.get('target'), '.3f'):>7} {num(a.get('posted'), '.3f'):>7}"
             + (f"  past one epoch at step {a['repeated_at']}" if a.get("repeated_at") else "")
         )
