@@ -544,3 +544,22 @@ def test_a_pivot_with_decay_starts_a_wsd_runs_final_decay_at_its_step_live_and_s
     assert r.returncode == 0, r.stdout + r.stderr
     assert run_proxy(fork, "--max-steps", "200").returncode == 0
     assert (fork / checkpoint_name(200)).read_bytes() == (run / checkpoint_name(200)).read_bytes()
+
+
+def test_a_stopped_run_pivot_right_after_a_kill_9_waits_for_the_orphaned_worker(tmp_path):
+    """kill -9 of the proxy leaves its worker writing its last checkpoint (slowed to 3 s); a
+    `pivot` at once finds the run lock free and takes the stopped path: it waits for that
+    worker and pivots at its checkpoint, so no step after B is trained in the old phase."""
+    run = tmp_path / "run"
+    proc = start(run, "--max-steps", "400", *COMMON, env={"ANDREA_TEST_WRITE_DELAY": "3"})
+    with cleaned_up(proc, run):
+        wait_for(lambda: last_step(run) >= 15, 300, what="training to pass step 15")
+        proc.kill()
+        proc.wait(60)
+        r = pivot(run, "--keep-bounds", "--label", "polish")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert run_processes(run) == [], "the orphaned worker outlived the pivot"
+        b = phases(run)[1]["start_step"]
+        assert b == max(checkpoint_steps(run)), (b, checkpoint_steps(run))
+        assert run_proxy(run, "--max-steps", str(b + 10), *COMMON).returncode == 0
+    assert_one_consistent_state(run, b + 10)

@@ -33,8 +33,10 @@ from proxy.run_files.pivot_request import (
 )
 from proxy.run_files.run_lock import RunLock, lock_is_free, owner_pid, read_owner
 from proxy.run_files.status_file import read_status
+from proxy.supervision.launch import wait_for_earlier_workers
 from proxy.supervision.pivots import next_boundary, take_back_pivot_stop
 from proxy.supervision.resume_planning import ResumeError, plan_resume
+from proxy.supervision.run_options import ProxyOptions
 from shared.config import ConfigError, RunConfig, load_run_config
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 from shared.handshake import update_handshake
@@ -401,6 +403,10 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
     except Exception as e:  # noqa: BLE001 - a proxy started in between
         return _refuse(f"{e}")
     try:
+        # a proxy killed by SIGKILL leaves its worker writing its last checkpoint and reports:
+        # pivot at that checkpoint, not at an older one the worker then trains past
+        # (docs/pivots.md#stopped-runs), as a resuming `run` waits (docs/signals.md#kill--9)
+        wait_for_earlier_workers(layout, ProxyOptions.stop_timeout)
         with request_lock(layout):  # a request written since this command looked
             old = pending_request(layout)
         if old is not None:
