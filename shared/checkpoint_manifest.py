@@ -6,7 +6,9 @@ function that decides which checkpoints retention may delete.
 
 What it is not: the checkpoint format (``shared/checkpoint_format.py``); the ``.bin`` stays
 byte-exact and a ``.bin`` without an entry still loads. It deletes no checkpoint itself.
-One writer per run directory (the proxy's run lock, docs/architecture.md#one-proxy-per-run-directory): read-modify-write is not locked.
+Two processes change it: the worker's writer records and retires checkpoints, the proxy's
+collapse watch pins and releases one; every read-modify-write holds the manifest's lock
+(``editing_manifest``), and retention decides and deletes under it, so a pin is never lost.
 
 On disk:
     {"format": "andrea-checkpoints/1",
@@ -17,10 +19,13 @@ On disk:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import pathlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from filelock import FileLock
@@ -137,36 +142,42 @@ def _write_manifest(directory: os.PathLike | str, entries: dict[int, ManifestEnt
     atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
 
 
-def _locked(directory: os.PathLike | str) -> FileLock:
-    """The manifest's read-modify-write lock: the worker's writer thread records and retires
-    checkpoints while the proxy may pin one (collapse watch), in two processes."""
-    return FileLock(str(pathlib.Path(directory) / f".{MANIFEST_NAME}.lock"), timeout=30)
-
-
-def set_pinned(directory: os.PathLike | str, step: int) -> bool:
-    """Pin the entry of `step` so retention never deletes it; False if it has no entry
-    (already retired). Locked against the worker's concurrent updates."""
-    with _locked(directory):
+@contextlib.contextmanager
+def editing_manifest(directory: os.PathLike | str) -> Iterator[dict[int, ManifestEntry]]:
+    """Hold the manifest's lock and yield its entries ({step: ManifestEntry}) to change in
+    place; on leaving, write them back atomically if they changed (nothing is written after an
+    exception). The worker's writer thread records and retires checkpoints while the proxy may
+    pin one (collapse watch), in two processes. Raises filelock.Timeout after 30 s, OSError if
+    the manifest cannot be written (the old one stays intact)."""
+    with FileLock(str(RunLayout(directory).manifest_lock), timeout=30):
         entries = read_manifest(directory)
-        if step not in entries:
-            return False
-        if not entries[step].pinned:
-            entries[step].pinned = True
+        before = copy.deepcopy(entries)
+        yield entries
+        if entries != before:
             _write_manifest(directory, entries)
-        return True
+
+
+def set_pinned(directory: os.PathLike | str, step: int, pinned: bool = True) -> bool | None:
+    """Pin (or with pinned=False release) the entry of `step`, so retention never deletes it;
+    returns its state before, or None if it has no entry (already retired)."""
+    with editing_manifest(directory) as entries:
+        if step not in entries:
+            return None
+        was = entries[step].pinned
+        entries[step].pinned = pinned
+        return was
 
 
 def record_checkpoint(directory: os.PathLike | str, entry: ManifestEntry) -> None:
     """Add or replace the entry for ``entry.step`` in the manifest, atomically (docs/checkpoint-format.md#atomic-write).
 
-    Read-modify-write: read_manifest, set, write ``.checkpoints.json.tmp-{pid}``, fsync,
-    os.replace, fsync the directory. Call after the checkpoint itself is durable.
-    Raises OSError if the manifest cannot be written (the old manifest stays intact).
+    Read-modify-write under the lock (``editing_manifest``): write
+    ``.checkpoints.json.tmp-{pid}``, fsync, os.replace, fsync the directory. Call after the
+    checkpoint itself is durable. Raises OSError if the manifest cannot be written (the old
+    manifest stays intact).
     """
-    with _locked(directory):
-        entries = read_manifest(directory)
+    with editing_manifest(directory) as entries:
         entries[entry.step] = entry
-        _write_manifest(directory, entries)
 
 
 def remove_entries(directory: os.PathLike | str, steps) -> None:
@@ -175,13 +186,9 @@ def remove_entries(directory: os.PathLike | str, steps) -> None:
     Steps without an entry are ignored; nothing is written when nothing changes.
     Raises OSError if the manifest cannot be written.
     """
-    with _locked(directory):
-        entries = read_manifest(directory)
-        drop = {int(s) for s in steps} & entries.keys()
-        if drop:
-            for step in drop:
-                del entries[step]
-            _write_manifest(directory, entries)
+    with editing_manifest(directory) as entries:
+        for step in {int(s) for s in steps} & entries.keys():
+            del entries[step]
 
 
 def manifest_checksums(entries: dict[int, ManifestEntry]) -> dict[int, str]:

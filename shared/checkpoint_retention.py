@@ -17,7 +17,7 @@ import pathlib
 
 from shared.checkpoint_dir import list_checkpoints
 from shared.checkpoint_format import expected_size
-from shared.checkpoint_manifest import plan_retention, read_manifest, remove_entries
+from shared.checkpoint_manifest import editing_manifest, plan_retention
 from shared.checkpoint_write import recycle_checkpoint, reusable
 
 log = logging.getLogger("shared.checkpoint_retention")
@@ -40,28 +40,31 @@ def apply_retention(
     ascending. Raises OSError (other than a file already gone) from the rename or delete.
     """
     directory = pathlib.Path(directory)
-    entries = read_manifest(directory)
-    present = {s for s, _ in list_checkpoints(directory)}
-    known = [s for s in present if s in entries]
-    pinned = {s for s, e in entries.items() if e.pinned}
-    doomed = sorted(plan_retention(known, pinned, keep_last, keep_every))
-    for i, s in enumerate(doomed):
-        path = directory / entries[s].file
-        try:
-            st = os.lstat(path)  # a symlink is a link: removed, its target never reused
-            if i == 0 and st.st_size == expected_size(n_params) and reusable(st):
-                try:
-                    recycle_checkpoint(path)
-                    log.info("retention: retired %s (its file is the next write's)", path.name)
-                    continue
-                except OSError as exc:
-                    if isinstance(exc, FileNotFoundError):
-                        raise
-                    log.warning("retention: cannot retire %s (%s): deleted", path.name, exc)
-            path.unlink()
-            log.info("retention: deleted %s", path.name)
-        except FileNotFoundError:
-            pass
-    if doomed:
-        remove_entries(directory, doomed)
+    with editing_manifest(directory) as entries:  # a pin made meanwhile waits, or is seen
+        present = {s for s, _ in list_checkpoints(directory)}
+        known = [s for s in present if s in entries]
+        pinned = {s for s, e in entries.items() if e.pinned}
+        doomed = sorted(plan_retention(known, pinned, keep_last, keep_every))
+        for i, s in enumerate(doomed):
+            _retire(directory / entries[s].file, n_params, reuse=i == 0)
+        for s in doomed:
+            del entries[s]
     return doomed
+
+
+def _retire(path: pathlib.Path, n_params: int, reuse: bool) -> None:
+    try:
+        st = os.lstat(path)  # a symlink is a link: removed, its target never reused
+        if reuse and st.st_size == expected_size(n_params) and reusable(st):
+            try:
+                recycle_checkpoint(path)
+                log.info("retention: retired %s (its file is the next write's)", path.name)
+                return
+            except OSError as exc:
+                if isinstance(exc, FileNotFoundError):
+                    raise
+                log.warning("retention: cannot retire %s (%s): deleted", path.name, exc)
+        path.unlink()
+        log.info("retention: deleted %s", path.name)
+    except FileNotFoundError:
+        pass

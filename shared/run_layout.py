@@ -1,7 +1,7 @@
 """The run directory's names (docs/architecture.md#the-run-directory), in one place for both sides.
 
 runs/<name>/
-  run.json, tokenizer.json, phases.json, checkpoints.json, step_NNNNNN.bin
+  run.json, tokenizer.json, phases.json, checkpoints.json (+ .checkpoints.json.lock), step_NNNNNN.bin
   .loss.json  .loss.rewound.json  .samples.json  .state.json
   .handshake.json (+ .handshake.lock)  .reports.jsonl  .proxy.lock  .proxy.owner.json
   .status.json  .pivot.request.json (+ .pivot.request.lock)  .state.snapshots.jsonl
@@ -168,6 +168,7 @@ class RunLayout:
     logs = property(lambda s: s.root / "logs")
     proxy_log = property(lambda s: s.root / "logs" / "proxy.log")  # rotated: proxy.log.1 .. .4
     manifest = property(lambda s: s.root / "checkpoints.json")  # shared/checkpoint_manifest.py
+    manifest_lock = property(lambda s: s.root / ".checkpoints.json.lock")
     rejected = property(lambda s: s.root / "rejected")  # checkpoints a resume rejected
     fork_json = property(lambda s: s.root / "fork.json")
     tensorboard = property(lambda s: s.root / "tensorboard")

@@ -7,7 +7,9 @@ import pytest
 
 from proc_helpers import loss_records, run_proxy
 from proxy.mixture.collapse_watch import CollapseWatch, repetition_scores
-from shared.checkpoint_manifest import read_manifest
+from shared.checkpoint_format import checkpoint_name
+from shared.checkpoint_manifest import ManifestEntry, read_manifest, record_checkpoint, set_pinned
+from shared.checkpoint_retention import apply_retention
 from shared.run_layout import RunLayout
 
 
@@ -36,6 +38,53 @@ def test_one_bad_audit_then_a_good_one_raises_no_alarm(tmp_path):
     assert w.alarms == []
 
 
+BAD = "go go go go go go go go go go"
+GOOD = "a perfectly ordinary sentence with many different words in it"
+
+
+def _checkpoint(run, step):
+    """What the worker's writer does after a durable checkpoint: file, entry, retention."""
+    (run / checkpoint_name(step)).write_bytes(b"x" * 68)
+    record_checkpoint(run, ManifestEntry(step=step, file=checkpoint_name(step), nbytes=68,
+                                         checksum="crc32:00000000", reason="cadence",
+                                         pinned=False, time=1.0))
+    apply_retention(run, n_params=5, keep_last=3, keep_every=0)
+
+
+def test_a_bad_audit_holds_its_checkpoint_against_retention_until_the_alarm(tmp_path):
+    # Audits every 20 steps and checkpoints every 10, the newest 3 kept: by the second bad audit
+    # (step 60) retention has retired the checkpoint before the first (step 30) unless it is held.
+    for step in (10, 20, 30, 40):
+        _checkpoint(tmp_path, step)
+    w = CollapseWatch(RunLayout(tmp_path))
+    assert w.on_audit(_audit(40, BAD)) is None
+    assert read_manifest(tmp_path)[30].pinned
+    for step in (50, 60):
+        _checkpoint(tmp_path, step)
+    alarm = w.on_audit(_audit(60, BAD))
+    assert alarm["pinned_checkpoint"] == checkpoint_name(30)
+    assert (tmp_path / checkpoint_name(30)).exists() and read_manifest(tmp_path)[30].pinned
+    _checkpoint(tmp_path, 70)
+    assert sorted(read_manifest(tmp_path)) == [30, 50, 60, 70]
+
+
+def test_a_good_audit_releases_the_hold_but_never_a_pin_made_before(tmp_path):
+    for step in (10, 20, 30):
+        _checkpoint(tmp_path, step)
+    w = CollapseWatch(RunLayout(tmp_path))
+    w.on_audit(_audit(30, BAD))
+    assert read_manifest(tmp_path)[20].pinned
+    w.on_audit(_audit(40, GOOD))
+    assert not read_manifest(tmp_path)[20].pinned
+    for step in (40, 50):
+        _checkpoint(tmp_path, step)
+    assert sorted(read_manifest(tmp_path)) == [30, 40, 50], "a released hold is retired as usual"
+    assert set_pinned(tmp_path, 30) is False  # an operator's pin, made before the watch's
+    w.on_audit(_audit(50, BAD))
+    w.on_audit(_audit(60, GOOD))
+    assert read_manifest(tmp_path)[30].pinned, "the watch released a pin it did not make"
+
+
 @pytest.mark.slow
 def test_two_degenerate_audits_pin_the_checkpoint_before_them_alarm_the_history_and_stop(tmp_path):
     src = tmp_path / "src"
@@ -45,7 +94,10 @@ def test_two_degenerate_audits_pin_the_checkpoint_before_them_alarm_the_history_
     run = tmp_path / "run"
     r = run_proxy(run, "--max-steps", "300", "--checkpoint-every", "10", "--sample-every", "10",
                   "--probe-every", "5", "--arm", f"a=text:{src / 'a.txt'}",
-                  "--arm", f"b=text:{src / 'b.txt'}", "--stop-on-collapse", timeout=600)
+                  "--arm", f"b=text:{src / 'b.txt'}", "--stop-on-collapse",
+                  # the hold is taken when the proxy judges the first bad audit; the worker may be
+                  # several checkpoints ahead by then on a fast machine, so retention keeps more
+                  "--keep-last", "8", timeout=600)
     out = r.stdout + r.stderr
     assert "COLLAPSE ALARM" in out, out[-3000:]
     assert r.returncode != 0, "--stop-on-collapse must stop the run with a non-zero exit"

@@ -4,10 +4,14 @@ Each sample audit is scored per arm for repetition: distinct-1 and distinct-2 (u
 bigrams over all of them) and the share of the most repeated n-gram (occurrences x n / pieces,
 the largest over n = 1..4, capped at 1). A sample is degenerate when distinct-2 < `min_distinct2`
 or the top n-gram share > `max_top_share`; an audit is bad when at least half its arms'
-samples are. Two bad audits in a row raise the alarm: the last checkpoint before the first of
-them is pinned in `checkpoints.json` (retention never deletes it), an alarm is written into the
-log and into the history (the next `.loss.json` record carries it under "alarm"), and with
-`--stop-on-collapse` the run stops (the worker checkpoints with reason "alarm").
+samples are. A bad audit holds the last checkpoint before it: pinned in `checkpoints.json` at
+once, since the worker's retention goes on while the next audit is awaited and would otherwise
+retire it (with the defaults, two audits are three checkpoints apart, and retention keeps three);
+a good audit releases the hold. Two bad audits in a row raise the alarm: the held checkpoint
+stays pinned, an alarm is written into the log and into the history (the next `.loss.json`
+record carries it under "alarm"), and with `--stop-on-collapse` the run stops (the worker
+checkpoints with reason "alarm"). A checkpoint pinned before the watch held it is never
+released by the watch; one held when the proxy is killed stays pinned (kept, never lost).
 
 Pieces are words and punctuation marks (regex `\\w+|[^\\w\\s]`), so "region region region" has
 distinct-1 = 1/3 and a top share of 1.0, while ordinary prose scores near distinct-2 = 0.9.
@@ -21,7 +25,7 @@ import re
 import time
 
 from shared.checkpoint_dir import list_checkpoints
-from shared.checkpoint_manifest import read_manifest, set_pinned
+from shared.checkpoint_manifest import editing_manifest, set_pinned
 from shared.run_layout import RunLayout
 
 log = logging.getLogger("proxy.collapse")
@@ -81,6 +85,8 @@ class CollapseWatch:
         self.min_distinct2, self.max_top_share = min_distinct2, max_top_share
         self.bad_in_a_row = 0
         self.first_bad_step: int | None = None
+        self.held: str | None = None  # the checkpoint pinned for the first bad audit
+        self.release: int | None = None  # its step, when the watch itself pinned it
         self.pending: dict | None = None  # alarm not yet written into a history record
         self.alarms: list[dict] = []
 
@@ -109,20 +115,26 @@ class CollapseWatch:
         audit["collapse"] = verdict
         step = int(audit["step"])
         if not verdict["bad"]:
-            self.bad_in_a_row, self.first_bad_step = 0, None
+            if self.release is not None:
+                set_pinned(self.layout.root, self.release, pinned=False)
+            self.bad_in_a_row, self.first_bad_step, self.held, self.release = 0, None, None, None
             return None
         self.bad_in_a_row += 1
         if self.first_bad_step is None:
             self.first_bad_step = step
+            self.held, self.release = self.pin_before(step)
         if self.bad_in_a_row < 2:
             log.warning(
                 "sample audit at step %d looks degenerate (arms %s); one more and the "
-                "collapse alarm goes off",
+                "collapse alarm goes off; %s",
                 step,
                 ", ".join(verdict["bad_arms"]),
+                f"holding {self.held} (pinned) until the next audit"
+                if self.held
+                else "no checkpoint before it to hold",
             )
             return None
-        pinned = self.pin_before(self.first_bad_step)
+        pinned = self.held
         alarm = {
             "kind": "collapse",
             "audit_steps": [self.first_bad_step, step],
@@ -152,19 +164,22 @@ class CollapseWatch:
         )
         self.alarms.append(alarm)
         self.pending = alarm
-        self.bad_in_a_row, self.first_bad_step = 0, None
+        self.bad_in_a_row, self.first_bad_step, self.held, self.release = 0, None, None, None
         return alarm
 
-    def pin_before(self, step: int) -> str | None:
-        """Pin the newest checkpoint with a step < `step` that is on disk and in the manifest;
-        returns its file name, or None when there is none."""
-        entries = read_manifest(self.layout.root)
-        on_disk = {s for s, _ in list_checkpoints(self.layout.root)}
-        cands = sorted(s for s in entries if s < step and s in on_disk)
-        if not cands:
-            return None
-        e = entries[cands[-1]]
-        return e.file if set_pinned(self.layout.root, e.step) else None
+    def pin_before(self, step: int) -> tuple[str | None, int | None]:
+        """Pin the newest checkpoint with a step < `step` that is on disk and in the manifest,
+        under the manifest's lock (retention cannot retire it meanwhile). Returns its file name
+        (None when there is none) and its step when this call pinned it (None when it was
+        pinned already, so the watch never releases an operator's or a fork's pin)."""
+        with editing_manifest(self.layout.root) as entries:
+            on_disk = {s for s, _ in list_checkpoints(self.layout.root)}
+            cands = sorted(s for s in entries if s < step and s in on_disk)
+            if not cands:
+                return None, None
+            e = entries[cands[-1]]
+            was, e.pinned = e.pinned, True
+            return e.file, None if was else e.step
 
     def annotate(self, record: dict) -> None:
         """Put a pending alarm into a `.loss.json` record about to be appended ("alarm")."""
