@@ -17,8 +17,8 @@ import sys
 from collections.abc import Callable, Iterable
 
 from proxy.commands.run_config_file import parse_run_args
-from shared.config import ConfigError
 from shared.exit_codes import EXIT_USAGE
+from shared.run.config import ConfigError
 
 log = logging.getLogger("proxy")
 

@@ -5,7 +5,7 @@
 Side by side, in one run, on the same filesystem (DIR, default: a temporary folder under the
 current directory), alternating the two sides of each pair and reporting medians:
 
-  write   the worker's write, shared.checkpoint_write.write_checkpoint_image of the file
+  write   the worker's write, shared.checkpoint.write.write_checkpoint_image of the file
           image (temporary, one O_DIRECT write where possible, crc32 in a helper thread,
           fsync, rename, directory fsync) vs a raw sequential buffered write + fsync of the
           same bytes                                                        target <= 1.15
@@ -52,8 +52,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from scripts.bench_stats import add_result, result_line  # noqa: E402
-from shared import checkpoint_format as cf  # noqa: E402
-from shared import checkpoint_write as cw  # noqa: E402
+from shared.checkpoint import file_format as cf  # noqa: E402
+from shared.checkpoint import read as cread  # noqa: E402
+from shared.checkpoint import write as cw  # noqa: E402
 
 N_12M = 12_811_008
 
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
     buf = rng.standard_normal(3 * n, dtype=np.float32)
     w, m, v = buf[:n], buf[n:2 * n], buf[2 * n:]
     np.abs(v, out=v)   # AdamW's v is an average of squares: a loader checks it is >= 0
-    header = cf._HEADER.pack(100, n)
+    header = cf.HEADER.pack(100, n)
     with tempfile.TemporaryDirectory(prefix="bench_ckpt_", dir=a.dir or os.getcwd()) as d:
         d = pathlib.Path(d)
         print(f"checkpoint benchmark: n_params {n:,}, file {cf.expected_size(n):,} bytes, "
@@ -192,19 +193,19 @@ def bench_load(d: pathlib.Path, a) -> None:
     a load with no checksum, which checks every value instead (rule 8)."""
     n = a.n_params
     path = d / cf.checkpoint_name(100 + a.repeats - 1)
-    checksum = cf.file_checksum(path)
+    checksum = cread.file_checksum(path)
     ours, raw, checked = [], [], []
     import torch
     pt = d / "ckpt.pt"   # nanoGPT's file of the same three arrays: what a user would load
-    _, w, m, v = cf.load_checkpoint(path, n, checksum)
+    _, w, m, v = cread.load_checkpoint(path, n, checksum)
     torch.save({"model": torch.from_numpy(w), "exp_avg": torch.from_numpy(m),
                 "exp_avg_sq": torch.from_numpy(v)}, pt)
     del w, m, v
     tload = []
     for i in range(a.repeats):   # rotating order: each side in each slot
         sides = [lambda: raw.append(_timed(lambda: np.fromfile(path, dtype=np.uint8))),
-                 lambda: ours.append(_timed(lambda: cf.load_checkpoint(path, n))),
-                 lambda: checked.append(_timed(lambda: cf.load_checkpoint(path, n, checksum))),
+                 lambda: ours.append(_timed(lambda: cread.load_checkpoint(path, n))),
+                 lambda: checked.append(_timed(lambda: cread.load_checkpoint(path, n, checksum))),
                  lambda: tload.append(_timed(lambda: torch.load(pt, map_location="cpu")))]
         for f in sides[i % 4:] + sides[:i % 4]:
             f()
@@ -239,7 +240,7 @@ def bench_stall(d: pathlib.Path, a, w, m, v) -> None:
     --cost figure, over whole windows with the write landed)."""
     import torch
 
-    from shared.config import PRESETS
+    from shared.run.config import PRESETS
     from worker.checkpointer import Checkpointer
     from worker.model import GPT
     tw, tm, tv = (torch.from_numpy(x) for x in (w, m, v))
@@ -373,7 +374,7 @@ def profile_stages(d: pathlib.Path, n: int, rounds: int = 5) -> None:
         print(f"  {name:<46} CPU {statistics.median(x[0] for x in xs):.3f} s   wall "
               f"{statistics.median(x[1] for x in xs):.3f} s")
     buf = bytearray(cf.expected_size(n))
-    for name, fn in (("crc32 of the same bytes (checkpoint_format)", cf.crc32),
+    for name, fn in (("crc32 of the same bytes (checkpoint.file_format)", cf.crc32),
                      ("zlib.crc32 of the same bytes", zlib.crc32)):
         c0 = time.thread_time()
         fn(buf)
@@ -492,11 +493,11 @@ def copy(step):        # the copy into the host buffer alone, in the training th
     new_ck._copy(tr.model.flat, tr.opt.m, tr.opt.v)
 def copy_crc(step):    # the copy, then the file's crc32 in a background thread
     copy(step)
-    from shared.checkpoint_format import crc32
+    from shared.checkpoint.file_format import crc32
     background(crc32, ck_image)
 def copy_write(step):  # the copy, then the file's write (O_DIRECT, fsync) in the background
     copy(step)
-    from shared.checkpoint_write import _write_image
+    from shared.checkpoint.write import _write_image
     def write():
         tmp = os.path.join(out, "image.tmp")
         _write_image(pathlib.Path(tmp), ck_image, True, True)

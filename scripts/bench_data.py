@@ -66,8 +66,8 @@ CHILD = r"""
 import json, resource, sys, time, logging
 sys.path.insert(0, sys.argv[1])
 logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
-from shared.config import PRESETS, ArmSpec, RunConfig
-from shared.run_layout import RunLayout
+from shared.run.config import PRESETS, ArmSpec, RunConfig
+from shared.run.layout import RunLayout
 from proxy.supervision.run_setup import create_run
 cfg = RunConfig(preset="andrea-test", model=PRESETS["andrea-test"], tokenizer=sys.argv[4],
                 arms=[ArmSpec("corpus", "text", sys.argv[2])])

@@ -173,7 +173,7 @@ def child_nanogpt(a) -> dict:
     import numpy as np
     import torch
 
-    from shared.config import PRESETS, load_run_config
+    from shared.run.config import PRESETS, load_run_config
     from worker.model import GPT as OurGPT
     spec = importlib.util.spec_from_file_location("nanogpt_model", Path(a.nanogpt) / "model.py")
     mod = importlib.util.module_from_spec(spec)
@@ -247,7 +247,7 @@ def create_runs(work: Path, presets: list[str], smoke: bool) -> dict[str, Path]:
     the first and reused by the others, so every preset has the same vocabulary)."""
     from proxy.supervision.run_options import add_run_args, config_from_args
     from proxy.supervision.run_setup import create_run
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     runs: dict[str, Path] = {}
     tokenizer = "bytes" if smoke else "bpe"
     for preset in presets:

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shared.loss_history import LossHistory, read_records, rewind
+from shared.run.loss_history import LossHistory, read_records, rewind
 
 ARMS = ("repo-docstrings", "repo-code", "python-docs")
 WINDOW = 1_000          # appends timed at the start and at the end; records rewound
@@ -71,8 +71,8 @@ what, d = sys.argv[1], sys.argv[2]
 import proxy.supervision.supervisor  # noqa: F401  (the proxy's imports: its resident floor)
 from proxy.mixture.controller import MixtureController
 from proxy.run_files.phases import Phase
-from shared.loss_history import LossHistory, iter_records, iter_records_after
-from shared.run_layout import RunLayout
+from shared.run.loss_history import LossHistory, iter_records, iter_records_after
+from shared.run.layout import RunLayout
 path = d + "/.loss.json"
 arms = ["python-docs", "repo-code", "repo-docstrings"]
 base, t, n = hwm(), time.perf_counter(), 0
@@ -233,7 +233,7 @@ def plot_memory(args) -> None:
 
 
 def _read_all(path):
-    from shared.loss_history import read_records
+    from shared.run.loss_history import read_records
     return read_records(path, monotonic=False)
 
 

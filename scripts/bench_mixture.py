@@ -74,10 +74,10 @@ from proxy.mixture.rebuild import epoch_windows  # noqa: E402
 from proxy.run_files.phases import Phase  # noqa: E402
 from proxy.supervision.run_setup import create_run  # noqa: E402
 from scripts.bench_stats import add_result, decide  # noqa: E402
-from shared.arm_data import read_arm_index  # noqa: E402
-from shared.config import DEFAULT_ARMS, PRESETS, ArmSpec, RunConfig, probe_plan  # noqa: E402
+from shared.data.token_files import read_arm_index  # noqa: E402
 from shared.lr_schedule import learning_rate  # noqa: E402
-from shared.run_layout import RunLayout  # noqa: E402
+from shared.run.config import DEFAULT_ARMS, PRESETS, ArmSpec, RunConfig, probe_plan  # noqa: E402
+from shared.run.layout import RunLayout  # noqa: E402
 from worker.data import ArmSampler  # noqa: E402
 from worker.model import GPT  # noqa: E402
 from worker.optim import FlatAdamW  # noqa: E402
@@ -103,7 +103,7 @@ POLICY_SOURCE = hashlib.sha256(b"".join(
     (ROOT / f).read_bytes() for f in ("proxy/mixture/bandit.py", "proxy/mixture/controller.py",
                                       "proxy/mixture/reward_scaler.py",
                                       "proxy/mixture/loss_trend.py",
-                                      "proxy/mixture/box_projection.py", "shared/config.py",
+                                      "proxy/mixture/box_projection.py", "shared/run/config.py",
                                       "scripts/bench_mixture.py"))).hexdigest()[:16]
 # (policies run as the real system runs them: with the worker's probe)
 

@@ -167,8 +167,8 @@ def main() -> int:
     ap.add_argument("--dir", default=None)
     a = ap.parse_args()
     from scripts.bench_stats import PairedRatio, interleaved
-    from shared.checkpoint_format import checkpoint_name
-    from shared.config import load_run_config
+    from shared.checkpoint.file_format import checkpoint_name
+    from shared.run.config import load_run_config
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:

@@ -20,12 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from proxy.mixture.controller import MixtureController
 from proxy.run_files.phases import Phase
 from proxy.run_files.state_snapshots import append_snapshot, find_snapshot, mark_rewound  # noqa: E402
-from shared.loss_history import (  # noqa: E402
+from shared.run.layout import RunLayout  # noqa: E402
+from shared.run.loss_history import (  # noqa: E402
     LossHistory,
     read_records,
     read_records_after,  # noqa: E402
 )
-from shared.run_layout import RunLayout  # noqa: E402
 
 ARMS = ["python-docs", "repo-code", "repo-docstrings"]
 

@@ -73,8 +73,8 @@ FILED = re.compile(r"step reports filed at most (?P<lag_s>[\d.]+) s \((?P<lag_st
 def direct_cost(run_dir: Path, rec: dict, n: int = 300) -> None:
     """The worker's own per-step supervision work, timed alone (insensitive to other load):
     one read of the real `.handshake.json` (policy + control) and one report line appended."""
-    from shared.handshake import ReportWriter, read_handshake
-    from shared.run_layout import RunLayout
+    from shared.run.handshake import ReportWriter, read_handshake
+    from shared.run.layout import RunLayout
     layout = RunLayout(run_dir)
     layout.reports.unlink(missing_ok=True)
     w = ReportWriter(layout)
@@ -132,7 +132,7 @@ def main() -> int:
     try:
         from proxy.supervision.run_options import add_run_args, config_from_args
         from proxy.supervision.run_setup import create_run
-        from shared.run_layout import RunLayout
+        from shared.run.layout import RunLayout
         template = work / "template"
         p = argparse.ArgumentParser()
         add_run_args(p)
@@ -163,7 +163,7 @@ def main() -> int:
         print(f"identical losses on both sides        {'yes' if same else 'NO'}")
         print(pr.report("supervision_alone_over_proxy_step_time", 0.98, lower_is_better=False))
         print(f"ratio, mean step                      {statistics.mean(alo) / statistics.mean(sup):.3f}")
-        from shared.config import load_run_config
+        from shared.run.config import load_run_config
         period = load_run_config(RunLayout(template).run_json).probe_every  # the policy period
         print(f"filing lag, worst over {len(LAGS)} proxy runs   {max(x[0] for x in LAGS):.3f} s = "
               f"{max(x[1] for x in LAGS):.1f} steps (a policy period is {period} steps)")

@@ -43,8 +43,8 @@ import torch.nn as nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from scripts.bench_stats import add_result, interleaved, result_line  # noqa: E402
-from shared.config import PRESETS, ArmSpec, RunConfig  # noqa: E402
-from shared.run_layout import RunLayout  # noqa: E402
+from shared.run.config import PRESETS, ArmSpec, RunConfig  # noqa: E402
+from shared.run.layout import RunLayout  # noqa: E402
 
 
 # ---------------------------------------------------------------- the plain reference model

@@ -13,7 +13,7 @@ What it is not: a profiler. No torch here; the worker supplies the device's memo
 
 from __future__ import annotations
 
-from shared.config import ConfigError, ModelShape
+from shared.run.config import ConfigError, ModelShape
 
 GIB = 1024**3
 

@@ -2,7 +2,7 @@
 
 What it is: the one way `shared/`, `proxy/` and `worker/` write sidecar JSONs and other small
 files so that a reader never sees a half-written file, even after a kill or a power cut.
-What it is not: an appender (see `shared/loss_history.py`) or a checkpoint writer.
+What it is not: an appender (see `shared/run/loss_history.py`) or a checkpoint writer.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from shared.config import RunConfig
+from shared.run.config import RunConfig
 
 
 def learning_rate(step: int, cfg: RunConfig) -> float:

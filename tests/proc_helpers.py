@@ -88,7 +88,7 @@ def worker_pid(run_dir) -> int | None:
 
 
 def checkpoint_steps(run_dir) -> list[int]:
-    from shared.checkpoint_dir import list_checkpoints
+    from shared.checkpoint.directory import list_checkpoints
     return [s for s, _ in list_checkpoints(run_dir)]
 
 
@@ -113,7 +113,7 @@ def create_template(run_dir: Path, *args: str) -> Path:
     training a step. Returns run_dir."""
     from proxy.supervision.run_options import add_run_args, config_from_args
     from proxy.supervision.run_setup import create_run
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     ap = argparse.ArgumentParser()
     add_run_args(ap)
     a = ap.parse_args(["--run-dir", str(run_dir), *TINY, *args])
@@ -264,7 +264,7 @@ def compare_keys(records: list[dict]) -> list[dict]:
 
 def assert_same_run(ref: Path, other: Path, final: int) -> None:
     """Byte-identical final checkpoint and identical loss records 1..final."""
-    from shared.checkpoint_format import checkpoint_name
+    from shared.checkpoint.file_format import checkpoint_name
     name = checkpoint_name(final)
     assert (ref / name).read_bytes() == (other / name).read_bytes(), \
         f"{other / name} differs from the uninterrupted run's"

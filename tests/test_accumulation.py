@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from proc_helpers import create_template
-from shared.config import ConfigError, accumulation_steps
+from shared.run.config import ConfigError, accumulation_steps
 from worker.signals import SignalFlags
 from worker.trainer import Trainer, WorkerOptions
 
@@ -140,7 +140,7 @@ def test_sigterm_between_micro_batches_finishes_the_update_and_the_resume_is_bit
 
 def test_status_shows_tokens_and_micro_batches_per_update_and_the_projected_time():
     from proxy.commands.status import _batch_and_eta
-    from shared.config import PRESETS, RunConfig
+    from shared.run.config import PRESETS, RunConfig
     cfg = RunConfig(preset="andrea-12m", model=PRESETS["andrea-12m"], batch_size=64,
                     micro_batch_size=16)
     recs = [{"step": s, "time": 1000.0 + 2.0 * s} for s in range(1, 6)]

@@ -3,7 +3,7 @@ with a micro-batch that does; what fits is never refused."""
 import pytest
 
 from shared.activation_memory import GIB, activation_bytes, check_micro_batch_fits
-from shared.config import PRESETS, ConfigError
+from shared.run.config import PRESETS, ConfigError
 
 
 def test_the_floor_is_linear_in_the_micro_batch_and_halved_by_bf16_in_the_layers():

@@ -13,9 +13,9 @@ from proxy.mixture.arm_changes import ArmChange, read_changes
 from proxy.mixture.controller import MixtureController
 from proxy.mixture.rebuild import replay_run
 from proxy.run_files.phases import Phase
-from shared.arm_data import read_arm_index
-from shared.config import load_run_config
-from shared.run_layout import RunLayout
+from shared.data.token_files import read_arm_index
+from shared.run.config import load_run_config
+from shared.run.layout import RunLayout
 
 # the probe policy (heldout_progress): these tests follow each arm's probe rewards by name
 COMMON = ["--checkpoint-every", "10", "--probe-every", "5", "--bandit-warmup", "5",
@@ -85,7 +85,7 @@ def test_reorder_remove_add_and_rejoin_keep_each_arms_statistics_by_name(tmp_pat
     assert replay_run(layout, load_run_config(layout.run_json), 50).bandit.to_dict() == st
     # the proxy's loss EMA (progress line, .status.json) carries across restarts as `status`'s
     from proxy.run_files.loss_ema import loss_ema
-    from shared.loss_history import tail_records
+    from shared.run.loss_history import tail_records
     assert abs(json.loads((run / ".status.json").read_text())["loss_ema"]
                - loss_ema(tail_records(layout.loss))) < 1e-6
 
@@ -154,8 +154,8 @@ def test_an_active_arm_missing_from_run_json_is_still_retired_when_left_out(tmp_
 def test_bad_arm_names_are_refused_by_name():
     import pytest
 
-    from shared.arms import parse_arm_option
-    from shared.config import ConfigError
+    from shared.data.arms import parse_arm_option
+    from shared.run.config import ConfigError
     for bad in ("./a", "../x", "x/y", ".hidden", "a b", "a..b", "x" * 65):
         with pytest.raises(ConfigError, match="is not allowed"):
             parse_arm_option(f"{bad}=text:/tmp/x.txt")
@@ -327,8 +327,8 @@ def test_a_change_inside_a_period_reposts_the_policy_in_progress():
 
 
 def test_default_arms_can_be_named_one_by_one():
-    from shared.arms import parse_arm_option
-    from shared.config import DEFAULT_ARMS
+    from shared.data.arms import parse_arm_option
+    from shared.run.config import DEFAULT_ARMS
     assert [parse_arm_option(f"{a.name}={a.kind}") for a in DEFAULT_ARMS] == list(DEFAULT_ARMS)
 
 

@@ -9,8 +9,8 @@ import pytest
 from test_arm_sources import prose
 
 from proc_helpers import run_proxy
-from shared.arm_checks import check_arm, check_arms
-from shared.arms import parse_arm_option
+from shared.data.arms import parse_arm_option
+from shared.data.checks import check_arm, check_arms
 
 
 def _arm(text):

@@ -16,9 +16,9 @@ import pytest
 from test_arm_sources import prose
 
 from proc_helpers import ROOT, loss_records, proxy_cmd, run_proxy
-from shared.arm_data import read_arm_index
-from shared.config import load_run_config, probe_plan
-from shared.run_layout import RunLayout
+from shared.data.token_files import read_arm_index
+from shared.run.config import load_run_config, probe_plan
+from shared.run.layout import RunLayout
 
 
 def _corpus(d):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from proc_helpers import create_template
-from shared.arm_data import ArmData, done_marker, heldout_ranges, read_arm_index
-from shared.arm_sources import SEPARATOR, iter_text, sample_text
-from shared.arms import ArmSourceError, parse_arm_option
-from shared.config import PRESETS, ArmSpec, ConfigError, RunConfig, count_parameters
-from shared.run_layout import RunLayout
+from shared.data.arms import ArmSourceError, parse_arm_option
+from shared.data.sources import SEPARATOR, iter_text, sample_text
+from shared.data.token_files import ArmData, done_marker, heldout_ranges, read_arm_index
+from shared.run.config import PRESETS, ArmSpec, ConfigError, RunConfig, count_parameters
+from shared.run.layout import RunLayout
 from worker.data import ArmSampler
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "

@@ -8,9 +8,9 @@ import pytest
 from proc_helpers import loss_records, run_proxy
 from proxy.mixture.bandit import Bandit, BanditConfig
 from proxy.mixture.rebuild import replay_run
-from shared.arm_data import heldout_ranges, heldout_size, read_arm_index
-from shared.config import load_run_config, probe_plan
-from shared.run_layout import RunLayout
+from shared.data.token_files import heldout_ranges, heldout_size, read_arm_index
+from shared.run.config import load_run_config, probe_plan
+from shared.run.layout import RunLayout
 from worker.data import ArmSampler
 
 PROSE = ("It was a bright cold day in April, and the clocks were striking thirteen. "
@@ -36,7 +36,7 @@ def test_every_source_kind_trains_with_a_held_out_split_that_is_never_drawn(tmp_
     src = tmp_path / "src"
     toks = make_sources(src)
     n = len(toks)
-    from shared.config import PRESETS, RunConfig
+    from shared.run.config import PRESETS, RunConfig
     cfg = RunConfig(model=PRESETS["andrea-test"])
     hold = heldout_size(n, cfg)
     ranges = heldout_ranges(n, cfg)                         # spread over the arm

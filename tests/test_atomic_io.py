@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-import shared.checkpoint_format as checkpoint_format
+from shared import atomic_io
 from shared.atomic_io import DIR_FSYNC_UNSUPPORTED, atomic_write_json, fsync_dir, read_json
 
 
@@ -43,7 +43,7 @@ def test_a_missing_directory_or_a_file_is_an_error_not_silence(tmp_path):
 
 
 def test_checkpoints_and_sidecars_use_the_same_helper(tmp_path):
-    assert checkpoint_format.fsync_dir is fsync_dir
+    assert atomic_io.fsync_dir is fsync_dir
     atomic_write_json(tmp_path / "x.json", {"a": 1})
     assert read_json(tmp_path / "x.json") == {"a": 1}
 

@@ -660,11 +660,11 @@ def test_state_round_trip_mid_probe_interval(per_p):
 
 
 def test_probe_plan_costs_at_most_the_budget_at_every_preset_and_batch():
-    """shared/config.py probe_plan (docs/bandit.md#probe-cost): the probe's forward FLOPs stay
+    """shared/run/config.py probe_plan (docs/bandit.md#probe-cost): the probe's forward FLOPs stay
     within probe_budget of training FLOPs for every preset, batch and arm count; the plan is a
     pure function of the config; at batch 16 with probe_every 25 it is 6 windows (1.5 %). With
     the default reward (train_slope) no probe runs and it costs nothing."""
-    from shared.config import PRESETS, RunConfig, probe_plan
+    from shared.run.config import PRESETS, RunConfig, probe_plan
     free = probe_plan(RunConfig(batch_size=16))
     assert not free.active and free.cost == 0.0
     for preset, shape in PRESETS.items():
@@ -768,13 +768,13 @@ def test_repetition_guard_is_redecided_per_phase_and_released_when_a_retirement_
 
 
 def test_compression_ratio_separates_list_like_text_from_prose_and_code(tmp_path):
-    """shared/arm_redundancy.py on real text: the benchmark's trap arm compresses an order of
+    """shared/data/redundancy.py on real text: the benchmark's trap arm compresses an order of
     magnitude better than this repository's prose and code, bytes- and BPE-tokenized alike."""
     from pathlib import Path
 
     import numpy as np
 
-    from shared.arm_redundancy import compression_ratio
+    from shared.data.redundancy import compression_ratio
     root = Path(__file__).resolve().parent.parent
     words = ["region", "value", "entry", "table", "field", "option"]
     trap = "".join(f"- item {i % 50}: " + " ".join([words[i % 6]] * 3) + "\n" for i in range(12000))
@@ -804,13 +804,13 @@ def _write(path, arr):
 
 
 def test_default_audit_cadence_keeps_audits_within_their_budget_at_every_preset_and_batch():
-    """shared/config.py default_sample_every / audit_cost (docs/bandit.md#probe-cost): with no
+    """shared/run/config.py default_sample_every / audit_cost (docs/bandit.md#probe-cost): with no
     --sample-every the audits cost at most AUDIT_BUDGET (0.5 %) of training FLOPs at every preset,
     batch and arm count, on a multiple of the checkpoint cadence, and the checkpoint cadence
     itself wherever that is already cheap enough; the cost formula counts every context token."""
     import dataclasses
 
-    from shared.config import (
+    from shared.run.config import (
         AUDIT_BUDGET,
         AUDIT_PROMPT_TOKENS,
         AUDIT_TOKENS,
@@ -838,10 +838,10 @@ def test_default_audit_cadence_keeps_audits_within_their_budget_at_every_preset_
 
 def test_probe_and_audits_together_cost_at_most_the_policy_budget_by_default():
     """docs/bandit.md#probe-cost: with the default probe_budget and sample
-    cadence, probe + audits (shared/config.py policy_cost) stay within POLICY_BUDGET (2 %) of
+    cadence, probe + audits (shared/run/config.py policy_cost) stay within POLICY_BUDGET (2 %) of
     training FLOPs at every preset, batch and arm count (with the probe of heldout_progress; the
     default train_slope pays only the audits); the start-up table states the sum."""
-    from shared.config import (
+    from shared.run.config import (
         POLICY_BUDGET,
         PRESETS,
         RunConfig,
@@ -870,7 +870,7 @@ def test_batched_generation_with_one_generator_per_row_matches_each_row_alone():
     each row with its own generator, and each row's text is what that row alone would give."""
     import torch
 
-    from shared.config import PRESETS
+    from shared.run.config import PRESETS
     from worker.model import GPT
     from worker.sampling import generate_batched
     m = GPT(PRESETS["andrea-test"], 64, seed=3).eval()
@@ -909,7 +909,7 @@ def trend_records(n_steps, slopes, level=None, sigma=0.03, period=10, batch=16, 
 def test_default_reward_is_the_free_training_loss_slope_and_reads_no_probe():
     """docs/bandit.md#the-default-policy: the default reads the training losses the update
     computes anyway; a probe in the record changes nothing."""
-    from shared.config import RunConfig, probe_plan
+    from shared.run.config import RunConfig, probe_plan
     assert BanditConfig().reward == "train_slope" and RunConfig().reward == "train_slope"
     assert not probe_plan(RunConfig()).active and probe_plan(RunConfig()).cost == 0.0
     recs = trend_records(300, {"a": 0.2, "b": 0.2, "noise": 0.0})

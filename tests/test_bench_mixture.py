@@ -163,9 +163,9 @@ def test_evaluation_windows_lie_in_the_scattered_heldout_ranges_clear_of_every_p
     windows are inside the held-out ranges, never overlap one another or any probe window the
     worker could use (1..8 sequences). Failed before: eval_windows assumed a tail split."""
     from proxy.supervision.run_setup import create_run
-    from shared.arm_data import read_arm_index
-    from shared.config import PRESETS, RunConfig
-    from shared.run_layout import RunLayout
+    from shared.data.token_files import read_arm_index
+    from shared.run.config import PRESETS, RunConfig
+    from shared.run.layout import RunLayout
     from worker.data import ArmSampler
     layout = RunLayout(tmp_path / "run")
     cfg = create_run(layout, RunConfig(preset="andrea-test", model=PRESETS["andrea-test"],

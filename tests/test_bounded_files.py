@@ -5,8 +5,8 @@ import os
 import threading
 import time
 
-from shared.handshake import ReportReader, ReportWriter
-from shared.run_layout import RunLayout
+from shared.run.handshake import ReportReader, ReportWriter
+from shared.run.layout import RunLayout
 
 
 def test_reports_log_stays_bounded_and_loses_nothing_under_a_concurrent_writer(tmp_path):

@@ -11,9 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import checkpoint_format as cf
-from shared import checkpoint_manifest as cm
-from shared.checkpoint_format import CheckpointError
+from shared.checkpoint import directory as cdir
+from shared.checkpoint import file_format as cf
+from shared.checkpoint import manifest as cm
+from shared.checkpoint import read as cread
+from shared.checkpoint import write as cw
+from shared.checkpoint.file_format import CheckpointError
 
 
 def _arrays(n, seed=0):
@@ -44,8 +47,8 @@ def test_hand_built_checkpoint_reads_back_exactly(tmp_path):
         + struct.pack("<3f", *v)
     path = _put(tmp_path / "step_000300.bin", data)
 
-    assert cf.read_header(path) == (300, 3)
-    step, w2, m2, v2 = cf.load_checkpoint(path, 3)
+    assert cread.read_header(path) == (300, 3)
+    step, w2, m2, v2 = cread.load_checkpoint(path, 3)
     assert step == 300
     for got, want in ((w2, w), (m2, m), (v2, v)):
         assert got.dtype == np.float32 and got.shape == (3,)
@@ -54,18 +57,18 @@ def test_hand_built_checkpoint_reads_back_exactly(tmp_path):
 
 def test_written_checkpoint_matches_layout_byte_for_byte(tmp_path):
     w, m, v = _arrays(1000)
-    path, nbytes, checksum = cf.write_checkpoint(tmp_path, 1234, w, m, v)
+    path, nbytes, checksum = cw.write_checkpoint(tmp_path, 1234, w, m, v)
     want = _raw(1234, 1000, w, m, v)
     assert path == tmp_path / "step_001234.bin"
     assert path.read_bytes() == want
     assert nbytes == len(want) == cf.expected_size(1000) == 8 + 12 * 1000
-    assert checksum == "crc32:%08x" % zlib.crc32(want) == cf.file_checksum(path)
+    assert checksum == "crc32:%08x" % zlib.crc32(want) == cread.file_checksum(path)
 
 
 def test_round_trip_returns_views_of_one_buffer(tmp_path):
     w, m, v = _arrays(257, seed=3)
-    path, _, checksum = cf.write_checkpoint(tmp_path, 7, w, m, v, fsync=False)
-    step, w2, m2, v2 = cf.load_checkpoint(path, 257, checksum)
+    path, _, checksum = cw.write_checkpoint(tmp_path, 7, w, m, v, fsync=False)
+    step, w2, m2, v2 = cread.load_checkpoint(path, 257, checksum)
     assert step == 7
     np.testing.assert_array_equal(w2, w)
     np.testing.assert_array_equal(m2, m)
@@ -75,35 +78,35 @@ def test_round_trip_returns_views_of_one_buffer(tmp_path):
     assert m2.ctypes.data == w2.ctypes.data + 4 * 257 == v2.ctypes.data - 4 * 257
     assert w2.flags.c_contiguous and w2.flags.writeable
     # placed for the kernel's fast copy: the weights' address agrees with their file offset
-    assert w2.ctypes.data % cf.READ_ALIGN == cf.HEADER_BYTES % cf.READ_ALIGN
+    assert w2.ctypes.data % cread.READ_ALIGN == cf.HEADER_BYTES % cread.READ_ALIGN
 
 
 def test_a_read_buffer_agrees_with_its_file_offset_for_any_offset():
     for offset in (0, 8, 12, 60, 4096 + 8, 8 + 4 * 12_811_008):
         for count in (1, 257, 10_000):
-            a = cf.empty_for_read(count, offset)
+            a = cread.empty_for_read(count, offset)
             assert a.dtype == np.dtype("<f4") and a.shape == (count,)
             assert a.flags.c_contiguous and a.flags.writeable
-            assert (a.ctypes.data - offset) % cf.READ_ALIGN == 0, (offset, count)
+            assert (a.ctypes.data - offset) % cread.READ_ALIGN == 0, (offset, count)
 
 
 def test_write_accepts_non_contiguous_float32_and_rejects_other_dtypes(tmp_path):
     big = np.arange(20, dtype=np.float32)
-    path, _, _ = cf.write_checkpoint(tmp_path, 1, big[::2], big[1::2], big[:10], fsync=False)
-    assert cf.load_checkpoint(path, 10)[1].tolist() == big[::2].tolist()
+    path, _, _ = cw.write_checkpoint(tmp_path, 1, big[::2], big[1::2], big[:10], fsync=False)
+    assert cread.load_checkpoint(path, 10)[1].tolist() == big[::2].tolist()
 
     with pytest.raises(CheckpointError, match="dtype float64.*float32"):
-        cf.write_checkpoint(tmp_path, 2, np.zeros(4), np.zeros(4, np.float32),
+        cw.write_checkpoint(tmp_path, 2, np.zeros(4), np.zeros(4, np.float32),
                             np.zeros(4, np.float32))
     with pytest.raises(CheckpointError, match="lengths 4, 3, 4"):
         z = np.zeros(4, np.float32)
-        cf.write_checkpoint(tmp_path, 2, z, z[:3], z)
+        cw.write_checkpoint(tmp_path, 2, z, z[:3], z)
     with pytest.raises(CheckpointError, match=r"shape \(2, 2\)"):
         z = np.zeros((2, 2), np.float32)
-        cf.write_checkpoint(tmp_path, 2, z, z, z)
+        cw.write_checkpoint(tmp_path, 2, z, z, z)
     with pytest.raises(CheckpointError, match="n_params 0"):
         z = np.zeros(0, np.float32)
-        cf.write_checkpoint(tmp_path, 2, z, z, z)
+        cw.write_checkpoint(tmp_path, 2, z, z, z)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001.bin"]
 
 
@@ -172,9 +175,9 @@ def test_int32_limits_name_the_value():
 
 def test_validate_refuses_model_larger_than_int32(tmp_path):
     w, m, v = _arrays(2)
-    path, _, _ = cf.write_checkpoint(tmp_path, 1, w, m, v, fsync=False)
+    path, _, _ = cw.write_checkpoint(tmp_path, 1, w, m, v, fsync=False)
     with pytest.raises(CheckpointError, match="n_params 3,000,000,000"):
-        cf.validate_checkpoint(path, 3_000_000_000)
+        cread.validate_checkpoint(path, 3_000_000_000)
 
 
 # ------------------------------------------------------------------ rejection, one rule each
@@ -182,18 +185,18 @@ def test_validate_refuses_model_larger_than_int32(tmp_path):
 def test_zero_length_file_is_rejected(tmp_path):
     path = _put(tmp_path / "step_000300.bin", b"")
     with pytest.raises(CheckpointError, match=r"step_000300.bin: 0 bytes \(zero-length") as ei:
-        cf.validate_checkpoint(path, 10)
+        cread.validate_checkpoint(path, 10)
     assert ei.value.rule == "empty"
     with pytest.raises(CheckpointError, match="zero-length"):
-        cf.read_header(path)
+        cread.read_header(path)
 
 
 def test_file_shorter_than_header_is_rejected(tmp_path):
     path = _put(tmp_path / "step_000300.bin", b"\x01\x02\x03\x04\x05")
     with pytest.raises(CheckpointError, match="5 bytes, shorter than the 8-byte header"):
-        cf.read_header(path)
+        cread.read_header(path)
     with pytest.raises(CheckpointError, match="truncated write"):
-        cf.load_checkpoint(path, None)
+        cread.load_checkpoint(path, None)
 
 
 def test_truncated_file_names_sizes_and_formula(tmp_path):
@@ -201,7 +204,7 @@ def test_truncated_file_names_sizes_and_formula(tmp_path):
     data = _raw(300, 100, w, m, v)
     path = _put(tmp_path / "step_000300.bin", data[:600])
     with pytest.raises(CheckpointError) as ei:
-        cf.validate_checkpoint(path, 100)
+        cread.validate_checkpoint(path, 100)
     assert _reason(ei).startswith(
         "step_000300.bin: 600 bytes, expected 1,208 (8 + 12 x 100): truncated write?")
     assert ei.value.rule == "size" and ei.value.path == path
@@ -211,30 +214,30 @@ def test_oversized_file_is_rejected(tmp_path):
     w, m, v = _arrays(10)
     path = _put(tmp_path / "step_000300.bin", _raw(300, 10, w, m, v) + b"\0\0\0\0")
     with pytest.raises(CheckpointError, match="132 bytes, expected 128 .*trailing bytes"):
-        cf.validate_checkpoint(path, 10)
+        cread.validate_checkpoint(path, 10)
 
 
 @pytest.mark.parametrize("n", [0, -5])
 def test_header_n_params_not_positive_is_rejected(tmp_path, n):
     path = _put(tmp_path / "step_000300.bin", struct.pack("<ii", 300, n) + b"\0" * 24)
     with pytest.raises(CheckpointError, match=f"header n_params = {n}, must be >= 1"):
-        cf.validate_checkpoint(path, None)
+        cread.validate_checkpoint(path, None)
 
 
 def test_header_step_differs_from_name(tmp_path):
     w, m, v = _arrays(4)
     path = _put(tmp_path / "step_000300.bin", _raw(200, 4, w, m, v))
     with pytest.raises(CheckpointError) as ei:
-        cf.validate_checkpoint(path, 4)
+        cread.validate_checkpoint(path, 4)
     assert "header step 200 differs from the name's step 300" in _reason(ei)
     assert "rename it to step_000200.bin" in _reason(ei)
 
 
 def test_architecture_mismatch_names_both_counts(tmp_path):
     w, m, v = _arrays(50)
-    path, _, _ = cf.write_checkpoint(tmp_path, 100, w, m, v, fsync=False)
+    path, _, _ = cw.write_checkpoint(tmp_path, 100, w, m, v, fsync=False)
     with pytest.raises(CheckpointError) as ei:
-        cf.load_checkpoint(path, 12_811_008)
+        cread.load_checkpoint(path, 12_811_008)
     assert ("step_000100.bin: the model has 12,811,008 parameters, the file has 50; "
             "the architecture differs") in _reason(ei)
     assert ei.value.rule == "n_params"
@@ -243,9 +246,9 @@ def test_architecture_mismatch_names_both_counts(tmp_path):
 def test_load_into_given_arrays_reads_the_file_there_and_checks_its_checksum(tmp_path):
     # a resume reads straight into the model's and the optimizer's memory (worker/trainer.py)
     w, m, v = _arrays(3001, seed=5)
-    path, _, checksum = cf.write_checkpoint(tmp_path, 9, w, m, v, fsync=False)
+    path, _, checksum = cw.write_checkpoint(tmp_path, 9, w, m, v, fsync=False)
     out = tuple(np.full(3001, np.nan, dtype=np.float32) for _ in range(3))
-    step, w2, m2, v2 = cf.load_checkpoint(path, 3001, checksum, out=out)
+    step, w2, m2, v2 = cread.load_checkpoint(path, 3001, checksum, out=out)
     assert step == 9 and w2 is out[0] and m2 is out[1] and v2 is out[2]
     for got, want in zip(out, (w, m, v)):
         assert got.tobytes() == want.tobytes()
@@ -253,7 +256,7 @@ def test_load_into_given_arrays_reads_the_file_there_and_checks_its_checksum(tmp
     data[8 + 4 * 3001 * 2 + 40] ^= 0x10                # a flipped bit inside v
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError) as ei:
-        cf.load_checkpoint(path, 3001, checksum, out=out)
+        cread.load_checkpoint(path, 3001, checksum, out=out)
     assert ei.value.rule == "checksum"
 
 
@@ -265,16 +268,16 @@ def test_load_into_given_arrays_reads_the_file_there_and_checks_its_checksum(tmp
 ], ids=["two", "length", "dtype", "strided"])
 def test_load_into_arrays_that_do_not_fit_is_refused_before_reading(tmp_path, bad):
     w, m, v = _arrays(64)
-    path, _, _ = cf.write_checkpoint(tmp_path, 3, w, m, v, fsync=False)
+    path, _, _ = cw.write_checkpoint(tmp_path, 3, w, m, v, fsync=False)
     with pytest.raises(ValueError, match="load_checkpoint"):
-        cf.load_checkpoint(path, 64, out=bad(64))
+        cread.load_checkpoint(path, 64, out=bad(64))
 
 
 def test_load_into_arrays_names_the_offset_where_a_shrinking_file_ended(tmp_path, monkeypatch):
     w, m, v = _arrays(100)
-    path, _, _ = cf.write_checkpoint(tmp_path, 4, w, m, v, fsync=False)
+    path, _, _ = cw.write_checkpoint(tmp_path, 4, w, m, v, fsync=False)
     out = tuple(np.zeros(100, np.float32) for _ in range(3))
-    real_open = cf._open_regular
+    real_open = cread._open_regular
 
     class Shrunk:  # the file as a reader sees it when it shrinks after the size check
         def __init__(self, f):
@@ -294,32 +297,32 @@ def test_load_into_arrays_names_the_offset_where_a_shrinking_file_ended(tmp_path
                 return 0
             return self.f.readinto(view[: 8 + 4 * 150 - self.f.tell()])
 
-    monkeypatch.setattr(cf, "_open_regular", lambda *a, **k: Shrunk(real_open(*a, **k)))
+    monkeypatch.setattr(cread, "_open_regular", lambda *a, **k: Shrunk(real_open(*a, **k)))
     with pytest.raises(CheckpointError, match=f"ended after {8 + 4 * 150:,} of"):
-        cf.load_checkpoint(path, 100, out=out)
+        cread.load_checkpoint(path, 100, out=out)
 
 
 def test_checksum_mismatch_is_rejected_only_when_checksum_given(tmp_path):
     w, m, v = _arrays(50)
-    path, _, checksum = cf.write_checkpoint(tmp_path, 100, w, m, v, fsync=False)
+    path, _, checksum = cw.write_checkpoint(tmp_path, 100, w, m, v, fsync=False)
     data = bytearray(path.read_bytes())
     data[100] ^= 0xFF                                  # one flipped byte inside weights
     path.write_bytes(bytes(data))
-    assert cf.validate_checkpoint(path, 50).step == 100  # structurally fine
-    for check in (cf.validate_checkpoint, cf.load_checkpoint):
+    assert cread.validate_checkpoint(path, 50).step == 100  # structurally fine
+    for check in (cread.validate_checkpoint, cread.load_checkpoint):
         with pytest.raises(CheckpointError) as ei:
             check(path, 50, checksum)
         assert f"the manifest records {checksum}" in _reason(ei)
         assert ei.value.rule == "checksum"
     with pytest.raises(CheckpointError, match="not of the form crc32"):
-        cf.validate_checkpoint(path, 50, "md5:abc")
+        cread.validate_checkpoint(path, 50, "md5:abc")
 
 
 def test_unparseable_name_is_rejected(tmp_path):
     w, m, v = _arrays(4)
     path = _put(tmp_path / "step_latest.bin", _raw(300, 4, w, m, v))
     with pytest.raises(CheckpointError, match="step_latest.bin: not a checkpoint name"):
-        cf.validate_checkpoint(path, 4)
+        cread.validate_checkpoint(path, 4)
 
 
 def test_first_failing_rule_is_reported(tmp_path):
@@ -327,20 +330,20 @@ def test_first_failing_rule_is_reported(tmp_path):
     w, m, v = _arrays(10)
     path = _put(tmp_path / "step_000300.bin", _raw(200, 10, w, m, v)[:-1])
     with pytest.raises(CheckpointError) as ei:
-        cf.validate_checkpoint(path, 99, "crc32:00000000")
+        cread.validate_checkpoint(path, 99, "crc32:00000000")
     assert ei.value.rule == "size"
     # right size, wrong step AND wrong n_params: step comes before n_params
     path.write_bytes(_raw(200, 10, w, m, v))
     with pytest.raises(CheckpointError) as ei:
-        cf.validate_checkpoint(path, 99, "crc32:00000000")
+        cread.validate_checkpoint(path, 99, "crc32:00000000")
     assert ei.value.rule == "step"
 
 
 def test_missing_file_is_a_checkpoint_error(tmp_path):
     with pytest.raises(CheckpointError, match="cannot read"):
-        cf.validate_checkpoint(tmp_path / "step_000100.bin", None)
+        cread.validate_checkpoint(tmp_path / "step_000100.bin", None)
     with pytest.raises(CheckpointError, match="cannot read"):
-        cf.file_checksum(tmp_path / "nope")
+        cread.file_checksum(tmp_path / "nope")
 
 
 # ------------------------------------------------------------------ directories
@@ -351,7 +354,7 @@ def test_list_sorts_by_integer_and_ignores_other_names(tmp_path):
                  ".step_000200.bin.tmp-77", "checkpoints.json", "notes.txt"]:
         (tmp_path / name).write_bytes(b"x")
     (tmp_path / "step_000500.bin").mkdir()
-    got = cf.list_checkpoints(tmp_path)
+    got = cdir.list_checkpoints(tmp_path)
     assert got == [(100, tmp_path / "step_000100.bin"),
                    (999999, tmp_path / "step_999999.bin"),
                    (1000000, tmp_path / "step_1000000.bin")]
@@ -359,19 +362,19 @@ def test_list_sorts_by_integer_and_ignores_other_names(tmp_path):
 
 def test_list_of_missing_directory_is_an_error(tmp_path):
     with pytest.raises(CheckpointError, match="cannot list"):
-        cf.list_checkpoints(tmp_path / "no-such-run")
+        cdir.list_checkpoints(tmp_path / "no-such-run")
 
 
 def test_find_latest_valid_skips_truncated_newest_and_deletes_nothing(tmp_path):
     n = 64
     for step in (100, 200, 300):
-        cf.write_checkpoint(tmp_path, step, *_arrays(n, seed=step), fsync=False)
+        cw.write_checkpoint(tmp_path, step, *_arrays(n, seed=step), fsync=False)
     newest = tmp_path / "step_000300.bin"
     newest.write_bytes(newest.read_bytes()[:400])       # torn by a kill
     _put(tmp_path / "step_000250.bin", b"")             # zero-length
     before = sorted(os.listdir(tmp_path))
 
-    info, rejected = cf.find_latest_valid(tmp_path, n)
+    info, rejected = cdir.find_latest_valid(tmp_path, n)
 
     assert info == cf.CheckpointInfo(tmp_path / "step_000200.bin", 200, n, 8 + 12 * n)
     assert [p.name for p, _ in rejected] == ["step_000300.bin", "step_000250.bin"]
@@ -383,41 +386,41 @@ def test_find_latest_valid_skips_truncated_newest_and_deletes_nothing(tmp_path):
 
 def test_find_latest_valid_orders_past_999999_and_uses_checksums(tmp_path):
     n = 8
-    _, _, c1 = cf.write_checkpoint(tmp_path, 999_999, *_arrays(n), fsync=False)
-    _, _, c2 = cf.write_checkpoint(tmp_path, 1_000_000, *_arrays(n, seed=1), fsync=False)
-    info, rejected = cf.find_latest_valid(tmp_path, n)
+    _, _, c1 = cw.write_checkpoint(tmp_path, 999_999, *_arrays(n), fsync=False)
+    _, _, c2 = cw.write_checkpoint(tmp_path, 1_000_000, *_arrays(n, seed=1), fsync=False)
+    info, rejected = cdir.find_latest_valid(tmp_path, n)
     assert info.step == 1_000_000 and rejected == []
 
-    info, rejected = cf.find_latest_valid(tmp_path, n, {1_000_000: c1, 999_999: c1})
+    info, rejected = cdir.find_latest_valid(tmp_path, n, {1_000_000: c1, 999_999: c1})
     assert info.step == 999_999
     assert rejected[0][0].name == "step_1000000.bin" and "checksum" in rejected[0][1]
 
 
 def test_find_latest_valid_with_nothing_valid(tmp_path):
-    cf.write_checkpoint(tmp_path, 100, *_arrays(5), fsync=False)
-    info, rejected = cf.find_latest_valid(tmp_path, 6)
+    cw.write_checkpoint(tmp_path, 100, *_arrays(5), fsync=False)
+    info, rejected = cdir.find_latest_valid(tmp_path, 6)
     assert info is None
     assert "the model has 6 parameters, the file has 5" in rejected[0][1]
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert cf.find_latest_valid(empty, 6) == (None, [])
+    assert cdir.find_latest_valid(empty, 6) == (None, [])
 
 
 def test_clean_stale_temporaries_removes_only_temporaries(tmp_path):
-    cf.write_checkpoint(tmp_path, 100, *_arrays(3), fsync=False)
+    cw.write_checkpoint(tmp_path, 100, *_arrays(3), fsync=False)
     for name in (".step_000200.bin.tmp-123", ".step_1000000.bin.tmp-9", "step_000100.bin.bak"):
         (tmp_path / name).write_bytes(b"junk")
-    removed = cf.clean_stale_temporaries(tmp_path)
+    removed = cdir.clean_stale_temporaries(tmp_path)
     assert [p.name for p in removed] == [".step_000200.bin.tmp-123", ".step_1000000.bin.tmp-9"]
     assert sorted(os.listdir(tmp_path)) == ["step_000100.bin", "step_000100.bin.bak"]
-    assert cf.clean_stale_temporaries(tmp_path) == []
+    assert cdir.clean_stale_temporaries(tmp_path) == []
 
 
 # ------------------------------------------------------------------ atomic write under faults
 
 def test_disk_full_at_fsync_leaves_no_temporary_and_previous_intact(tmp_path, monkeypatch):
     w, m, v = _arrays(100)
-    old_path, _, old_sum = cf.write_checkpoint(tmp_path, 100, w, m, v)
+    old_path, _, old_sum = cw.write_checkpoint(tmp_path, 100, w, m, v)
     old_bytes = old_path.read_bytes()
 
     def full(fd):
@@ -425,7 +428,7 @@ def test_disk_full_at_fsync_leaves_no_temporary_and_previous_intact(tmp_path, mo
 
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(CheckpointError) as ei:
-        cf.write_checkpoint(tmp_path, 200, *_arrays(100, seed=1))
+        cw.write_checkpoint(tmp_path, 200, *_arrays(100, seed=1))
     monkeypatch.undo()
 
     assert isinstance(ei.value.__cause__, OSError)
@@ -433,11 +436,11 @@ def test_disk_full_at_fsync_leaves_no_temporary_and_previous_intact(tmp_path, mo
     assert "step_000200.bin" in _reason(ei) and "ENOSPC" in _reason(ei)
     assert os.listdir(tmp_path) == ["step_000100.bin"]
     assert old_path.read_bytes() == old_bytes
-    assert cf.find_latest_valid(tmp_path, 100, {100: old_sum})[0].step == 100
+    assert cdir.find_latest_valid(tmp_path, 100, {100: old_sum})[0].step == 100
 
 
 def test_interrupt_during_write_removes_temporary_and_propagates(tmp_path, monkeypatch):
-    cf.write_checkpoint(tmp_path, 100, *_arrays(10))
+    cw.write_checkpoint(tmp_path, 100, *_arrays(10))
     old = (tmp_path / "step_000100.bin").read_bytes()
 
     def interrupted(fd):
@@ -445,7 +448,7 @@ def test_interrupt_during_write_removes_temporary_and_propagates(tmp_path, monke
 
     monkeypatch.setattr(os, "fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        cf.write_checkpoint(tmp_path, 100, *_arrays(10, seed=9))   # same step: overwrite
+        cw.write_checkpoint(tmp_path, 100, *_arrays(10, seed=9))   # same step: overwrite
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ["step_000100.bin"]
     assert (tmp_path / "step_000100.bin").read_bytes() == old
@@ -453,14 +456,14 @@ def test_interrupt_during_write_removes_temporary_and_propagates(tmp_path, monke
 
 def test_write_into_missing_directory_is_a_checkpoint_error(tmp_path):
     with pytest.raises(CheckpointError, match="write failed") as ei:
-        cf.write_checkpoint(tmp_path / "gone", 1, *_arrays(3))
+        cw.write_checkpoint(tmp_path / "gone", 1, *_arrays(3))
     assert isinstance(ei.value.__cause__, FileNotFoundError)
 
 
 def test_rewriting_a_step_replaces_the_file(tmp_path):
-    cf.write_checkpoint(tmp_path, 100, *_arrays(10))
+    cw.write_checkpoint(tmp_path, 100, *_arrays(10))
     w, m, v = _arrays(10, seed=5)
-    path, _, _ = cf.write_checkpoint(tmp_path, 100, w, m, v)
+    path, _, _ = cw.write_checkpoint(tmp_path, 100, w, m, v)
     assert path.read_bytes() == _raw(100, 10, w, m, v)
     assert os.listdir(tmp_path) == ["step_000100.bin"]
 
@@ -557,7 +560,7 @@ def test_the_checksum_function_gives_zlib_crc32_values_for_every_length_and_runn
     over a buffer fed in uneven pieces, and over numpy float32 memory."""
     import random
 
-    from shared.checkpoint_format import crc32
+    from shared.checkpoint.file_format import crc32
 
     rng = random.Random(0)
     for n in (0, 1, 7, 64, 4095, 4096, 65_537, 1 << 20):
@@ -596,54 +599,71 @@ def test_a_file_no_checksum_vouches_for_is_refused_with_a_non_finite_or_negative
     # from a diverged run, a corrupt file) is never trained from with NaN in it
     arrays = dict(zip(("weights", "m", "v"), _three()))
     arrays[region][index] = value
-    path, _, checksum = cf.write_checkpoint(tmp_path, 7, *arrays.values())
-    for load in (lambda: cf.load_checkpoint(path, 100),
-                 lambda: cf.validate_checkpoint(path, 100, values=True)):
+    path, _, checksum = cw.write_checkpoint(tmp_path, 7, *arrays.values())
+    for load in (lambda: cread.load_checkpoint(path, 100),
+                 lambda: cread.validate_checkpoint(path, 100, values=True)):
         with pytest.raises(CheckpointError) as e:
             load()
         assert e.value.rule == "values" and e.value.path == path
         assert str(e.value).startswith(f"step_000007.bin: {shown}")
         assert "resume from an older checkpoint" in str(e.value)
-    monkeypatch.setattr(cf, "VALUE_CHUNK", 64)  # 16 floats a piece: the index counts across
+    monkeypatch.setattr(cread, "VALUE_CHUNK", 64)  # 16 floats a piece: the index counts across
     with pytest.raises(CheckpointError, match=f"^step_000007.bin: {shown.replace('[', '.')}"):
-        cf.validate_checkpoint(path, 100, values=True)
+        cread.validate_checkpoint(path, 100, values=True)
     # a checksum vouches for the bytes; without `values` nothing is read; inspect reads it all
-    assert cf.validate_checkpoint(path, 100).step == 7
-    assert cf.validate_checkpoint(path, 100, checksum, values=True).step == 7
-    assert np.isnan(cf.load_checkpoint(path, 100, checksum)[1]).any() == np.isnan(value)
-    assert cf.load_checkpoint(path, 100, values=False)[0] == 7
+    assert cread.validate_checkpoint(path, 100).step == 7
+    assert cread.validate_checkpoint(path, 100, checksum, values=True).step == 7
+    assert np.isnan(cread.load_checkpoint(path, 100, checksum)[1]).any() == np.isnan(value)
+    assert cread.load_checkpoint(path, 100, values=False)[0] == 7
 
 
 def test_finite_values_and_a_zero_v_pass_rule_8(tmp_path, monkeypatch):
     w, m, v = _three()
     v[:10] = 0.0  # a parameter that never had a gradient
-    path, _, _ = cf.write_checkpoint(tmp_path, 3, w, m, v)
-    monkeypatch.setattr(cf, "VALUE_CHUNK", 40)
-    assert cf.validate_checkpoint(path, 100, values=True).step == 3
-    step, w2, m2, v2 = cf.load_checkpoint(path, 100)
+    path, _, _ = cw.write_checkpoint(tmp_path, 3, w, m, v)
+    monkeypatch.setattr(cread, "VALUE_CHUNK", 40)
+    assert cread.validate_checkpoint(path, 100, values=True).step == 3
+    step, w2, m2, v2 = cread.load_checkpoint(path, 100)
     assert step == 3 and np.array_equal(v2, v)
 
 
-def test_a_file_shrinking_while_its_values_are_read_names_where(tmp_path):
-    path, _, _ = cf.write_checkpoint(tmp_path, 3, *_three())
-    with open(path, "rb", buffering=0) as f:
-        f.read(cf.HEADER_BYTES)
-        data = f.read(4 * 150)  # weights and half of m
-    short = tmp_path / "short.bin"
-    short.write_bytes(data)
-    with open(short, "rb", buffering=0) as f, pytest.raises(CheckpointError) as e:
-        cf._check_values_of_stream(f, path, 100)
-    assert e.value.rule == "size" and "while its m were read (element 50 of 100)" in str(e.value)
+def test_a_file_shrinking_while_its_values_are_read_names_where(tmp_path, monkeypatch):
+    path, _, _ = cw.write_checkpoint(tmp_path, 3, *_three())
+    real_open = cread._open_regular
+
+    class Shrunk:  # the file as a reader sees it when it shrinks after the size check
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def readinto(self, view):
+            end = cf.HEADER_BYTES + 4 * 150  # weights and half of m
+            return self.f.readinto(view[: max(0, end - self.f.tell())])
+
+    monkeypatch.setattr(cread, "_open_regular", lambda *a, **k: Shrunk(real_open(*a, **k)))
+    for read in (lambda: cread.validate_checkpoint(path, 100, values=True),
+                 lambda: cread.load_weights(path, 100)):
+        with pytest.raises(CheckpointError) as e:
+            read()
+        assert e.value.rule == "size" and f"ended after {8 + 4 * 150:,} of 1,208 bytes" in str(e.value)
 
 
 def test_the_resume_scan_passes_over_a_newest_file_with_nan_that_no_checksum_vouches_for(
         tmp_path):
-    from shared.checkpoint_dir import scan_for_resume
+    from shared.checkpoint.directory import scan_for_resume
     w, m, v = _three()
-    cf.write_checkpoint(tmp_path, 10, w, m, v)
+    cw.write_checkpoint(tmp_path, 10, w, m, v)
     w_nan = w.copy()
     w_nan[5] = np.nan
-    _, _, ck20 = cf.write_checkpoint(tmp_path, 20, w_nan, m, v)
+    _, _, ck20 = cw.write_checkpoint(tmp_path, 20, w_nan, m, v)
     info, rejected = scan_for_resume(tmp_path, 100, values=True)
     assert info.step == 10
     assert [(e.path.name, e.rule) for e in rejected] == [("step_000020.bin", "values")]
@@ -660,15 +680,15 @@ def test_a_fifo_or_directory_named_like_a_checkpoint_is_refused_without_blocking
     os.mkfifo(fifo)
     (tmp_path / "step_000020.bin").mkdir()
     code = (
-        "import sys; from shared import checkpoint_format as cf\n"
+        "import sys; from shared.checkpoint import read as cread\n"
         "for name in ('step_000010.bin', 'step_000020.bin'):\n"
         "    p = sys.argv[1] + '/' + name\n"
-        "    for f in (lambda: cf.validate_checkpoint(p, None), lambda: cf.load_checkpoint(p, None),\n"
-        "              lambda: cf.load_weights(p, None), lambda: cf.read_header(p),\n"
-        "              lambda: cf.file_checksum(p)):\n"
+        "    for f in (lambda: cread.validate_checkpoint(p, None), lambda: cread.load_checkpoint(p, None),\n"
+        "              lambda: cread.load_weights(p, None), lambda: cread.read_header(p),\n"
+        "              lambda: cread.file_checksum(p)):\n"
         "        try:\n"
         "            f()\n"
-        "        except cf.CheckpointError as e:\n"
+        "        except cread.CheckpointError as e:\n"
         "            print(e.rule, str(e).split(':')[1].strip())\n"
     )
     r = subprocess.run([_sys.executable, "-c", code, str(tmp_path)], capture_output=True,

@@ -6,9 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from shared import checkpoint_dir as cdir
-from shared import checkpoint_format as cf
-from shared import checkpoint_write as cw
+from shared.checkpoint import directory as cdir
+from shared.checkpoint import file_format as cf
+from shared.checkpoint import read as cread
+from shared.checkpoint import write as cw
 
 
 @pytest.mark.parametrize("n", [1, 341, 1000, 300_000])   # tails of every length, and none
@@ -25,7 +26,7 @@ def test_image_write_is_byte_identical_to_the_array_writer(tmp_path, n):
     pb, nb, cb = cw.write_checkpoint_image(b_dir, 123, image)
     assert pb.name == "step_000123.bin" and (nb, cb) == (na, ca)
     assert pb.read_bytes() == pa.read_bytes()
-    assert cb == cf.file_checksum(pb)
+    assert cb == cread.file_checksum(pb)
     assert os.listdir(b_dir) == ["step_000123.bin"]
 
 
@@ -37,7 +38,7 @@ def test_unaligned_image_falls_back_to_plain_writes(tmp_path):
     image = raw[off:off + size]
     cw.image_arrays(image)[0][:] = 7.0
     path, _, checksum = cw.write_checkpoint_image(tmp_path, 5, image)
-    step, w, _, _ = cf.load_checkpoint(path, n, checksum)
+    step, w, _, _ = cread.load_checkpoint(path, n, checksum)
     assert step == 5 and (w == 7.0).all()
 
 
@@ -88,7 +89,7 @@ def test_a_retired_checkpoint_is_overwritten_in_place_as_the_next_file(tmp_path,
     path, nbytes, checksum = cw.write_checkpoint_image(tmp_path, 20, image)
     assert os.listdir(tmp_path) == ["step_000020.bin"] and path.stat().st_ino == inode
     assert path.stat().st_size == nbytes == 8 + 12 * n
-    assert path.read_bytes() == image.tobytes() and checksum == cf.file_checksum(path)
+    assert path.read_bytes() == image.tobytes() and checksum == cread.file_checksum(path)
     # recycle=False never takes it
     cw.recycle_checkpoint(path)
     fresh, _, _ = cw.write_checkpoint_image(tmp_path, 30, image, recycle=False)
@@ -135,6 +136,6 @@ def test_the_scan_for_values_also_gives_the_files_checksum(tmp_path):
     v = cw.image_arrays(image)[2]
     v[:] = np.abs(v)  # rule 8: v >= 0
     path, _, checksum = cw.write_checkpoint_image(tmp_path, 3, image)
-    assert cf.validate_checkpoint(path, 1000, values=True).checksum == checksum
-    assert cf.validate_checkpoint(path, 1000).checksum is None  # nothing read
-    assert cf.validate_checkpoint(path, 1000, checksum, values=True).checksum is None
+    assert cread.validate_checkpoint(path, 1000, values=True).checksum == checksum
+    assert cread.validate_checkpoint(path, 1000).checksum is None  # nothing read
+    assert cread.validate_checkpoint(path, 1000, checksum, values=True).checksum is None

@@ -19,10 +19,11 @@ import time
 import pytest
 
 from proc_helpers import ROOT
-from shared import checkpoint_dir as cdir
-from shared import checkpoint_format as cf
-from shared import checkpoint_manifest as cm
-from shared import checkpoint_write as cw
+from shared.checkpoint import directory as cdir
+from shared.checkpoint import file_format as cf
+from shared.checkpoint import manifest as cm
+from shared.checkpoint import read as cread
+from shared.checkpoint import write as cw
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
@@ -34,8 +35,8 @@ KILLS = 24
 CHILD = textwrap.dedent("""
     import os, sys, time
     import numpy as np
-    from shared import checkpoint_dir as cdir, checkpoint_manifest as cm, checkpoint_write as cw
-    from shared.checkpoint_retention import apply_retention
+    from shared.checkpoint import directory as cdir, manifest as cm, write as cw
+    from shared.checkpoint.retention import apply_retention
     run_dir, n, first = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     cdir.clean_stale_temporaries(run_dir)
     rng = np.random.default_rng(first)
@@ -66,7 +67,7 @@ def _check_every_visible_checkpoint(run_dir):
     steps = []
     for step, path in cdir.list_checkpoints(run_dir):
         want = entries[step].checksum if step in entries else None
-        info = cf.validate_checkpoint(path, N_PARAMS, want)   # raises on a torn file
+        info = cread.validate_checkpoint(path, N_PARAMS, want)   # raises on a torn file
         assert info.step == step
         steps.append(step)
     temps = [n for n in os.listdir(run_dir) if cf.is_temporary_name(n)]

@@ -22,9 +22,10 @@ from proc_helpers import (
     start_proxy,
     wait_for,
 )
-from shared import checkpoint_format as cf
-from shared import checkpoint_manifest as cm
-from shared.config import INT32_MAX, ConfigError, ModelShape, RunConfig
+from shared.checkpoint import file_format as cf
+from shared.checkpoint import manifest as cm
+from shared.checkpoint import read as cread
+from shared.run.config import INT32_MAX, ConfigError, ModelShape, RunConfig
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
@@ -81,7 +82,7 @@ def test_resume_rejects_bad_files_with_their_rule_keeps_them_and_ignores_other_n
     assert not [n for n in os.listdir(run) if cf.is_temporary_name(n)]
     assert checkpoint_steps(run) == [10, 20]
     assert (run / "step_000010.bin").read_bytes() == good10
-    cf.validate_checkpoint(run / "step_000020.bin", N, cm.read_manifest(run)[20].checksum)
+    cread.validate_checkpoint(run / "step_000020.bin", N, cm.read_manifest(run)[20].checksum)
     assert [x["step"] for x in loss_records(run)] == list(range(1, 21))
 
     # a .bin with no manifest entry (another writer's) still loads: drop the manifest
@@ -267,7 +268,7 @@ def test_a_checkpoint_changed_after_the_proxys_scan_is_caught_by_the_worker_and_
     assert [x["step"] for x in loss_records(run)] == list(range(1, 31))
     entries = cm.read_manifest(run)
     for s in (10, 20, 30):
-        cf.validate_checkpoint(run / cf.checkpoint_name(s), N, entries[s].checksum)
+        cread.validate_checkpoint(run / cf.checkpoint_name(s), N, entries[s].checksum)
 
 
 def test_a_checkpoint_without_a_manifest_entry_holding_nan_is_not_resumed_from(tmp_path):
@@ -291,8 +292,8 @@ def test_a_checkpoint_without_a_manifest_entry_holding_nan_is_not_resumed_from(t
     entries = cm.read_manifest(run)
     assert sorted(entries) == [10, 20, 30]
     for s in (20, 30):
-        _, w, m, v = cf.load_checkpoint(run / cf.checkpoint_name(s), N, entries[s].checksum)
-        cf.check_values(run / cf.checkpoint_name(s), w, m, v)
+        _, w, m, v = cread.load_checkpoint(run / cf.checkpoint_name(s), N, entries[s].checksum)
+        cread.check_values(run / cf.checkpoint_name(s), w, m, v)
 
 
 def test_a_checkpoint_without_an_entry_changed_after_the_scan_is_not_trained_from_unseen(

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from proc_helpers import ROOT
-from shared import checkpoint_manifest as cm
-from shared import checkpoint_write as cw
-from shared.config import PRESETS, RunConfig, parameter_table
+from shared.checkpoint import manifest as cm
+from shared.checkpoint import write as cw
+from shared.run.config import PRESETS, RunConfig, parameter_table
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 

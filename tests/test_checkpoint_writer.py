@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from proc_helpers import ROOT
-from shared import checkpoint_dir as cdir
-from shared import checkpoint_format as cf
-from shared import checkpoint_manifest as cm
-from shared import checkpoint_write as cw
+from shared.checkpoint import directory as cdir
+from shared.checkpoint import file_format as cf
+from shared.checkpoint import manifest as cm
+from shared.checkpoint import read as cread
+from shared.checkpoint import write as cw
 from worker import checkpointer as ck
 from worker.checkpointer import Checkpointer
 
@@ -30,7 +31,7 @@ def _state(n, seed):
 
 
 def _file_arrays(path, n):
-    step, w, m, v = cf.load_checkpoint(path, n, values=False)  # random states: v < 0 too
+    step, w, m, v = cread.load_checkpoint(path, n, values=False)  # random states: v < 0 too
     return step, w.copy(), m.copy(), v.copy()
 
 
@@ -51,7 +52,7 @@ def test_snapshot_copies_the_state_so_training_can_change_it_during_the_write(tm
     for got, want in zip(arrays, expect):
         np.testing.assert_array_equal(got, want)
     entry = cm.read_manifest(tmp_path)[10]
-    assert entry.checksum == cf.file_checksum(tmp_path / "step_000010.bin")
+    assert entry.checksum == cread.file_checksum(tmp_path / "step_000010.bin")
     assert (entry.reason, entry.pinned) == ("cadence", False)
 
 
@@ -146,7 +147,7 @@ def test_write_failing_midway_removes_temporary_keeps_previous_and_next_cadence_
     names = sorted(os.listdir(tmp_path))  # no temporary: only the manifest (and its lock)
     assert names == [".checkpoints.json.lock", "checkpoints.json", "step_000010.bin",
                      "step_000030.bin"]
-    step, w, _, _ = cf.load_checkpoint(tmp_path / "step_000010.bin", n,
+    step, w, _, _ = cread.load_checkpoint(tmp_path / "step_000010.bin", n,
                                        cm.read_manifest(tmp_path)[10].checksum)
     assert step == 10 and (w == 1.0).all()
     assert sorted(cm.read_manifest(tmp_path)) == [10, 30]
@@ -211,7 +212,7 @@ def test_retention_retires_one_file_that_the_next_write_overwrites(tmp_path, mon
                                   (w + 40).numpy())
     man = cm.read_manifest(tmp_path)
     assert sorted(man) == [30, 40]
-    assert man[40].checksum == cf.file_checksum(tmp_path / "step_000040.bin")
+    assert man[40].checksum == cread.file_checksum(tmp_path / "step_000040.bin")
     # several doomed at once: the oldest is retired, the others deleted
     c.keep_last = 5
     for step in (50, 60, 70):

@@ -7,10 +7,10 @@ import pytest
 
 from proc_helpers import loss_records, run_proxy
 from proxy.mixture.collapse_watch import CollapseWatch, repetition_scores
-from shared.checkpoint_format import checkpoint_name
-from shared.checkpoint_manifest import ManifestEntry, read_manifest, record_checkpoint, set_pinned
-from shared.checkpoint_retention import apply_retention
-from shared.run_layout import RunLayout
+from shared.checkpoint.file_format import checkpoint_name
+from shared.checkpoint.manifest import ManifestEntry, read_manifest, record_checkpoint, set_pinned
+from shared.checkpoint.retention import apply_retention
+from shared.run.layout import RunLayout
 
 
 def test_repetition_scores_tell_region_region_region_from_prose():

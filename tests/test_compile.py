@@ -19,7 +19,8 @@ from proc_helpers import (
     stopped_step,
     wait_report,
 )
-from shared.checkpoint_format import checkpoint_name, load_checkpoint
+from shared.checkpoint.file_format import checkpoint_name
+from shared.checkpoint.read import load_checkpoint
 from worker.trainer import resolve_compile
 
 FINAL = 30

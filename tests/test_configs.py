@@ -12,7 +12,7 @@ import pytest
 from proc_helpers import ROOT
 from proxy.commands.run_config_file import parse_run_args, read_config_file
 from proxy.supervision.run_options import add_run_args, config_from_args
-from shared.config import ConfigError, RunConfig
+from shared.run.config import ConfigError, RunConfig
 
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
 ARG = f"x=text:{Path(sysconfig.get_paths()['stdlib']) / 'argparse.py'}"
@@ -238,7 +238,7 @@ def test_a_run_json_value_of_the_wrong_type_is_refused_naming_the_file_and_key(t
     file and the key, not a TypeError deep in a computation later."""
     import dataclasses
 
-    from shared.config import PRESETS, load_run_config
+    from shared.run.config import PRESETS, load_run_config
     d = json.loads(json.dumps(dataclasses.asdict(RunConfig(model=PRESETS["andrea-test"]))))
     assert RunConfig.from_json(d) == RunConfig(model=PRESETS["andrea-test"])
     d[key] = dict(d[key], **value) if isinstance(value, dict) else value
@@ -252,7 +252,7 @@ def test_a_run_json_value_of_the_wrong_type_is_refused_naming_the_file_and_key(t
 def test_an_unreadable_phases_json_is_named_with_its_remedy(tmp_path):
     """A damaged phases.json said only 'unreadable (Expecting property name ...)'."""
     from proxy.run_files.phases import read_phases
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     layout = RunLayout(tmp_path)
     layout.phases.write_text('{"phases": [{oops')
     with pytest.raises(ConfigError) as e:

@@ -26,7 +26,8 @@ from proc_helpers import (
     start_proxy,
     wait_for,
 )
-from shared.checkpoint_format import checkpoint_name, load_checkpoint
+from shared.checkpoint.file_format import checkpoint_name
+from shared.checkpoint.read import load_checkpoint
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
@@ -235,7 +236,7 @@ def test_leaving_the_process_group_right_after_a_collective_never_deadlocks(tmp_
     child = textwrap.dedent("""
         import sys, torch, torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
-        from shared.config import PRESETS
+        from shared.run.config import PRESETS
         from worker import distributed as wdist
         from worker.model import GPT
         for i in range(20):
@@ -257,8 +258,8 @@ def test_a_rank_that_cannot_go_on_stops_the_run_under_torchrun_without_restarts(
     """torchrun reports a rank's exit 3 as its own 1; a rank that cannot go on (a token file
     changed after creation) says so in a "stopped" event, and the proxy exits 3 at once, with no
     restarts."""
-    from shared.arm_data import read_arm_index
-    from shared.run_layout import RunLayout
+    from shared.data.token_files import read_arm_index
+    from shared.run.layout import RunLayout
     run = tmp_path / "run"
     r = run_proxy(run, *ARMS, "--max-steps", "4", "--checkpoint-every", "2", "--sample-every", "2",
                   timeout=300)

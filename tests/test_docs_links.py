@@ -186,6 +186,22 @@ def test_the_module_lists_of_the_proxys_layers_name_every_module_of_the_tree():
                                   "not in the tree:", sorted(listed - actual))
 
 
+def test_the_module_lists_of_shareds_subpackages_name_every_module_of_the_tree():
+    """docs/architecture.md#what-shared-holds lists each subpackage's modules, the same check."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## What shared/ holds", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("| `shared/")]
+    folders = [re.fullmatch(r"`(shared(?:/[a-z_]+)?)/`", r.split("|")[1].strip()).group(1) for r in rows]
+    on_disk = {"shared"} | {f"shared/{p.name}" for p in (ROOT / "shared").iterdir()
+                            if (p / "__init__.py").exists()}
+    assert set(folders) == on_disk, (folders, on_disk)
+    for row, folder in zip(rows, folders):
+        listed = set(re.findall(r"`([a-z_]+)`", row.split("|")[2]))
+        actual = {p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"}
+        assert listed == actual, (folder, "missing from the docs:", sorted(actual - listed),
+                                  "not in the tree:", sorted(listed - actual))
+
+
 HISTORY_WORDS = re.compile(r"\bBefore,|\(before,|\bA breaker\b|\bbreaker session\b|\bwalk-through found\b"
                            r"|\bsession found\b|\bpreviously\b|\bused to (be|say|give|refuse)\b"
                            r"|\bnow has one\b|\bno longer (says|refuses|crashes)\b")

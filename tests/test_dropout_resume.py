@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from proc_helpers import create_template
-from shared.checkpoint_format import write_checkpoint
+from shared.checkpoint.write import write_checkpoint
 from worker.signals import SignalFlags
 from worker.trainer import Trainer, WorkerOptions
 

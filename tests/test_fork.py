@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from proc_helpers import ROOT, loss_records, run_proxy
-from shared.checkpoint_format import checkpoint_name
-from shared.checkpoint_manifest import read_manifest
+from shared.checkpoint.file_format import checkpoint_name
+from shared.checkpoint.manifest import read_manifest
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from proc_helpers import ROOT
-from shared import checkpoint_manifest as cm
-from shared import checkpoint_write as cw
-from shared.config import PRESETS, RunConfig
-from shared.tokenizer import RunTokenizer
+from shared.checkpoint import manifest as cm
+from shared.checkpoint import write as cw
+from shared.data.tokenizer import RunTokenizer
+from shared.run.config import PRESETS, RunConfig
 
 pytestmark = pytest.mark.slow  # starts `python -m proxy export`, imports transformers
 

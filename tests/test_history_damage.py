@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from shared.loss_history import LossHistory, holes, iter_records
+from shared.run.loss_history import LossHistory, holes, iter_records
 from tests.proc_helpers import ROOT, run_proxy
 
 

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
-from shared.handshake import ReportReader, ReportWriter
 from shared.json_safe import jsonable
-from shared.loss_history import LossHistory, read_records
-from shared.run_layout import RunLayout
+from shared.run.handshake import ReportReader, ReportWriter
+from shared.run.layout import RunLayout
+from shared.run.loss_history import LossHistory, read_records
 
 RECORD = {"step": 3, "loss": math.nan, "lr": np.float32(0.5), "arms": {"a": np.int64(2)},
           "p": (0.25, 0.75), "probe": {"a": math.inf, "b": -math.inf}, "grad": np.array([1.0, np.nan])}

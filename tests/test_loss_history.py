@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from shared.loss_history import LossHistory, iter_records, read_records, repair, rewind
+from shared.run.loss_history import LossHistory, iter_records, read_records, repair, rewind
 
 
 def rec(step, **extra):
@@ -160,7 +160,7 @@ def test_nul_padding_after_power_cut_is_dropped(hist, torn_at, caplog):
     full = build(hist, 5)
     body = full if torn_at is None else full[:len(full) - 3 - torn_at]
     hist.write_bytes(body + b"\x00" * 4096)
-    with caplog.at_level("WARNING", logger="shared.loss_history"):
+    with caplog.at_level("WARNING", logger="shared.run.loss_history"):
         with LossHistory(hist) as h:
             want = 5 if torn_at is None else 4
             assert len(h) == want
@@ -345,10 +345,10 @@ def test_opening_and_rewinding_a_long_history_reads_it_without_holding_it(hist):
 
 
 def test_whole_file_scans_in_small_chunks_find_exactly_what_one_pass_finds(hist, monkeypatch):
-    """The chunked scans (shared/loss_history.py _count, _CHUNK) at a chunk of a few bytes, so
+    """The chunked scans (shared/run/loss_history.py _count, _CHUNK) at a chunk of a few bytes, so
     patterns cross every boundary: healthy, torn, glued and out-of-order histories open
     exactly as with one chunk."""
-    import shared.loss_history as lh
+    import shared.run.loss_history as lh
     full = build(hist, 12)
     cases = {"healthy": full, "torn": full[:-40], "no close": full[:-3],
              "glued": full.replace(b'},\n{"step":7', b'}{"step":7'),
@@ -375,8 +375,8 @@ def test_tail_reader_finds_every_range_with_a_tiny_search_window(hist, monkeypat
     """iter_records_after's binary search (a probe window of a few bytes, so probes land inside
     records) returns exactly read_records' range, on a healthy history and on one damaged in
     the middle (NUL block, glued records)."""
-    import shared.loss_history as lh
-    from shared.loss_history import iter_records_after
+    import shared.run.loss_history as lh
+    from shared.run.loss_history import iter_records_after
     full = build(hist, 300)
     bodies = {"healthy": full,
               "damaged": full.replace(b'},\n{"step":150,', b'},\n' + b"\x00" * 40 + b'{"step":150,')
@@ -408,7 +408,7 @@ def _write_long_history(path, n):
 
 _PEAK_SCRIPT = r"""
 import json, sys
-from shared.loss_history import LossHistory, iter_records_after
+from shared.run.loss_history import LossHistory, iter_records_after
 path, after = sys.argv[1], int(sys.argv[2])
 def peak():   # this process's peak resident set, mapped file pages included (ru_maxrss
     with open("/proc/self/status") as f:   # would carry the forking parent's over)
@@ -444,7 +444,7 @@ def test_opening_and_reading_a_long_tail_keep_peak_rss_flat(tmp_path):
 def test_the_tail_reads_the_last_complete_records_from_the_end(hist):
     """`tail_records`: the records in the last N bytes, the cut first line and a torn last one
     skipped, glued records split, exactly what the whole-file reader gives for those steps."""
-    from shared.loss_history import tail_records
+    from shared.run.loss_history import tail_records
     full = build(hist, 300)
     whole = read_records(hist)
     tail = tail_records(hist, 4096)

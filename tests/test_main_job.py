@@ -16,8 +16,9 @@ from proc_helpers import (
     wait_report,
     worker_pid,
 )
-from shared.checkpoint_format import checkpoint_name, load_checkpoint
-from shared.config import PRESETS, count_parameters
+from shared.checkpoint.file_format import checkpoint_name
+from shared.checkpoint.read import load_checkpoint
+from shared.run.config import PRESETS, count_parameters
 
 
 def test_andrea_12m_has_exactly_12811008_parameters_and_a_153732104_byte_checkpoint():

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from shared.config import PRESETS
+from shared.run.config import PRESETS
 from worker import distributed as wdist
 from worker.model import GPT
 
@@ -74,7 +74,7 @@ def test_a_model_built_for_a_resume_skips_the_initialisation_and_keeps_the_views
 def test_building_a_gpt_does_not_import_torch_dynamo():
     # GPT is built on the meta device; nn.Embedding's normal_ there would import torch._dynamo
     # (about 1.5 s of every worker's start-up). A fresh interpreter: this one may have it.
-    code = ("import sys, torch; from shared.config import PRESETS; from worker.model import GPT; "
+    code = ("import sys, torch; from shared.run.config import PRESETS; from worker.model import GPT; "
             "GPT(PRESETS['andrea-test'], 256); GPT(PRESETS['andrea-test'], 256, init_weights=False); "
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -181,7 +181,7 @@ def test_flops_per_token_counts_matmuls_not_embedding_lookups():
     """MFU's FLOPs per token (PaLM appendix B): 6 x the weights of every matmul (the untied head
     included) + attention; the token and position embeddings are lookups, not matmuls. Checked
     against the model's own nn.Linear weights (biases and layer norms add well under 1 %)."""
-    from shared.config import PRESETS
+    from shared.run.config import PRESETS
     for preset in ("andrea-tiny", "andrea-12m"):
         model = GPT(PRESETS[preset], 2305)
         s = model.shape

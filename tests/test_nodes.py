@@ -122,7 +122,7 @@ def reap(*procs, run=None):
 
 def test_followers_take_the_lowest_free_node_rank_and_one_too_many_is_refused(tmp_path):
     from proxy.supervision.nodes import NodeRecord, NodeSetupError, assign_node_rank
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     layout = RunLayout(tmp_path)
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -147,7 +147,7 @@ def test_of_two_followers_that_took_one_node_rank_at_once_the_later_moves(tmp_pa
     import time
 
     from proxy.supervision.nodes import NodeRecord, NodeSetupError, wait_for_followers
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     layout = RunLayout(tmp_path)
     first = NodeRecord(layout, "follower", 1, "tok", 1)
     first.pid, first.path = os.getppid(), first.path.with_name(f"{first.host}-{os.getppid()}.json")
@@ -167,7 +167,7 @@ def test_of_two_followers_that_took_one_node_rank_at_once_the_later_moves(tmp_pa
 
 def test_the_rendezvous_deadline_names_the_node_ranks_that_never_joined(tmp_path):
     from proxy.supervision.nodes import NodeSetupError, assign_node_rank, wait_for_followers
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     layout = RunLayout(tmp_path)
     assign_node_rank(layout, "tok", 4, 1)  # node rank 1 (this process)
     with pytest.raises(NodeSetupError, match=r"node rank\(s\) 2, 3 of --nnodes 4 never joined"):
@@ -190,7 +190,7 @@ def test_a_node_record_keeps_beating_while_its_proxy_is_busy(tmp_path):
     import time
 
     from proxy.supervision.nodes import NodeRecord, node_records, record_alive
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     rec = NodeRecord(RunLayout(tmp_path), "owner", 0, "tok", 1)
     rec.write()
     first = node_records(RunLayout(tmp_path))[0]["heartbeat"]
@@ -235,7 +235,7 @@ def test_an_owner_record_that_beats_holds_the_run_where_the_lock_is_not_shared(
     (token, heartbeat) holds the run; a clean exit releases it at once."""
     from proxy.fault_injection import NO_FLOCK_ENV
     from proxy.run_files.run_lock import RunLock, RunLockError, read_owner
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     monkeypatch.setenv(NO_FLOCK_ENV, "1")
     layout = RunLayout(tmp_path)
     job = {"rdzv_id": "j", "nnodes": 2, "nproc_per_node": 1}
@@ -258,7 +258,7 @@ def test_an_owner_record_of_another_host_is_alive_while_its_heartbeat_moves(tmp_
 
     from proxy.run_files.run_lock import owner_alive, read_owner
     from shared.atomic_io import atomic_write_json
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     layout = RunLayout(tmp_path)
     rec = {"host": "another-host", "pid": 1, "started_at": time.time(), "command": "run",
            "job": {"token": "t"}, "heartbeat": time.time()}
@@ -288,7 +288,7 @@ def test_of_two_owners_claiming_one_directory_at_once_the_earlier_keeps_it(tmp_p
     from proxy.fault_injection import NO_FLOCK_ENV
     from proxy.run_files.run_lock import RunLock, read_owner
     from shared.atomic_io import atomic_write_json
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     monkeypatch.setenv(NO_FLOCK_ENV, "1")
     layout = RunLayout(tmp_path)
     lock = RunLock(layout, job={"token": "ours", "rdzv_id": "j", "nnodes": 2})
@@ -391,7 +391,7 @@ def test_a_node_never_follows_the_last_starts_owner_record_while_the_new_owner_w
     from filelock import FileLock
 
     from shared.atomic_io import atomic_write_json
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
     run = tmp_path / "run"
     layout = RunLayout(run)
     (run / "logs").mkdir(parents=True)

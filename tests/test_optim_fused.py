@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shared.config import PRESETS, RunConfig
+from shared.run.config import PRESETS, RunConfig
 from worker.model import GPT
 from worker.optim import FlatAdamW
 
@@ -173,7 +173,7 @@ def test_building_and_stepping_the_fused_optimizer_does_not_import_dynamo():
     import subprocess
     import sys
     code = ("import sys, torch, torch.nn.functional as F\n"
-            "from shared.config import PRESETS, RunConfig\n"
+            "from shared.run.config import PRESETS, RunConfig\n"
             "from worker.model import GPT\nfrom worker.optim import FlatAdamW\n"
             "cfg = RunConfig(preset='andrea-test', model=PRESETS['andrea-test'], vocab_size=256)\n"
             "m = GPT(cfg.model, 256, 0.0, seed=1)\nopt = FlatAdamW(m, cfg, fused=True)\n"

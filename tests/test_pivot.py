@@ -21,9 +21,9 @@ from proc_helpers import (
 )
 from proxy.mixture.rebuild import rebuild_mixture, replay_run
 from proxy.run_files.phases import read_phases
-from shared.checkpoint_format import checkpoint_name
-from shared.config import load_run_config
-from shared.run_layout import RunLayout
+from shared.checkpoint.file_format import checkpoint_name
+from shared.run.config import load_run_config
+from shared.run.layout import RunLayout
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 
@@ -220,7 +220,7 @@ def test_a_waiting_pivot_repeats_its_waiting_line_at_most_every_interval_and_whe
 
     from proxy.commands.pivot import WAIT_LINE_EVERY_S, _wait
     from proxy.run_files.pivot_request import write_request
-    from shared.loss_history import LossHistory
+    from shared.run.loss_history import LossHistory
     layout = RunLayout(tmp_path)
     req = {"label": "polish", "caps": {}, "floors": {}, "state": "boundary", "step": 10_000}
     write_request(layout, req)
@@ -263,7 +263,7 @@ def test_a_worker_already_past_the_posted_boundary_pivots_at_its_next_checkpoint
     race leaves is written here directly: a request in state "boundary" at a step the worker has
     passed. The worker must stop at its next checkpoint boundary and the pivot happen there."""
     from proxy.run_files.pivot_request import write_request
-    from shared.handshake import update_handshake
+    from shared.run.handshake import update_handshake
     run = tmp_path / "run"
     proc = start(run, "--max-steps", "300", *COMMON)
     with cleaned_up(proc, run):
@@ -291,7 +291,7 @@ def test_a_worker_already_past_the_posted_boundary_pivots_at_its_next_checkpoint
 
 
 def test_the_stop_rule_of_a_pivot_waits_for_a_checkpoint_boundary_and_an_alarm_does_not():
-    from shared.handshake import control_stops_at
+    from shared.run.handshake import control_stops_at
     pivot_ctl = {"stop_at_step": 20, "reason": "pivot"}
     assert [k for k in range(15, 45) if control_stops_at(pivot_ctl, k, 10)] == [20, 30, 40]
     alarm = {"stop_at_step": 23, "reason": "alarm"}
@@ -304,7 +304,7 @@ def test_a_pivot_whose_next_boundary_lies_past_the_last_step_fails_with_the_reas
     ends at its last step as planned, and the request gets state "failed" saying why it was not
     served (so the `pivot` command reports that, not a proxy that died in a pivot)."""
     from proxy.run_files.pivot_request import read_request, write_request
-    from shared.handshake import read_handshake, update_handshake
+    from shared.run.handshake import read_handshake, update_handshake
     run = tmp_path / "run"
     proc = start(run, "--max-steps", "150", "--checkpoint-every", "100", "--probe-every", "5",
                  "--bandit-warmup", "10", "--sample-every", "100")
@@ -336,8 +336,8 @@ def test_a_pivot_request_never_replaces_a_pending_collapse_alarm_stop(tmp_path):
 
     from proxy.run_files.pivot_request import read_request, write_request
     from proxy.supervision.pivots import poll_pivot_request
-    from shared.config import RunConfig
-    from shared.handshake import read_handshake, update_handshake
+    from shared.run.config import RunConfig
+    from shared.run.handshake import read_handshake, update_handshake
     layout = RunLayout(tmp_path)
     cfg = dataclasses.replace(RunConfig(), checkpoint_every=10)
     update_handshake(layout, lambda d: d["control"].update(stop_at_step=24, reason="alarm"))
@@ -380,8 +380,8 @@ def test_the_creating_command_run_again_after_a_pivot_resumes_under_the_pivots_b
 
 def test_pivot_now_stops_at_the_next_step_and_a_stop_rule_with_now_ignores_the_cadence():
     from proxy.commands.pivot import next_boundary
-    from shared.config import RunConfig
-    from shared.handshake import control_stops_at
+    from shared.run.config import RunConfig
+    from shared.run.handshake import control_stops_at
     now = {"stop_at_step": 23, "reason": "pivot", "now": True}
     assert [k for k in range(20, 26) if control_stops_at(now, k, 10)] == [23, 24, 25]
     cfg = RunConfig(checkpoint_every=10)

@@ -5,7 +5,7 @@ import sys
 
 from proc_helpers import ROOT
 from proxy.run_files.pivot_request import request_lock
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
 
 
 def test_the_request_lock_is_reentrant_with_any_timeout_and_excludes_other_processes(tmp_path):
@@ -15,7 +15,7 @@ def test_the_request_lock_is_reentrant_with_any_timeout_and_excludes_other_proce
     layout = RunLayout(tmp_path)
     probe = ("import sys; sys.path.insert(0, sys.argv[1]);"
              "from proxy.run_files.pivot_request import request_lock, RequestLockTimeout;"
-             "from shared.run_layout import RunLayout\n"
+             "from shared.run.layout import RunLayout\n"
              "try:\n"
              "    with request_lock(RunLayout(sys.argv[2]), timeout=0.2): print('got it')\n"
              "except RequestLockTimeout as e: print('timeout', e)")

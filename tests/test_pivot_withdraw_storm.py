@@ -15,7 +15,7 @@ import pytest
 
 from proc_helpers import ROOT, cleaned_up, last_step, loss_records, start, wait_for
 from proxy.run_files.run_lock import RunLock
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 

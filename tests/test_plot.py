@@ -43,8 +43,8 @@ def test_plot_run_draws_the_history_and_the_phases_of_a_run(tmp_path):
     a drawn 1000 x 1000 figure."""
     from proxy.observation.plot import plot_run
     from proxy.run_files.phases import Phase, write_phases
-    from shared.loss_history import LossHistory
-    from shared.run_layout import RunLayout
+    from shared.run.layout import RunLayout
+    from shared.run.loss_history import LossHistory
     layout = RunLayout(tmp_path / "run")
     layout.ensure()
     with LossHistory(layout.loss) as h:
@@ -114,7 +114,7 @@ def test_plot_reads_a_long_history_in_memory_that_does_not_grow_with_it(tmp_path
     import tracemalloc
 
     from proxy.observation.plot import read_series
-    from shared.loss_history import LossHistory
+    from shared.run.loss_history import LossHistory
 
     path = tmp_path / ".loss.json"
     with LossHistory(path) as h:

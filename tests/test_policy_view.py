@@ -12,8 +12,8 @@ import pytest
 
 from proc_helpers import ROOT, run_proxy
 from proxy.mixture.rebuild import gate_changes, replay_run
-from shared.config import load_run_config
-from shared.run_layout import RunLayout
+from shared.run.config import load_run_config
+from shared.run.layout import RunLayout
 
 pytestmark = pytest.mark.slow  # a real proxy and worker, and TensorBoard's reader
 

@@ -31,8 +31,9 @@ from proc_helpers import (
     wait_for,
     wait_report,
 )
-from shared.checkpoint_format import checkpoint_name, load_checkpoint, read_header
-from shared.checkpoint_manifest import read_manifest
+from shared.checkpoint.file_format import checkpoint_name
+from shared.checkpoint.manifest import read_manifest
+from shared.checkpoint.read import load_checkpoint, read_header
 
 FINAL = 30  # probes (2 % budget) fall every 8 steps here: enough for the bandit to move
 ARGS = ["--max-steps", str(FINAL), "--checkpoint-every", "6", "--probe-every", "4",
@@ -94,7 +95,7 @@ def test_the_precision_decision_on_cpu(monkeypatch):
 
 
 def test_bf16_autocast_keeps_weights_and_gradients_fp32():
-    from shared.config import PRESETS
+    from shared.run.config import PRESETS
     from worker.model import GPT
     from worker.precision import autocast
     model = GPT(PRESETS["andrea-test"], 256, 0.0, seed=1)
@@ -114,7 +115,7 @@ def test_proxy_run_passes_precision_to_the_options():
     import argparse
 
     from proxy.supervision.run_options import add_run_args, proxy_options
-    from shared.config import RunConfig
+    from shared.run.config import RunConfig
 
     ap = argparse.ArgumentParser()
     add_run_args(ap)

@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from shared.checkpoint_format import checkpoint_name, read_header
-from shared.config import DEFAULT_BPE_VOCAB, PRESETS, RunConfig, count_parameters, parameter_table
+from shared.checkpoint.file_format import checkpoint_name
+from shared.checkpoint.read import read_header
+from shared.run.config import (
+    DEFAULT_BPE_VOCAB,
+    PRESETS,
+    RunConfig,
+    count_parameters,
+    parameter_table,
+)
 
 # (preset, vocabulary) -> (parameters, checkpoint bytes). 2305 is the default BPE vocabulary,
 # 256 the `bytes` tokenizer. The seed's "154 MB, 147 MB rounded" is andrea-12m at 2305.

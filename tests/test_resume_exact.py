@@ -28,8 +28,9 @@ from proc_helpers import (
     wait_for,
     wait_report,
 )
-from shared.checkpoint_format import checkpoint_name, load_checkpoint, read_header
-from shared.checkpoint_manifest import remove_entries
+from shared.checkpoint.file_format import checkpoint_name
+from shared.checkpoint.manifest import remove_entries
+from shared.checkpoint.read import load_checkpoint, read_header
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 

@@ -10,9 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from shared.checkpoint_format import CHECKSUM_CHUNK, HEADER_BYTES, CheckpointError, load_weights
-from shared.checkpoint_write import write_checkpoint
-from shared.config import PRESETS, RunConfig
+from shared.checkpoint.file_format import CHECKSUM_CHUNK, HEADER_BYTES, CheckpointError
+from shared.checkpoint.read import load_weights
+from shared.checkpoint.write import write_checkpoint
+from shared.run.config import PRESETS, RunConfig
 
 VOCAB = 256
 

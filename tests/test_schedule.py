@@ -21,9 +21,9 @@ from proc_helpers import (
     wait_report,
 )
 from proxy.supervision.run_setup import replan
-from shared.config import ConfigError, RunConfig
 from shared.lr_schedule import learning_rate
-from shared.run_layout import RunLayout
+from shared.run.config import ConfigError, RunConfig
+from shared.run.layout import RunLayout
 
 
 def _cosine_as_created(step, cfg):

@@ -6,10 +6,10 @@ import pytest
 
 from proc_helpers import loss_records, run_proxy
 from proxy.mixture.rebuild import replay_run
-from shared.checkpoint_format import checkpoint_name
-from shared.config import load_run_config
-from shared.loss_history import read_records
-from shared.run_layout import RunLayout
+from shared.checkpoint.file_format import checkpoint_name
+from shared.run.config import load_run_config
+from shared.run.layout import RunLayout
+from shared.run.loss_history import read_records
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
 

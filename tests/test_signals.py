@@ -28,8 +28,9 @@ from proc_helpers import (
     wait_for,
     wait_report,
 )
-from shared.checkpoint_format import checkpoint_name, is_temporary_name, load_checkpoint
-from shared.checkpoint_manifest import read_manifest
+from shared.checkpoint.file_format import checkpoint_name, is_temporary_name
+from shared.checkpoint.manifest import read_manifest
+from shared.checkpoint.read import load_checkpoint
 from worker.signals import USR1_BURST_S
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes

@@ -7,10 +7,10 @@ from proxy.mixture.controller import MixtureController
 from proxy.mixture.rebuild import rebuild_mixture
 from proxy.run_files.phases import Phase, write_phases
 from proxy.run_files.state_snapshots import append_snapshot, find_snapshot, mark_rewound
-from shared.arm_data import ArmData, write_arm_index
-from shared.config import RunConfig
-from shared.loss_history import LossHistory, read_records, read_records_after
-from shared.run_layout import RunLayout
+from shared.data.token_files import ArmData, write_arm_index
+from shared.run.config import RunConfig
+from shared.run.layout import RunLayout
+from shared.run.loss_history import LossHistory, read_records, read_records_after
 
 ARMS = ["a", "b", "c"]
 
@@ -127,7 +127,7 @@ def test_snapshot_file_stays_bounded_by_the_checkpoints_on_disk(tmp_path):
     of checkpoints still on disk (plus the newest), a rewind marker still hides what it hid, and
     a resume from a kept checkpoint still finds its own snapshot."""
     from proxy.run_files.state_snapshots import COMPACT_AT, compact
-    from shared.checkpoint_format import checkpoint_name
+    from shared.checkpoint.file_format import checkpoint_name
     layout = RunLayout(tmp_path)
     c = _controller()
     kept = {1000, 2000, 2900, 3000}

@@ -35,7 +35,7 @@ def test_a_non_finite_flag_leaves_weights_and_moments_alone_and_advances_the_ste
     """FlatAdamW.step with found_inf set is skip_step on the device: the fused kernel leaves
     the parameters, m and v as they were and the AdamW step moves on by one; with it clear,
     the update is the one without a flag, bit for bit."""
-    from shared.config import PRESETS, RunConfig
+    from shared.run.config import PRESETS, RunConfig
     from worker.model import GPT
     from worker.optim import FlatAdamW
 

@@ -37,7 +37,8 @@ from proc_helpers import (
     wait_for,
     wait_report,
 )
-from shared.checkpoint_format import checkpoint_name, load_checkpoint
+from shared.checkpoint.file_format import checkpoint_name
+from shared.checkpoint.read import load_checkpoint
 from shared.processes import process_state
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
@@ -351,9 +352,9 @@ def test_a_sigterm_that_reaches_a_worker_after_it_stopped_is_not_called_a_loss(t
     from proc_helpers import create_template
     from proxy.supervision.run_options import ProxyOptions
     from proxy.supervision.supervisor import Supervisor
-    from shared.config import load_run_config
-    from shared.loss_history import LossHistory
-    from shared.run_layout import RunLayout
+    from shared.run.config import load_run_config
+    from shared.run.layout import RunLayout
+    from shared.run.loss_history import LossHistory
     layout = RunLayout(create_template(tmp_path / "run"))
     sup = Supervisor(layout, load_run_config(layout.run_json), ProxyOptions())
     history = LossHistory(layout.loss)

@@ -56,7 +56,7 @@ def test_a_plain_resume_rewrites_nothing(tmp_path):
 
 
 def _history(path, steps):
-    from shared.loss_history import LossHistory
+    from shared.run.loss_history import LossHistory
     with LossHistory(path) as h:
         for k in steps:
             h.append({**_rec(k, float(k)), "time": 1_700_000_000.0 + k})

@@ -24,8 +24,8 @@ from proc_helpers import (
 )
 from proxy.observation.plot import read_series
 from proxy.observation.tensorboard_log import step_scalars
-from shared.checkpoint_format import checkpoint_name
-from shared.config import EVAL_BUDGET, ConfigError, RunConfig, default_eval_every, eval_cost
+from shared.checkpoint.file_format import checkpoint_name
+from shared.run.config import EVAL_BUDGET, ConfigError, RunConfig, default_eval_every, eval_cost
 
 FINAL = 40
 ARGS = ["--max-steps", str(FINAL), "--checkpoint-every", "20", "--warmup-steps", "5"]

@@ -1,9 +1,9 @@
-"""The worker's options write their own command line and parse it back (shared/worker_options.py)."""
+"""The worker's options write their own command line and parse it back (shared/run/worker_options.py)."""
 from pathlib import Path
 
 import pytest
 
-from shared.worker_options import WorkerOptions
+from shared.run.worker_options import WorkerOptions
 
 
 def test_options_survive_the_command_line_unchanged():

@@ -12,12 +12,12 @@ import sys
 import time
 
 from shared.atomic_io import storage_failure
-from shared.config import ArmSourceError
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
-from shared.handshake import ReportWriter
 from shared.processes import seconds_since_start
-from shared.run_layout import RunLayout
-from shared.worker_options import WorkerOptions
+from shared.run.config import ArmSourceError
+from shared.run.handshake import ReportWriter
+from shared.run.layout import RunLayout
+from shared.run.worker_options import WorkerOptions
 from worker import fault_injection
 from worker.signals import SignalFlags
 

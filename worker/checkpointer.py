@@ -2,12 +2,12 @@
 
 At the step boundary `snapshot()` copies weights, m and v (three contiguous flat buffers) into a
 preallocated host buffer (pinned memory on CUDA); a background thread then writes the file with
-`shared.checkpoint_write.write_checkpoint_image` (atomic), records it in the manifest and applies
+`shared.checkpoint.write.write_checkpoint_image` (atomic), records it in the manifest and applies
 retention, deleting only after the new file is durable. One write is in flight at a time: a new
 snapshot first waits for the previous write. `wait()` is what SIGTERM and the end of a run call.
 
-What it is not: the format (shared/checkpoint_format.py), the write engine
-(shared/checkpoint_write.py) or the decision of when to write
+What it is not: the format (shared/checkpoint/file_format.py), the write engine
+(shared/checkpoint/write.py) or the decision of when to write
 (worker/trainer.py).
 """
 
@@ -27,15 +27,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from shared.checkpoint_format import CheckpointError, expected_size
-from shared.checkpoint_manifest import (
+from shared.checkpoint.file_format import CheckpointError, expected_size
+from shared.checkpoint.manifest import (
     DEFAULT_KEEP_EVERY,
     DEFAULT_KEEP_LAST,
     ManifestEntry,
     record_checkpoint,
 )
-from shared.checkpoint_retention import apply_retention
-from shared.checkpoint_write import (
+from shared.checkpoint.retention import apply_retention
+from shared.checkpoint.write import (
     DIRECT_ALIGN,
     RECYCLED_NAME,
     image_offset,
@@ -227,7 +227,7 @@ class Checkpointer:
         """Copy the three flat buffers to host and start writing `step_{step}.bin`.
 
         w, m, v: float32 tensors of n_params elements each (any device; weights, AdamW
-        exp_avg, exp_avg_sq). reason: one of shared.checkpoint_manifest.REASONS. background:
+        exp_avg, exp_avg_sq). reason: one of shared.checkpoint.manifest.REASONS. background:
         False writes in this thread (benchmarks, tests). Returns the seconds training was held
         (the wait for a previous write still in flight, plus the copy); after it returns the
         caller may change w, m, v freely.
@@ -343,7 +343,7 @@ class Checkpointer:
         return max(0, expected_size(self.n) - have) + DISK_MARGIN_BYTES
 
     def apply_retention(self) -> list[int]:
-        """``shared.checkpoint_retention.apply_retention`` on this run directory with this
+        """``shared.checkpoint.retention.apply_retention`` on this run directory with this
         writer's keep_last and keep_every (docs/checkpoint-format.md#retention): the oldest
         doomed file becomes the next write's, the others are deleted. Returns the doomed
         steps."""

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared.arm_data import TOKEN_FILE_REMEDY, ArmData
-from shared.arms import ArmSourceError
-from shared.config import AUDIT_PROMPT_TOKENS
+from shared.data.arms import ArmSourceError
+from shared.data.token_files import TOKEN_FILE_REMEDY, ArmData
+from shared.run.config import AUDIT_PROMPT_TOKENS
 
 
 def step_generator(seed: int, step: int, stream: int = 0) -> np.random.Generator:

@@ -1,6 +1,6 @@
 """The GPT (docs/architecture.md#the-worker): pre-norm transformer, causal self-attention, GELU MLP, learned
 position embeddings, biases on, untied output head (no head bias). nanoGPT's shape, so that the
-parameter iterator gives the checkpoint order of `shared.config.parameter_table`.
+parameter iterator gives the checkpoint order of `shared.run.config.parameter_table`.
 
 Parameters live in ONE contiguous float32 buffer (`GPT.flat`), each `nn.Parameter` a view into it
 in checkpoint order; the optimizer's exp_avg / exp_avg_sq are views into two more flat buffers
@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from shared.config import ModelShape, parameter_table
+from shared.run.config import ModelShape, parameter_table
 
 
 class CausalSelfAttention(nn.Module):
@@ -124,7 +124,7 @@ class GPT(nn.Module):
         want = [(n, s) for n, s, _ in self.table]
         if got != want:  # a programming error: the file order would silently change
             raise RuntimeError(
-                f"parameter order differs from shared.config.parameter_table: "
+                f"parameter order differs from shared.run.config.parameter_table: "
                 f"{got[:3]}... vs {want[:3]}..."
             )
 
@@ -144,7 +144,7 @@ class GPT(nn.Module):
 
     def _materialize(self) -> torch.Tensor:
         """Allocate `flat` (float32, uninitialised, on the CPU) and replace every meta parameter
-        with a view of it at its checkpoint offset (shared.config.parameter_table)."""
+        with a view of it at its checkpoint offset (shared.run.config.parameter_table)."""
         offsets = {name: off for name, _, off in self.table}
         flat = torch.empty(sum(math.prod(s) for _, s, _ in self.table), dtype=torch.float32)
         for mod_name, mod in self.named_modules():

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from shared.config import RunConfig
+from shared.run.config import RunConfig
 from worker.model import GPT
 
 

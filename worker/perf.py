@@ -6,7 +6,7 @@ bf16 tensor-core figures from the vendors' data sheets) and, on CPU, from a shor
 timed once per machine (`measure_cpu_matmul_peak`): on a CPU there is no data sheet figure the
 process can trust, and the matmul is the best the BLAS in this process can do. `PeakFlops` keeps
 that measurement off a (re)start's critical path: a cached figure (per CPU model, thread count
-and torch version, under shared/arms.py `cache_dir()`) is used at once; without one the matmul is
+and torch version, under shared/data/arms.py `cache_dir()`) is used at once; without one the matmul is
 timed once between the first two updates (nothing else runs then), cached, and MFU is reported
 from then on.
 

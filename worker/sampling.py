@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from shared.checkpoint_format import load_weights
-from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K
+from shared.checkpoint.read import load_weights
+from shared.run.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K
 from worker.model import GPT
 
 
@@ -33,7 +33,7 @@ def load_weights_only(
     manifest's "crc32:%08x" for it, over the whole file: docs/checkpoint-format.md#validity;
     not rule 8: a diverged model's samples are the operator's to see) and its weights region (4 x n_params bytes
     after the 8-byte header) read straight into the model's flat weights
-    (``shared.checkpoint_format.load_weights``): the checksum covers the bytes used, even when
+    (``shared.checkpoint.file_format.load_weights``): the checksum covers the bytes used, even when
     the run retires or replaces the file meanwhile. Raises CheckpointError."""
     model = GPT(cfg.model, cfg.vocab_size, init_weights=False)  # filled at once below
     flat = model.flat.detach()

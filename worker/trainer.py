@@ -23,10 +23,16 @@ import torch
 from torch.nn import functional as F
 
 from shared.activation_memory import check_micro_batch_fits
-from shared.arm_data import read_arm_index
-from shared.checkpoint_format import CheckpointError, load_checkpoint, parse_checkpoint_name
-from shared.checkpoint_manifest import read_manifest
-from shared.config import (
+from shared.checkpoint.file_format import CheckpointError, parse_checkpoint_name
+from shared.checkpoint.manifest import read_manifest
+from shared.checkpoint.read import load_checkpoint
+from shared.data.embedded import cache_dir
+from shared.data.token_files import read_arm_index
+from shared.data.tokenizer import RunTokenizer
+from shared.exit_codes import EXIT_FATAL, EXIT_OK
+from shared.lr_schedule import learning_rate
+from shared.processes import seconds_since_start
+from shared.run.config import (
     SAMPLE_TEMPERATURE,
     SAMPLE_TOP_K,
     ConfigError,
@@ -35,9 +41,7 @@ from shared.config import (
     load_run_config,
     probe_plan,
 )
-from shared.embedded_arms import cache_dir
-from shared.exit_codes import EXIT_FATAL, EXIT_OK
-from shared.handshake import (
+from shared.run.handshake import (
     HandshakeError,
     ReportWriter,
     control_stops_at,
@@ -45,11 +49,8 @@ from shared.handshake import (
     read_handshake,
     update_handshake,
 )
-from shared.lr_schedule import learning_rate
-from shared.processes import seconds_since_start
-from shared.run_layout import RunLayout
-from shared.tokenizer import RunTokenizer
-from shared.worker_options import WorkerOptions as WorkerOptions  # also named here
+from shared.run.layout import RunLayout
+from shared.run.worker_options import WorkerOptions as WorkerOptions  # also named here
 from worker import distributed as wdist
 from worker import fault_injection
 from worker import precision as wprec

@@ -9,7 +9,7 @@ run's config (``run.json``) is looked up beside the file, or one folder up (a fi
 ``rejected/``), or given with ``--run-dir`` (proxy/run_files/checkpoint_lookup.py).
 
 What it is not: `inspect` (proxy/commands/inspect.py), resume (proxy/supervision/) or the format
-itself (shared/checkpoint_format.py).
+itself (shared/checkpoint/file_format.py).
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from proxy.run_files.checkpoint_lookup import (
     run_dir_problem,
 )
 from shared.atomic_io import atomic_write_bytes
-from shared.checkpoint_format import CheckpointError, load_weights
-from shared.config import RunConfig, parameter_table
+from shared.checkpoint.file_format import CheckpointError
+from shared.checkpoint.read import load_weights
 from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fails a rule
 from shared.exit_codes import EXIT_USAGE  # bad arguments: no config for export, output in the way
+from shared.run.config import RunConfig, parameter_table
 
 
 def add_export_args(p) -> None:
@@ -119,7 +120,7 @@ def _bad_output(to: str, fmt: str) -> str | None:
 def cmd_export(a) -> int:
     """Write the checkpoint's weights to a safetensors file, one tensor per parameter.
 
-    Tensors are float32, named and shaped by ``shared.config.parameter_table`` (the model's
+    Tensors are float32, named and shaped by ``shared.run.config.parameter_table`` (the model's
     ``state_dict`` names, e.g. ``transformer.wte.weight`` (vocab, n_embd)); metadata holds
     step, n_params, preset and the source file. The checkpoint is validated first (with the
     manifest checksum when there is an entry). The output is written to a temporary beside it

@@ -25,25 +25,21 @@ from pathlib import Path
 
 from proxy.mixture.arm_changes import arms_as_of, specs_of
 from proxy.run_files.phases import copy_phases
-from shared.arm_data import read_arm_index_doc, write_arm_index_doc
-from shared.arms import ArmSourceError
 from shared.atomic_io import atomic_write_json
-from shared.checkpoint_dir import find_latest_valid
-from shared.checkpoint_format import (
-    CheckpointError,
-    checkpoint_name,
-    parse_checkpoint_name,
-    validate_checkpoint,
-)
-from shared.checkpoint_manifest import (
+from shared.checkpoint.directory import find_latest_valid
+from shared.checkpoint.file_format import CheckpointError, checkpoint_name, parse_checkpoint_name
+from shared.checkpoint.manifest import (
     manifest_checksums,
     read_manifest,
     record_checkpoint,
 )
-from shared.config import ConfigError, load_run_config
+from shared.checkpoint.read import validate_checkpoint
+from shared.data.arms import ArmSourceError
+from shared.data.token_files import read_arm_index_doc, write_arm_index_doc
 from shared.exit_codes import EXIT_USAGE
-from shared.loss_history import LossHistory, iter_records
-from shared.run_layout import RunLayout
+from shared.run.config import ConfigError, load_run_config
+from shared.run.layout import RunLayout
+from shared.run.loss_history import LossHistory, iter_records
 
 
 class ForkError(RuntimeError):

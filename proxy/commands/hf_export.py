@@ -15,7 +15,7 @@ Conv1D weights of shape (in, out), the transpose of nn.Linear's (out, in); those
 transposed here, everything else is copied under the same name.
 
 Tokenizer: the run's BPE `tokenizer.json` is already a `tokenizers` file; the bytes tokenizer
-(ids = the UTF-8 bytes, shared/tokenizer.py) is written as a `tokenizers` byte-level BPE with no
+(ids = the UTF-8 bytes, shared/data/tokenizer.py) is written as a `tokenizers` byte-level BPE with no
 merges whose 256 tokens are the GPT-2 byte-to-unicode characters with id = byte value, so both
 encode every string to the same ids as the project.
 
@@ -36,7 +36,7 @@ import numpy as np
 from safetensors.numpy import save
 
 from shared.atomic_io import current_umask, fsync_dir
-from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, RunConfig, parameter_table
+from shared.run.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, RunConfig, parameter_table
 
 # nn.Linear (out, in) in the project; Conv1D (in, out) in HF GPT-2: transposed on export.
 CONV1D_SUFFIXES = (
@@ -68,7 +68,7 @@ class HFExportError(RuntimeError):
 def hf_tensors(cfg: RunConfig, weights: np.ndarray) -> dict[str, np.ndarray]:
     """GPT2LMHeadModel's state dict from the checkpoint's flat weights.
 
-    weights: float32 (n_params,) in `shared.config.parameter_table` order. Returns name ->
+    weights: float32 (n_params,) in `shared.run.config.parameter_table` order. Returns name ->
     float32 C-contiguous array; the four Conv1D weights are (in, out), the rest keep the
     project's shapes (`lm_head.weight` (vocab, n_embd) is its own tensor, never tied to
     `transformer.wte.weight`). Raises ValueError when `weights` has the wrong length.
@@ -153,7 +153,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
 def bytes_tokenizer_json() -> dict:
     """A `tokenizers` tokenizer.json equal to the project's bytes tokenizer: encode(text) is
-    text's UTF-8 bytes as ids 0..255, decode the inverse (shared/tokenizer.py)."""
+    text's UTF-8 bytes as ids 0..255, decode the inverse (shared/data/tokenizer.py)."""
     level = {
         "type": "ByteLevel",
         "add_prefix_space": False,

@@ -1,7 +1,7 @@
 """`python -m proxy inspect PATH`: a checkpoint's header, size, checksum, parameter table and
 norms (docs/checkpoint-format.md). Read-only; numpy, no torch.
 
-What it is not: `export` (proxy/commands/export.py) or the format (shared/checkpoint_format.py).
+What it is not: `export` (proxy/commands/export.py) or the format (shared/checkpoint/file_format.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import numpy as np
 
 from proxy.commands.tool_threads import add_threads_arg
 from proxy.run_files.checkpoint_lookup import checkpoint_path_problem, find_config, manifest_entry
-from shared.checkpoint_format import CheckpointError, expected_size, load_checkpoint, read_header
-from shared.config import parameter_table
+from shared.checkpoint.file_format import CheckpointError, expected_size
+from shared.checkpoint.read import load_checkpoint, read_header
 from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fails a rule
+from shared.run.config import parameter_table
 
 
 def add_inspect_args(p) -> None:

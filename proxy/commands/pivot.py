@@ -37,12 +37,12 @@ from proxy.supervision.launch import wait_for_earlier_workers
 from proxy.supervision.pivots import next_boundary, take_back_pivot_stop
 from proxy.supervision.resume_planning import ResumeError, plan_resume
 from proxy.supervision.run_options import ProxyOptions
-from shared.config import ConfigError, RunConfig, load_run_config
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
-from shared.handshake import update_handshake
-from shared.loss_history import LossHistory, tail_records
 from shared.processes import alive
-from shared.run_layout import RunLayout
+from shared.run.config import ConfigError, RunConfig, load_run_config
+from shared.run.handshake import update_handshake
+from shared.run.layout import RunLayout
+from shared.run.loss_history import LossHistory, tail_records
 
 # A waiting `pivot` repeats its "waiting for boundary" line at most this often (seconds), and at
 # once when the boundary changes: a line per step made thousands of lines with fast steps.

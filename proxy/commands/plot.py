@@ -10,9 +10,9 @@ from proxy.commands.tool_threads import add_threads_arg
 from proxy.mixture.rebuild import gate_changes
 from proxy.observation.plot import plot_run
 from proxy.run_files.checkpoint_lookup import run_dir_problem
-from shared.config import load_run_config
 from shared.exit_codes import EXIT_USAGE
-from shared.run_layout import RunLayout
+from shared.run.config import load_run_config
+from shared.run.layout import RunLayout
 
 
 def cmd_plot(a) -> int:

@@ -44,9 +44,11 @@ from proxy.supervision.run_options import (
 )
 from proxy.supervision.run_setup import create_run
 from proxy.supervision.supervisor import Supervisor, SupervisorError
-from shared.arm_data import read_arm_index
-from shared.arms import ArmSourceError, parse_arm_option
-from shared.config import (
+from shared.data.arms import ArmSourceError, parse_arm_option
+from shared.data.token_files import read_arm_index
+from shared.exit_codes import EXIT_OK, EXIT_USAGE
+from shared.processes import seconds_since_start
+from shared.run.config import (
     AUDIT_BUDGET,
     AUDIT_TOKENS,
     DEFAULT_ARMS,
@@ -62,10 +64,8 @@ from shared.config import (
     policy_cost,
     probe_plan,
 )
-from shared.exit_codes import EXIT_OK, EXIT_USAGE
-from shared.processes import seconds_since_start
-from shared.run_layout import RunLayout, foreign_entries
-from shared.stop_request import StopRequested
+from shared.run.layout import RunLayout, foreign_entries
+from shared.run.stop_request import StopRequested
 
 log = logging.getLogger("proxy")
 
@@ -166,7 +166,7 @@ def _remove_refused(layout: RunLayout, made: list[Path], before: set[str] | None
                 break
         log.info("%s removed: this refused start had created it", made[-1])
         return
-    # logs/ stays: `status` names the refusal from the attempt's log (shared/run_layout.py
+    # logs/ stays: `status` names the refusal from the attempt's log (shared/run/layout.py
     # `last_creation_error`) in a directory the user made for the run
     added = sorted((_entries(layout.root) or set()) - (before or set()) - {layout.logs.name})
     for name in added:
@@ -386,7 +386,7 @@ def _gather_job(a, layout: RunLayout, lock: RunLock, job: dict, nodes: int, owne
 
 def _open_run(a, layout: RunLayout) -> tuple[RunConfig, bool, float | None]:
     """(config, resumed, creation seconds or None): the run in `layout` resumed with the
-    options it may change, or created from the options (shared/arm_data, run_setup). Raises
+    options it may change, or created from the options (shared/data/token_files, run_setup). Raises
     ConfigError / BanditConfigError (refused) and StopRequested (stopped during creation)."""
     notes: list[str] = []  # warnings about the settings: logged once they are known valid
     if layout.run_json.exists():
@@ -655,7 +655,7 @@ def _bounds_row(layout: RunLayout | None) -> str:
 
 
 def _probe_row(cfg: RunConfig) -> str:
-    """The probe's size and its cost in training compute (shared/config.py probe_plan)."""
+    """The probe's size and its cost in training compute (shared/run/config.py probe_plan)."""
     pp = probe_plan(cfg)
     if not pp.active:
         return f"none: reward {cfg.reward} reads the training losses (0% of training FLOPs)"
@@ -666,7 +666,7 @@ def _probe_row(cfg: RunConfig) -> str:
 
 
 def _audit_row(cfg: RunConfig) -> str:
-    """The sample audits' size and cost (shared/config.py audit_cost)."""
+    """The sample audits' size and cost (shared/run/config.py audit_cost)."""
     cost = audit_cost(cfg)
     row = (
         f"{len(cfg.arms)} arms x {AUDIT_TOKENS} tokens every {cfg.sample_every} steps <= "
@@ -678,7 +678,7 @@ def _audit_row(cfg: RunConfig) -> str:
 
 
 def _eval_row(cfg: RunConfig) -> str:
-    """The validation curve's size and cost (shared/config.py eval_cost)."""
+    """The validation curve's size and cost (shared/run/config.py eval_cost)."""
     if not cfg.eval_every:
         return f"none (--eval-every 0; {default_eval_every(cfg)} keeps it within 1% of training)"
     return (
@@ -688,7 +688,7 @@ def _eval_row(cfg: RunConfig) -> str:
 
 
 def _policy_row(cfg: RunConfig) -> str:
-    """Probe plus audits, the compute the mixture policy spends (shared/config.py policy_cost)."""
+    """Probe plus audits, the compute the mixture policy spends (shared/run/config.py policy_cost)."""
     plan, audits = probe_plan(cfg), audit_cost(cfg)
     probe = f"probe {plan.cost:.2%}" if plan.active else "no probe"
     row = f"{probe} + audits {audits:.2%} = {policy_cost(cfg):.2%} of training FLOPs"

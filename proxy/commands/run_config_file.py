@@ -8,7 +8,7 @@ table and run.json. Every key and value is checked against the `run` parser itse
 names, types, choices), so the file cannot accept anything the command line would refuse.
 
 What it is not: the options' definitions (proxy/supervision/run_options.py) or their meaning (run.json,
-shared/config.py).
+shared/run/config.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import difflib
 import tomllib
 from pathlib import Path
 
-from shared.config import ConfigError
+from shared.run.config import ConfigError
 
 FILE, COMMAND_LINE, DEFAULT = "file", "command line", "default"
 

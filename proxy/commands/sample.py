@@ -21,13 +21,13 @@ from proxy.run_files.checkpoint_lookup import (
     no_checkpoint_problem,
     run_dir_problem,
 )
-from shared.checkpoint_dir import find_latest_valid
-from shared.checkpoint_format import CheckpointError
-from shared.checkpoint_manifest import manifest_checksums, read_manifest
-from shared.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, ConfigError, load_run_config
+from shared.checkpoint.directory import find_latest_valid
+from shared.checkpoint.file_format import CheckpointError
+from shared.checkpoint.manifest import manifest_checksums, read_manifest
+from shared.data.tokenizer import RunTokenizer
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
-from shared.run_layout import RunLayout
-from shared.tokenizer import RunTokenizer
+from shared.run.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, ConfigError, load_run_config
+from shared.run.layout import RunLayout
 
 
 def add_sample_args(p) -> None:

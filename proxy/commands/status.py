@@ -36,14 +36,15 @@ from proxy.run_files.run_lock import read_owner
 from proxy.run_files.sidecars import read_state
 from proxy.run_files.status_file import read_status
 from proxy.supervision.nodes import node_records, nodes_dir, read_json, record_alive
-from shared.checkpoint_dir import list_checkpoints
-from shared.checkpoint_format import CheckpointError, validate_checkpoint
-from shared.checkpoint_manifest import manifest_checksums, read_manifest
-from shared.config import ConfigError, accumulation_steps, load_run_config
-from shared.handshake import read_handshake
-from shared.loss_history import holes, tail_records
+from shared.checkpoint.directory import list_checkpoints
+from shared.checkpoint.file_format import CheckpointError
+from shared.checkpoint.manifest import manifest_checksums, read_manifest
+from shared.checkpoint.read import validate_checkpoint
 from shared.processes import alive, process_state
-from shared.run_layout import RunLayout, creating_proxy
+from shared.run.config import ConfigError, accumulation_steps, load_run_config
+from shared.run.handshake import read_handshake
+from shared.run.layout import RunLayout, creating_proxy
+from shared.run.loss_history import holes, tail_records
 
 STALE_S = 30.0  # no step for this long (and 10x the usual step time): stalled
 

@@ -24,7 +24,7 @@ of the incarnation (`stamp_changes`). Replays apply the log at the same steps, s
 the log existed have per-arm "retired" entries only; they are read as retire changes.
 
 What it is not: the bandit arithmetic of joining or leaving (proxy/mixture/bandit.py), tokenizing an
-arm, or reading and writing `data/arms.json` (shared/arm_data.py, the file's one owner: this
+arm, or reading and writing `data/arms.json` (shared/data/token_files.py, the file's one owner: this
 module edits the content it reads and hands it back).
 """
 
@@ -39,20 +39,20 @@ from dataclasses import dataclass
 from proxy.fault_injection import tokenize_pause
 from proxy.mixture.bandit import BanditConfigError, resolve_bounds
 from proxy.run_files.phases import read_phases
-from shared.arm_checks import check_arms
-from shared.arm_data import (
+from shared.atomic_io import atomic_write_json
+from shared.data.arms import ArmSourceError, content_fingerprint, source_fingerprint
+from shared.data.checks import check_arms
+from shared.data.token_files import (
     ArmData,
     prepare_arm,
     read_arm_index,
     read_arm_index_doc,
     write_arm_index_doc,
 )
-from shared.arms import ArmSourceError, content_fingerprint, source_fingerprint
-from shared.atomic_io import atomic_write_json
-from shared.config import ArmSpec, ConfigError, RunConfig
-from shared.run_layout import RunLayout
-from shared.stop_request import StopRequested
-from shared.tokenizer import RunTokenizer
+from shared.data.tokenizer import RunTokenizer
+from shared.run.config import ArmSpec, ConfigError, RunConfig
+from shared.run.layout import RunLayout
+from shared.run.stop_request import StopRequested
 
 log = logging.getLogger("proxy.mixture.arm_changes")
 

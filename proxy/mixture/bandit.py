@@ -37,8 +37,8 @@ from proxy.mixture.arm_bounds import is_real as _real
 from proxy.mixture.box_projection import project_to_box
 from proxy.mixture.loss_trend import ArmFit, conservative_mixture
 from proxy.mixture.reward_scaler import SCALER_CAPACITY, QuantileScaler
-from shared.arm_redundancy import REPETITIVE_RATIO
-from shared.config import PROBE_REWARDS, REWARDS  # the reward names; those that read the probe
+from shared.data.redundancy import REPETITIVE_RATIO
+from shared.run.config import PROBE_REWARDS, REWARDS  # the reward names; those that read the probe
 
 __all__ = [
     "BOUND_SLACK",
@@ -98,7 +98,7 @@ class BanditConfig:
     repetitive_ratio: float = (
         REPETITIVE_RATIO  # repetition guard: an arm whose tokens compress at least this well
     )
-    # (shared/arm_redundancy.py) is held at or below the p it has when
+    # (shared/data/redundancy.py) is held at or below the p it has when
     # the warm-up ends (docs/bandit.md#the-repetition-guard); 0 = off
 
     def __post_init__(self):

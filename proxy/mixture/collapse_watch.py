@@ -24,9 +24,9 @@ import logging
 import re
 import time
 
-from shared.checkpoint_dir import list_checkpoints
-from shared.checkpoint_manifest import editing_manifest, set_pinned
-from shared.run_layout import RunLayout
+from shared.checkpoint.directory import list_checkpoints
+from shared.checkpoint.manifest import editing_manifest, set_pinned
+from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy.collapse")
 

@@ -51,7 +51,7 @@ class MixtureController:
         in the live run and in a replay alike, so replay still reproduces `.state.json`
         exactly. `epoch_size`: each arm's training windows per epoch (training tokens / block),
         for the default policy's repetition rule (docs/bandit.md#repetition); `compression`: each
-        arm's compression ratio (shared/arm_data.py `arm_compression`), for the repetition guard
+        arm's compression ratio (shared/data/token_files.py `arm_compression`), for the repetition guard
         (docs/bandit.md#the-repetition-guard). The bandit starts with the arms present at the
         phase start (`arms_present_at`)
         and the changes up to the phase start applied. Raises BanditConfigError (bounds)."""

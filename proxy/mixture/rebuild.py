@@ -21,10 +21,10 @@ from proxy.mixture.arm_changes import ArmChange, read_changes
 from proxy.mixture.controller import MixtureController
 from proxy.run_files.phases import Phase, read_phases
 from proxy.run_files.state_snapshots import find_snapshot
-from shared.arm_data import ArmData, arm_compression, read_arm_index
-from shared.config import RunConfig
-from shared.loss_history import iter_records, iter_records_after
-from shared.run_layout import RunLayout
+from shared.data.token_files import ArmData, arm_compression, read_arm_index
+from shared.run.config import RunConfig
+from shared.run.layout import RunLayout
+from shared.run.loss_history import iter_records, iter_records_after
 
 log = logging.getLogger("proxy")
 

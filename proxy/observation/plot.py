@@ -7,7 +7,7 @@ with the phase label; collapse alarms are red markers. matplotlib with the Agg b
 display needed). Default output: DIR/loss.png.
 
 Memory does not grow with the history (docs/operations.md#watching): the records are read one line
-at a time (`shared.loss_history.iter_records`) and each series is kept as at most MAX_POINTS
+at a time (`shared.run.loss_history.iter_records`) and each series is kept as at most MAX_POINTS
 buckets of consecutive points (`Buckets`): while a series fits, every point is its own bucket
 (the figure is exact); past that, neighbouring buckets merge pairwise and the bucket width
 doubles, so a bucket holds the mean, the lowest and the highest loss of its steps (drawn as a
@@ -23,8 +23,8 @@ from typing import Any
 
 from proxy.run_files.loss_ema import BETA, LossEma
 from proxy.run_files.phases import phase_entries
-from shared.loss_history import iter_records
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
+from shared.run.loss_history import iter_records
 
 MAX_POINTS = 2048  # buckets per series: about two per pixel column of the 1000-pixel figure
 

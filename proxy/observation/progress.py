@@ -29,9 +29,9 @@ from pathlib import Path
 
 from proxy.run_files.loss_ema import recent_mean
 from proxy.run_files.sidecars import read_audits
-from shared.checkpoint_dir import find_latest_valid
-from shared.checkpoint_format import CheckpointError
-from shared.loss_history import tail_records
+from shared.checkpoint.directory import find_latest_valid
+from shared.checkpoint.file_format import CheckpointError
+from shared.run.loss_history import tail_records
 
 log = logging.getLogger("proxy")
 
@@ -192,8 +192,8 @@ def suggested_prompt(layout) -> str:
         # and `status` imports this module
         import numpy as np
 
-        from shared.arm_data import read_arm_index
-        from shared.tokenizer import RunTokenizer
+        from shared.data.token_files import read_arm_index
+        from shared.data.tokenizer import RunTokenizer
 
         arm = next(iter(read_arm_index(layout).values()))
         ids = np.asarray(arm.tokens(layout.root)[:PROMPT_TOKENS])

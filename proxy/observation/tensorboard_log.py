@@ -37,7 +37,7 @@ from typing import Any
 
 from proxy.run_files.loss_ema import LossEma
 from proxy.run_files.sidecars import read_audits
-from shared.loss_history import iter_records
+from shared.run.loss_history import iter_records
 
 log = logging.getLogger("proxy")
 

@@ -44,8 +44,8 @@ from proxy.run_files.json_file import read_json
 from proxy.run_files.loss_ema import LossEma
 from proxy.run_files.sidecars import read_audits
 from shared.atomic_io import atomic_write_json
-from shared.loss_history import iter_records
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
+from shared.run.loss_history import iter_records
 
 log = logging.getLogger("proxy")
 

@@ -2,26 +2,26 @@
 `rejected/`, or a given run directory), its manifest entry, and a run's newest valid checkpoint
 (docs/checkpoint-format.md#validity). Read-only; used by `inspect`, `export` and `sample`.
 
-What it is not: the format or the manifest themselves (shared/checkpoint_format.py,
-shared/checkpoint_manifest.py), or resume (proxy/supervision/resume_planning.py).
+What it is not: the format or the manifest themselves (shared/checkpoint/file_format.py,
+shared/checkpoint/manifest.py), or resume (proxy/supervision/resume_planning.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from shared.checkpoint_dir import list_checkpoints
-from shared.checkpoint_format import CheckpointError, find_latest_valid, parse_checkpoint_name
-from shared.checkpoint_manifest import ManifestEntry, manifest_checksums, read_manifest
-from shared.config import ConfigError, RunConfig, load_run_config
+from shared.checkpoint.directory import find_latest_valid, list_checkpoints
+from shared.checkpoint.file_format import CheckpointError, parse_checkpoint_name
+from shared.checkpoint.manifest import ManifestEntry, manifest_checksums, read_manifest
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
-from shared.loss_history import tail_records
-from shared.run_layout import RunLayout, missing_run_json
+from shared.run.config import ConfigError, RunConfig, load_run_config
+from shared.run.layout import RunLayout, missing_run_json
+from shared.run.loss_history import tail_records
 
 
 def run_dir_problem(root: Path) -> tuple[int, str] | None:
     """(exit code, message) when `root` is not a run directory (missing, a file, no run.json:
-    shared/run_layout.py `missing_run_json` words it), else None. The one check behind every
+    shared/run/layout.py `missing_run_json` words it), else None. The one check behind every
     command that takes a run directory (`status`, `sample`, `export --from-run`, `plot`,
     `pivot`), so each says the same thing with the same exit code, 2 (docs/operations.md#errors)."""
     if RunLayout(root).run_json.exists():

@@ -2,7 +2,7 @@
 (docs/architecture.md#bad-input-and-faults).
 
 What it is not: a writer (shared/atomic_io.py `atomic_write_json`), or the reader of `.loss.json`
-(shared/loss_history.py, whose `tail_records` reads its tail).
+(shared/run/loss_history.py, whose `tail_records` reads its tail).
 """
 
 from __future__ import annotations

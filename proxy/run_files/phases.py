@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from proxy.run_files.json_file import read_json
 from shared.atomic_io import atomic_write_json
-from shared.config import ConfigError
-from shared.run_layout import RunLayout
+from shared.run.config import ConfigError
+from shared.run.layout import RunLayout
 
 
 @dataclass

@@ -18,7 +18,7 @@ from filelock import FileLock, Timeout
 
 from proxy.run_files.json_file import read_json
 from shared.atomic_io import atomic_write_json, fsync_dir
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
 
 ARCHIVED_REQUEST = "pivot.request.json"  # the finished request, inside archive/pivot-B/
 PENDING = ("requested", "boundary", "archived", "recorded")

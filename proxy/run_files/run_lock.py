@@ -33,7 +33,7 @@ from proxy.fault_injection import flock_shared
 from proxy.run_files.json_file import read_json
 from shared.atomic_io import atomic_write_json
 from shared.processes import alive
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy")
 

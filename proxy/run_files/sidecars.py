@@ -1,4 +1,5 @@
-"""`.samples.json` and `.state.json` (docs/architecture.md#the-run-directory); `.loss.json` is `shared/loss_history.py`.
+"""`.samples.json` and `.state.json` (docs/architecture.md#the-run-directory); `.loss.json` is
+`shared/run/loss_history.py`.
 
 `.samples.json` = {"phase": {...}, "audits": [...]}: the sample audits of the current phase, the
 last `keep` of them, rewritten atomically per audit (it is small and bounded).

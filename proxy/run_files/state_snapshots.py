@@ -17,8 +17,8 @@ import json
 import os
 
 from shared.atomic_io import atomic_write_bytes, named
-from shared.checkpoint_dir import list_checkpoints
-from shared.run_layout import RunLayout
+from shared.checkpoint.directory import list_checkpoints
+from shared.run.layout import RunLayout
 
 # the snapshot layout: 3 since the bandit state carries the default policy's fits
 # (docs/bandit.md#state); only snapshots of this format are used, older ones are replayed instead

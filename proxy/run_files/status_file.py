@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from proxy.run_files.json_file import read_json
 from proxy.run_files.loss_ema import LossEma
 from shared.atomic_io import atomic_write_json
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
 
 
 @dataclass

@@ -59,7 +59,7 @@ from proxy.supervision.nodes import (
     record_alive,
 )
 from shared.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy")
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import psutil
 
-from shared.handshake import read_handshake
 from shared.processes import alive
-from shared.run_layout import RunLayout
+from shared.run.handshake import read_handshake
+from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy.supervision.launch")
 

@@ -43,7 +43,7 @@ from filelock import FileLock
 
 from shared.atomic_io import atomic_write_json
 from shared.processes import alive
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy")
 

@@ -31,9 +31,9 @@ from proxy.run_files.pivot_request import (
 )
 from proxy.run_files.sidecars import SamplesLog, write_state
 from shared.atomic_io import fsync_dir
-from shared.config import RunConfig
-from shared.handshake import update_handshake
-from shared.run_layout import RunLayout
+from shared.run.config import RunConfig
+from shared.run.handshake import update_handshake
+from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy.commands.pivot")
 P = ParamSpec("P")
@@ -141,7 +141,7 @@ def take_back_pivot_stop(control: dict, b: int | None) -> None:
 def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:
     """The worker started its pivot checkpoint at `step`. B was chosen from the last step the
     proxy had filed, and the worker may already have been past it when the control request
-    reached it; it then stops at its next checkpoint boundary instead (shared/handshake.py
+    reached it; it then stops at its next checkpoint boundary instead (shared/run/handshake.py
     `control_stops_at`). The request's B becomes that step, so the pivot happens where the
     worker really stopped (docs/pivots.md#the-boundary). Returns the new B when it moved, else
     None."""

@@ -16,8 +16,8 @@ import signal
 
 import psutil
 
-from shared import stop_request
 from shared.processes import process_state
+from shared.run import stop_request
 
 log = logging.getLogger("proxy")
 

@@ -8,8 +8,8 @@ log line or a progress line (docs/handshake.md#reports, docs/architecture.md#the
   audit              -> `.samples.json`, the collapse watch, log lines
   hello / event      -> what the worker is and why it stopped
 
-What it is not: reading reports or the handshake (shared/handshake.py), the watch loop
-(proxy/supervision/supervisor.py), the sidecars' formats (proxy/run_files/sidecars.py, shared/loss_history.py).
+What it is not: reading reports or the handshake (shared/run/handshake.py), the watch loop
+(proxy/supervision/supervisor.py), the sidecars' formats (proxy/run_files/sidecars.py, shared/run/loss_history.py).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from proxy.observation.sample_format import format_audit
 from proxy.run_files.sidecars import SamplesLog, write_state
 from proxy.run_files.state_snapshots import append_snapshot
 from proxy.run_files.status_file import LiveStats
-from shared.config import RunConfig
-from shared.handshake import update_handshake
-from shared.loss_history import LossHistory
-from shared.run_layout import RunLayout
+from shared.run.config import RunConfig
+from shared.run.handshake import update_handshake
+from shared.run.layout import RunLayout
+from shared.run.loss_history import LossHistory
 
 log = logging.getLogger("proxy")
 

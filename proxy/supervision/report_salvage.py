@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 
-from shared.handshake import ReportReader
-from shared.loss_history import LossHistory
-from shared.run_layout import RunLayout
+from shared.run.handshake import ReportReader
+from shared.run.layout import RunLayout
+from shared.run.loss_history import LossHistory
 
 log = logging.getLogger("proxy")
 

@@ -35,18 +35,18 @@ from proxy.run_files.state_snapshots import mark_rewound
 from proxy.supervision.pivots import archive_sidecars, mark_running, pivot_due
 from proxy.supervision.run_setup import replan
 from shared.atomic_io import STALE_WRITE_S, atomic_write_json, clean_stale_writes
-from shared.checkpoint_dir import (
+from shared.checkpoint.directory import (
     clean_stale_temporaries,
     quarantine_checkpoint,
     scan_for_resume,
 )
-from shared.checkpoint_format import CheckpointError
-from shared.checkpoint_manifest import manifest_checksums, read_manifest
-from shared.config import RunConfig
+from shared.checkpoint.file_format import CheckpointError
+from shared.checkpoint.manifest import manifest_checksums, read_manifest
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
-from shared.loss_history import LossHistory
 from shared.lr_schedule import learning_rate
-from shared.run_layout import RunLayout
+from shared.run.config import RunConfig
+from shared.run.layout import RunLayout
+from shared.run.loss_history import LossHistory
 
 log = logging.getLogger("proxy")
 

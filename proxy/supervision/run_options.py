@@ -7,7 +7,7 @@ Options split in two kinds:
 - per-start options (`ProxyOptions`) may differ at every start: supervision numbers, retention,
   the device, the launcher, precision.
 
-What it is not: the run's creation (proxy/supervision/run_setup.py), the arms' parsing (shared/arms.py), the
+What it is not: the run's creation (proxy/supervision/run_setup.py), the arms' parsing (shared/data/arms.py), the
 bounds' rules (proxy/mixture/arm_bounds.py) or the supervision itself (proxy/supervision/supervisor.py).
 """
 
@@ -23,9 +23,9 @@ from proxy.observation.tensorboard_log import check_available as check_tensorboa
 from proxy.observation.wandb_log import check_available as check_wandb
 from proxy.run_files.phases import read_phases
 from proxy.supervision.launch import LaunchOptions
-from shared.arms import parse_arm_option
-from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
-from shared.config import (
+from shared.checkpoint.manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
+from shared.data.arms import parse_arm_option
+from shared.run.config import (
     DEFAULT_ARMS,
     PRESETS,
     ConfigError,
@@ -36,7 +36,7 @@ from shared.config import (
     default_sample_every,
     load_run_config,
 )
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy")
 
@@ -556,7 +556,7 @@ def _check_batch_split(a) -> None:
 
 
 def config_from_args(a, notes: list[str] | None = None) -> RunConfig:
-    """The RunConfig of a new run from the parsed options `a` (defaults from shared/config.py).
+    """The RunConfig of a new run from the parsed options `a` (defaults from shared/run/config.py).
     Raises ConfigError (a warm-up not below --max-steps) and BanditConfigError (bad bounds).
 
     A setting derived for the run (a warm-up shortened to fit it) is said in a warning that is
@@ -687,7 +687,7 @@ def _check_same_bounds(a, cfg: RunConfig, layout: RunLayout) -> None:
 def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
     """The per-start options of namespace `a` for the run `cfg`. Raises ConfigError when the
     world size is malformed or does not divide the run's global batch (each rank takes an equal
-    slice) or the micro-batch does not divide a rank's slice (shared/config.py
+    slice) or the micro-batch does not divide a rank's slice (shared/run/config.py
     `accumulation_steps`)."""
     lo = LaunchOptions(
         nproc_per_node=a.nproc_per_node,

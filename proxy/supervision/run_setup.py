@@ -3,7 +3,7 @@ docs/data.md, docs/pivots.md).
 
 Creation trains the run's tokenizer (BPE on a bounded sample drawn from across every text arm,
 or bytes, or a given tokenizer.json), streams every arm whole through it into `data/`
-(shared/arm_data.prepare_arm), writes `data/arms.json`, `phases.json` (phase 0) and finally
+(shared/data/token_files.prepare_arm), writes `data/arms.json`, `phases.json` (phase 0) and finally
 `run.json`: its presence marks a complete run. An interrupted creation is resumed by the same
 command: the tokenizer is reused when it was made from the same recipe, arms already complete
 (their `data/<arm>.done.json` key matches) are kept, the rest are done
@@ -21,16 +21,16 @@ from pathlib import Path
 from proxy.fault_injection import tokenize_pause
 from proxy.mixture.bandit import resolve_bounds
 from proxy.run_files.phases import Phase, write_phases
-from shared import stop_request
-from shared.arm_checks import check_arms
-from shared.arm_data import prepare_arm, write_arm_index
-from shared.arm_sources import open_arm, sample_text
-from shared.arm_tokenize import pin_mmap_threshold, release_free_memory
-from shared.arms import ArmSourceError, source_fingerprint
 from shared.atomic_io import atomic_write_json, clean_stale_writes, read_json
-from shared.config import ConfigError, RunConfig
-from shared.run_layout import RunLayout
-from shared.tokenizer import RunTokenizer
+from shared.data.arms import ArmSourceError, source_fingerprint
+from shared.data.checks import check_arms
+from shared.data.sources import open_arm, sample_text
+from shared.data.token_files import prepare_arm, write_arm_index
+from shared.data.tokenization import pin_mmap_threshold, release_free_memory
+from shared.data.tokenizer import RunTokenizer
+from shared.run import stop_request
+from shared.run.config import ConfigError, RunConfig
+from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy.supervision.run_setup")
 
@@ -154,7 +154,7 @@ def create_run(layout: RunLayout, cfg: RunConfig, notes: Iterable[str] = ()) -> 
 
     Raises ConfigError (bad numbers, infeasible caps/floors, missing, corrupt or tiny arm
     sources) before the run directory holds a run.json; arms already complete are kept. Every
-    arm is checked before anything is written (shared/arm_checks.check_arms): all problems in
+    arm is checked before anything is written (shared/data/checks.check_arms): all problems in
     one ArmSourceError (docs/data.md#checks-before-any-work)."""
     for message in [*notes, *check_new_run(cfg)]:
         log.warning("%s", message)

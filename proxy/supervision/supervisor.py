@@ -72,14 +72,14 @@ from proxy.supervision.resume_planning import ResumeError, plan_resume
 from proxy.supervision.run_options import ProxyOptions
 from proxy.supervision.run_setup import replan
 from shared.atomic_io import storage_failure
-from shared.config import RunConfig
 from shared.exit_codes import EXIT_FAILED, EXIT_FATAL
-from shared.handshake import ReportReader, policy_period, reset_handshake, update_handshake
-from shared.loss_history import LossHistory, tail_records
 from shared.lr_schedule import learning_rate
 from shared.processes import group_members, seconds_since_start
-from shared.run_layout import RunLayout
-from shared.worker_options import WorkerOptions
+from shared.run.config import RunConfig
+from shared.run.handshake import ReportReader, policy_period, reset_handshake, update_handshake
+from shared.run.layout import RunLayout
+from shared.run.loss_history import LossHistory, tail_records
+from shared.run.worker_options import WorkerOptions
 
 DEFERRED = object()  # what `Supervisor._pivot_move` returns when the request lock stayed held
 log = logging.getLogger("proxy")

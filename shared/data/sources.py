@@ -9,9 +9,9 @@ record or one Parquet row; documents are joined with SEPARATOR (docs/data.md#the
 Bad records (invalid JSON, a missing or non-text field, undecodable bytes) are counted in
 `reader.bad` with the first `file:line`; they never abort the read.
 
-What it is not: tokenization (`shared/arm_tokenize.py`), pre-tokenized `tokens` arms (read
+What it is not: tokenization (`shared/data/tokenization.py`), pre-tokenized `tokens` arms (read
 directly as memory maps there), or the cheap checks of an arm before any work
-(`shared/arm_checks.py`).
+(`shared/data/checks.py`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from shared.config import ArmSourceError, ArmSpec
-from shared.embedded_arms import embedded_files, embedded_text
+from shared.data.embedded import embedded_files, embedded_text
+from shared.run.config import ArmSourceError, ArmSpec
 
 SEPARATOR = "\n\n"  # between documents of an arm (not after the last)
 READ_CHUNK = 1 << 20  # bytes read per step from a text file
@@ -356,7 +356,7 @@ class ParquetReader(ArmReader):
 
 class EmbeddedReader(ArmReader):
     """The embedded defaults: their documented size (DEFAULT_ARM_CHARS characters, built as
-    before by `shared/embedded_arms.py`), as one document; `total` is the size of the files read from."""
+    before by `shared/data/embedded.py`), as one document; `total` is the size of the files read from."""
 
     def _files(self) -> list[Path]:
         return embedded_files(self.arm)

@@ -6,8 +6,8 @@ step, remove stale temporaries at start, walk newest-first to the first file tha
 (each rejection with its rule), and move a rejected file into ``rejected/`` where neither
 training nor retention can touch it.
 
-What it is not: the layout or validation of one file (``shared/checkpoint_format.py``), writing
-one (``shared/checkpoint_write.py``), the manifest or retention (``shared/checkpoint_manifest.py``).
+What it is not: the layout or validation of one file (``shared/checkpoint/file_format.py``), writing
+one (``shared/checkpoint/write.py``), the manifest or retention (``shared/checkpoint/manifest.py``).
 Standard library only (and the format module).
 """
 
@@ -17,15 +17,15 @@ import os
 import pathlib
 
 from shared.atomic_io import fsync_dir
-from shared.checkpoint_format import (
+from shared.checkpoint.file_format import (
     CheckpointError,
     CheckpointInfo,
-    _check_expected_n,
+    check_n_params,
     is_temporary_name,
     parse_checkpoint_name,
-    validate_checkpoint,
 )
-from shared.run_layout import RunLayout
+from shared.checkpoint.read import validate_checkpoint
+from shared.run.layout import RunLayout
 
 __all__ = [
     "QUARANTINE_DIR",
@@ -112,7 +112,7 @@ def scan_for_resume(
     Raises CheckpointError if n_params is outside 1..INT32_MAX or the directory cannot be
     listed.
     """
-    n_params = _check_expected_n(n_params)
+    n_params = check_n_params(n_params)
     checksums = checksums or {}
     rejected: list[CheckpointError] = []
     for step, path in reversed(list_checkpoints(directory)):
@@ -143,7 +143,7 @@ def find_latest_valid(
     return info, [(err.path, str(err)) for err in rejected]
 
 
-QUARANTINE_DIR = RunLayout(".").rejected.name  # checkpoints resume rejected (shared/run_layout.py)
+QUARANTINE_DIR = RunLayout(".").rejected.name  # checkpoints resume rejected (shared/run/layout.py)
 
 
 def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR) -> pathlib.Path:

@@ -2,7 +2,7 @@
 bounded memory, in parallel, with progress; and the checks of pre-tokenized `tokens` arms
 (docs/data.md#tokenization).
 
-A reader (`shared/arm_sources.py`) yields pieces of documents; they are cut into items of at most
+A reader (`shared/data/sources.py`) yields pieces of documents; they are cut into items of at most
 ITEM_CHARS characters, gathered into batches of `batch_items()` items, and each batch is encoded by
 the `tokenizers` library on all cores (`encode_batch_fast`, Rust threads) while the next batch is
 read (one helper thread: encoding releases the GIL). Ids are appended to `data/<arm>.u16.tmp`
@@ -12,7 +12,7 @@ always whole (a stop or a kill leaves at most a `.tmp`, which the next attempt r
 record, docs/data.md#crash-safe-creation). Memory: one batch being read, one being encoded, never
 the whole arm.
 
-What it is not: the arm index and held-out split (`shared/arm_data.py`), the readers.
+What it is not: the arm index and held-out split (`shared/data/token_files.py`), the readers.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
-from shared import stop_request
-from shared.arm_sources import SEPARATOR, BadRecords, open_arm
-from shared.arms import ArmSourceError, token_files
 from shared.atomic_io import atomic_write_json, fsync_dir
-from shared.config import ArmSpec
+from shared.data.arms import ArmSourceError, token_files
+from shared.data.sources import SEPARATOR, BadRecords, open_arm
+from shared.data.tokenizer import RunTokenizer
 from shared.progress import Progress
-from shared.tokenizer import RunTokenizer
+from shared.run import stop_request
+from shared.run.config import ArmSpec
 
 ITEM_CHARS = 1 << 16  # characters per encode item (the unit of parallel work)
 ITEMS_PER_THREAD = 2  # items per encoder thread in one batch (load balance at its end)
@@ -164,7 +164,7 @@ def tokenize_stream(
     Returns (content fingerprint "sha256:<hex>" of the text as streamed, stats). With
     `max_tokens` > 0 at most that many tokens are written (the source is still read to the end
     for the fingerprint and the "of total" figures). Raises ArmSourceError for an unreadable
-    or corrupt source, and shared.stop_request.StopRequested when a stop was asked for (checked
+    or corrupt source, and shared.run.stop_request.StopRequested when a stop was asked for (checked
     before each piece of the source).
 
     Resumable (docs/data.md#crash-safe-creation): with `key` (what the arm's tokens are a

@@ -6,7 +6,7 @@ it: the proxy to tokenize arms at creation and to print samples, the worker to d
 An existing `tokenizer.json` (e.g. GPT-2's 50,257 tokens) can be given instead of training one
 (docs/data.md#the-tokenizer). Token ids are stored as uint16, or uint32 above 65,536 tokens.
 
-What it is not: the streaming of whole arms through it (`shared/arm_tokenize.py`).
+What it is not: the streaming of whole arms through it (`shared/data/tokenization.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.config import ConfigError
+from shared.run.config import ConfigError
 
 _CHUNK = 1 << 16  # characters per encode_batch item
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.checkpoint_format import INT32_MAX, expected_size
-from shared.run_layout import missing_run_json
+from shared.checkpoint.file_format import INT32_MAX, expected_size
+from shared.run.layout import missing_run_json
 
 DEFAULT_BPE_VOCAB = 2305  # the published ANDREA-12M vocabulary (docs/architecture.md#the-worker)
 

@@ -1,10 +1,11 @@
-"""The checkpoint manifest ``checkpoints.json`` and the retention plan (docs/checkpoint-format.md#manifest, docs/checkpoint-format.md#retention).
+"""The checkpoint manifest ``checkpoints.json`` and the retention plan
+(docs/checkpoint-format.md#manifest, docs/checkpoint-format.md#retention).
 
 What it is: a small JSON file beside the ``.bin`` files recording, per checkpoint, its step,
 file name, byte size, checksum, why it was written and whether it is pinned; plus the pure
 function that decides which checkpoints retention may delete.
 
-What it is not: the checkpoint format (``shared/checkpoint_format.py``); the ``.bin`` stays
+What it is not: the checkpoint format (``shared/checkpoint/file_format.py``); the ``.bin`` stays
 byte-exact and a ``.bin`` without an entry still loads. It deletes no checkpoint itself.
 Two processes change it: the worker's writer records and retires checkpoints, the proxy's
 collapse watch pins and releases one; every read-modify-write holds the manifest's lock
@@ -31,10 +32,10 @@ from dataclasses import asdict, dataclass
 from filelock import FileLock
 
 from shared.atomic_io import atomic_write_bytes
-from shared.checkpoint_format import INT32_MAX
-from shared.run_layout import RunLayout
+from shared.checkpoint.file_format import INT32_MAX
+from shared.run.layout import RunLayout
 
-MANIFEST_NAME = RunLayout(".").manifest.name  # the name is spelt in shared/run_layout.py
+MANIFEST_NAME = RunLayout(".").manifest.name  # the name is spelt in shared/run/layout.py
 MANIFEST_FORMAT = "andrea-checkpoints/1"
 REASONS = frozenset({"cadence", "sigusr1", "sigterm", "pivot", "final", "alarm"})
 
@@ -88,7 +89,8 @@ def manifest_path(directory: os.PathLike | str) -> pathlib.Path:
 
 
 def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
-    """The manifest of ``directory`` as {step: ManifestEntry} (docs/checkpoint-format.md#manifest, docs/checkpoint-format.md#validity).
+    """The manifest of ``directory`` as {step: ManifestEntry} (docs/checkpoint-format.md#manifest,
+    docs/checkpoint-format.md#validity).
 
     A missing manifest gives {}. An unreadable or garbage file gives {} and a
     warnings.warn (UserWarning) naming the file and what is wrong; a single bad entry is

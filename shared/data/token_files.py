@@ -2,7 +2,7 @@
 docs/data.md).
 
 At run creation every arm is streamed whole through the run's tokenizer into `data/<arm>.u16`
-(flat uint16, nanoGPT style; `.u32` above 65,536 tokens) by `shared/arm_tokenize.py`; a `tokens`
+(flat uint16, nanoGPT style; `.u32` above 65,536 tokens) by `shared/data/tokenization.py`; a `tokens`
 arm of one file points at its own file instead. A fixed held-out split, spread over the whole
 arm in up to `probe_sequences` ranges (docs/data.md#the-held-out-split), is never trained on: it
 feeds the bandit's probes and the sample audits.
@@ -14,7 +14,7 @@ heldout_start (start of the first held-out range), heldout (the held-out token r
 "reason"} while the proxy has the arm retired, as a zombie or because a restart left it out: the
 worker then never loads it), field (jsonl/parquet arms) and what creation used of the source
 (documents, source_bytes, bad_records, first_bad), and compression (the token stream's zstd
-ratio, shared/arm_redundancy.py; the bandit's repetition guard reads it). The top-level "changes" list is the proxy's
+ratio, shared/data/redundancy.py; the bandit's repetition guard reads it). The top-level "changes" list is the proxy's
 arm-change log (proxy/mixture/arm_changes.py); arms added on a restart are appended to "arms".
 This module is the file's only reader and writer: the change log is kept by editing the content
 `read_arm_index_doc` returns and storing it with `write_arm_index_doc`.
@@ -36,8 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.arm_redundancy import REPETITIVE_RATIO, compression_ratio
-from shared.arm_tokenize import (
+from shared.atomic_io import atomic_write_json
+from shared.data.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
+from shared.data.redundancy import REPETITIVE_RATIO, compression_ratio
+from shared.data.tokenization import (
     check_token_files,
     concat_token_files,
     progress_path,
@@ -45,12 +47,10 @@ from shared.arm_tokenize import (
     suffix_for,
     tokenize_stream,
 )
-from shared.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
-from shared.atomic_io import atomic_write_json
-from shared.config import ArmSpec, RunConfig, check_arm_name
-from shared.run_layout import RunLayout
-from shared.stop_request import StopRequested
-from shared.tokenizer import RunTokenizer
+from shared.data.tokenizer import RunTokenizer
+from shared.run.config import ArmSpec, RunConfig, check_arm_name
+from shared.run.layout import RunLayout
+from shared.run.stop_request import StopRequested
 
 # what to do about a token file that changed under a run (ArmData.tokens, worker/data.py)
 TOKEN_FILE_REMEDY = (
@@ -80,7 +80,7 @@ class ArmData:
     source_bytes: int = 0  # source bytes used of the source's total
     bad_records: int = 0  # records skipped (invalid JSON, missing field, ...)
     first_bad: str = ""  # "file:line: reason" of the first
-    compression: float = 0.0  # zstd ratio of its tokens (shared/arm_redundancy.py); 0: not
+    compression: float = 0.0  # zstd ratio of its tokens (shared/data/redundancy.py); 0: not
     # measured (older runs)
 
     def token_path(self, run_dir: Path) -> Path:
@@ -197,7 +197,7 @@ def prepare_arm(
     after_batch: Callable[[], None] | None = None,
 ) -> ArmData:
     """Tokenize one arm whole into `data/<name>.u16` (`.u32` above 65,536 tokens), streamed
-    (shared/arm_tokenize.py), or check a `tokens` arm's file(s); record completion in
+    (shared/data/tokenization.py), or check a `tokens` arm's file(s); record completion in
     `data/<name>.done.json`. An arm already complete with the same key is kept as it is (not
     redone). The token file appears under its final name only whole and accepted, so a refused
     or interrupted arm leaves nothing training could read. `text` is unused (older callers);
@@ -345,7 +345,7 @@ def prepare_arm(
 
 
 def arm_compression(layout: RunLayout, arm: ArmData) -> float:
-    """The arm's compression ratio (shared/arm_redundancy.py): the one recorded at creation, or
+    """The arm's compression ratio (shared/data/redundancy.py): the one recorded at creation, or
     for a run made before it was recorded, measured now from its token file (deterministic, so
     a resume and a replay see the same number). 0.0 (not measured: the guard does not hold it)
     when the token file cannot be read, as for a retired arm whose external file is gone."""

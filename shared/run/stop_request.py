@@ -2,7 +2,7 @@
 tokenizing an arm, checking or copying token files (docs/signals.md#during-creation).
 
 What it is: one process-wide flag. The proxy's early signal handlers (proxy/supervision/proc_tree.py
-EarlySignals) set it on SIGTERM/SIGINT/SIGHUP; the data pipeline (shared/arm_tokenize.py) looks
+EarlySignals) set it on SIGTERM/SIGINT/SIGHUP; the data pipeline (shared/data/tokenization.py) looks
 at it between pieces of a source and raises StopRequested, so a stop during a long creation acts
 within a piece (at most about 1 MB of source) instead of after the whole corpus. Nothing is lost:
 complete arms are kept (while their source files' list, sizes and modification times are

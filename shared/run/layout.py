@@ -167,7 +167,7 @@ class RunLayout:
     archive = property(lambda s: s.root / "archive")
     logs = property(lambda s: s.root / "logs")
     proxy_log = property(lambda s: s.root / "logs" / "proxy.log")  # rotated: proxy.log.1 .. .4
-    manifest = property(lambda s: s.root / "checkpoints.json")  # shared/checkpoint_manifest.py
+    manifest = property(lambda s: s.root / "checkpoints.json")  # shared/checkpoint/manifest.py
     manifest_lock = property(lambda s: s.root / ".checkpoints.json.lock")
     rejected = property(lambda s: s.root / "rejected")  # checkpoints a resume rejected
     fork_json = property(lambda s: s.root / "fork.json")

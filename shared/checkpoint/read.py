@@ -1,189 +1,46 @@
-"""The flat checkpoint file: names, layout, limits, validation, loading, checksums (docs/checkpoint-format.md).
+"""Reading a checkpoint file: its header, the validity rules, loading it, its checksum
+(docs/checkpoint-format.md#validity).
 
-What it is: the one place that knows the byte layout of ``step_NNNNNN.bin``
+What it is: ``read_header``, ``validate_checkpoint`` (rules 1-8), ``load_checkpoint`` (weights, m
+and v, read once straight into the caller's arrays), ``load_weights`` (the weights only) and
+``file_checksum``. Every byte goes through one loop (``_read_exact``), which fills a buffer over
+short reads and, where a checksum is wanted, feeds each piece to a crc32 while the next is read.
+A FIFO or device named like a checkpoint is refused before a read could block.
 
-    offset 0       int32    step      optimizer updates completed
-    offset 4       int32    n_params  length of each array below
-    offset 8       float32[n_params]  weights
-    offset 8+4n    float32[n_params]  m  (AdamW exp_avg)
-    offset 8+8n    float32[n_params]  v  (AdamW exp_avg_sq)
-    total          8 + 12 * n_params bytes, little-endian, no padding
-
-and how to name one, check one, load one and checksum one (``BackgroundCrc``: the crc32 in a
-helper thread, overlapping a read or a write).
-
-What it is not: writing a file (``shared/checkpoint_write.py``: the atomic write engine, file
-images, O_DIRECT), the run directory's policy (``shared/checkpoint_dir.py``: listing, stale
-temporaries, the newest valid file, quarantine), the manifest (``shared/checkpoint_manifest.py``),
-the background writer thread or the torch side (``worker/``). numpy and the standard library
-only, so the proxy can import it without torch. The writing and directory functions are also
-reachable here under their names (``write_checkpoint``, ``list_checkpoints``, ...; resolved on
-first use) for callers written before the split; new code imports them from their modules.
-
-Every error is a ``CheckpointError`` whose message names the file, the offending value, the
-rule and what to do next; it is meant to be printed to an operator as is.
+What it is not: the layout and names (``shared/checkpoint/file_format.py``), the directory's
+policy (``shared/checkpoint/directory.py``: listing, the newest valid file, quarantine).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 import os
 import pathlib
-import queue
 import re
 import stat
-import struct
 import sys
-import threading
-from dataclasses import dataclass
 
 import numpy as np
 
-HEADER_BYTES = 8  # int32 step + int32 n_params
-INT32_MAX = 2**31 - 1  # largest step / n_params the header can hold
-CHECKSUM_CHUNK = 8 * 1024 * 1024  # bytes per crc32 call in file_checksum
+from shared.checkpoint.file_format import (
+    CHECKSUM_CHUNK,
+    F32,
+    HEADER,
+    HEADER_BYTES,
+    BackgroundCrc,
+    CheckpointError,
+    CheckpointInfo,
+    check_n_params,
+    checkpoint_name,
+    crc32,
+    expected_size,
+    format_crc,
+    parse_checkpoint_name,
+)
 
-try:  # ISA-L's crc32: the same CRC-32 as zlib.crc32 (value for value, running value included),
-    # about 3.6x less CPU (0.016 s instead of 0.058 s per 154 MB andrea-12m checkpoint, thread
-    # CPU time), CPU a background checkpoint takes from training (docs/checkpoint-format.md#writing-without-stalling)
-    from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same checksums
-    from zlib import crc32
-_HEADER = struct.Struct("<ii")  # little-endian step, n_params
-_F32 = np.dtype("<f4")  # on-disk element type
-_NAME_RE = re.compile(r"step_([0-9]{6,})\.bin")  # ASCII digits only
-_TEMP_RE = re.compile(r"\.step_[^/]*\.bin\.tmp-[^/]*")  # the glob ".step_*.bin.tmp-*"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be named, written, read or trusted (docs/checkpoint-format.md#validity).
-
-    The message is operator-facing: file, value, rule, what to do. ``path`` is the file
-    concerned (or None) and ``rule`` a short machine-readable key: "name", "limits",
-    "empty", "short-header", "header-n", "size", "step", "n_params", "checksum", "values",
-    "dtype", "shape", "io", "disk".
-    """
-
-    def __init__(
-        self, message: str, *, path: os.PathLike | str | None = None, rule: str | None = None
-    ):
-        super().__init__(message)
-        self.path = pathlib.Path(path) if path is not None else None
-        self.rule = rule
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """A checkpoint that passed ``validate_checkpoint`` (docs/checkpoint-format.md#validity).
-
-    path: the file; step: header step (= the name's); n_params: header count;
-    nbytes: file size in bytes (= 8 + 12 * n_params); checksum: the file's "crc32:%08x" when
-    validation read the whole file for rule 8 (``values=True`` without a manifest checksum), so
-    a later reader can check it has the same bytes; None otherwise.
-    """
-
-    path: pathlib.Path
-    step: int
-    n_params: int
-    nbytes: int
-    checksum: str | None = None
-
-
-# ---------------------------------------------------------------------------- names, limits
-
-
-def _as_int(value, what: str) -> int:
-    if isinstance(value, bool):
-        raise CheckpointError(f"{what} {value!r} is a bool, not an integer", rule="limits")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise CheckpointError(
-            f"{what} {value!r} is not an integer ({type(value).__name__})", rule="limits"
-        ) from None
-
-
-def check_int32_limits(step: int, n_params: int) -> None:
-    """Refuse a step or parameter count the int32 header cannot hold (docs/checkpoint-format.md#limits).
-
-    step: int in [0, INT32_MAX]; n_params: int in [1, INT32_MAX] (numpy integers accepted,
-    bools and floats refused). Returns None.
-    Raises CheckpointError (rule "limits") naming the value; call it before training starts.
-    """
-    step = _as_int(step, "step")
-    n_params = _as_int(n_params, "n_params")
-    if not 0 <= step <= INT32_MAX:
-        raise CheckpointError(
-            f"step {step:,} does not fit the checkpoint header (int32, 0..{INT32_MAX:,}): "
-            f"a step count this large means a bad resume or a runaway counter; check the "
-            f"run's history",
-            rule="limits",
-        )
-    if not 1 <= n_params <= INT32_MAX:
-        raise CheckpointError(
-            f"n_params {n_params:,} is outside 1..{INT32_MAX:,} (the header stores it as "
-            f"int32, docs/checkpoint-format.md#limits): choose an architecture with at most {INT32_MAX:,} "
-            f"parameters",
-            rule="limits",
-        )
-
-
-def checkpoint_name(step: int) -> str:
-    """File name of the checkpoint for ``step``: ``f"step_{step:06d}.bin"`` (docs/checkpoint-format.md#name).
-
-    step: int in [0, INT32_MAX]; past 999,999 the number widens (``step_1000000.bin``).
-    Raises CheckpointError (rule "limits") for a negative, non-integer or > INT32_MAX step.
-    """
-    step = _as_int(step, "step")
-    if not 0 <= step <= INT32_MAX:
-        raise CheckpointError(
-            f"step {step:,} cannot name a checkpoint: it must be in 0..{INT32_MAX:,} "
-            f"(int32 header, docs/checkpoint-format.md#limits)",
-            rule="limits",
-        )
-    return f"step_{step:06d}.bin"
-
-
-def parse_checkpoint_name(name: str) -> int | None:
-    """Step encoded in a checkpoint file name, or None if ``name`` is not one (docs/checkpoint-format.md#name).
-
-    name: a bare file name (no directory). Accepts exactly what ``checkpoint_name`` produces:
-    ``step_`` + at least six ASCII digits + ``.bin``, canonical (no extra leading zeros, so
-    every step has one name) and <= INT32_MAX. Returns None for ``step_latest.bin``,
-    ``step_000100.bin.bak``, ``step_abc.bin``, ``step_12.bin``, ``step_0000100.bin``,
-    temporaries and anything else. Never raises for a str.
-    """
-    match = _NAME_RE.fullmatch(name)
-    if match is None:
-        return None
-    step = int(match.group(1))
-    if step > INT32_MAX or f"step_{step:06d}.bin" != name:
-        return None
-    return step
-
-
-def expected_size(n_params: int) -> int:
-    """Exact size in bytes of a checkpoint holding ``n_params`` float32 values per array.
-
-    n_params: int >= 0. Returns 8 + 12 * n_params (docs/checkpoint-format.md). Raises CheckpointError if negative.
-    """
-    n_params = _as_int(n_params, "n_params")
-    if n_params < 0:
-        raise CheckpointError(f"n_params {n_params:,} is negative", rule="limits")
-    return HEADER_BYTES + 12 * n_params
-
-
-def is_temporary_name(name: str) -> bool:
-    """True if ``name`` is a checkpoint temporary, i.e. matches ``.step_*.bin.tmp-*`` (docs/checkpoint-format.md#atomic-write).
-
-    write_checkpoint names its temporaries ``.{final_name}.tmp-{pid}``.
-    """
-    return _TEMP_RE.fullmatch(name) is not None
-
-
-# ---------------------------------------------------------------------------- reading
+VALUE_CHUNK = 8 * 1024 * 1024  # bytes per piece when rule 8 reads a file
+READ_ALIGN = 64  # bytes: a copy from the page cache is fastest when source and destination agree
 
 
 def _describe_size(name: str, size: int, n: int) -> str:
@@ -219,7 +76,7 @@ def _header_from(f, path: pathlib.Path, size: int) -> tuple[int, int]:
             path=path,
             rule="short-header",
         )
-    return _HEADER.unpack(head)
+    return HEADER.unpack(head)
 
 
 def _open_error(path: pathlib.Path, exc: OSError) -> CheckpointError:
@@ -345,15 +202,6 @@ def _checksum_mismatch(path: pathlib.Path, got: str, want: str) -> CheckpointErr
     )
 
 
-def _check_expected_n(n_params: int | None) -> int | None:
-    if n_params is None:
-        return None
-    n_params = _as_int(n_params, "n_params")
-    if not 1 <= n_params <= INT32_MAX:
-        check_int32_limits(0, n_params)
-    return n_params
-
-
 def validate_checkpoint(
     path: os.PathLike | str,
     n_params: int | None,
@@ -377,28 +225,24 @@ def validate_checkpoint(
     ("io"). Never modifies or deletes the file.
     """
     path = pathlib.Path(path)
-    n_params = _check_expected_n(n_params)
+    n_params = check_n_params(n_params)
     want = _normalise_checksum(checksum, path) if checksum is not None else None
     try:
         with _open_regular(path) as f:
             info = _check_structure(f, path, n_params)
-            if want is not None:
-                f.seek(0)
-                got = _crc_of_stream(f)
-                if got != want:
-                    raise _checksum_mismatch(path, got, want)
-            elif values:
-                f.seek(HEADER_BYTES)
-                got = _check_values_of_stream(
-                    f, path, info.n_params, crc32(_HEADER.pack(info.step, info.n_params))
+            if want is not None or values:
+                regions = ("weights", "m", "v")
+                got = format_crc(
+                    _stream_regions(f, path, info, regions, _header_crc(info), want is None)
                 )
-                info = dataclasses.replace(info, checksum=got)
+                if want is not None and got != want:
+                    raise _checksum_mismatch(path, got, want)
+                if want is None:
+                    info = dataclasses.replace(info, checksum=got)
     except OSError as exc:
         raise _open_error(path, exc) from exc
     return info
 
-
-# ---------------------------------------------------------------------------- values (rule 8)
 
 VALUE_CHUNK = 8 * 1024 * 1024  # bytes per piece when rule 8 reads a file
 
@@ -453,62 +297,63 @@ def empty_for_read(count: int, file_offset: int) -> np.ndarray:
     load figure); a plain ``np.empty`` sits at an arbitrary 16-byte boundary."""
     raw = np.empty(4 * count + READ_ALIGN, dtype=np.uint8)
     shift = (file_offset - raw.ctypes.data) % READ_ALIGN
-    return raw[shift : shift + 4 * count].view(_F32)
+    return raw[shift : shift + 4 * count].view(F32)
 
 
-def _check_values_of_stream(f, path: pathlib.Path, n: int, crc: int = 0) -> str:
-    """Rule 8 over an open file positioned at the first weight, read in VALUE_CHUNK pieces;
-    returns the "crc32:%08x" of the bytes read, continuing the running value ``crc`` (the
-    header's, for the whole file's checksum)."""
-    piece = empty_for_read(VALUE_CHUNK // 4, HEADER_BYTES)  # every piece starts at 8 + k x 8 MiB
-    view = memoryview(piece).cast("B")  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
-    for name in ("weights", "m", "v"):
-        done = 0
-        while done < n:
-            k = min(n - done, piece.shape[0])
-            got = 0
-            while got < 4 * k:
-                r = f.readinto(view[got : 4 * k])
-                if not r:
-                    raise CheckpointError(
-                        f"{path.name}: the file ended while its {name} were read (element "
-                        f"{done + got // 4:,} of {n:,}): it shrank while being read; the file "
-                        f"is kept, resume from an older checkpoint",
-                        path=path,
-                        rule="size",
-                    )
-                got += r
-            crc = crc32(view[: 4 * k], crc)
-            _check_piece(path, name, piece[:k], done)
-            done += k
-    return format_crc(crc)
-
-
-def _readinto_exact(
-    f,
-    view: memoryview,
-    path: pathlib.Path,
-    info: CheckpointInfo,
-    crc: "BackgroundCrc | None" = None,
-    at: int = HEADER_BYTES,
+def _read_exact(
+    f, view: memoryview, path: pathlib.Path, at: int, total: int, crc: BackgroundCrc | None = None
 ) -> None:
-    # Raw reads may be short (Linux caps one read at ~2 GiB); loop until the buffer is full.
-    # With a crc, read in CHECKSUM_CHUNK pieces and checksum each read piece in the helper
-    # thread while the next one is read.
-    done, total = 0, len(view)
-    while done < total:
-        end = total if crc is None else min(total, done + CHECKSUM_CHUNK)
+    """Fill ``view`` from the open file's position (byte ``at`` of ``total``), the one read loop:
+    raw reads may be short (Linux caps one at about 2 GiB), so it loops until the view is full.
+    With ``crc``, reads in CHECKSUM_CHUNK pieces, each fed to the helper thread while the next is
+    read. Raises CheckpointError (rule "size") naming the offset where the file ended: it shrank
+    while read."""
+    done, n = 0, len(view)
+    while done < n:
+        end = n if crc is None else min(n, done + CHECKSUM_CHUNK)
         got = f.readinto(view[done:end])
-        if got and crc is not None:
-            crc.feed(view[done : done + got])
         if not got:
             raise CheckpointError(
-                f"{path.name}: ended after {at + done:,} of {info.nbytes:,} bytes "
-                f"while loading: the file shrank during the read (another writer?); retry",
+                f"{path.name}: ended after {at + done:,} of {total:,} bytes while it was read: "
+                f"the file shrank during the read (another writer?); the file is kept, retry or "
+                f"resume from an older checkpoint",
                 path=path,
                 rule="size",
             )
+        if crc is not None:
+            crc.feed(view[done : done + got])
         done += got
+
+
+def _bytes_of(a: np.ndarray) -> memoryview:
+    return memoryview(a).cast("B")  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
+
+
+def _stream_regions(
+    f, path: pathlib.Path, info: CheckpointInfo, names: tuple[str, ...], crc: int, check: bool
+) -> int:
+    """Read the regions ``names`` (of "weights", "m", "v", in file order, the file positioned at
+    the first) in VALUE_CHUNK pieces into one reused buffer: each piece continues the running
+    crc32 ``crc`` and, with ``check``, meets rule 8. Returns the running crc32. Memory: one
+    piece, whatever the file's size."""
+    n = info.n_params
+    at = HEADER_BYTES + 4 * n * ("weights", "m", "v").index(names[0])
+    piece = empty_for_read(min(n, VALUE_CHUNK // 4), at)  # every piece starts at at + k x 8 MiB
+    view = _bytes_of(piece)
+    for name in names:
+        done = 0
+        while done < n:
+            k = min(n - done, piece.shape[0])
+            _read_exact(f, view[: 4 * k], path, at, info.nbytes)
+            crc = crc32(view[: 4 * k], crc)
+            if check:
+                _check_piece(path, name, piece[:k], done)
+            done, at = done + k, at + 4 * k
+    return crc
+
+
+def _header_crc(info: CheckpointInfo) -> int:
+    return crc32(HEADER.pack(info.step, info.n_params))
 
 
 def load_checkpoint(
@@ -537,7 +382,7 @@ def load_checkpoint(
     the non-finite counts itself).
     """
     path = pathlib.Path(path)
-    n_params = _check_expected_n(n_params)
+    n_params = check_n_params(n_params)
     want = _normalise_checksum(checksum, path) if checksum is not None else None
     try:
         with _open_regular(path) as f:
@@ -548,13 +393,12 @@ def load_checkpoint(
                 parts = (buf[:n], buf[n : 2 * n], buf[2 * n :])
             else:
                 parts = _check_out(out, n)
-            f.seek(HEADER_BYTES)
-            crc = BackgroundCrc(crc32(_HEADER.pack(info.step, n))) if want is not None else None
+            crc = BackgroundCrc(_header_crc(info)) if want is not None else None
             try:
                 at = HEADER_BYTES
                 for part in parts if out is not None else (buf,):
-                    view = memoryview(part).cast("B")  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
-                    _readinto_exact(f, view, path, info, crc, at)
+                    view = _bytes_of(part)
+                    _read_exact(f, view, path, at, info.nbytes, crc)
                     at += len(view)
             finally:
                 if crc is not None:
@@ -567,8 +411,8 @@ def load_checkpoint(
             raise _checksum_mismatch(path, got, want)
     if values if values is not None else want is None:
         check_values(path, *parts)  # "<f4" views: numpy reads them right on any host
-    if sys.byteorder != "little" and out is None:
-        parts = (  # big-endian host: native order for callers
+    if sys.byteorder != "little" and out is None:  # big-endian host: native order for callers
+        parts = (
             parts[0].astype(np.float32),
             parts[1].astype(np.float32),
             parts[2].astype(np.float32),
@@ -598,37 +442,23 @@ def load_weights(
     ``load_checkpoint`` (None: rule 8 exactly when no checksum is given).
     """
     path = pathlib.Path(path)
-    n_params = _check_expected_n(n_params)
+    n_params = check_n_params(n_params)
     want = _normalise_checksum(checksum, path) if checksum is not None else None
     check = values if values is not None else want is None
     try:
         with _open_regular(path) as f:
             info = _check_structure(f, path, n_params)
             n = info.n_params
-            if out is None:
-                weights = empty_for_read(n, HEADER_BYTES)
-            else:
-                weights = _check_out((out, out, out), n)[0]
-            f.seek(HEADER_BYTES)
-            view = memoryview(weights).cast("B")  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
-            _readinto_exact(f, view, path, info)
-            crc = crc32(view, crc32(_HEADER.pack(info.step, n))) if want is not None else 0
+            weights = (
+                empty_for_read(n, HEADER_BYTES)
+                if out is None
+                else _check_out((out, out, out), n)[0]
+            )
+            view = _bytes_of(weights)
+            _read_exact(f, view, path, HEADER_BYTES, info.nbytes)
             if check:
                 _check_piece(path, "weights", weights, 0)
-            piece = empty_for_read(min(n, CHECKSUM_CHUNK // 4), HEADER_BYTES + 4 * n)
-            pv = memoryview(piece).cast("B")  # type: ignore[arg-type]  # as above
-            at = HEADER_BYTES + 4 * n
-            for name in ("m", "v"):
-                done = 0
-                while done < n:
-                    k = min(n - done, piece.shape[0])
-                    _readinto_exact(f, pv[: 4 * k], path, info, None, at)
-                    if want is not None:
-                        crc = crc32(pv[: 4 * k], crc)
-                    if check:
-                        _check_piece(path, name, piece[:k], done)
-                    done += k
-                    at += 4 * k
+            crc = _stream_regions(f, path, info, ("m", "v"), crc32(view, _header_crc(info)), check)
     except OSError as exc:
         raise _open_error(path, exc) from exc
     if want is not None:
@@ -661,116 +491,22 @@ def _check_out(
     return out[0], out[1], out[2]
 
 
-# ---------------------------------------------------------------------------- checksums
-
-
-def format_crc(crc: int) -> str:
-    return "crc32:%08x" % (crc & 0xFFFFFFFF)
-
-
-class BackgroundCrc:
-    """CRC-32 (zlib.crc32's, computed by `crc32`) of the buffers fed to it, in order, computed
-    by a helper thread.
-
-    crc32 (zlib's and ISA-L's) and file I/O release the GIL, so the checksum of a 150 MB checkpoint
-    (~0.05 s) overlaps the write + fsync (or the read) instead of adding to it
-    (scripts/bench_checkpoint.py). Buffers fed must not change until ``result()`` returns. ``close()`` abandons
-    the computation (on an error path); both are idempotent.
-    """
-
-    def __init__(self, initial: int = 0):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._crc = initial
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="checkpoint-crc32", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            view = self._queue.get()
-            if view is None:
-                return
-            if self._error is None:
-                try:
-                    self._crc = crc32(view, self._crc)
-                except BaseException as exc:  # reported by result(), never lost
-                    self._error = exc
-
-    def feed(self, view) -> None:
-        self._queue.put(view)
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-
-    def result(self) -> int:
-        self.close()
-        if self._error is not None:
-            raise self._error
-        return self._crc
-
-
-def _crc_of_stream(f) -> str:
-    crc = 0
-    chunk = empty_for_read(CHECKSUM_CHUNK // 4, f.tell())
-    view = memoryview(chunk).cast("B")  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
-    while True:
-        got = f.readinto(view)
-        if not got:
-            return format_crc(crc)
-        crc = crc32(view[:got], crc)
-
-
 def file_checksum(path: os.PathLike | str) -> str:
     """``"crc32:%08x"`` (zlib.crc32, lower-case hex) of the whole file, read in 8 MiB chunks.
 
     Same format as the checksum returned by ``write_checkpoint`` and stored in the manifest
-    (docs/checkpoint-format.md#manifest). Raises CheckpointError (rule "io") if the file cannot be read.
+    (docs/checkpoint-format.md#manifest). Raises CheckpointError (rule "io") if the file cannot
+    be read, (rule "size") if it shrinks while read.
     """
     path = pathlib.Path(path)
     try:
         with _open_regular(path) as f:
-            return _crc_of_stream(f)
+            total, crc = os.fstat(f.fileno()).st_size, 0
+            chunk = _bytes_of(empty_for_read(CHECKSUM_CHUNK // 4, 0))
+            for at in range(0, total, len(chunk)):
+                view = chunk[: min(len(chunk), total - at)]
+                _read_exact(f, view, path, at, total)
+                crc = crc32(view, crc)
+            return format_crc(crc)
     except OSError as exc:
         raise _open_error(path, exc) from exc
-
-
-# ---------------------------------------------------------------------------- former names
-
-_MOVED = {  # name -> module, for callers written when this file held all three layers
-    **dict.fromkeys(
-        (
-            "write_checkpoint",
-            "write_checkpoint_image",
-            "alloc_checkpoint_image",
-            "image_arrays",
-            "image_offset",
-            "DIRECT_ALIGN",
-            "fsync_dir",
-        ),
-        "shared.checkpoint_write",
-    ),
-    **dict.fromkeys(
-        (
-            "clean_stale_temporaries",
-            "list_checkpoints",
-            "scan_for_resume",
-            "find_latest_valid",
-            "quarantine_checkpoint",
-            "QUARANTINE_DIR",
-        ),
-        "shared.checkpoint_dir",
-    ),
-}
-
-
-def __getattr__(name: str):
-    """The writing and directory names, resolved on first use (PEP 562): importing them here
-    at load time would make this module, which the other two import, import them back."""
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)

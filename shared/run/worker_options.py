@@ -2,7 +2,7 @@
 proxy/supervision/supervisor.py) and parses it back (the worker's side, worker/__main__.py), so
 each option and its default are stated once (docs/architecture.md#processes).
 
-What it is not: the run's config (`run.json`, shared/config.py), which a resume must match;
+What it is not: the run's config (`run.json`, shared/run/config.py), which a resume must match;
 these options may change from one incarnation to the next. Standard library only.
 """
 
@@ -13,8 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.checkpoint_manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
-from shared.config import AUDIT_TOKENS
+from shared.checkpoint.manifest import DEFAULT_KEEP_EVERY, DEFAULT_KEEP_LAST
+from shared.run.config import AUDIT_TOKENS
 
 USR1_AT = ("step", "boundary")
 PRECISIONS = ("auto", "fp32", "bf16")

@@ -1,14 +1,14 @@
 """Data sources (arms): the `--arm` option, each arm's text and fingerprints
 (docs/architecture.md#arms).
 
-The embedded defaults need nothing downloaded (shared/embedded_arms.py: repo-docstrings,
+The embedded defaults need nothing downloaded (shared/data/embedded.py: repo-docstrings,
 repo-code, python-docs, built from the running Python installation's own files). Users add arms
 from text files/directories/globs, JSON Lines (a text field; .gz/.zst), Parquet (a text column)
 or pre-tokenized uint16/uint32 token files (nanoGPT's format); user arms are always read whole
-(the streaming readers are `shared/arm_sources.py`), the defaults keep their documented size
+(the streaming readers are `shared/data/sources.py`), the defaults keep their documented size
 (MAX_ARM_BYTES) and the creation log says how much of how much was used.
 
-What it is not: tokenization and batching (`shared/arm_tokenize.py`, `worker/data.py`).
+What it is not: tokenization and batching (`shared/data/tokenization.py`, `worker/data.py`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import os
 import sysconfig
 from pathlib import Path
 
-from shared.arm_sources import iter_text, resolve_files
-from shared.config import ArmSourceError as ArmSourceError  # also named here, as it always was
-from shared.config import ArmSpec, ConfigError, check_arm_name
-from shared.embedded_arms import MAX_ARM_BYTES as MAX_ARM_BYTES  # also named here
-from shared.embedded_arms import _stat_digest, _stdlib_files, embedded_text
-from shared.embedded_arms import cache_dir as cache_dir  # also named here
-from shared.embedded_arms import embedded_files as embedded_files  # also named here
+from shared.data.embedded import MAX_ARM_BYTES as MAX_ARM_BYTES  # also named here
+from shared.data.embedded import cache_dir as cache_dir  # also named here
+from shared.data.embedded import embedded_files as embedded_files  # also named here
+from shared.data.embedded import embedded_text, stat_digest, stdlib_files
+from shared.data.sources import iter_text, resolve_files
+from shared.run.config import ArmSourceError as ArmSourceError  # also named here
+from shared.run.config import ArmSpec, ConfigError, check_arm_name
 
 
 def _text_files(arm: ArmSpec) -> list[Path]:
@@ -34,8 +34,8 @@ def _text_files(arm: ArmSpec) -> list[Path]:
 
 def read_arm_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
     """The text of an arm: an embedded default's at most `limit` characters, deterministic for a
-    Python installation (shared/embedded_arms.py); a user arm's whole (small arms and tests
-    only: user arms are streamed by `shared/arm_sources.iter_text`).
+    Python installation (shared/data/embedded.py); a user arm's whole (small arms and tests
+    only: user arms are streamed by `shared/data/sources.iter_text`).
 
     Raises ArmSourceError when the source is missing or yields no text.
     """
@@ -134,23 +134,23 @@ def source_fingerprint(arm: ArmSpec) -> str:
     import sys
 
     if arm.kind in ("python-docstrings", "python-code"):
-        files = _stdlib_files()
+        files = stdlib_files()
         if not files:
             raise ArmSourceError(
                 f"arm {arm.name}: no standard-library sources under "
                 f"{sysconfig.get_paths()['stdlib']}"
             )
-        return _stat_digest(files, f"{sys.version}\0{sysconfig.get_paths()['stdlib']}")
+        return stat_digest(files, f"{sys.version}\0{sysconfig.get_paths()['stdlib']}")
     if arm.kind == "python-docs":
         try:
             import pydoc_data.topics as t
         except ImportError as e:
             raise ArmSourceError(f"arm {arm.name}: this Python has no pydoc_data") from e
-        return _stat_digest([Path(t.__file__)], sys.version)
+        return stat_digest([Path(t.__file__)], sys.version)
     if arm.kind in ("text", "jsonl", "parquet"):
-        return _stat_digest(_text_files(arm), arm.field if arm.kind != "text" else "")
+        return stat_digest(_text_files(arm), arm.field if arm.kind != "text" else "")
     if arm.kind == "tokens":
-        return _stat_digest([p.resolve() for p in token_files(arm)])
+        return stat_digest([p.resolve() for p in token_files(arm)])
     raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} unknown")
 
 
@@ -166,7 +166,7 @@ def token_files(arm: ArmSpec) -> list[Path]:
 
 def content_fingerprint(arm: ArmSpec) -> str:
     """The content fingerprint stored at creation ("sha256:<hex>" of the text as streamed by
-    `shared/arm_sources.iter_text`, or of the token file(s) concatenated). Slow (reads the whole
+    `shared/data/sources.iter_text`, or of the token file(s) concatenated). Slow (reads the whole
     source in bounded memory); used only to confirm a `source_fingerprint` mismatch.
     Raises ArmSourceError when the source is gone."""
     h = hashlib.sha256()

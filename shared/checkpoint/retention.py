@@ -5,8 +5,8 @@ oldest is renamed to the file the next write overwrites in place (``recycle_chec
 others are deleted, then their manifest entries are dropped. The worker's writer calls it after
 each durable checkpoint; the kill -9 test's writer child runs the same function.
 
-What it is not: the plan (``shared.checkpoint_manifest.plan_retention``, a pure function), the
-write engine (``shared/checkpoint_write.py``) or the writer thread (``worker/checkpointer.py``).
+What it is not: the plan (``shared.checkpoint.manifest.plan_retention``, a pure function), the
+write engine (``shared/checkpoint/write.py``) or the writer thread (``worker/checkpointer.py``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import logging
 import os
 import pathlib
 
-from shared.checkpoint_dir import list_checkpoints
-from shared.checkpoint_format import expected_size
-from shared.checkpoint_manifest import editing_manifest, plan_retention
-from shared.checkpoint_write import recycle_checkpoint, reusable
+from shared.checkpoint.directory import list_checkpoints
+from shared.checkpoint.file_format import expected_size
+from shared.checkpoint.manifest import editing_manifest, plan_retention
+from shared.checkpoint.write import recycle_checkpoint, reusable
 
-log = logging.getLogger("shared.checkpoint_retention")
+log = logging.getLogger("shared.checkpoint.retention")
 
 
 def apply_retention(

@@ -51,7 +51,7 @@ __all__ = [
     "jsonable",
 ]
 
-log = logging.getLogger("shared.loss_history")
+log = logging.getLogger("shared.run.loss_history")
 
 _CLOSE = b"\n]\n"  # the tail every healthy history ends with
 _EMPTY = b"[\n]\n"  # a history with no records

@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 
 from shared.atomic_io import atomic_write_json, named
 from shared.json_safe import jsonable
-from shared.run_layout import RunLayout
+from shared.run.layout import RunLayout
 
 PROTOCOL = 1
 LOCK_TIMEOUT_S = 10.0

@@ -6,8 +6,8 @@ nothing downloaded (docs/architecture.md#arms):
 Each keeps its documented size (MAX_ARM_BYTES characters) and is deterministic for a Python
 installation.
 
-What it is not: user arms (shared/arm_sources.py), fingerprints and the `--arm` option
-(shared/arms.py). Standard library only.
+What it is not: user arms (shared/data/sources.py), fingerprints and the `--arm` option
+(shared/data/arms.py). Standard library only.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sysconfig
 from pathlib import Path
 
 from shared.atomic_io import atomic_write_bytes
-from shared.config import ArmSourceError, ArmSpec
+from shared.run.config import ArmSourceError, ArmSpec
 
 MAX_ARM_BYTES = 2_000_000  # the embedded defaults' documented size, characters (never user arms)
 
@@ -27,7 +27,8 @@ MAX_ARM_BYTES = 2_000_000  # the embedded defaults' documented size, characters 
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3", "turtledemo"}
 
 
-def _stdlib_files() -> list[Path]:
+def stdlib_files() -> list[Path]:
+    """The standard library's `.py` files the embedded arms are drawn from, sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -75,8 +76,8 @@ def _python_docstrings(limit: int) -> str:
     misses the cache and is parsed again); an unwritable cache is simply skipped."""
     import sys
 
-    files = _stdlib_files()
-    key = hashlib.sha256(f"{_stat_digest(files, sys.version)}\0{limit}".encode()).hexdigest()[:24]
+    files = stdlib_files()
+    key = hashlib.sha256(f"{stat_digest(files, sys.version)}\0{limit}".encode()).hexdigest()[:24]
     cached = cache_dir() / f"python-docstrings-{key}.txt"
     try:
         return cached.read_text(encoding="utf-8")
@@ -98,7 +99,7 @@ def _python_docstrings(limit: int) -> str:
 
 
 def _python_code(limit: int) -> str:
-    return _take((f.read_text(encoding="utf-8", errors="replace") for f in _stdlib_files()), limit)
+    return _take((f.read_text(encoding="utf-8", errors="replace") for f in stdlib_files()), limit)
 
 
 def _python_docs(limit: int) -> str:
@@ -115,7 +116,7 @@ def _python_docs(limit: int) -> str:
 def embedded_files(arm: ArmSpec) -> list[Path]:
     """The files an embedded default arm is built from (for its "of total" size)."""
     if arm.kind in ("python-docstrings", "python-code"):
-        return _stdlib_files()
+        return stdlib_files()
     try:
         import pydoc_data.topics as t
     except ImportError as e:
@@ -126,7 +127,9 @@ def embedded_files(arm: ArmSpec) -> list[Path]:
     return [Path(t.__file__)]
 
 
-def _stat_digest(files: list[Path], extra: str = "") -> str:
+def stat_digest(files: list[Path], extra: str = "") -> str:
+    """A cheap fingerprint of `files` ("stat:" + sha256 hex of each path, size and mtime in ns,
+    after `extra`): it changes when any file is replaced or edited."""
     h = hashlib.sha256(extra.encode("utf-8"))
     for f in files:
         st = f.stat()

@@ -6,9 +6,9 @@ O_DIRECT where the filesystem allows), both through one protocol: a temporary in
 directory, the crc32 computed in a helper thread (``BackgroundCrc``) while the bytes are written
 and fsynced, rename over the final name, directory fsync.
 
-What it is not: the layout, its validation or loading (``shared/checkpoint_format.py``), the
-run directory's policy (``shared/checkpoint_dir.py``), the manifest or retention
-(``shared/checkpoint_manifest.py``), the background writer thread (``worker/checkpointer.py``).
+What it is not: the layout, its validation or loading (``shared/checkpoint/file_format.py``), the
+run directory's policy (``shared/checkpoint/directory.py``), the manifest or retention
+(``shared/checkpoint/manifest.py``), the background writer thread (``worker/checkpointer.py``).
 numpy and the standard library only.
 """
 
@@ -22,9 +22,9 @@ import stat
 import numpy as np
 
 from shared.atomic_io import fsync_dir
-from shared.checkpoint_format import (
-    _F32,
-    _HEADER,
+from shared.checkpoint.file_format import (
+    F32,
+    HEADER,
     HEADER_BYTES,
     BackgroundCrc,
     CheckpointError,
@@ -65,7 +65,7 @@ def _as_f32_vector(x, what: str, step: int) -> np.ndarray:
             f"1-D arrays: flatten the parameters in the model's order first",
             rule="shape",
         )
-    return np.ascontiguousarray(arr, dtype=_F32)  # no copy for contiguous LE float32
+    return np.ascontiguousarray(arr, dtype=F32)  # no copy for contiguous LE float32
 
 
 def write_checkpoint(
@@ -103,7 +103,7 @@ def write_checkpoint(
         )
     check_int32_limits(step, n)
 
-    header = _HEADER.pack(step, n)
+    header = HEADER.pack(step, n)
     views = [memoryview(arr).cast("B") for arr in arrays]  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
     crc = BackgroundCrc(crc32(header))
     for view in views:
@@ -191,7 +191,7 @@ def alloc_checkpoint_image(n_params: int) -> np.ndarray:
 def image_arrays(image: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(weights, m, v): float32 views of a file image's three regions (no copy)."""
     n = _image_n(image)
-    flat = image[HEADER_BYTES:].view(_F32)
+    flat = image[HEADER_BYTES:].view(F32)
     return flat[:n], flat[n : 2 * n], flat[2 * n :]
 
 
@@ -345,7 +345,7 @@ def write_checkpoint_image(
     step = int(step)
     n = _image_n(image)
     check_int32_limits(step, n)
-    image[:HEADER_BYTES] = np.frombuffer(_HEADER.pack(step, n), dtype=np.uint8)
+    image[:HEADER_BYTES] = np.frombuffer(HEADER.pack(step, n), dtype=np.uint8)
     view = memoryview(image).cast("B")  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
     crc = BackgroundCrc()
     crc.feed(view)

@@ -2,7 +2,7 @@
 arm's source exists, is not empty, and its first records or rows are what its kind says, read
 at most HEAD_BYTES of each; every problem of every arm reported at once.
 
-What it is not: reading a whole arm (shared/arm_sources.py) or fingerprinting it (shared/arms.py).
+What it is not: reading a whole arm (shared/data/sources.py) or fingerprinting it (shared/data/arms.py).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import json
 import zlib
 from pathlib import Path
 
-from shared.arm_sources import ParquetReader, corrupt_error, open_binary, resolve_files
-from shared.arms import EMBEDDED_KINDS, source_fingerprint, token_files
-from shared.config import ArmSourceError, ArmSpec
+from shared.data.arms import EMBEDDED_KINDS, source_fingerprint, token_files
+from shared.data.sources import ParquetReader, corrupt_error, open_binary, resolve_files
+from shared.run.config import ArmSourceError, ArmSpec
 
 HEAD_RECORDS = 100  # JSON Lines records looked at by the up-front check
 HEAD_BYTES = 1 << 20  # at most this much (decompressed) read by it
