@@ -245,7 +245,7 @@ def child_nanogpt(a) -> dict:
 def create_runs(work: Path, presets: list[str], smoke: bool) -> dict[str, Path]:
     """A run directory per preset (the embedded default arms; one BPE tokenizer, trained for
     the first and reused by the others, so every preset has the same vocabulary)."""
-    from proxy.supervision.run_options import add_run_args, config_from_args
+    from proxy.commands.run_args import add_run_args, config_from_args
     from proxy.supervision.run_setup import create_run
     from shared.run.layout import RunLayout
     runs: dict[str, Path] = {}

@@ -130,7 +130,7 @@ def main() -> int:
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-supervision-"))
     try:
-        from proxy.supervision.run_options import add_run_args, config_from_args
+        from proxy.commands.run_args import add_run_args, config_from_args
         from proxy.supervision.run_setup import create_run
         from shared.run.layout import RunLayout
         template = work / "template"

@@ -111,7 +111,7 @@ EXACT = ["--max-steps", "60", "--checkpoint-every", "10", "--probe-every", "10",
 def create_template(run_dir: Path, *args: str) -> Path:
     """Create a run directory as `python -m proxy run --run-dir run_dir TINY args` would, without
     training a step. Returns run_dir."""
-    from proxy.supervision.run_options import add_run_args, config_from_args
+    from proxy.commands.run_args import add_run_args, config_from_args
     from proxy.supervision.run_setup import create_run
     from shared.run.layout import RunLayout
     ap = argparse.ArgumentParser()

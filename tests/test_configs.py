@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from proc_helpers import ROOT
+from proxy.commands.run_args import add_run_args, config_from_args
 from proxy.commands.run_config_file import parse_run_args, read_config_file
-from proxy.supervision.run_options import add_run_args, config_from_args
 from shared.run.config import ConfigError, RunConfig
 
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))

@@ -114,7 +114,7 @@ def test_bf16_autocast_keeps_weights_and_gradients_fp32():
 def test_proxy_run_passes_precision_to_the_options():
     import argparse
 
-    from proxy.supervision.run_options import add_run_args, proxy_options
+    from proxy.commands.run_args import add_run_args, proxy_options
     from shared.run.config import RunConfig
 
     ap = argparse.ArgumentParser()

@@ -2,7 +2,8 @@
 (docs/operations.md#start-and-resume), with the settings table it prints at the start.
 
 What it is not: the command list (proxy/cli.py), the `run` options
-(proxy/supervision/run_options.py) or the supervision (proxy/supervision/supervisor.py).
+(proxy/commands/run_args.py), the several-node owner election (proxy/supervision/election.py)
+or the supervision (proxy/supervision/supervisor.py).
 """
 
 from __future__ import annotations
@@ -11,37 +12,28 @@ import logging
 import logging.handlers
 import os
 import shutil
-import signal
-import socket
 import sys
 import time
 import uuid
 from pathlib import Path
 
-from proxy.mixture.arm_changes import commit_arm_set, plan_arm_set
-from proxy.mixture.bandit import BanditConfigError
-from proxy.run_files.phases import read_phases
-from proxy.run_files.run_lock import RunLock, RunLockError, read_owner
-from proxy.supervision import beacon
-from proxy.supervision.follower import follow
-from proxy.supervision.nodes import (
-    NodeRecord,
-    NodeSetupError,
-    live_followers,
-    node_records,
-    wait_for_followers,
-    write_job,
-)
-from proxy.supervision.proc_tree import EarlySignals
-from proxy.supervision.run_options import (
+from proxy.commands.run_args import (
     add_run_args as add_run_args,  # `run`'s options, for proxy/cli.py
 )
-from proxy.supervision.run_options import (
+from proxy.commands.run_args import (
     check_resume_args,
     check_run_options,
     config_from_args,
+    launch_options,
     proxy_options,
 )
+from proxy.mixture.arm_changes import commit_arm_set, plan_arm_set
+from proxy.mixture.bandit import BanditConfigError
+from proxy.run_files.phases import read_phases
+from proxy.run_files.run_lock import RunLock, RunLockError
+from proxy.supervision.election import OwnedJob, Yielded, gather_job
+from proxy.supervision.follower import follow
+from proxy.supervision.proc_tree import EarlySignals
 from proxy.supervision.run_setup import create_run
 from proxy.supervision.supervisor import Supervisor, SupervisorError
 from shared.data.arms import ArmSourceError, parse_arm_option
@@ -196,21 +188,21 @@ def cmd_run(a) -> int:
     before = _entries(layout.root)  # (in a directory that exists: what it held)
     if _make_directory(layout) is not None:
         return EXIT_USAGE
-    nodes = _nodes_of(a)
+    launch = launch_options(a)
     job = None
-    if nodes > 1:  # several nodes: the first proxy to take the lock owns the run
+    if launch.multi_node:  # several nodes: the first proxy to take the lock owns the run
         job = {
             "token": uuid.uuid4().hex,
-            "rdzv_id": a.rdzv_id,
-            "nnodes": nodes,
-            "nproc_per_node": a.nproc_per_node,
+            "rdzv_id": launch.rdzv_id,
+            "nnodes": launch.nodes,
+            "nproc_per_node": launch.nproc_per_node,
         }
     lock = RunLock(layout, job=job)
     try:
         lock.acquire()
     except RunLockError as e:
         if job is not None:  # the owner of this job holds it: follow (nothing written but
-            return follow(layout, a, job, e)
+            return follow(layout, launch, a.stop_timeout, job, e)
         setup_logging(layout)
         log.error("%s", e)
         return EXIT_USAGE
@@ -219,10 +211,10 @@ def cmd_run(a) -> int:
         "start-up: proxy interpreter, imports and run lock %.3f s since launch",
         seconds_since_start() or 0.0,
     )
-    owned = _OwnedJob()
+    owned = OwnedJob()
     code = None  # the exit code, for the owner's node record (None: an exception escaped)
     try:
-        code = _run_locked(a, layout, lock, job, nodes, owned, made, before)
+        code = _run_locked(a, layout, lock, job, owned, made, before)
         return code
     finally:
         if owned.node is not None:
@@ -235,8 +227,7 @@ def _run_locked(
     layout: RunLayout,
     lock: RunLock,
     job: dict | None,
-    nodes: int,
-    owned: _OwnedJob,
+    owned: OwnedJob,
     made: list[Path],
     before: set[str] | None,
 ) -> int:
@@ -244,15 +235,19 @@ def _run_locked(
     supervise; returns the exit code (the caller releases the lock and leaves the job)."""
     try:
         if job is not None:
-            code = _gather_job(a, layout, lock, job, nodes, owned)
+            try:
+                code = gather_job(layout, lock, job, launch_options(a), owned)
+            except Yielded as y:  # an earlier claim of this directory won: follow it
+                setup_logging(None)  # a follower writes nothing in the run directory
+                return follow(
+                    layout, launch_options(a), a.stop_timeout, job, RunLockError("", y.owner)
+                )
             if code is not None:
                 return code
         cfg, resumed, creation_s = _open_run(a, layout)
         _print_settings(cfg, a, resumed=resumed, layout=layout)
         opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
-        sup = Supervisor(layout, cfg, opts)
-        sup.watch.creation_s = creation_s  # the summary names creation and training apart
-        sup.node = owned.node
+        sup = Supervisor(layout, cfg, opts, creation_s=creation_s, node=owned.node)
         sup.install_signal_handlers()
         code = sup.run()
         log.info("proxy exiting with code %d at step %s", code, sup.stats.step)
@@ -318,72 +313,6 @@ def _make_directory(layout: RunLayout) -> int | None:
     return None
 
 
-class _OwnedJob:
-    """The owner's node record of a several-node job while this proxy holds it (`cmd_run`
-    leaves it on the way out)."""
-
-    node: NodeRecord | None = None
-
-
-def _gather_job(a, layout: RunLayout, lock: RunLock, job: dict, nodes: int, owned) -> int | None:
-    """Own a several-node job (docs/architecture.md#several-nodes): write this node's record,
-    check that no other owner answers for the job, and wait for the other nodes before
-    anything of the run is written. Sets `owned.node` while the record is ours. Returns an exit
-    code when the start ends here (refused, stopped, or yielded to an earlier owner, whose
-    follower this proxy then became), else None."""
-    # the record first: an owner that asks the beacon tells "same directory" from
-    # "another directory" by the records it finds here (proxy/supervision/beacon.py)
-    node = owned.node = NodeRecord(layout, "owner", 0, job["token"], a.nproc_per_node)
-    node.write()
-    node.start_heartbeat()  # also through creation, resume planning, back-off
-    checks = _OwnerChecks(a, job, layout)
-    if not checks.first():
-        node.forget()
-        owned.node = None
-        return EXIT_USAGE
-    write_job(layout, {**job, "state": "gathering", "incarnation": 0})  # not the last owner's
-    log.info(
-        "owner of %s (node rank 0 of %d, global rank 0 here): waiting up to %.0f s "
-        "for the other node(s)",
-        layout.root,
-        nodes,
-        a.rdzv_timeout,
-    )
-
-    def idle() -> None:
-        node.heartbeat()
-        checks.again()
-        if lock.lost is not None:
-            raise _Yield(lock.lost)
-
-    try:  # before anything of the run is written: a job that cannot form writes nothing
-        if (
-            wait_for_followers(
-                layout,
-                job["token"],
-                nodes,
-                a.rdzv_timeout,
-                lambda: EarlySignals.stop is not None,
-                idle,
-            )
-            is None
-        ):
-            log.info("%s received while the nodes gathered: nothing started", EarlySignals.stop)
-            return EXIT_OK
-    except NodeSetupError as e:
-        log.error("%s", e)
-        return EXIT_USAGE
-    except _Yield as y:  # an earlier claim of this directory won: follow it
-        node.forget()
-        owned.node = None
-        checks.close()
-        lock.release()
-        setup_logging(None)  # a follower writes nothing in the run directory
-        return follow(layout, a, job, RunLockError("", y.owner))
-    lock.on_lost = lambda: os.kill(os.getpid(), signal.SIGTERM)  # stop: one history
-    return None
-
-
 def _open_run(a, layout: RunLayout) -> tuple[RunConfig, bool, float | None]:
     """(config, resumed, creation seconds or None): the run in `layout` resumed with the
     options it may change, or created from the options (shared/data/token_files, run_setup). Raises
@@ -411,108 +340,6 @@ def _open_run(a, layout: RunLayout) -> tuple[RunConfig, bool, float | None]:
         f"{cfg.checkpoint_bytes:,}",
     )
     return cfg, False, creation_s
-
-
-class _Yield(Exception):
-    """The owner record of an earlier claim of this run directory replaced ours
-    (proxy/run_files/run_lock.py): this proxy becomes its follower."""
-
-    def __init__(self, owner: dict) -> None:
-        super().__init__("yield")
-        self.owner = owner
-
-
-class _OwnerChecks:
-    """Two owners of one job in two directories (proxy/supervision/beacon.py): the owner serves
-    the job beacon at --rdzv-endpoint when that is its host, else asks it, at the start and
-    every 2 s while the nodes gather (the endpoint's node may start later). A second owner is
-    refused; the beacon's owner, told by it, stops too (NodeSetupError from `again`)."""
-
-    def __init__(self, a, job: dict, layout: RunLayout) -> None:
-        self.a, self.layout = a, layout
-        self.me = {
-            "rdzv_id": a.rdzv_id,
-            "token": job["token"],
-            "run_dir": str(layout.root),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-        }
-        self.served = beacon.serve(a.rdzv_endpoint, self.me)
-        self.heard = self.served is not None
-        self.t0 = self.last = self.scanned = time.monotonic()
-        self.warned = False
-
-    def _same_dir(self, token: str) -> bool:
-        """A proxy of job `token` has (or had) a record in this run directory."""
-        return (
-            any(r.get("token") == token for r in node_records(self.layout))
-            or ((read_owner(self.layout) or {}).get("job") or {}).get("token") == token
-        )
-
-    def first(self) -> bool:
-        """False (logged) when this proxy is a second owner."""
-        if self.served is not None:
-            return True
-        why, self.heard = beacon.second_owner(
-            self.a.rdzv_endpoint, self.me, self.layout.root, self._same_dir
-        )
-        if why:
-            log.error("%s", why)
-            self.close()
-        return why is None
-
-    def again(self) -> None:
-        if time.monotonic() - self.scanned < 1.0:  # called every poll: read the files each second
-            return
-        self.scanned = time.monotonic()
-        for f in live_followers(self.layout, self.me["token"]):  # heard by a follower's beacon
-            r = f.get("second_owner")
-            if isinstance(r, dict) and r.get("token") != self.me["token"]:
-                raise NodeSetupError(
-                    beacon.two_owners(r, self.layout.root)
-                    + f" (that node was refused by the job beacon of node rank "
-                    f"{f.get('node_rank')}; this one stops too: the job cannot form)"
-                )
-        if self.served is not None:
-            for r in list(self.served.reports):
-                if (
-                    r.get("rdzv_id") == self.me["rdzv_id"]
-                    and r.get("token") != self.me["token"]
-                    and not self._same_dir(str(r.get("token")))
-                ):
-                    raise NodeSetupError(
-                        beacon.two_owners(r, self.layout.root)
-                        + " (that node was refused; this one stops too: the job cannot form)"
-                    )
-            return
-        if time.monotonic() - self.last < 2.0:
-            return
-        self.last = time.monotonic()
-        why, heard = beacon.second_owner(
-            self.a.rdzv_endpoint, self.me, self.layout.root, self._same_dir
-        )
-        if why:
-            raise NodeSetupError(why)
-        self.heard = self.heard or heard
-        if not self.heard and not self.warned and self.last - self.t0 > 10:
-            self.warned = True
-            log.warning(
-                "nothing answers at --rdzv-endpoint %s: no node of this job runs on its host "
-                "yet. Give --rdzv-endpoint the address of one of the job's nodes (the first "
-                "node, as torchrun expects): a node with another --run-dir is then refused at "
-                "once, not only at the --rdzv-timeout deadline",
-                self.a.rdzv_endpoint,
-            )
-
-    def close(self) -> None:
-        if self.served is not None:
-            self.served.close()
-            self.served = None
-
-
-def _nodes_of(a) -> int:
-    """Nodes of the job from --nnodes (checked by check_run_options)."""
-    return int(str(a.nnodes).split(":")[-1]) if a.nnodes else 1
 
 
 def _print_settings(

@@ -7,7 +7,7 @@ then the built-in default; `sources(...)` says which one each value came from, f
 table and run.json. Every key and value is checked against the `run` parser itself (its dest
 names, types, choices), so the file cannot accept anything the command line would refuse.
 
-What it is not: the options' definitions (proxy/supervision/run_options.py) or their meaning (run.json,
+What it is not: the options' definitions (proxy/commands/run_args.py) or their meaning (run.json,
 shared/run/config.py).
 """
 

@@ -24,7 +24,13 @@ class RunWatch:
     `wandb`: log to the run's W&B run (files under RUN/wandb/)."""
 
     def __init__(
-        self, layout, cfg, max_steps: int, tensorboard: bool = False, wandb: bool = False
+        self,
+        layout,
+        cfg,
+        max_steps: int,
+        tensorboard: bool = False,
+        wandb: bool = False,
+        creation_s: float | None = None,
     ) -> None:
         self.layout, self.cfg, self.max_steps = layout, cfg, max_steps
         self.progress = ProgressLine(max_steps)
@@ -33,7 +39,7 @@ class RunWatch:
         self.wb = WandbLog(layout.root, cfg.to_json()) if wandb else None
         self._last_step = 0
         self._ema: float | None = None
-        self.creation_s: float | None = None  # set by `run` when this start created the run
+        self.creation_s = creation_s  # None: this start resumed the run
 
     def on_incarnation(self, step: int) -> None:
         """A worker is about to start from checkpoint step `step` (0: fresh)."""

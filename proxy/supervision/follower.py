@@ -35,10 +35,11 @@ import sys
 import time
 from pathlib import Path
 
-from proxy.run_files.run_lock import HEARTBEAT_S, owner_alive, read_owner
+from proxy.run_files.run_lock import HEARTBEAT_S, RunLockError, owner_alive, read_owner
 from proxy.supervision import beacon, proc_tree
 from proxy.supervision.beacon import Beacon
 from proxy.supervision.launch import (
+    LaunchOptions,
     die_with_parent,
     kill_ranks,
     local_ranks,
@@ -79,6 +80,8 @@ class Follower:
         nproc_per_node: int,
         stop_timeout: float,
         rdzv_timeout: float,
+        job_beacon: Beacon | None = None,
+        rdzv_id: str | None = None,
     ) -> None:
         self.layout, self.rec, self.owner = layout, record, owner
         self.nnodes, self.nproc = nnodes, nproc_per_node
@@ -93,8 +96,8 @@ class Follower:
         self._stop_sent = False
         self._stop_at = math.inf
         self._started = time.monotonic()
-        self.beacon: Beacon | None = None  # the job beacon this node serves, if any
-        self.rdzv_id: str | None = None
+        self.beacon = job_beacon  # the job beacon this node serves, if any
+        self.rdzv_id = rdzv_id
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -370,10 +373,13 @@ def _owner_job_problem(owner: dict | None, job: dict) -> str | None:
     return None
 
 
-def follow(layout: RunLayout, a, job: dict, err) -> int:
+def follow(
+    layout: RunLayout, launch: LaunchOptions, stop_timeout: float, job: dict, err: RunLockError
+) -> int:
     """`run` on a run directory whose lock another proxy holds, with --nnodes > 1: join it as a
     follower when it is the owner of the same job, else refuse (exit 2) naming the mismatch,
-    before anything is written. Returns the exit code."""
+    before anything is written. stop_timeout: seconds a stopping rank gets before SIGKILL.
+    Returns the exit code."""
     owner = err.owner
     t0, said = time.monotonic(), False
     # The lock's new holder may not have replaced the last owner's record yet (nodes started
@@ -386,7 +392,9 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
             else not owner.get("released")  # a single-node owner's record does not beat
         )
         waited = time.monotonic() - t0
-        if waited > STALE_OWNER_WAIT_S or (alive and (owner.get("job") or waited > 3.0)):
+        if waited > STALE_OWNER_WAIT_S or (
+            owner is not None and alive and (owner.get("job") or waited > 3.0)
+        ):
             break
         if owner is not None and not alive and not said:
             said = True
@@ -400,7 +408,7 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
         time.sleep(0.05)
         owner = read_owner(layout)
     why = _owner_job_problem(owner, job)
-    if why is None and not alive:
+    if owner is not None and why is None and not alive:
         why = (
             f"its lock is held, but its owner record names proxy pid {owner.get('pid')} on "
             f"{owner.get('host')}, which is gone, and no live owner replaced it within "
@@ -414,9 +422,10 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
             why,
         )
         return EXIT_USAGE
+    assert owner is not None  # _owner_job_problem refuses a missing record
     # this node on the endpoint's host answers for the job
     served = beacon.serve(
-        a.rdzv_endpoint,
+        launch.rdzv_endpoint,
         {
             "rdzv_id": job["rdzv_id"],
             "token": owner["job"]["token"],
@@ -425,11 +434,11 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
             "pid": owner["pid"],
         },
     )
-    if a.node_rank is not None:
+    if launch.node_rank is not None:
         log.info(
             "--node-rank %d ignored: the run's owner is node rank 0 and followers take 1..%d "
             "in the order they join (docs/architecture.md#several-nodes)",
-            a.node_rank,
+            launch.node_rank,
             job["nnodes"] - 1,
         )
     try:
@@ -449,9 +458,16 @@ def follow(layout: RunLayout, a, job: dict, err) -> int:
     )
     rec.start_heartbeat()
     f = Follower(
-        layout, rec, owner, job["nnodes"], job["nproc_per_node"], a.stop_timeout, a.rdzv_timeout
+        layout,
+        rec,
+        owner,
+        job["nnodes"],
+        job["nproc_per_node"],
+        stop_timeout,
+        launch.rdzv_timeout,
+        job_beacon=served,
+        rdzv_id=job["rdzv_id"],
     )
-    f.beacon, f.rdzv_id = served, job["rdzv_id"]
     f.install_signal_handlers()
     code = f.run()
     log.info("follower exiting with code %d", code)

@@ -149,7 +149,7 @@ def check_new_run(cfg: RunConfig) -> list[str]:
 def create_run(layout: RunLayout, cfg: RunConfig, notes: Iterable[str] = ()) -> RunConfig:
     """Build (or finish building) the run directory for `cfg`; returns cfg with the tokenizer's
     vocab_size. `notes`, the warnings about settings derived for the run
-    (proxy/supervision/run_options.py `config_from_args`), are logged once `check_new_run`
+    (proxy/commands/run_args.py `config_from_args`), are logged once `check_new_run`
     has passed, with its own warnings, so none comes before a refusal.
 
     Raises ConfigError (bad numbers, infeasible caps/floors, missing, corrupt or tiny arm

@@ -12,7 +12,8 @@ place (docs/pivots.md): the worker stops at the boundary B, the next incarnation
 archives the phase and records the new one, and a new worker starts from step_B.bin; the
 proxy's pid never changes.
 
-What it is not: the options (proxy/supervision/run_options.py), the run's creation (proxy/supervision/run_setup.py).
+What it is not: the options (proxy/supervision/run_options.py, built by
+proxy/commands/run_args.py), the run's creation (proxy/supervision/run_setup.py).
 """
 
 from __future__ import annotations
@@ -100,7 +101,20 @@ class SupervisorError(RuntimeError):
 
 
 class Supervisor:
-    def __init__(self, layout: RunLayout, cfg: RunConfig, opts: ProxyOptions) -> None:
+    """Supervises one run's worker until it ends (docs/architecture.md#processes).
+
+    opts: this start's options. creation_s: seconds this start spent creating the run (None: it
+    resumed one), for the summary. node: the owner's node record of a several-node job (None on
+    one node), which the launches rewrite (docs/architecture.md#several-nodes)."""
+
+    def __init__(
+        self,
+        layout: RunLayout,
+        cfg: RunConfig,
+        opts: ProxyOptions,
+        creation_s: float | None = None,
+        node: NodeRecord | None = None,
+    ) -> None:
         self.layout, self.cfg, self.opts = layout, cfg, opts
         self.max_steps = opts.max_steps or cfg.max_steps
         self.arm_changes: list = []  # data/arms.json's arm-change log, stamped per incarnation
@@ -114,11 +128,13 @@ class Supervisor:
         self._status_t = 0.0
         self.pending_events: list[dict] = []  # attached to the next step record filed
         self._replanned = False  # --replan done (the first incarnation does it)
-        self.watch = RunWatch(layout, cfg, self.max_steps, opts.tensorboard, opts.wandb)
+        self.watch = RunWatch(
+            layout, cfg, self.max_steps, opts.tensorboard, opts.wandb, creation_s=creation_s
+        )
         self.pivot_step: int | None = None  # a pivot at B recorded, its worker's first step due
         self._lock_warned_at = -math.inf  # the last "pivot ... deferred" warning (monotonic s)
         # several nodes (docs/architecture.md#several-nodes): this proxy is the owner
-        self.node: NodeRecord | None = None  # set by the caller for a multi-node job
+        self.node = node
         self.incarnation = 0
         self.my_ranks: list[int] = []  # this node's ranks (pids mean nothing elsewhere)
         self._ranks_t = 0.0

@@ -423,7 +423,7 @@ POLICY_BUDGET = 0.02  # probe (probe_budget 0.015) + audits (AUDIT_BUDGET), by d
 AUDIT_PROMPT_TOKENS = 16  # the audit prompt per arm: the first tokens of its held-out split
 
 
-# settings whose command-line flag is the field's name in kebab case (proxy/supervision/run_options.py)
+# settings whose command-line flag is the field's name in kebab case (proxy/commands/run_args.py)
 _FLAGGED = frozenset(
     {
         "batch_size",
