@@ -149,8 +149,9 @@ def test_kill_9_of_one_rank_restarts_all_ranks_from_the_newest_checkpoint(tmp_pa
         psutil.Process(victim).kill()
         wait_for(lambda: not any(pid_alive(p) for p in old), 60, what="the old ranks to go")
         newest = max(checkpoint_steps(run))
-        wait_for(lambda: len(ranks(run)) == 2 and not set(ranks(run)) & set(old), 240,
-                 what="a new incarnation of both ranks")
+        # the proxy lists the new ranks' pids before rank 0's hello says where it resumed
+        wait_for(lambda: len(ranks(run)) == 2 and not set(ranks(run)) & set(old)
+                 and "resumed_from" in hello(run), 240, what="a new incarnation of both ranks")
         assert hello(run)["resumed_from"] == newest
         wait_for(lambda: last_step(run) >= newest + 3, 120, what="training to resume")
         proc.send_signal(signal.SIGTERM)
