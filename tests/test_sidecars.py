@@ -63,7 +63,8 @@ def test_samples_json_keeps_only_the_last_n_audits_of_the_phase(tmp_path):
 
 
 def test_a_torn_history_tail_and_a_stale_temporary_are_repaired_on_resume_and_said_once(tmp_path):
-    """A torn last record of the history and a stale temporary are repaired at the resume,
+    """A torn last record of the history and stale temporaries (an atomic write's, a half-made
+    pivot archive) are repaired at the resume,
     and the repair warning is logged once (by the history, not again by the supervisor)."""
     run = tmp_path / "run"
     assert run_proxy(run, "--max-steps", "40", *COMMON).returncode == 0
@@ -74,10 +75,15 @@ def test_a_torn_history_tail_and_a_stale_temporary_are_repaired_on_resume_and_sa
     import tempfile
     stale = tempfile.mkstemp(prefix="..status.json.", suffix=".tmp", dir=run)[1]
     os.utime(stale, (1e9, 1e9))
+    # and a kill while a pivot at step 30 (withdrawn since) was being archived
+    half_made = run / "archive" / "pivot-30.tmp"
+    half_made.mkdir(parents=True)
+    (half_made / "..state.json.5qvouemu.tmp").write_text('{"arms"')
     r = run_proxy(run, "--max-steps", "60", *COMMON)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("torn tail at byte") == 1, r.stderr[-3000:]
     assert not os.path.exists(stale) and "removed stale temporary ./" in r.stderr
+    assert not half_made.exists() and "removed stale temporary archive/pivot-30.tmp" in r.stderr
     assert [x["step"] for x in loss_records(run)] == list(range(1, 61))
 
 

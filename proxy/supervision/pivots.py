@@ -202,7 +202,7 @@ def pivot_due(layout: RunLayout, step: int) -> dict | None:
         return req
     b = req.get("step")
     if b is not None:  # a half-made archive of B
-        shutil.rmtree(_tmp_archive(layout, b), ignore_errors=True)
+        shutil.rmtree(layout.pivot_archive_tmp(b), ignore_errors=True)
         shutil.rmtree(layout.pivot_archive(b), ignore_errors=True)
     log.warning(
         "pivot %r was to happen at step %s but the run resumes from step %d: the old "
@@ -216,10 +216,6 @@ def pivot_due(layout: RunLayout, step: int) -> dict | None:
     return None
 
 
-def _tmp_archive(layout: RunLayout, step) -> Path:
-    return layout.archive / f"pivot-{step}.tmp"
-
-
 def archive_sidecars(layout: RunLayout, step: int, bandit: dict, phase: dict) -> Path:
     """Archive the old phase at `step` into archive/pivot-<step>/ via pivot-<step>.tmp/ and one
     rename, so the archive is complete or absent (docs/pivots.md#crash-safety): `.state.json` =
@@ -230,7 +226,7 @@ def archive_sidecars(layout: RunLayout, step: int, bandit: dict, phase: dict) ->
     dest = layout.pivot_archive(step)
     if dest.exists():
         return dest
-    tmp = _tmp_archive(layout, step)
+    tmp = layout.pivot_archive_tmp(step)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     write_state(tmp / layout.state.name, bandit)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,10 +73,16 @@ class ResumePoint:
 def _clean_killed_writes(layout: RunLayout) -> list[tuple[Path, str]]:
     """Remove the temporaries of atomic writes cut by a kill -9: (directory, name) of each. Called
     with the run lock held. data/ and archive/ are written by the lock holder alone, so every one
-    there is dead; so is one of the root's own files (`RunLayout.own_files`) once the request
-    lock is held too (a `pivot` command writes the request under it). Anything else in the root
-    (an export into the run directory, say) is removed only when older than STALE_WRITE_S."""
+    there is dead, a half-made pivot archive `archive/pivot-<B>.tmp/` included (a pivot due now
+    makes it again; one withdrawn or moved to another step never would); so is one of the root's
+    own files (`RunLayout.own_files`) once the request lock is held too (a `pivot` command writes
+    the request under it). Anything else in the root (an export into the run directory, say) is
+    removed only when older than STALE_WRITE_S."""
     out = [(d, n) for d in (layout.data, layout.archive) for n in clean_stale_writes(d, 0.0)]
+    for tmp in sorted(layout.archive.glob(layout.pivot_archive_tmp("*").name)):
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp)
+            out.append((layout.archive, tmp.name))
     try:
         with request_lock(layout, timeout=5.0):
             names = clean_stale_writes(layout.root, STALE_WRITE_S, targets=layout.own_files)

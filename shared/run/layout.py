@@ -214,6 +214,11 @@ class RunLayout:
     def pivot_archive(self, step: int) -> Path:
         return self.archive / f"pivot-{step}"
 
+    def pivot_archive_tmp(self, step: int | str) -> Path:
+        """Where the archive of the pivot at `step` is made before its one rename ("*": the
+        glob of every one)."""
+        return self.archive / f"pivot-{step}.tmp"
+
     def ensure(self) -> None:
         for d in (self.root, self.data, self.archive, self.logs):
             d.mkdir(parents=True, exist_ok=True)
