@@ -1,30 +1,36 @@
 """Atomic small-file I/O for the run directory: write-to-temporary, fsync, rename, fsync dir.
 
 What it is: the one way `shared/`, `proxy/` and `worker/` write sidecar JSONs and other small
-files so that a reader never sees a half-written file, even after a kill or a power cut.
-What it is not: an appender (see `shared/run/loss_history.py`) or a checkpoint writer.
+files so that a reader never sees a half-written file, even after a kill or a power cut, and
+the one reader of small JSON files (`read_json`), with the error policy chosen by the caller.
+What it is not: an appender or the reader of `.loss.json` (`shared/run/loss_history.py`), or a
+checkpoint writer.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import tempfile
 import time
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "fsync_dir",
     "atomic_write_bytes",
     "atomic_write_json",
     "read_json",
+    "JSONFileError",
     "clean_stale_writes",
     "named",
     "storage_failure",
 ]
+
+log = logging.getLogger("shared.atomic_io")
 
 # errno of a write that failed for the storage, not the program: the disk or the quota is full,
 # the file system went read-only or failed, the file hit a size limit
@@ -129,31 +135,81 @@ def atomic_write_json(path, obj: Any, durable: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), durable)
 
 
-def read_json(path, default: Any = None) -> Any:
-    """Parse the JSON file at `path`; `default` when it does not exist.
+Garbage = Literal["raise", "default", "aside"]
 
-    Garbage raises ValueError naming the file and the byte offset of the first bad byte.
+
+class JSONFileError(ValueError):
+    """A small JSON file that cannot be used: not UTF-8, not JSON, or not the value expected.
+    str(): the file, `reason` and what to do; `path`: the file; `reason`: what is wrong, with
+    the byte offset of the first bad byte where there is one."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}; restore it from a backup or move it aside")
+        self.path, self.reason = path, reason
+
+
+def read_json(
+    path,
+    default: Any = None,
+    *,
+    garbage: Garbage = "raise",
+    expect: type | None = None,
+    missing_ok: bool = True,
+) -> Any:
+    """The JSON content of the file at `path`, the project's one reader of small JSON files;
+    `default` when the file does not exist (FileNotFoundError instead with missing_ok=False).
+    A file that is not UTF-8 JSON, cannot be read, or whose top-level value is not an `expect`
+    (dict, list, ...; None: anything) is handled by the caller's `garbage` policy
+    (docs/architecture.md#bad-input-and-faults):
+
+    - "raise": a JSONFileError (a ValueError naming the file and the byte offset of the first
+      bad byte, or what the value is), or the OSError;
+    - "default": return `default` (a reader that must never disturb a live run: `status`);
+    - "aside": move it to `<name>.corrupt-<time>` with a warning naming it and return `default`
+      (a file its owner rebuilds: `.samples.json`, `.state.json`); an OSError returns `default`.
     """
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
             raw = f.read()
+        value = _parse(path, raw)
+        if expect is not None and not isinstance(value, expect):
+            raise JSONFileError(
+                path, f"a JSON {type(value).__name__}, not the {expect.__name__} expected"
+            )
+        return value
     except FileNotFoundError:
+        if missing_ok:
+            return default
+        raise
+    except (ValueError, OSError) as e:
+        if garbage == "raise":
+            raise
+        if garbage == "aside" and isinstance(e, ValueError):
+            aside = f"{path}.corrupt-{int(time.time())}"
+            os.replace(path, aside)
+            log.warning(
+                "%s: unreadable (%s); moved aside to %s and starting it afresh",
+                path,
+                e,
+                os.path.basename(aside),
+            )
         return default
+
+
+def _parse(path: str, raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{path}: not UTF-8 at byte {e.start} ({len(raw)} bytes in file); "
-            f"restore it from a backup or move it aside"
+        raise JSONFileError(
+            path, f"not UTF-8 at byte {e.start} ({len(raw)} bytes in file)"
         ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         offset = len(text[: e.pos].encode("utf-8"))
-        raise ValueError(
-            f"{path}: invalid JSON at byte {offset} of {len(raw)} ({e.msg}); "
-            f"restore it from a backup or move it aside"
+        raise JSONFileError(
+            path, f"invalid JSON at byte {offset} of {len(raw)} ({e.msg})"
         ) from None
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from shared.atomic_io import read_json
+
 # Dense (no sparsity) bf16 peak FLOP/s per device, by a substring of torch.cuda.get_device_name().
 # Order matters: the first match wins (e.g. "H100 PCIe" before "H100").
 CUDA_BF16_PEAK: tuple[tuple[str, float], ...] = (
@@ -122,10 +124,8 @@ class PeakFlops:
             self.value, self.source = cuda_peak_flops(device)
             return
         self._key = _cpu_cache_key()
-        try:
-            hit = json.loads(self._cache.read_text()).get(self._key) if self._cache else None
-        except (OSError, ValueError, AttributeError):
-            hit = None
+        cached = read_json(self._cache, {}, garbage="default", expect=dict) if self._cache else {}
+        hit = cached.get(self._key)
         if isinstance(hit, (int, float)) and hit > 0:
             self.value = float(hit)
             self.source = f"measured earlier on this machine (cached): fp32 1024^3 matmul {hit / 1e9:.1f} GFLOP/s"
@@ -147,10 +147,7 @@ class PeakFlops:
                 return
             try:  # best effort: an unwritable cache only costs the measurement next time
                 self._cache.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    d = json.loads(self._cache.read_text())
-                except (OSError, ValueError):
-                    d = {}
+                d = read_json(self._cache, {}, garbage="default", expect=dict)
                 d[key] = peak
                 tmp = self._cache.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(d))

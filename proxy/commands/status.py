@@ -35,7 +35,8 @@ from proxy.run_files.pivot_request import pending_request
 from proxy.run_files.run_lock import read_owner
 from proxy.run_files.sidecars import read_state
 from proxy.run_files.status_file import read_status
-from proxy.supervision.nodes import node_records, nodes_dir, read_json, record_alive
+from proxy.supervision.nodes import node_records, record_alive
+from shared.atomic_io import read_json
 from shared.checkpoint.directory import list_checkpoints
 from shared.checkpoint.file_format import CheckpointError
 from shared.checkpoint.manifest import manifest_checksums, read_manifest
@@ -59,7 +60,11 @@ def _proxy_alive(owner: dict | None, run_dir) -> bool:
     started before it wrote the file (so not a recycled pid); the owner of a multi-node job on
     another host: its node record's heartbeat is fresh (proxy/supervision/nodes.py)."""
     if owner and owner.get("job") and owner.get("host") != socket.gethostname():
-        rec = read_json(nodes_dir(RunLayout(run_dir)) / f"{owner['host']}-{owner['pid']}.json")
+        rec = read_json(
+            RunLayout(run_dir).node_record(owner["host"], owner["pid"]),
+            garbage="default",
+            expect=dict,
+        )
         return rec is not None and record_alive(rec)
     if not owner or owner.get("host") != socket.gethostname():
         return False

@@ -40,10 +40,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from proxy.run_files.json_file import read_json
 from proxy.run_files.loss_ema import LossEma
 from proxy.run_files.sidecars import read_audits
-from shared.atomic_io import atomic_write_json
+from shared.atomic_io import atomic_write_json, read_json
 from shared.run.layout import RunLayout
 from shared.run.loss_history import iter_records
 

@@ -8,11 +8,9 @@ pivot's state machine (proxy/supervision/pivots.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 
-from proxy.run_files.json_file import read_json
-from shared.atomic_io import atomic_write_json
+from shared.atomic_io import atomic_write_json, read_json
 from shared.run.config import ConfigError
 from shared.run.layout import RunLayout
 
@@ -33,7 +31,8 @@ class Phase:
 def read_phases(layout: RunLayout) -> list[Phase]:
     """All phases, oldest first. Raises ConfigError naming the file when unreadable."""
     try:
-        return [Phase(**p) for p in json.loads(layout.phases.read_text())["phases"]]
+        d = read_json(layout.phases, expect=dict, missing_ok=False)
+        return [Phase(**p) for p in d["phases"]]
     except FileNotFoundError:
         raise ConfigError(
             f"{layout.phases}: missing; recreate it as "
@@ -41,7 +40,7 @@ def read_phases(layout: RunLayout) -> list[Phase]:
         ) from None
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(
-            f"{layout.phases}: unreadable ({e}); restore it from a backup, or "
+            f"{layout.phases}: unreadable ({getattr(e, 'reason', e)}); restore it from a backup, or "
             "rewrite it: one entry per phase (index, label, start_step, caps, "
             "floors), as each record of .loss.json names its phase "
             "(docs/pivots.md)"
@@ -57,7 +56,7 @@ def copy_phases(src: RunLayout, dst: RunLayout, step: int) -> None:
     the first), each entry as the source stores it, fields this version does not know included
     (an audit fork, proxy/commands/fork.py). Raises OSError or ValueError when the source's file
     is missing or not JSON."""
-    d = json.loads(src.phases.read_text())
+    d = read_json(src.phases, expect=dict, missing_ok=False)
     d["phases"] = [p for p in d["phases"] if p["start_step"] <= step] or d["phases"][:1]
     atomic_write_json(dst.phases, d)
 
@@ -65,6 +64,6 @@ def copy_phases(src: RunLayout, dst: RunLayout, step: int) -> None:
 def phase_entries(layout: RunLayout) -> list[dict]:
     """The raw entries of `phases.json`, oldest first; [] when it is missing or unreadable (for
     readers that must not fail on it: `status`, `plot`)."""
-    d = read_json(layout.phases, {})
+    d = read_json(layout.phases, {}, garbage="default")
     phases = d.get("phases") if isinstance(d, dict) else None
     return [p for p in phases if isinstance(p, dict)] if isinstance(phases, list) else []

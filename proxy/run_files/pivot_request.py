@@ -16,8 +16,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from proxy.run_files.json_file import read_json
-from shared.atomic_io import atomic_write_json, fsync_dir
+from shared.atomic_io import atomic_write_json, fsync_dir, read_json
 from shared.run.layout import RunLayout
 
 ARCHIVED_REQUEST = "pivot.request.json"  # the finished request, inside archive/pivot-B/
@@ -57,7 +56,7 @@ def request_path(layout: RunLayout) -> Path:
 
 def read_request(layout: RunLayout) -> dict | None:
     """The request, or None when there is none (or it is being replaced: atomic writes)."""
-    d = read_json(request_path(layout), None)
+    d = read_json(request_path(layout), None, garbage="default")
     return d if isinstance(d, dict) else None
 
 
@@ -81,7 +80,7 @@ def pending_request(layout: RunLayout) -> dict | None:
 def read_archived_request(layout: RunLayout, step: int) -> dict | None:
     """The finished request of the pivot at `step`, moved into archive/pivot-<step>/ once the
     new phase was in force; None when it is not there (yet)."""
-    d = read_json(layout.pivot_archive(step) / ARCHIVED_REQUEST, None)
+    d = read_json(layout.pivot_archive(step) / ARCHIVED_REQUEST, None, garbage="default")
     return d if isinstance(d, dict) else None
 
 

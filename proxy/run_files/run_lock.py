@@ -30,8 +30,7 @@ from collections.abc import Callable
 from filelock import FileLock, Timeout
 
 from proxy.fault_injection import flock_shared
-from proxy.run_files.json_file import read_json
-from shared.atomic_io import atomic_write_json
+from shared.atomic_io import atomic_write_json, read_json
 from shared.processes import alive
 from shared.run.layout import RunLayout
 
@@ -217,7 +216,7 @@ def lock_is_free(layout: RunLayout) -> bool:
 def read_owner(layout: RunLayout) -> dict | None:
     """`.proxy.owner.json` (host, pid, started_at, command; a multi-node owner's also job and
     heartbeat, and released once it exits), or None when it is missing or unreadable."""
-    d = read_json(layout.proxy_owner, None)
+    d = read_json(layout.proxy_owner, None, garbage="default")
     return d if isinstance(d, dict) else None
 
 

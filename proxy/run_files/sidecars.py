@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.run_files.json_file import Garbage, read_json
-from shared.atomic_io import atomic_write_json
+from shared.atomic_io import Garbage, atomic_write_json, read_json
 
 
 class SamplesLog:

@@ -8,9 +8,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from proxy.run_files.json_file import read_json
 from proxy.run_files.loss_ema import LossEma
-from shared.atomic_io import atomic_write_json
+from shared.atomic_io import atomic_write_json, read_json
 from shared.run.layout import RunLayout
 
 
@@ -63,5 +62,5 @@ def write_status(
 def read_status(layout: RunLayout) -> dict:
     """The last `.status.json` the proxy wrote, or {} when there is none or it is unreadable
     (a reader that never disturbs the live run)."""
-    d = read_json(layout.status, {})
+    d = read_json(layout.status, {}, garbage="default")
     return d if isinstance(d, dict) else {}

@@ -54,11 +54,10 @@ from proxy.supervision.nodes import (
     NodeSetupError,
     assign_node_rank,
     node_records,
-    nodes_dir,
     read_job,
-    read_json,
     record_alive,
 )
+from shared.atomic_io import read_json
 from shared.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from shared.run.layout import RunLayout
 
@@ -120,7 +119,11 @@ class Follower:
         """The owner's node record is alive (its pid on this host, its heartbeat elsewhere);
         before it has one, its owner file's pid on this host, or the benefit of the doubt for
         NODE_STALE_S seconds."""
-        rec = read_json(nodes_dir(self.layout) / f"{self.owner['host']}-{self.owner['pid']}.json")
+        rec = read_json(
+            self.layout.node_record(self.owner["host"], self.owner["pid"]),
+            garbage="default",
+            expect=dict,
+        )
         if rec is not None:
             return record_alive(rec)
         return time.monotonic() - self._started < NODE_STALE_S
@@ -128,7 +131,11 @@ class Follower:
     def _owner_left_cleanly(self) -> bool:
         """The owner's node record says it left with exit code 0 (a stop while the nodes
         gathered, or between incarnations: proxy/supervision/nodes.py `NodeRecord.leave`)."""
-        rec = read_json(nodes_dir(self.layout) / f"{self.owner['host']}-{self.owner['pid']}.json")
+        rec = read_json(
+            self.layout.node_record(self.owner["host"], self.owner["pid"]),
+            garbage="default",
+            expect=dict,
+        )
         return bool(rec and rec.get("left") and rec.get("exit_code") == 0)
 
     def _owner_ended_clean(self) -> bool:

@@ -30,7 +30,6 @@ follower's loop (proxy/supervision/follower.py); the launch argv is built in pro
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -41,7 +40,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from shared.atomic_io import atomic_write_json
+from shared.atomic_io import atomic_write_json, read_json
 from shared.processes import alive
 from shared.run.layout import RunLayout
 
@@ -65,17 +64,9 @@ def job_path(layout: RunLayout) -> Path:
     return layout.nodes_job
 
 
-def read_json(path: Path) -> dict | None:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return d if isinstance(d, dict) else None
-
-
 def read_job(layout: RunLayout) -> dict | None:
     """The owner's job.json, or None before the owner wrote it."""
-    return read_json(job_path(layout))
+    return read_json(job_path(layout), garbage="default", expect=dict)
 
 
 def write_job(layout: RunLayout, job: dict) -> None:
@@ -102,7 +93,7 @@ def node_records(layout: RunLayout) -> list[dict]:
     for p in sorted(d.glob("*.json")):
         if p.name == layout.nodes_job.name:
             continue
-        rec = read_json(p)
+        rec = read_json(p, garbage="default", expect=dict)
         if rec is not None:
             rec["file"] = p.name
             out.append(rec)

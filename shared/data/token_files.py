@@ -28,7 +28,6 @@ still matches and redoes only the rest (docs/data.md#crash-safe-creation).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.atomic_io import atomic_write_json
+from shared.atomic_io import atomic_write_json, read_json
 from shared.data.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
 from shared.data.redundancy import REPETITIVE_RATIO, compression_ratio
 from shared.data.tokenization import (
@@ -172,7 +171,7 @@ def _key(arm: ArmSpec, sfp: str, layout: RunLayout, cfg: RunConfig) -> dict:
 
 def _completed(arm: ArmSpec, key: dict, layout: RunLayout) -> ArmData | None:
     try:
-        d = json.loads(done_marker(layout, arm.name).read_text())
+        d = read_json(done_marker(layout, arm.name), expect=dict, missing_ok=False)
         if d.get("key") != key:
             return None
         a = ArmData(**d["arm"])
@@ -386,7 +385,7 @@ def read_arm_index(layout: RunLayout, include_retired: bool = False) -> dict[str
 
 def _read_index(layout: RunLayout) -> tuple[dict, dict[str, ArmData]]:
     try:
-        d = json.loads(layout.arms_index.read_text())
+        d = read_json(layout.arms_index, expect=dict, missing_ok=False)
         return d, {a["name"]: ArmData(**a) for a in d["arms"]}
     except FileNotFoundError:
         raise ArmSourceError(
@@ -395,6 +394,6 @@ def _read_index(layout: RunLayout) -> tuple[dict, dict[str, ArmData]]:
         ) from None
     except (ValueError, KeyError, TypeError) as e:
         raise ArmSourceError(
-            f"{layout.arms_index}: unreadable ({e}); restore it from a backup: "
+            f"{layout.arms_index}: unreadable ({getattr(e, 'reason', e)}); restore it from a backup: "
             "it maps the run's arms to their token files in data/ (docs/data.md)"
         ) from e

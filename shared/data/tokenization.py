@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.atomic_io import atomic_write_json, fsync_dir
+from shared.atomic_io import atomic_write_json, fsync_dir, read_json
 from shared.data.arms import ArmSourceError, token_files
 from shared.data.sources import SEPARATOR, BadRecords, open_arm
 from shared.data.tokenizer import RunTokenizer
@@ -138,7 +137,7 @@ def _resume_point(tmp: Path, key: dict | None) -> dict | None:
     if key is None:
         return None
     try:
-        rec = json.loads(progress_path(tmp).read_text())
+        rec = read_json(progress_path(tmp), expect=dict, missing_ok=False)
         if rec.get("key") != key or tmp.stat().st_size < int(rec["bytes"]):
             return None
         for f in ("pieces", "done", "bytes", "tokens", "chars"):

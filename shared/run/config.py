@@ -11,7 +11,6 @@ What it is not: the model itself (`worker/model.py`) or the CLI (`proxy/cli.py`)
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 import types
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.atomic_io import read_json
 from shared.checkpoint.file_format import INT32_MAX, expected_size
 from shared.run.layout import missing_run_json
 
@@ -513,12 +513,12 @@ def policy_cost(cfg: RunConfig, n_arms: int | None = None) -> float:
 def load_run_config(path: Path) -> RunConfig:
     """Read `run.json`. Raises ConfigError naming the file when it is missing or unreadable."""
     try:
-        return RunConfig.from_json(json.loads(Path(path).read_text()))
+        return RunConfig.from_json(read_json(path, expect=dict, missing_ok=False))
     except FileNotFoundError:
         raise ConfigError(missing_run_json(Path(path).parent)) from None
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(
-            f"{path}: unreadable run config ({e}); fix that, restore it from a backup "
+            f"{path}: unreadable run config ({getattr(e, 'reason', e)}); fix that, restore it from a backup "
             "or start a new run directory"
         ) from e
 

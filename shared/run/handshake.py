@@ -24,7 +24,7 @@ from typing import Callable
 
 from filelock import FileLock, Timeout
 
-from shared.atomic_io import atomic_write_json, named
+from shared.atomic_io import atomic_write_json, named, read_json
 from shared.json_safe import jsonable
 from shared.run.layout import RunLayout
 
@@ -71,9 +71,9 @@ def read_handshake(layout: RunLayout) -> dict:
     """The current handshake, or an empty one if missing or unreadable (never raises on garbage:
     both sides rewrite their sections)."""
     try:
-        d = json.loads(layout.handshake.read_text())
-        return d if isinstance(d, dict) and d.get("protocol") == PROTOCOL else _empty()
-    except (FileNotFoundError, ValueError):
+        d = read_json(layout.handshake, expect=dict)
+        return d if d is not None and d.get("protocol") == PROTOCOL else _empty()
+    except ValueError:
         return _empty()
 
 

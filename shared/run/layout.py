@@ -14,17 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.atomic_io import read_json
 from shared.processes import alive
 
 
 def creating_proxy(root) -> int | None:
     """The pid of the live proxy on this host that owns `root` (its `.proxy.owner.json`), else
     None. Read-only: it never takes the run lock, so it cannot get in a starting proxy's way."""
-    import json
     import socket
 
     try:
-        owner = json.loads((Path(root) / ".proxy.owner.json").read_text())
+        owner = read_json(RunLayout(root).proxy_owner, expect=dict, missing_ok=False)
         pid = int(owner["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
