@@ -35,6 +35,7 @@ from shared.checkpoint.read import load_weights
 from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fails a rule
 from shared.exit_codes import EXIT_USAGE  # bad arguments: no config for export, output in the way
 from shared.run.config import RunConfig, parameter_table
+from shared.run.layout import RunLayout
 
 
 def add_export_args(p) -> None:
@@ -209,9 +210,9 @@ def _export_hf(a, path: Path, cfg: RunConfig, where: str, out: Path) -> int:
     if got is None:
         return EXIT_INVALID
     step, w = got
-    run_dir = Path(where).parent  # the folder whose run.json described the checkpoint
+    run = RunLayout(Path(where).parent)  # the folder whose run.json described the checkpoint
     try:
-        names = write_hf_dir(out, cfg, run_dir / "tokenizer.json", step, w, path.name, a.force)
+        names = write_hf_dir(out, cfg, run.tokenizer, step, w, path.name, a.force)
     except (HFExportError, OSError) as e:
         print(f"export: {e}")
         return EXIT_USAGE

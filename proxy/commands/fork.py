@@ -108,8 +108,7 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     except ArmSourceError as e:
         raise ForkError(f"--from {src_dir}: {e}") from None
     dst.ensure()
-    for name in ("tokenizer.json",):
-        shutil.copy2(src.root / name, dst.root / name)
+    shutil.copy2(src.tokenizer, dst.tokenizer)
     for f in sorted(src.data.iterdir()):
         if f.is_file() and f.name != src.arms_index.name:
             _link_or_copy(f, dst.data / f.name)
