@@ -186,6 +186,18 @@ def test_resume_with_a_different_max_steps_warns_loudly_and_records_it_in_the_hi
     assert {x["lr"] for x in recs[60:]} == {recs[59]["lr"]}
 
 
+def test_the_max_steps_warning_after_a_replan_names_the_plan_in_force(reference, tmp_path):
+    b = clone(reference, tmp_path / "run")
+    r = run(b, *[a if a != "60" else "70" for a in EXACT], "--replan")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run(b, *[a if a != "60" else "75" for a in EXACT])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "--max-steps 75 differs from the 70 planned" in r.stderr
+    assert "decay to step 70, flat after" in r.stderr, r.stderr[-3000:]
+    ev = [e for x in loss_records(b) for e in x.get("events", ()) if e["event"] == "max-steps-changed"]
+    assert [(e["planned_max_steps"], e["lr_decay_steps"]) for e in ev] == [(70, 70)]
+
+
 def test_sigterm_to_the_worker_process_group_stops_like_one_to_the_proxy_and_resumes_bit_exact(
         template, reference, tmp_path):
     """Schedulers signal the job's processes, not the proxy: same result (exit 0, a sigterm

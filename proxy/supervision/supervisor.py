@@ -418,14 +418,14 @@ class Supervisor:
                 self.max_steps,
                 self.cfg.max_steps,
                 self.cfg.warmup_steps,
-                self.cfg.lr_decay_steps,
+                self.cfg.decay_end,
             )
             self.pending_events.append(
                 {
                     "event": "max-steps-changed",
                     "max_steps": self.max_steps,
                     "planned_max_steps": self.cfg.max_steps,
-                    "lr_decay_steps": self.cfg.lr_decay_steps,
+                    "lr_decay_steps": self.cfg.decay_end,
                     "warmup_steps": self.cfg.warmup_steps,
                     "time": time.time(),
                 }

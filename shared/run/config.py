@@ -204,6 +204,12 @@ class RunConfig:
         return count_parameters(self.model, self.vocab_size)
 
     @property
+    def decay_end(self) -> int:
+        """The step the plan in force reaches the floor rate at: the newest re-plan's end, else
+        `lr_decay_steps` (docs/configuration.md#the-schedule)."""
+        return int(self.replans[-1]["lr_decay_steps"]) if self.replans else self.lr_decay_steps
+
+    @property
     def checkpoint_bytes(self) -> int:
         return expected_size(self.n_params)
 
