@@ -85,6 +85,26 @@ def test_a_good_audit_releases_the_hold_but_never_a_pin_made_before(tmp_path):
     assert read_manifest(tmp_path)[30].pinned, "the watch released a pin it did not make"
 
 
+def test_a_checkpoint_filed_after_the_first_bad_audit_is_pinned_by_the_alarm(tmp_path):
+    # the writer is asynchronous: step 30's entry lands after the audit of step 40 was judged
+    (tmp_path / checkpoint_name(30)).write_bytes(b"x" * 68)
+    w = CollapseWatch(RunLayout(tmp_path))
+    assert w.on_audit(_audit(40, BAD)) is None and w.held is None
+    _checkpoint(tmp_path, 30)
+    assert w.on_audit(_audit(50, BAD))["pinned_checkpoint"] == checkpoint_name(30)
+    assert read_manifest(tmp_path)[30].pinned
+
+
+def test_a_manifest_that_cannot_be_written_costs_the_hold_not_the_run(tmp_path, caplog):
+    _checkpoint(tmp_path, 10)
+    (tmp_path / ".checkpoints.json.lock").unlink(missing_ok=True)
+    (tmp_path / ".checkpoints.json.lock").mkdir()  # the lock cannot be opened: an OSError
+    w = CollapseWatch(RunLayout(tmp_path))
+    assert w.on_audit(_audit(20, BAD)) is None
+    alarm = w.on_audit(_audit(30, BAD))
+    assert alarm["pinned_checkpoint"] is None and "could not pin" in caplog.text
+
+
 @pytest.mark.slow
 def test_two_degenerate_audits_pin_the_checkpoint_before_them_alarm_the_history_and_stop(tmp_path):
     src = tmp_path / "src"

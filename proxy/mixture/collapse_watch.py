@@ -11,7 +11,8 @@ a good audit releases the hold. Two bad audits in a row raise the alarm: the hel
 stays pinned, an alarm is written into the log and into the history (the next `.loss.json`
 record carries it under "alarm"), and with `--stop-on-collapse` the run stops (the worker
 checkpoints with reason "alarm"). A checkpoint pinned before the watch held it is never
-released by the watch; one held when the proxy is killed stays pinned (kept, never lost).
+released by the watch; one held when the proxy is killed stays pinned (kept, never lost). The
+supervisor keeps one watch for all its incarnations, so a worker's restart keeps the hold.
 
 Pieces are words and punctuation marks (regex `\\w+|[^\\w\\s]`), so "region region region" has
 distinct-1 = 1/3 and a top share of 1.0, while ordinary prose scores near distinct-2 = 0.9.
@@ -116,7 +117,10 @@ class CollapseWatch:
         step = int(audit["step"])
         if not verdict["bad"]:
             if self.release is not None:
-                set_pinned(self.layout.root, self.release, pinned=False)
+                try:
+                    set_pinned(self.layout.root, self.release, pinned=False)
+                except OSError as e:  # a full disk, a lock not had in 30 s: kept, not lost
+                    log.warning("could not release the hold on step %d: %s", self.release, e)
             self.bad_in_a_row, self.first_bad_step, self.held, self.release = 0, None, None, None
             return None
         self.bad_in_a_row += 1
@@ -134,7 +138,8 @@ class CollapseWatch:
                 else "no checkpoint before it to hold",
             )
             return None
-        pinned = self.held
+        # the writer is asynchronous: a checkpoint before the first audit may be filed only now
+        pinned = self.held or self.pin_before(self.first_bad_step)[0]
         alarm = {
             "kind": "collapse",
             "audit_steps": [self.first_bad_step, step],
@@ -171,15 +176,21 @@ class CollapseWatch:
         """Pin the newest checkpoint with a step < `step` that is on disk and in the manifest,
         under the manifest's lock (retention cannot retire it meanwhile). Returns its file name
         (None when there is none) and its step when this call pinned it (None when it was
-        pinned already, so the watch never releases an operator's or a fork's pin)."""
-        with editing_manifest(self.layout.root) as entries:
-            on_disk = {s for s, _ in list_checkpoints(self.layout.root)}
-            cands = sorted(s for s in entries if s < step and s in on_disk)
-            if not cands:
-                return None, None
-            e = entries[cands[-1]]
-            was, e.pinned = e.pinned, True
-            return e.file, None if was else e.step
+        pinned already, so the watch never releases an operator's or a fork's pin). A manifest
+        that cannot be written or locked is logged and pins nothing: the watch is advice, and
+        never stops the run on its own account."""
+        try:
+            with editing_manifest(self.layout.root) as entries:
+                on_disk = {s for s, _ in list_checkpoints(self.layout.root)}
+                cands = sorted(s for s in entries if s < step and s in on_disk)
+                if not cands:
+                    return None, None
+                entry = entries[cands[-1]]
+                was, entry.pinned = entry.pinned, True
+                return entry.file, None if was else entry.step
+        except OSError as e:  # a full disk, a lock not had in 30 s: the run goes on
+            log.warning("could not pin the checkpoint before step %d: %s", step, e)
+            return None, None
 
     def annotate(self, record: dict) -> None:
         """Put a pending alarm into a `.loss.json` record about to be appended ("alarm")."""

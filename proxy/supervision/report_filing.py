@@ -60,17 +60,16 @@ class ReportFiler:
         stats: LiveStats,
         max_steps: int,
         print_every: int,
-        stop_on_collapse: bool,
+        collapse: CollapseWatch,
         pending_events: list[dict],
         watch: RunWatch,
     ) -> None:
         self.layout, self.cfg, self.history = layout, cfg, history
         self.mix, self.samples, self.stats = mix, samples, stats
         self.max_steps, self.print_every = max_steps, print_every
-        self.stop_on_collapse = stop_on_collapse
         self.pending_events = pending_events
         self.watch = watch  # progress line, TensorBoard, summary
-        self.collapse = CollapseWatch(layout, stop_on_collapse)
+        self.collapse = collapse  # the supervisor's: a hold outlives an incarnation
         self.snapshots: dict[int, dict] = {}  # step -> controller snapshot, until durable
         self._status_t = 0.0
         self._printed_at: float | None = None  # monotonic time of the last progress line
@@ -166,7 +165,7 @@ class ReportFiler:
     def _audit(self, r: dict) -> None:
         alarm = self.collapse.on_audit(r)
         self.samples.add(r)
-        if alarm and self.stop_on_collapse:
+        if alarm and self.collapse.stop_on_collapse:
             at = max(r["step"], self.history.last_step or 0) + 1
             update_handshake(
                 self.layout, lambda d: d["control"].update(stop_at_step=at, reason="alarm")

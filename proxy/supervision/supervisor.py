@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.fault_injection import pivot_fault
+from proxy.mixture.collapse_watch import CollapseWatch
 from proxy.mixture.controller import MixtureController
 from proxy.observation.run_watch import RunWatch
 from proxy.run_files.loss_ema import LossEma
@@ -132,6 +133,7 @@ class Supervisor:
             layout, cfg, self.max_steps, opts.tensorboard, opts.wandb, creation_s=creation_s
         )
         self.pivot_step: int | None = None  # a pivot at B recorded, its worker's first step due
+        self.collapse = CollapseWatch(layout, opts.stop_on_collapse)  # across incarnations
         self._lock_warned_at = -math.inf  # the last "pivot ... deferred" warning (monotonic s)
         # several nodes (docs/architecture.md#several-nodes): this proxy is the owner
         self.node = node
@@ -570,7 +572,7 @@ class Supervisor:
             self.stats,
             self.max_steps,
             self.opts.print_every,
-            self.opts.stop_on_collapse,
+            self.collapse,
             self.pending_events,
             self.watch,
         )
