@@ -64,3 +64,11 @@ def test_status_tensorboard_and_the_plot_say_why_the_mixture_moved(tmp_path):
     p = subprocess.run([sys.executable, "-m", "proxy", "plot", "--run-dir", str(run), "--out", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and out.stat().st_size > 0 and not p.stderr.strip(), p.stderr
+
+    # a pivot resets the bandit: a gate open at the run's end closes at the pivot's step
+    assert gates[-1][1] is True, "the gate is open at step 300"
+    pv = subprocess.run([sys.executable, "-m", "proxy", "pivot", "--run-dir", str(run), "--keep-bounds",
+                         "--label", "polish", "--max-steps", "400"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert pv.returncode == 0, pv.stdout + pv.stderr
+    assert gate_changes(layout, cfg) == gates + [(300, False)]

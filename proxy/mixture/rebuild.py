@@ -124,8 +124,9 @@ def replay_run(
 def gate_changes(layout: RunLayout, cfg: RunConfig) -> list[tuple[int, bool]]:
     """The steps where the default policy's gate opened (True) or closed (False), phase by
     phase, from a replay of `.loss.json` (docs/bandit.md#reading-the-policy); a phase starts
-    closed. Empty for the other rewards. Streams the history once per phase. Raises
-    BanditConfigError (bounds) and OSError (unreadable history)."""
+    closed, so a gate open at a pivot closes at the pivot's step. Empty for the other rewards.
+    Streams the history once per phase. Raises BanditConfigError (bounds) and OSError
+    (unreadable history)."""
     if cfg.reward != "train_slope":
         return []
     phases = read_phases(layout)
@@ -133,6 +134,8 @@ def gate_changes(layout: RunLayout, cfg: RunConfig) -> list[tuple[int, bool]]:
     for i, ph in enumerate(phases):
         end = phases[i + 1].start_step if i + 1 < len(phases) else 2**62
         changes: list[tuple[int, bool]] = []
+        if out and out[-1][1]:  # open at the pivot: the new phase's bandit starts closed
+            out.append((ph.start_step, False))
 
         def seen(step: int, mix: MixtureController, changes: list = changes) -> None:
             if (mix.bandit.lam > 0) != (changes[-1][1] if changes else False):
