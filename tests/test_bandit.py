@@ -1115,3 +1115,23 @@ def test_the_policy_explains_what_it_waits_for_and_why_it_moved():
     assert (e["arms"]["a"]["slope"], e["arms"]["a"]["slope_se"]) == pytest.approx(b.slopes()["a"])
     assert "explain" not in json.dumps(b.to_dict()) and "why" not in b.to_dict()
     json.dumps(e)  # JSON-ready
+
+
+def test_an_exp3_reward_explains_its_weights_and_status_shows_them():
+    """docs/bandit.md#reading-the-policy for the EXP3 rewards: per arm the log-weight, the
+    reward EMA and the posted share, and `status` prints them as a table."""
+    from proxy.commands.status import _policy_lines
+
+    arms = ["a", "b", "noise"]
+    b = Bandit(arms, {n: 0.1 for n in arms}, {}, BanditConfig(reward="train_loss", warmup_steps=20),
+               period_steps=10)
+    for r in trend_records(200, {"a": 0.3, "b": 0.3, "noise": 0.0}, sigma=0.02):
+        b.observe(r)
+    e = json.loads(json.dumps(b.explain()))
+    assert e["why"].startswith("EXP3 on train_loss") and b.updates > 0
+    assert {a: x["log_weight"] for a, x in e["arms"].items()} == pytest.approx(b.logw)
+    assert {a: x["reward_ema"] for a, x in e["arms"].items()} == pytest.approx(b.ema_reward)
+    assert {a: x["posted"] for a, x in e["arms"].items()} == pytest.approx(b.probabilities())
+    lines = _policy_lines({"policy": e})
+    assert lines[0].startswith("policy      train_loss at step 200: EXP3") and "log-weight" in lines[1]
+    assert len(lines) == 2 + len(arms) and all(f"{b.logw[a]:.4f}" in lines[2 + i] for i, a in enumerate(arms))

@@ -520,8 +520,9 @@ def _arm_lines(d: dict) -> list[str]:
 
 
 def _policy_lines(d: dict) -> list[str]:
-    """The default policy's evidence: what it waits for or why it moved, then per arm the
-    fitted slope and its standard error, fitted periods, epochs, target and posted share."""
+    """The policy's evidence: for the default, what it waits for or why it moved, then per arm
+    the fitted slope and its standard error, fitted periods, epochs, target and posted share;
+    for an EXP3 reward, per arm the log-weight, the reward EMA and the posted share."""
     pol = d.get("policy")
     if not pol or "why" not in pol:
         return []
@@ -531,14 +532,22 @@ def _policy_lines(d: dict) -> list[str]:
         return format(x, fmt) if ok else "-"
 
     at = f"step {pol.get('step')}"
-    lines = [
-        f"policy      {pol.get('reward')} at {at}: {pol['why']}",
+    lines = [f"policy      {pol.get('reward')} at {at}: {pol['why']}"]
+    arms = {n: a for n, a in pol["arms"].items() if isinstance(a, dict)}
+    if pol.get("reward") != "train_slope":  # EXP3: the log-weights and the rewards behind them
+        lines.append(f"            {'arm':<20} {'log-weight':>10} {'reward ema':>10} {'posted':>7}")
+        for n, a in arms.items():
+            lines.append(
+                f"            {n:<20} {num(a.get('log_weight'), '.4f'):>10} "
+                f"{num(a.get('reward_ema'), '.4f'):>10} {num(a.get('posted'), '.3f'):>7}"
+                + (f"  held at {a['held']:.3f} (repetition)" if a.get("held") else "")
+            )
+        return lines
+    lines.append(
         f"            {'arm':<20} {'slope':>8} {'se':>8} {'periods':>7} {'epochs':>7} "
-        f"{'target':>7} {'posted':>7}",
-    ]
-    for n, a in pol["arms"].items():
-        if not isinstance(a, dict):
-            continue
+        f"{'target':>7} {'posted':>7}"
+    )
+    for n, a in arms.items():
         lines.append(
             f"            {n:<20} {num(a.get('slope'), '.4f'):>8} {num(a.get('slope_se'), '.4f'):>8} "
             f"{num(a.get('periods'), 'd'):>7} {num(a.get('epochs'), '.2f'):>7} "

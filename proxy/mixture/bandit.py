@@ -478,7 +478,9 @@ class Bandit:
         """Why the posted mixture is what it is (docs/bandit.md#reading-the-policy), a JSON-ready
         view for `status`, TensorBoard and the plot; never part of `.state.json`.
 
-        Keys: "step", "phase" (index), "reward"; per arm under "arms" {"posted" (p), "stratified"}, and for
+        Keys: "step", "phase" (index), "reward"; per arm under "arms" {"posted" (p), "stratified"};
+        for the EXP3 rewards also per arm "log_weight", "reward_ema" (bias-corrected, scaled) and
+        "held" (the repetition hold's share, or None), and "why"; for
         train_slope also "slope" and "slope_se" (nats of loss per e-fold of steps, None before
         3 fitted periods), "periods" (fitted policy periods), "epochs" (lifetime pulls over one
         epoch's windows, None when unknown), "repeated_at" (step, or None), "target" (pi, None
@@ -494,6 +496,14 @@ class Bandit:
         arms: dict[str, dict] = {a: {"posted": p[a], "stratified": s[a]} for a in self.arms}
         out["arms"] = arms
         if self.config.reward != "train_slope":
+            ema = self.ema_reward
+            for a in self.arms:
+                arms[a].update(log_weight=self.logw[a], reward_ema=ema[a], held=self.held.get(a))
+            out["why"] = (
+                f"EXP3 on {self.config.reward}: posted = the softmax of the arms' log-weights "
+                f"({self.updates} updates this phase) projected into the box"
+                + (f"; held for repetition: {', '.join(sorted(self.held))}" if self.held else "")
+            )
             return out
         cfg, slopes = self.config, self.slopes()
         for a in self.arms:
