@@ -39,6 +39,19 @@ def pivot(run_dir, *args, timeout=300):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def reported_step(run_dir) -> int:
+    """The newest step the worker reported in `.reports.jsonl` (0 before any)."""
+    steps = [0]
+    for line in (run_dir / ".reports.jsonl").read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if r.get("type") == "step":
+            steps.append(r["step"])
+    return max(steps)
+
+
 def phases(run_dir):
     return json.loads((run_dir / "phases.json").read_text())["phases"]
 
@@ -547,13 +560,25 @@ def test_a_pivot_with_decay_starts_a_wsd_runs_final_decay_at_its_step_live_and_s
 
 
 def test_a_stopped_run_pivot_right_after_a_kill_9_waits_for_the_orphaned_worker(tmp_path):
-    """kill -9 of the proxy leaves its worker writing its last checkpoint (slowed to 3 s); a
-    `pivot` at once finds the run lock free and takes the stopped path: it waits for that
-    worker and pivots at its checkpoint, so no step after B is trained in the old phase."""
+    """kill -9 of the proxy leaves its worker writing its last checkpoint (slowed to 3 s) and
+    reporting steps no proxy filed (the proxy is stopped first, so there are some); a `pivot` at
+    once finds the run lock free and takes the stopped path: it waits for that worker, files its
+    reports and pivots at its checkpoint with the old phase's bandit there, so no step after B
+    is trained in the old phase."""
     run = tmp_path / "run"
     proc = start(run, "--max-steps", "400", *COMMON, env={"ANDREA_TEST_WRITE_DELAY": "3"})
     with cleaned_up(proc, run):
         wait_for(lambda: last_step(run) >= 15, 300, what="training to pass step 15")
+        for _ in range(50):  # stopped where the worker waits for its next policy: let it go on
+            os.kill(proc.pid, signal.SIGSTOP)
+            filed = last_step(run)
+            try:
+                wait_for(lambda f=filed: reported_step(run) > f, 5, what="an unfiled step")
+                break
+            except AssertionError:
+                os.kill(proc.pid, signal.SIGCONT)
+                wait_for(lambda f=filed: last_step(run) > f, 60, what="the proxy to file a step")
+        assert reported_step(run) > last_step(run), "the worker reported no step the proxy missed"
         proc.kill()
         proc.wait(60)
         r = pivot(run, "--keep-bounds", "--label", "polish")

@@ -35,6 +35,7 @@ from proxy.run_files.run_lock import RunLock, lock_is_free, owner_pid, read_owne
 from proxy.run_files.status_file import read_status
 from proxy.supervision.launch import wait_for_earlier_workers
 from proxy.supervision.pivots import next_boundary, take_back_pivot_stop
+from proxy.supervision.report_salvage import salvage_step_reports
 from proxy.supervision.resume_planning import ResumeError, plan_resume
 from proxy.supervision.run_options import ProxyOptions
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
@@ -417,6 +418,9 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
             )
         history = LossHistory(layout.loss)
         try:
+            # the steps that worker reported after its proxy died belong to the old phase: file
+            # them first, as a resuming `run` does, so the archived bandit is the one at B
+            salvage_step_reports(layout, history, read_phases(layout))
             last = history.last_step or 0
             planned = a.max_steps or cfg.max_steps
             if last >= planned:
