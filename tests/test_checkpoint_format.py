@@ -273,13 +273,12 @@ def test_load_into_arrays_that_do_not_fit_is_refused_before_reading(tmp_path, ba
         cread.load_checkpoint(path, 64, out=bad(64))
 
 
-def test_load_into_arrays_names_the_offset_where_a_shrinking_file_ended(tmp_path, monkeypatch):
-    w, m, v = _arrays(100)
-    path, _, _ = cw.write_checkpoint(tmp_path, 4, w, m, v, fsync=False)
-    out = tuple(np.zeros(100, np.float32) for _ in range(3))
+def _shrink_at(monkeypatch, end):
+    """Every file `cread` opens reads as if it ended at byte `end`: what a reader sees of a file
+    that shrinks after its size was checked."""
     real_open = cread._open_regular
 
-    class Shrunk:  # the file as a reader sees it when it shrinks after the size check
+    class Shrunk:
         def __init__(self, f):
             self.f = f
 
@@ -293,11 +292,16 @@ def test_load_into_arrays_names_the_offset_where_a_shrinking_file_ended(tmp_path
             self.f.close()
 
         def readinto(self, view):
-            if self.f.tell() >= 8 + 4 * 100 + 4 * 50:  # half of m is all there is
-                return 0
-            return self.f.readinto(view[: 8 + 4 * 150 - self.f.tell()])
+            return self.f.readinto(view[: max(0, end - self.f.tell())])
 
     monkeypatch.setattr(cread, "_open_regular", lambda *a, **k: Shrunk(real_open(*a, **k)))
+
+
+def test_load_into_arrays_names_the_offset_where_a_shrinking_file_ended(tmp_path, monkeypatch):
+    w, m, v = _arrays(100)
+    path, _, _ = cw.write_checkpoint(tmp_path, 4, w, m, v, fsync=False)
+    out = tuple(np.zeros(100, np.float32) for _ in range(3))
+    _shrink_at(monkeypatch, 8 + 4 * 150)  # half of m is all there is
     with pytest.raises(CheckpointError, match=f"ended after {8 + 4 * 150:,} of"):
         cread.load_checkpoint(path, 100, out=out)
 
@@ -629,26 +633,7 @@ def test_finite_values_and_a_zero_v_pass_rule_8(tmp_path, monkeypatch):
 
 def test_a_file_shrinking_while_its_values_are_read_names_where(tmp_path, monkeypatch):
     path, _, _ = cw.write_checkpoint(tmp_path, 3, *_three())
-    real_open = cread._open_regular
-
-    class Shrunk:  # the file as a reader sees it when it shrinks after the size check
-        def __init__(self, f):
-            self.f = f
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-        def readinto(self, view):
-            end = cf.HEADER_BYTES + 4 * 150  # weights and half of m
-            return self.f.readinto(view[: max(0, end - self.f.tell())])
-
-    monkeypatch.setattr(cread, "_open_regular", lambda *a, **k: Shrunk(real_open(*a, **k)))
+    _shrink_at(monkeypatch, cf.HEADER_BYTES + 4 * 150)  # weights and half of m
     for read in (lambda: cread.validate_checkpoint(path, 100, values=True),
                  lambda: cread.load_weights(path, 100)):
         with pytest.raises(CheckpointError) as e:

@@ -102,21 +102,9 @@ def _python_code(limit: int) -> str:
     return _take((f.read_text(encoding="utf-8", errors="replace") for f in stdlib_files()), limit)
 
 
-def _python_docs(limit: int) -> str:
-    try:
-        from pydoc_data.topics import topics
-    except ImportError as e:
-        raise ArmSourceError(
-            "arm python-docs: this Python has no pydoc_data (reference docs); "
-            "remove the arm or install a full Python"
-        ) from e
-    return _take((topics[k] for k in sorted(topics)), limit)
-
-
-def embedded_files(arm: ArmSpec) -> list[Path]:
-    """The files an embedded default arm is built from (for its "of total" size)."""
-    if arm.kind in ("python-docstrings", "python-code"):
-        return stdlib_files()
+def _pydoc_topics():
+    """The standard library's `pydoc_data.topics` module; ArmSourceError when this Python lacks
+    it."""
     try:
         import pydoc_data.topics as t
     except ImportError as e:
@@ -124,7 +112,19 @@ def embedded_files(arm: ArmSpec) -> list[Path]:
             "arm python-docs: this Python has no pydoc_data (reference docs); "
             "remove the arm or install a full Python"
         ) from e
-    return [Path(t.__file__)]
+    return t
+
+
+def _python_docs(limit: int) -> str:
+    topics = _pydoc_topics().topics
+    return _take((topics[k] for k in sorted(topics)), limit)
+
+
+def embedded_files(arm: ArmSpec) -> list[Path]:
+    """The files an embedded default arm is built from (for its "of total" size)."""
+    if arm.kind in ("python-docstrings", "python-code"):
+        return stdlib_files()
+    return [Path(_pydoc_topics().__file__)]
 
 
 def stat_digest(files: list[Path], extra: str = "") -> str:
