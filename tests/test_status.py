@@ -312,3 +312,24 @@ def test_sidecars_of_the_wrong_shape_never_crash_the_policy_view(tmp_path):
         (run / ".state.json").write_text(_json.dumps(state))
         (run / ".status.json").write_text(_json.dumps(status))
         format_status(collect_status(run))
+
+
+def test_a_garbage_run_json_or_phases_json_gets_one_line_naming_it_never_a_traceback(tmp_path):
+    run = tmp_path / "run"
+    assert run_proxy(run, "--max-steps", "20", "--checkpoint-every", "10").returncode == 0
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def status():
+        return subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=60)
+
+    good = (run / "phases.json").read_bytes()
+    (run / "phases.json").write_text("{")
+    r = status()
+    assert r.returncode == 0 and f"{run / 'phases.json'}: unreadable" in r.stderr, r.stderr
+    (run / "phases.json").write_bytes(good)
+    (run / "run.json").write_text("{garbage")
+    r = status()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().startswith("status: ") and "run.json: unreadable run config" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

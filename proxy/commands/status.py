@@ -41,6 +41,7 @@ from shared.checkpoint.directory import list_checkpoints
 from shared.checkpoint.file_format import CheckpointError
 from shared.checkpoint.manifest import manifest_checksums, read_manifest
 from shared.checkpoint.read import validate_checkpoint
+from shared.exit_codes import EXIT_USAGE
 from shared.processes import alive, process_state
 from shared.run.config import ConfigError, accumulation_steps, load_run_config
 from shared.run.handshake import read_handshake
@@ -240,7 +241,12 @@ def _policy(layout: RunLayout, st: dict) -> dict | None:
 
 def _phase_and_pivot(layout: RunLayout) -> dict:
     """The current phase (phases.json's newest entry) and the pivot request waiting, if any."""
-    ph = (phase_entries(layout) or [{}])[-1]
+    entries = phase_entries(layout)
+    if not entries and layout.phases.exists():  # never silent: `run` refuses such a file
+        print(
+            f"status: warning: {layout.phases}: unreadable; the phase is not shown", file=sys.stderr
+        )
+    ph = (entries or [{}])[-1]
     req = pending_request(layout)
     return {
         "phase": {k: ph.get(k) for k in ("index", "label", "start_step", "caps", "floors")},
@@ -572,7 +578,11 @@ def cmd_status(a) -> int:
             return 0
         print(problem[1], file=sys.stderr)
         return problem[0]
-    d = collect_status(layout.root)
+    try:
+        d = collect_status(layout.root)
+    except ConfigError as e:  # run.json unreadable: one line naming it, as `run` says it
+        print(f"status: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if getattr(a, "json", False):
         print(json.dumps(d, indent=1, sort_keys=True))
     else:
