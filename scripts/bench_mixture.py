@@ -70,6 +70,7 @@ from torch.nn import functional as F  # noqa: E402
 
 from proxy.mixture.bandit import BanditConfig, project_to_box  # noqa: E402
 from proxy.mixture.controller import MixtureController  # noqa: E402
+from proxy.mixture.loss_trend import t_cdf, t_quantile  # noqa: E402
 from proxy.mixture.rebuild import epoch_windows  # noqa: E402
 from proxy.run_files.phases import Phase  # noqa: E402
 from proxy.supervision.run_setup import create_run  # noqa: E402
@@ -565,33 +566,6 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
 SET_ROLE = {"A": "alike", "B": "alike", "C": "alike", "trap": "trap", "D": "candidate", "F": "candidate"}
 MATERIAL_GAIN = 0.005  # an oracle gain below this (nats) does not make a "mixing matters" set
 NI_MARGIN = 0.001   # non-inferiority margin, nats of mean held-out loss (docs/bandit.md#targets)
-
-
-def t_cdf(t: float, df: int) -> float:
-    """Student's t CDF (df >= 1) by Simpson's rule on the density; |error| < 1e-7 for |t| < 50."""
-    if not math.isfinite(t):
-        return 0.0 if t < 0 else 1.0
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-
-    def f(x):
-        return c * (1 + x * x / df) ** (-(df + 1) / 2)
-    x, n = abs(t), 2000
-    h = x / n
-    area = f(0) + f(x) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n))
-    half = area * h / 3
-    return 0.5 + half if t >= 0 else 0.5 - half
-
-
-def t_quantile(q: float, df: int) -> float:
-    """Inverse of t_cdf by bisection (0 < q < 1)."""
-    lo, hi = -100.0, 100.0
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        if t_cdf(mid, df) < q:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 def paired_stats(xs, ys) -> dict:

@@ -978,8 +978,9 @@ def test_default_policy_moves_when_the_ratio_rule_would_and_further(rule):
     arms = ["a", "b", "noise"]
     box = {n: 0.1 for n in arms}, {n: 0.6 for n in arms}
     recs = trend_records(300, {"a": 0.2, "b": 0.2, "noise": 0.0}, sigma=0.3, seed=3)
-    new, old = (Bandit(arms, *box, BanditConfig(warmup_steps=50, lambda_rule=r), period_steps=10)
-                for r in (rule, "ratio"))
+    # the rules alone: the noisy noise arm's slope (0 +- 0.03) is not yet surely unlearnable
+    new, old = (Bandit(arms, *box, BanditConfig(warmup_steps=50, lambda_rule=r, learnable_ratio=0),
+                       period_steps=10) for r in (rule, "ratio"))
     assert BanditConfig().lambda_rule == "gate"
     gap = []
     for r in recs:
@@ -1022,6 +1023,50 @@ def test_default_policy_stays_at_stratified_when_the_gain_is_below_the_margin_ov
         for r in trend_records(600, {"a": 0.22, "b": 0.20, "c": 0.18}, sigma=0.3, seed=seed):
             b.observe(r)
             assert b.lam == 0 and b.probabilities() == pytest.approx({n: 1 / 3 for n in arms}), (seed, r["step"])
+
+
+def test_default_policy_never_moves_share_between_learnable_arms_over_a_long_run():
+    """docs/bandit.md#learnable-arms-keep-their-share: slopes 0.5 / 0.3 / 0.2 (every arm within
+    a quarter of the fastest) over 3,000 steps: the default never leaves stratified, however sure
+    the fits become; the unprotected target (learnable_ratio 0) moves on the same records."""
+    arms = ["a", "b", "c"]
+    box = {n: 0.1 for n in arms}, {n: 0.6 for n in arms}
+    moved_unprotected = 0
+    for seed in range(3):
+        b, old = (Bandit(arms, *box, BanditConfig(warmup_steps=50, learnable_ratio=r), period_steps=10)
+                  for r in (0.25, 0.0))
+        assert b.config.learnable_ratio == BanditConfig().learnable_ratio == 0.25
+        for r in trend_records(3000, {"a": 0.5, "b": 0.3, "c": 0.2}, sigma=0.3, seed=seed):
+            b.observe(r)
+            old.observe(r)
+            assert b.lam == 0 and b.probabilities() == pytest.approx({n: 1 / 3 for n in arms}), (seed, r["step"])
+        assert b.target == pytest.approx(b.stratified(), abs=1e-12) and b.gain == 0
+        moved_unprotected += old.lam > 0 and old.probabilities()["c"] < 0.3
+    assert moved_unprotected == 3
+
+
+def test_conservative_mixture_keeps_learnable_arms_at_their_stratified_share():
+    """An arm is learnable when b + z se >= learnable_ratio * max b; its floor in the target is its
+    stratified share, so only the others (here c, slope 0) give share, to the learnable arms."""
+    from proxy.mixture.loss_trend import ArmFit, conservative_mixture
+    fits = {}
+    for name, slope in (("a", 0.3), ("b", 0.1), ("c", 0.0)):
+        f = ArmFit()
+        for i, x in enumerate([4.0, 4.2, 4.4, 4.6, 4.8, 5.0]):
+            f.add(x, 3.0 - slope * x + (0.01 if i % 2 else -0.01))
+        fits[name] = f
+    s = {n: 1 / 3 for n in "abc"}
+    box = {n: 0.1 for n in "abc"}, {n: 0.6 for n in "abc"}
+    mv = conservative_mixture(list("abc"), fits, *box, s, set(), 2.0, 4, rule="gate", learnable_ratio=0.25)
+    assert mv.target["a"] > s["a"] and mv.target["b"] == pytest.approx(s["b"], abs=1e-12)
+    assert mv.target["c"] == pytest.approx(0.1) and mv.lam == 1.0
+    free = conservative_mixture(list("abc"), fits, *box, s, set(), 2.0, 4, rule="gate")
+    assert free.target["b"] < s["b"]          # unprotected, the slower learnable arm pays
+    # every arm learnable (ratio above every b's share of the top): the target is stratified
+    alike = conservative_mixture(list("ab"), fits, {"a": 0.1, "b": 0.1}, {"a": 0.9, "b": 0.9},
+                                 {"a": 0.5, "b": 0.5}, set(), 2.0, 4,
+                                 rule="gate", learnable_ratio=0.25)
+    assert alike.target == {"a": 0.5, "b": 0.5} and alike.lam == 0 and alike.gain == 0
 
 
 def test_conservative_mixture_matches_its_equations():

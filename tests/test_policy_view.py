@@ -1,6 +1,7 @@
-"""The default policy explains itself (docs/bandit.md#reading-the-policy): `status` and its
-`--json`, TensorBoard's arms/ and policy/ tags and the plot's gate marks, on a real run whose
-mixture moves (two learnable arms and base64 noise)."""
+"""The default policy in a real run whose mixture moves (two learnable arms and base64 noise):
+it reads no probe, leaves stratified only for the noise arm's share and replays exactly
+(docs/bandit.md#the-default-policy), and explains itself (docs/bandit.md#reading-the-policy):
+`status` and its `--json`, TensorBoard's arms/ and policy/ tags and the plot's gate marks."""
 import base64
 import json
 import os
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from proc_helpers import ROOT, run_proxy
+from proc_helpers import ROOT, loss_records, run_proxy
 from proxy.mixture.rebuild import gate_changes, replay_run
 from shared.run.config import load_run_config
 from shared.run.layout import RunLayout
@@ -27,12 +28,19 @@ def _arms(d):
     return [f"--arm={n}=text:{d / n}.txt" for n in ("noise", "docs", "code")]
 
 
-def test_status_tensorboard_and_the_plot_say_why_the_mixture_moved(tmp_path):
+def test_the_default_moves_only_the_noise_arms_share_replays_and_says_why(tmp_path):
     pytest.importorskip("tensorboard")
     run = tmp_path / "run"
-    r = run_proxy(run, "--max-steps", "300", "--probe-every", "10", "--bandit-warmup", "20", "--batch-size", "16",
+    r = run_proxy(run, "--max-steps", "300", "--probe-every", "10", "--bandit-warmup", "100", "--batch-size", "16",
                   "--tensorboard", *_arms(tmp_path), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    recs = loss_records(run)
+    assert not any(x.get("probe") for x in recs)
+    first = next(x["step"] for x in recs if x["p"] != recs[0]["p"])
+    assert first > 100 + 10 * 4 and all(x["p"] == recs[0]["p"] for x in recs[:first - 1])
+    assert recs[-1]["p"]["noise"] < recs[0]["p"]["noise"]
+    assert all(x["p"][a] >= recs[0]["p"][a] - 1e-12 for x in recs for a in ("docs", "code"))
+    state = json.loads((run / ".state.json").read_text())
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     st = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run), "--json"],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -40,6 +48,7 @@ def test_status_tensorboard_and_the_plot_say_why_the_mixture_moved(tmp_path):
     layout = RunLayout(run)
     cfg = load_run_config(layout.run_json)
     bandit = replay_run(layout, cfg, 300).bandit
+    assert bandit.to_dict() == state and state["config"]["reward"] == "train_slope"
     assert pol["step"] == 300 and pol == json.loads(json.dumps(bandit.explain()))
     assert pol["open"] and pol["bound"] > 0 and pol["why"].startswith("moved")
     noise, docs = pol["arms"]["noise"], pol["arms"]["docs"]
@@ -50,7 +59,7 @@ def test_status_tensorboard_and_the_plot_say_why_the_mixture_moved(tmp_path):
     assert "policy      train_slope at step 300: moved" in text and "periods" in text, text
 
     gates = gate_changes(layout, cfg)
-    assert gates and gates[0][1] is True and 20 < gates[0][0] < 300
+    assert gates and gates[0][1] is True and 100 < gates[0][0] < 300
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(run / "tensorboard"))

@@ -85,28 +85,3 @@ def test_a_torn_history_tail_and_a_stale_temporary_are_repaired_on_resume_and_sa
     assert not os.path.exists(stale) and "removed stale temporary ./" in r.stderr
     assert not half_made.exists() and "removed stale temporary archive/pivot-30.tmp" in r.stderr
     assert [x["step"] for x in loss_records(run)] == list(range(1, 61))
-
-
-def test_the_default_policy_moves_off_stratified_on_a_noise_arm_and_replays_exactly(tmp_path):
-    """The default (train_slope, docs/bandit.md#the-default-policy) in a real run: no probe in
-    any record, stratified until its lower confidence bound is positive, then the arm of encoded
-    random bytes (nothing to learn) loses share; .state.json equals the replay of the history."""
-    import base64
-    import random
-    src = tmp_path / "noise.txt"
-    raw = random.Random(5).randbytes(200_000)
-    text = base64.b64encode(raw).decode()
-    src.write_text("".join(text[i:i + 76] + "\n" for i in range(0, len(text), 76)))
-    run = tmp_path / "run"
-    r = run_proxy(run, "--max-steps", "120", "--checkpoint-every", "60", "--probe-every", "5",
-                  "--bandit-warmup", "20", "--batch-size", "16", "--default-arms",
-                  "--arm", f"noise=text:{src}")
-    assert r.returncode == 0, r.stderr[-2000:]
-    recs = loss_records(run)
-    assert not any(x.get("probe") for x in recs)
-    state = json.loads((run / ".state.json").read_text())
-    assert state["config"]["reward"] == "train_slope" and state["trend"]["lambda"] > 0, state["trend"]
-    first = next(x["step"] for x in recs if x["p"] != recs[0]["p"])
-    assert first > 20 + 5 * 4 and all(x["p"] == recs[0]["p"] for x in recs[:first - 1])
-    assert recs[-1]["p"]["noise"] < recs[0]["p"]["noise"]
-    assert replayed_state(run, 120) == state

@@ -35,7 +35,7 @@ from proxy.mixture.arm_bounds import check_arm_names as _check_arm_names
 from proxy.mixture.arm_bounds import check_bounds as _check_bounds
 from proxy.mixture.arm_bounds import is_real as _real
 from proxy.mixture.box_projection import project_to_box
-from proxy.mixture.loss_trend import ArmFit, conservative_mixture
+from proxy.mixture.loss_trend import ArmFit, conservative_mixture, learnable_arms
 from proxy.mixture.reward_scaler import SCALER_CAPACITY, QuantileScaler
 from shared.data.redundancy import REPETITIVE_RATIO
 from shared.run.config import PROBE_REWARDS, REWARDS  # the reward names; those that read the probe
@@ -90,6 +90,9 @@ class BanditConfig:
     # docs/bandit.md#the-easy-arm-guard); 0 = off (default)
     confidence_z: float = 3.0  # train_slope: z of the lower confidence bound on the gain
     # that sets lambda
+    learnable_ratio: float = 0.25  # train_slope: an arm whose slope (+ z se) is at least this
+    # fraction of the largest is never lowered below its stratified share; 0 = off
+    # (docs/bandit.md#learnable-arms-keep-their-share)
     min_periods: int = 4  # train_slope: policy periods of an arm's fit before it
     # counts as evidence
     lambda_rule: str = "gate"  # train_slope: "gate" (the target itself once its lower confidence
@@ -133,6 +136,9 @@ class BanditConfig:
         if not _real(self.confidence_z) or self.confidence_z < 0:
             raise bad("confidence_z", self.confidence_z, "must be a finite number >= 0 (default 3)")
         self.confidence_z = float(self.confidence_z)
+        if not _real(self.learnable_ratio) or not 0 <= self.learnable_ratio <= 1:
+            raise bad("learnable_ratio", self.learnable_ratio, "must be in [0, 1] (default 0.25)")
+        self.learnable_ratio = float(self.learnable_ratio)
         if (
             not isinstance(self.min_periods, int)
             or isinstance(self.min_periods, bool)
@@ -462,6 +468,7 @@ class Bandit:
             self.config.confidence_z,
             self.config.min_periods,
             rule=self.config.lambda_rule,
+            learnable_ratio=self.config.learnable_ratio,
         )
         self.target, self.lam, self.gain, self.gain_se = mv.target, mv.lam, mv.gain, mv.gain_se
 
@@ -484,7 +491,8 @@ class Bandit:
         train_slope also "slope" and "slope_se" (nats of loss per e-fold of steps, None before
         3 fitted periods), "periods" (fitted policy periods), "epochs" (lifetime pulls over one
         epoch's windows, None when unknown), "repeated_at" (step, or None), "target" (pi, None
-        before any fit). train_slope also: "z", "min_periods", "period_steps", "rule", "gain",
+        before any fit), "learnable" (kept at its stratified share or more; None before
+        min_periods fitted periods). train_slope also: "z", "min_periods", "period_steps", "rule", "gain",
         "gain_se" and "bound" = gain - z gain_se (nats), "lambda", "open" (lambda > 0), and
         "why", one sentence saying what the policy waits for or why it moved."""
         p, s = self.probabilities(), self.stratified()
@@ -506,6 +514,9 @@ class Bandit:
             )
             return out
         cfg, slopes = self.config, self.slopes()
+        evidence = {a: v for a, v in slopes.items() if self.fits[a].n >= cfg.min_periods}
+        periods = {a: self.fits[a].n for a in evidence}
+        keep = learnable_arms(evidence, periods, cfg.confidence_z, cfg.learnable_ratio)
         for a in self.arms:
             e = self.epoch_size.get(a, 0.0)
             b, se = slopes.get(a, (None, None))
@@ -516,6 +527,7 @@ class Bandit:
                 epochs=self.pulls_lifetime[a] / e if e > 0 else None,
                 repeated_at=self.repeated.get(a),
                 target=None if self.target is None else self.target[a],
+                learnable=(a in keep) if a in evidence else None,
             )
         bound = self.gain - cfg.confidence_z * self.gain_se
         out.update(
@@ -543,6 +555,11 @@ class Bandit:
             why = (
                 f"waiting for evidence: {most} of {cfg.min_periods} fitted periods "
                 f"({self.period_steps} steps each) on at least two arms; stratified until then"
+            )
+        elif keep and keep == set(evidence):
+            why = (
+                f"stratified: every arm learns at least {cfg.learnable_ratio:g} times as fast as "
+                f"the fastest (its slope's upper bound at z = {cfg.confidence_z:g}), so none gives share"
             )
         else:
             why = (

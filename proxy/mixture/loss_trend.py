@@ -21,7 +21,9 @@ et al. 2025 "Adaptive Data Optimization").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from statistics import NormalDist
 from typing import Mapping
 
 from proxy.mixture.box_projection import project_to_box
@@ -97,6 +99,7 @@ def conservative_mixture(
     min_periods: int,
     min_share: float = MIN_SHARE,
     rule: str = "ratio",
+    learnable_ratio: float = 0.0,
 ) -> Move:
     """The default policy's move (docs/bandit.md#the-default-policy).
 
@@ -139,7 +142,10 @@ def conservative_mixture(
     if len(free) < 2 or not mass > 0 or not total > 0:
         return none
     cap = {a: (min(caps[a], stratified[a]) if a in repeated else caps[a]) for a in free}
-    low = {a: max(floors[a], min_share * stratified[a]) for a in free}
+    keep = learnable_arms(none.slopes, {a: fits[a].n for a in free}, z, learnable_ratio)
+    low = {
+        a: stratified[a] if a in keep else max(floors[a], min_share * stratified[a]) for a in free
+    }
     sub = project_to_box(
         {a: plus[a] / total for a in free},
         {a: min(1.0, low[a] / mass) for a in free},
@@ -147,20 +153,86 @@ def conservative_mixture(
     )
     for a in free:
         target[a] = mass * sub[a]
+    # a share the projection left at s_i (up to its rounding) has moved nowhere
     logs = {a: math.log(target[a] / stratified[a]) for a in free}
+    logs = {a: 0.0 if abs(v) < 1e-12 else v for a, v in logs.items()}
     gain = math.fsum(est[a][0] * logs[a] for a in free) / k
     se = math.sqrt(math.fsum(logs[a] * logs[a] * est[a][1] for a in free)) / k
-    if rule == "gate":
-        lam = 1.0 if gain - z * se > 0 else 0.0
-    elif rule == "max_bound":
-        lam = _max_bound_lam(free, est, stratified, target, k, z) if gain - z * se > 0 else 0.0
-    elif not gain > 0:
+    if not gain - z * se > 0:
         lam = 0.0
+    elif rule == "gate":
+        lam = 1.0
+    elif rule == "max_bound":
+        lam = _max_bound_lam(free, est, stratified, target, k, z)
     elif se == 0:
         lam = 1.0
     else:
         lam = max(0.0, 1.0 - z * se / gain)
     return Move(target, lam, gain, se, none.slopes)
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with `df` >= 1 degrees of freedom: the exact finite series of
+    Abramowitz & Stegun 26.7.3-4 (df terms / 2; for df > 200 the normal CDF's Cornish-Fisher
+    correction, A&S 26.7.5, is exact to 1e-6 at the quantiles used here)."""
+    th = math.atan(t / math.sqrt(df))
+    c2, term = math.cos(th) ** 2, 1.0
+    if df % 2 == 0:
+        total = 1.0
+        for k in range(2, df - 1, 2):
+            term *= c2 * (k - 1) / k
+            total += term
+        two_sided = math.sin(abs(th)) * total
+    else:
+        term = total = math.cos(th)
+        for k in range(3, df - 1, 2):
+            term *= c2 * (k - 1) / k
+            total += term
+        two_sided = 2 / math.pi * (abs(th) + (math.sin(abs(th)) * total if df > 1 else 0.0))
+    return 0.5 + math.copysign(two_sided / 2, t)
+
+
+@functools.lru_cache(maxsize=4096)
+def t_quantile(q: float, df: int) -> float:
+    """The q-quantile (0.5 <= q < 1) of Student's t with `df` >= 1 degrees of freedom: bisection
+    on `t_cdf` to 1e-9; above 200 df the Cornish-Fisher expansion of the normal quantile
+    (Abramowitz & Stegun 26.7.5), which differs from it by under 1e-5 there."""
+    z = NormalDist().inv_cdf(q)
+    if df > 200:
+        return (
+            z
+            + (z**3 + z) / (4 * df)
+            + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+        )
+    lo, hi = z, 1e6
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def learnable_arms(
+    slopes: Mapping[str, tuple[float, float]],
+    periods: Mapping[str, int],
+    z: float,
+    learnable_ratio: float,
+) -> set[str]:
+    """The arms of `slopes` {arm: (b, se_b)} that learn: the upper confidence bound of b reaches
+    learnable_ratio times the largest max(b, 0), b + t se_b >= learnable_ratio * max b, with t
+    Student's quantile at the normal's one-sided level of `z` and `periods[arm]` - 2 degrees of
+    freedom (the fit's residual variance; docs/bandit.md#learnable-arms-keep-their-share). An arm
+    with fewer than 3 points is learnable. Empty when learnable_ratio is 0 (none kept)."""
+    if not learnable_ratio > 0 or not slopes:
+        return set()
+    q = NormalDist().cdf(z)
+    top = max(max(0.0, b) for b, _ in slopes.values())
+    return {
+        a
+        for a, (b, se) in slopes.items()
+        if periods[a] < 3
+        or max(0.0, b) + t_quantile(q, periods[a] - 2) * se >= learnable_ratio * top
+    }
 
 
 LAM_STEPS = 100  # the max_bound rule searches lam on this many equal steps of [0, 1]
