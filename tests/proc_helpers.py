@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from shared.checkpoint.manifest import editing_manifest
 from shared.processes import alive, process_state
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,6 +204,13 @@ def manifest(run_dir: Path) -> list[tuple[int, str, bool]]:
     except FileNotFoundError:
         return []
     return [(e["step"], e["reason"], e["pinned"]) for e in d["checkpoints"]]
+
+
+def drop_manifest_entries(run_dir: Path, steps) -> None:
+    """Drop the manifest entries of `steps` (a .bin without an entry still loads)."""
+    with editing_manifest(run_dir) as entries:
+        for step in set(steps) & entries.keys():
+            del entries[step]
 
 
 def hello_pid(run_dir: Path, timeout: float = 120) -> int:

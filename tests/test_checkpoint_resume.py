@@ -15,6 +15,7 @@ import pytest
 from proc_helpers import (
     ROOT,
     checkpoint_steps,
+    drop_manifest_entries,
     last_step,
     loss_records,
     proxy_cmd,
@@ -225,7 +226,7 @@ def _held_resume_changes_the_file(run, tmp_path, change, drop_entry=False):
     assert r.returncode == 0, r.stderr
     assert checkpoint_steps(run) == [10, 20]
     if drop_entry:
-        cm.remove_entries(run, [20])
+        drop_manifest_entries(run, [20])
     proc = start(run, *common[2:], "--max-steps", "30", env={"ANDREA_TEST_HOLD_RESUME": "1"})
     try:
         held = run / ".test-resume-held"
@@ -283,7 +284,7 @@ def test_a_checkpoint_without_a_manifest_entry_holding_nan_is_not_resumed_from(t
     data = bytearray(p.read_bytes())
     data[8 + 4 * 7 : 8 + 4 * 8] = struct.pack("<f", float("nan"))
     p.write_bytes(bytes(data))
-    cm.remove_entries(run, [20])
+    drop_manifest_entries(run, [20])
     r = run_proxy(run, "--max-steps", "30", *common[2:])
     assert r.returncode == 0, r.stderr
     assert "rejected step_000020.bin (rule: values): step_000020.bin: weights[7] = nan" in r.stderr

@@ -14,6 +14,7 @@ from proc_helpers import (
     clone,
     compare_keys,
     create_template,
+    drop_manifest_entries,
     hello_pid,
     kill_run,
     last_step,
@@ -29,7 +30,6 @@ from proc_helpers import (
     wait_report,
 )
 from shared.checkpoint.file_format import checkpoint_name
-from shared.checkpoint.manifest import remove_entries
 from shared.checkpoint.read import load_checkpoint, read_header
 
 pytestmark = pytest.mark.slow  # every test here starts real proxy/worker processes
@@ -146,7 +146,7 @@ def test_resume_with_m_and_v_zeroed_is_detectably_different_and_untouched_is_ide
     ref_final = (reference / checkpoint_name(FINAL)).read_bytes()
     for zero in (False, True):
         b = clone(reference, tmp_path / f"run-{zero}")
-        remove_entries(b, [s for s in checkpoint_steps(b) if s > 40])
+        drop_manifest_entries(b, [s for s in checkpoint_steps(b) if s > 40])
         for s in checkpoint_steps(b):
             if s > 40:
                 (b / checkpoint_name(s)).unlink()
@@ -156,7 +156,7 @@ def test_resume_with_m_and_v_zeroed_is_detectably_different_and_untouched_is_ide
             data = bytearray(path.read_bytes())
             data[8 + 4 * n:] = bytes(8 * n)           # m and v regions
             path.write_bytes(bytes(data))
-            remove_entries(b, [40])                   # a .bin without an entry still loads
+            drop_manifest_entries(b, [40])                   # a .bin without an entry still loads
             _, w, m, v = load_checkpoint(path, n)
             assert not m.any() and not v.any()
         r = run(b, *EXACT)

@@ -182,17 +182,6 @@ def record_checkpoint(directory: os.PathLike | str, entry: ManifestEntry) -> Non
         entries[entry.step] = entry
 
 
-def remove_entries(directory: os.PathLike | str, steps) -> None:
-    """Drop the entries for ``steps`` (iterable of int) from the manifest, atomically.
-
-    Steps without an entry are ignored; nothing is written when nothing changes.
-    Raises OSError if the manifest cannot be written.
-    """
-    with editing_manifest(directory) as entries:
-        for step in {int(s) for s in steps} & entries.keys():
-            del entries[step]
-
-
 def manifest_checksums(entries: dict[int, ManifestEntry]) -> dict[int, str]:
     """{step: "crc32:%08x"} from read_manifest's result, for find_latest_valid (docs/checkpoint-format.md#validity)."""
     return {step: entry.checksum for step, entry in entries.items()}

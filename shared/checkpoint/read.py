@@ -13,6 +13,7 @@ policy (``shared/checkpoint/directory.py``: listing, the newest valid file, quar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -192,14 +193,33 @@ def _normalise_checksum(checksum: str, path: pathlib.Path) -> str:
     return want
 
 
-def _checksum_mismatch(path: pathlib.Path, got: str, want: str) -> CheckpointError:
-    return CheckpointError(
-        f"{path.name}: checksum {got}, the manifest records {want}: the file changed after "
-        f"it was written (bit rot, partial copy, another writer); the file is kept, resume "
-        f"from an older checkpoint",
-        path=path,
-        rule="checksum",
-    )
+def _check_crc(path: pathlib.Path, crc: int, want: str | None) -> str:
+    """The file's "crc32:%08x" from its running crc32; CheckpointError (rule "checksum") when it
+    is not `want` (None: nothing to compare with)."""
+    got = format_crc(crc)
+    if want is not None and got != want:
+        raise CheckpointError(
+            f"{path.name}: checksum {got}, the manifest records {want}: the file changed after "
+            f"it was written (bit rot, partial copy, another writer); the file is kept, resume "
+            f"from an older checkpoint",
+            path=path,
+            rule="checksum",
+        )
+    return got
+
+
+@contextlib.contextmanager
+def _opened(path: os.PathLike | str, n_params: int | None, checksum: str | None):
+    """The open file, its CheckpointInfo (rules 1-6) and the normalised `checksum` (or None),
+    for the loaders' shared preamble; an OSError inside becomes CheckpointError (rule "io")."""
+    path = pathlib.Path(path)
+    n_params = check_n_params(n_params)
+    want = _normalise_checksum(checksum, path) if checksum is not None else None
+    try:
+        with _open_regular(path) as f:
+            yield f, _check_structure(f, path, n_params), want
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
 
 
 def validate_checkpoint(
@@ -224,27 +244,14 @@ def validate_checkpoint(
     mismatch ("checksum"); a non-finite value or a negative v ("values"); unreadable file
     ("io"). Never modifies or deletes the file.
     """
-    path = pathlib.Path(path)
-    n_params = check_n_params(n_params)
-    want = _normalise_checksum(checksum, path) if checksum is not None else None
-    try:
-        with _open_regular(path) as f:
-            info = _check_structure(f, path, n_params)
-            if want is not None or values:
-                regions = ("weights", "m", "v")
-                got = format_crc(
-                    _stream_regions(f, path, info, regions, _header_crc(info), want is None)
-                )
-                if want is not None and got != want:
-                    raise _checksum_mismatch(path, got, want)
-                if want is None:
-                    info = dataclasses.replace(info, checksum=got)
-    except OSError as exc:
-        raise _open_error(path, exc) from exc
+    with _opened(path, n_params, checksum) as (f, info, want):
+        if want is not None or values:
+            regions = ("weights", "m", "v")
+            crc = _stream_regions(f, info, regions, _header_crc(info), want is None)
+            got = _check_crc(info.path, crc, want)
+            if want is None:
+                info = dataclasses.replace(info, checksum=got)
     return info
-
-
-VALUE_CHUNK = 8 * 1024 * 1024  # bytes per piece when rule 8 reads a file
 
 
 def check_values(
@@ -283,9 +290,6 @@ def _check_piece(path: pathlib.Path, name: str, arr: np.ndarray, at: int) -> Non
         path=path,
         rule="values",
     )
-
-
-READ_ALIGN = 64  # bytes: a copy from the page cache is fastest when source and destination agree
 
 
 def empty_for_read(count: int, file_offset: int) -> np.ndarray:
@@ -329,9 +333,7 @@ def _bytes_of(a: np.ndarray) -> memoryview:
     return memoryview(a).cast("B")  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
 
 
-def _stream_regions(
-    f, path: pathlib.Path, info: CheckpointInfo, names: tuple[str, ...], crc: int, check: bool
-) -> int:
+def _stream_regions(f, info: CheckpointInfo, names: tuple[str, ...], crc: int, check: bool) -> int:
     """Read the regions ``names`` (of "weights", "m", "v", in file order, the file positioned at
     the first) in VALUE_CHUNK pieces into one reused buffer: each piece continues the running
     crc32 ``crc`` and, with ``check``, meets rule 8. Returns the running crc32. Memory: one
@@ -344,10 +346,10 @@ def _stream_regions(
         done = 0
         while done < n:
             k = min(n - done, piece.shape[0])
-            _read_exact(f, view[: 4 * k], path, at, info.nbytes)
+            _read_exact(f, view[: 4 * k], info.path, at, info.nbytes)
             crc = crc32(view[: 4 * k], crc)
             if check:
-                _check_piece(path, name, piece[:k], done)
+                _check_piece(info.path, name, piece[:k], done)
             done, at = done + k, at + 4 * k
     return crc
 
@@ -381,36 +383,27 @@ def load_checkpoint(
     is never trained from with NaN in it; False leaves it to the caller (``inspect`` reports
     the non-finite counts itself).
     """
-    path = pathlib.Path(path)
-    n_params = check_n_params(n_params)
-    want = _normalise_checksum(checksum, path) if checksum is not None else None
-    try:
-        with _open_regular(path) as f:
-            info = _check_structure(f, path, n_params)
-            n = info.n_params
-            if out is None:
-                buf = empty_for_read(3 * n, HEADER_BYTES)
-                parts = (buf[:n], buf[n : 2 * n], buf[2 * n :])
-            else:
-                parts = _check_out(out, n)
-            crc = BackgroundCrc(_header_crc(info)) if want is not None else None
-            try:
-                at = HEADER_BYTES
-                for part in parts if out is not None else (buf,):
-                    view = _bytes_of(part)
-                    _read_exact(f, view, path, at, info.nbytes, crc)
-                    at += len(view)
-            finally:
-                if crc is not None:
-                    crc.close()
-    except OSError as exc:
-        raise _open_error(path, exc) from exc
-    if crc is not None and want is not None:  # crc runs only when there is a checksum
-        got = format_crc(crc.result())
-        if got != want:
-            raise _checksum_mismatch(path, got, want)
+    with _opened(path, n_params, checksum) as (f, info, want):
+        n = info.n_params
+        if out is None:
+            buf = empty_for_read(3 * n, HEADER_BYTES)
+            parts = (buf[:n], buf[n : 2 * n], buf[2 * n :])
+        else:
+            parts = _check_out(out, n)
+        crc = BackgroundCrc(_header_crc(info)) if want is not None else None
+        try:
+            at = HEADER_BYTES
+            for part in parts if out is not None else (buf,):
+                view = _bytes_of(part)
+                _read_exact(f, view, info.path, at, info.nbytes, crc)
+                at += len(view)
+        finally:
+            if crc is not None:
+                crc.close()
+    if crc is not None:  # there is a checksum to compare with
+        _check_crc(info.path, crc.result(), want)
     if values if values is not None else want is None:
-        check_values(path, *parts)  # "<f4" views: numpy reads them right on any host
+        check_values(info.path, *parts)  # "<f4" views: numpy reads them right on any host
     if sys.byteorder != "little" and out is None:  # big-endian host: native order for callers
         parts = (
             parts[0].astype(np.float32),
@@ -441,30 +434,18 @@ def load_weights(
     ValueError before reading otherwise, or on a big-endian host) or a new array. values: as
     ``load_checkpoint`` (None: rule 8 exactly when no checksum is given).
     """
-    path = pathlib.Path(path)
-    n_params = check_n_params(n_params)
-    want = _normalise_checksum(checksum, path) if checksum is not None else None
-    check = values if values is not None else want is None
-    try:
-        with _open_regular(path) as f:
-            info = _check_structure(f, path, n_params)
-            n = info.n_params
-            weights = (
-                empty_for_read(n, HEADER_BYTES)
-                if out is None
-                else _check_out((out, out, out), n)[0]
-            )
-            view = _bytes_of(weights)
-            _read_exact(f, view, path, HEADER_BYTES, info.nbytes)
-            if check:
-                _check_piece(path, "weights", weights, 0)
-            crc = _stream_regions(f, path, info, ("m", "v"), crc32(view, _header_crc(info)), check)
-    except OSError as exc:
-        raise _open_error(path, exc) from exc
-    if want is not None:
-        got = format_crc(crc)
-        if got != want:
-            raise _checksum_mismatch(path, got, want)
+    with _opened(path, n_params, checksum) as (f, info, want):
+        check = values if values is not None else want is None
+        n = info.n_params
+        weights = (
+            empty_for_read(n, HEADER_BYTES) if out is None else _check_out((out, out, out), n)[0]
+        )
+        view = _bytes_of(weights)
+        _read_exact(f, view, info.path, HEADER_BYTES, info.nbytes)
+        if check:
+            _check_piece(info.path, "weights", weights, 0)
+        crc = _stream_regions(f, info, ("m", "v"), crc32(view, _header_crc(info)), check)
+    _check_crc(info.path, crc, want)
     if sys.byteorder != "little" and out is None:
         weights = weights.astype(np.float32)  # native order for callers
     return info.step, weights

@@ -146,10 +146,8 @@ def _atomic_commit(
         if not renamed:
             try:
                 os.unlink(tmp)
-            except FileNotFoundError:
-                pass
             except OSError:
-                pass  # clean_stale_temporaries at the next start removes it
+                pass  # gone already, or clean_stale_temporaries at the next start removes it
         if isinstance(exc, OSError):
             where = final if renamed else tmp
             raise CheckpointError(
