@@ -21,11 +21,7 @@ from proxy.mixture.controller import MixtureController
 from proxy.run_files.phases import Phase
 from proxy.run_files.state_snapshots import append_snapshot, find_snapshot, mark_rewound  # noqa: E402
 from shared.run.layout import RunLayout  # noqa: E402
-from shared.run.loss_history import (  # noqa: E402
-    LossHistory,
-    read_records,
-    read_records_after,  # noqa: E402
-)
+from shared.run.loss_history import LossHistory, iter_records_after, read_records  # noqa: E402
 
 ARMS = ["python-docs", "repo-code", "repo-docstrings"]
 
@@ -81,7 +77,7 @@ def main() -> None:
             snap = find_snapshot(layout, 0, 0, s)
             fast = MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 200, 25)
             fast.restore(snap)
-            tail = read_records_after(path, snap["step"], s)
+            tail = list(iter_records_after(path, snap["step"], s))
             for r in tail:
                 fast.observe(r)
             t_fast = time.perf_counter() - t0

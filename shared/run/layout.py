@@ -207,10 +207,6 @@ class RunLayout:
             )
         )
 
-    def arm_tokens(self, arm: str, split: str) -> Path:
-        """Token file of `arm` for `split` ("train" or "heldout"): flat uint16, no header."""
-        return self.data / f"{arm}.{split}.u16"
-
     def pivot_archive(self, step: int) -> Path:
         return self.archive / f"pivot-{step}"
 

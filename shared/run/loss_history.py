@@ -43,7 +43,6 @@ from shared.json_safe import jsonable
 __all__ = [
     "LossHistory",
     "read_records",
-    "read_records_after",
     "iter_records_after",
     "iter_records",
     "rewind",
@@ -375,11 +374,7 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     done = 0
     while done < len(view):
-        if hasattr(os, "pwrite"):
-            n = os.pwrite(fd, view[done:], offset + done)
-        else:  # pragma: no cover - platforms without pwrite
-            os.lseek(fd, offset + done, os.SEEK_SET)
-            n = os.write(fd, view[done:])
+        n = os.pwrite(fd, view[done:], offset + done)
         if n <= 0:
             raise OSError(f"short write at byte {offset + done}")
         done += n
@@ -597,14 +592,6 @@ def _mapped(fd: int):
         m.close()
 
 
-def _read_bytes(path) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-
-
 @contextlib.contextmanager
 def _gc_paused():
     """Parsing 200,000 records allocates millions of containers; the cyclic collector would
@@ -653,8 +640,10 @@ def read_records(
 ) -> list[dict]:
     """All records (optionally start_step <= step <= end_step) in file order. Tolerant: damage
     is skipped in memory with a warning and nothing is written; a missing file reads as []."""
-    data = _read_bytes(path)
-    if data is None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
         return []
     records = _records_from_bytes(data, os.fspath(path), monotonic)
     if start_step is None and end_step is None:
@@ -662,12 +651,6 @@ def read_records(
     lo = -math.inf if start_step is None else start_step
     hi = math.inf if end_step is None else end_step
     return [r for r in records if lo <= r["step"] <= hi]
-
-
-def read_records_after(path, after_step: int, end_step: int | None = None) -> list[dict]:
-    """Records with after_step < step <= end_step, as a list (`iter_records_after` streams
-    them: use it when the range may be long)."""
-    return list(iter_records_after(path, after_step, end_step))
 
 
 def _line_step_at(f, pos: int, size: int) -> tuple[int, int] | None:

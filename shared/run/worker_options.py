@@ -113,19 +113,7 @@ class WorkerOptions:
     def from_argv(cls, argv: list[str] | None = None) -> WorkerOptions:
         """Parse `python -m worker` arguments (sys.argv[1:] when None); argparse exits 2 with
         its usage line on a bad one."""
-        a = cls.parser().parse_args(argv)
-        return cls(
-            run_dir=Path(a.run_dir),
-            resume_from=Path(a.resume_from) if a.resume_from else None,
-            max_steps=a.max_steps,
-            usr1_at=a.usr1_at,
-            device=a.device,
-            parent_pid=a.parent_pid,
-            keep_last=a.keep_last,
-            keep_every=a.keep_every,
-            policy_timeout=a.policy_timeout,
-            compile=a.compile,
-            precision=a.precision,
-            micro_batch_size=a.micro_batch_size,
-            resume_verified=a.resume_verified,
-        )
+        a = vars(cls.parser().parse_args(argv))  # every dest is a field's name
+        a["run_dir"] = Path(a["run_dir"])
+        a["resume_from"] = Path(a["resume_from"]) if a["resume_from"] else None
+        return cls(**a)
