@@ -19,17 +19,10 @@ import os
 import sysconfig
 from pathlib import Path
 
-from shared.data.embedded import MAX_ARM_BYTES as MAX_ARM_BYTES  # also named here
-from shared.data.embedded import cache_dir as cache_dir  # also named here
-from shared.data.embedded import embedded_files as embedded_files  # also named here
-from shared.data.embedded import embedded_text, stat_digest, stdlib_files
+from shared.data.embedded import MAX_ARM_BYTES, embedded_text, stat_digest, stdlib_files
 from shared.data.sources import iter_text, resolve_files
 from shared.run.config import ArmSourceError as ArmSourceError  # also named here
 from shared.run.config import ArmSpec, ConfigError, check_arm_name
-
-
-def _text_files(arm: ArmSpec) -> list[Path]:
-    return resolve_files(arm)
 
 
 def read_arm_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
@@ -56,14 +49,6 @@ def read_arm_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
 def fingerprint_text(text: str) -> str:
     """sha256 of the arm's UTF-8 text, as "sha256:<hex>"."""
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def fingerprint_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
 
 
 EMBEDDED_KINDS = ("python-docstrings", "python-code", "python-docs")
@@ -148,7 +133,7 @@ def source_fingerprint(arm: ArmSpec) -> str:
             raise ArmSourceError(f"arm {arm.name}: this Python has no pydoc_data") from e
         return stat_digest([Path(t.__file__)], sys.version)
     if arm.kind in ("text", "jsonl", "parquet"):
-        return stat_digest(_text_files(arm), arm.field if arm.kind != "text" else "")
+        return stat_digest(resolve_files(arm), arm.field if arm.kind != "text" else "")
     if arm.kind == "tokens":
         return stat_digest([p.resolve() for p in token_files(arm)])
     raise ArmSourceError(f"arm {arm.name}: kind {arm.kind!r} unknown")
@@ -161,7 +146,7 @@ def token_files(arm: ArmSpec) -> list[Path]:
         raise ArmSourceError(
             f"arm {arm.name}: token file {p} not found; fix the path or remove the arm"
         )
-    return _text_files(arm)
+    return resolve_files(arm)
 
 
 def content_fingerprint(arm: ArmSpec) -> str:
@@ -171,10 +156,7 @@ def content_fingerprint(arm: ArmSpec) -> str:
     Raises ArmSourceError when the source is gone."""
     h = hashlib.sha256()
     if arm.kind == "tokens":
-        files = token_files(arm)
-        if len(files) == 1:
-            return fingerprint_file(files[0].resolve())
-        for f in files:
+        for f in token_files(arm):
             with open(f, "rb") as fh:
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
                     h.update(chunk)

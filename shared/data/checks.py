@@ -8,11 +8,16 @@ What it is not: reading a whole arm (shared/data/sources.py) or fingerprinting i
 from __future__ import annotations
 
 import json
-import zlib
 from pathlib import Path
 
 from shared.data.arms import EMBEDDED_KINDS, source_fingerprint, token_files
-from shared.data.sources import ParquetReader, corrupt_error, open_binary, resolve_files
+from shared.data.sources import (
+    ParquetReader,
+    corrupt_error,
+    is_corrupt,
+    open_binary,
+    resolve_files,
+)
 from shared.run.config import ArmSourceError, ArmSpec
 
 HEAD_RECORDS = 100  # JSON Lines records looked at by the up-front check
@@ -51,27 +56,21 @@ def _check_jsonl_head(arm: ArmSpec, files: list[Path]) -> list[str]:
                                 fields = sorted(obj)
                     if lines >= HEAD_RECORDS or seen >= HEAD_BYTES:
                         break
-        except (OSError, EOFError, zlib.error) as e:
+        except Exception as e:
+            if not is_corrupt(e):
+                raise
             return [str(corrupt_error(arm, f, e))]
-        except Exception as e:  # zstandard.ZstdError
-            if type(e).__module__.startswith("zstandard") or "Zstd" in type(e).__name__:
-                return [str(corrupt_error(arm, f, e))]
-            raise
         if lines >= HEAD_RECORDS or seen >= HEAD_BYTES:
             break
     if not lines:
         return [
-            (
-                f"arm {arm.name}: {_describe(arm, files)} holds no records; give it JSON Lines "
-                "(one object per line) or remove the arm"
-            )
+            f"arm {arm.name}: {_describe(arm, files)} holds no records; give it JSON Lines "
+            "(one object per line) or remove the arm"
         ]
     if not parsed:
         return [
-            (
-                f"arm {arm.name}: none of the first {lines:,} lines is JSON (first at "
-                f"{first_bad}); is it JSON Lines? use kind text for plain text"
-            )
+            f"arm {arm.name}: none of the first {lines:,} lines is JSON (first at "
+            f"{first_bad}); is it JSON Lines? use kind text for plain text"
         ]
     if not with_field:
         has = (
@@ -81,11 +80,9 @@ def _check_jsonl_head(arm: ArmSpec, files: list[Path]) -> list[str]:
             else "they are not objects"
         )
         return [
-            (
-                f"arm {arm.name}: none of the first {parsed:,} records has a text field "
-                f"{arm.field!r} ({has}); name the text's field: "
-                f"--arm {arm.name}=jsonl:{arm.source}:FIELD"
-            )
+            f"arm {arm.name}: none of the first {parsed:,} records has a text field "
+            f"{arm.field!r} ({has}); name the text's field: "
+            f"--arm {arm.name}=jsonl:{arm.source}:FIELD"
         ]
     return []
 
@@ -106,10 +103,8 @@ def check_arm(arm: ArmSpec) -> list[str]:
         return [str(e)]
     except OSError as e:
         return [
-            (
-                f"arm {arm.name}: source {arm.source!r} cannot be read ({e}); fix the path or "
-                "its permissions, or remove the arm"
-            )
+            f"arm {arm.name}: source {arm.source!r} cannot be read ({e}); fix the path or "
+            "its permissions, or remove the arm"
         ]
     try:
         total = sum(f.stat().st_size for f in files)
@@ -117,10 +112,8 @@ def check_arm(arm: ArmSpec) -> list[str]:
         return [f"arm {arm.name}: {e}; fix the path or remove the arm"]
     if total == 0:
         return [
-            (
-                f"arm {arm.name}: {_describe(arm, files)} is empty (0 bytes); give it data or "
-                "remove the arm"
-            )
+            f"arm {arm.name}: {_describe(arm, files)} is empty (0 bytes); give it data or "
+            "remove the arm"
         ]
     if arm.kind == "jsonl":
         return _check_jsonl_head(arm, files)
@@ -134,17 +127,12 @@ def check_arm(arm: ArmSpec) -> list[str]:
             return [str(e)]
         except Exception as e:  # noqa: BLE001 - pyarrow's own errors, named in the message
             return [
-                (
-                    f"arm {arm.name}: {files[0]} is not a readable Parquet file ({e}); fix or "
-                    "remove it"
-                )
+                f"arm {arm.name}: {files[0]} is not a readable Parquet file ({e}); fix or remove it"
             ]
         if not rows:
             return [
-                (
-                    f"arm {arm.name}: {_describe(arm, files)} holds no rows; give it data or "
-                    "remove the arm"
-                )
+                f"arm {arm.name}: {_describe(arm, files)} holds no rows; give it data or "
+                "remove the arm"
             ]
     if arm.kind == "text" and len(files) == 1:
         try:
@@ -152,27 +140,21 @@ def check_arm(arm: ArmSpec) -> list[str]:
                 head = fh.read(BINARY_PROBE)
         except OSError as e:
             return [
-                (
-                    f"arm {arm.name}: {files[0]} cannot be read ({e}); fix its permissions or "
-                    "remove the arm"
-                )
+                f"arm {arm.name}: {files[0]} cannot be read ({e}); fix its permissions or "
+                "remove the arm"
             ]
         if b"\0" in head:
             return [
-                (
-                    f"arm {arm.name}: {files[0]} is binary (NUL bytes in its first "
-                    f"{BINARY_PROBE:,} bytes), not text; for token ids use "
-                    f"--arm {arm.name}=tokens:{arm.source}, else remove the arm"
-                )
+                f"arm {arm.name}: {files[0]} is binary (NUL bytes in its first "
+                f"{BINARY_PROBE:,} bytes), not text; for token ids use "
+                f"--arm {arm.name}=tokens:{arm.source}, else remove the arm"
             ]
         if not head.strip():
             with open(files[0], "rb") as fh:
                 if not any(chunk.strip() for chunk in iter(lambda: fh.read(1 << 20), b"")):
                     return [
-                        (
-                            f"arm {arm.name}: {files[0]} holds only whitespace; give it text "
-                            "or remove the arm"
-                        )
+                        f"arm {arm.name}: {files[0]} holds only whitespace; give it text "
+                        "or remove the arm"
                     ]
     return []
 

@@ -83,13 +83,8 @@ def _python_docstrings(limit: int) -> str:
         return cached.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         pass
-
-    def gen():
-        for f in files:
-            for d in _docstrings(f.read_text(encoding="utf-8", errors="replace")):
-                yield d
-
-    text = _take(gen(), limit)
+    docs = (d for f in files for d in _docstrings(f.read_text(encoding="utf-8", errors="replace")))
+    text = _take(docs, limit)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(cached, text.encode("utf-8"))

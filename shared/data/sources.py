@@ -184,6 +184,14 @@ class ZstdFrames(io.RawIOBase):
         return b"".join(out)
 
 
+def is_corrupt(e: Exception) -> bool:
+    """Whether a read failed on the file's bytes (OSError, EOFError, zlib.error or zstandard's
+    ZstdError): a corrupt or truncated file, named by `corrupt_error`."""
+    return isinstance(e, (OSError, EOFError, zlib.error)) or (
+        type(e).__module__.startswith("zstandard") or "Zstd" in type(e).__name__
+    )
+
+
 def corrupt_error(arm: ArmSpec, path: Path, e: Exception) -> ArmSourceError:
     return ArmSourceError(
         f"arm {arm.name}: {path} is corrupt or truncated ({type(e).__name__}: "
@@ -300,12 +308,10 @@ class JsonlReader(ArmReader):
                             continue
                         self.documents += 1
                         yield Piece(text, True, base + raw.tell())
-            except (OSError, EOFError, zlib.error) as e:
+            except Exception as e:
+                if not is_corrupt(e):
+                    raise
                 raise corrupt_error(self.arm, f, e) from e
-            except Exception as e:  # zstandard.ZstdError
-                if type(e).__module__.startswith("zstandard") or "Zstd" in type(e).__name__:
-                    raise corrupt_error(self.arm, f, e) from e
-                raise
             base += f.stat().st_size
 
 

@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from shared.atomic_io import atomic_write_json, read_json
-from shared.data.arms import MAX_ARM_BYTES, ArmSourceError, content_fingerprint, source_fingerprint
+from shared.data.arms import ArmSourceError, content_fingerprint, source_fingerprint
+from shared.data.embedded import MAX_ARM_BYTES
 from shared.data.redundancy import REPETITIVE_RATIO, compression_ratio
 from shared.data.tokenization import (
     check_token_files,
@@ -175,8 +176,7 @@ def _completed(arm: ArmSpec, key: dict, layout: RunLayout) -> ArmData | None:
         if d.get("key") != key:
             return None
         a = ArmData(**d["arm"])
-        p = Path(a.path) if Path(a.path).is_absolute() else layout.root / a.path
-        if p.stat().st_size < a.n_tokens * np.dtype(a.dtype).itemsize:
+        if a.token_path(layout.root).stat().st_size < a.n_tokens * np.dtype(a.dtype).itemsize:
             return None
         return a
     except (OSError, ValueError, KeyError, TypeError):
@@ -192,15 +192,14 @@ def prepare_arm(
     tok: RunTokenizer,
     layout: RunLayout,
     cfg: RunConfig,
-    text: str | None = None,
     after_batch: Callable[[], None] | None = None,
 ) -> ArmData:
     """Tokenize one arm whole into `data/<name>.u16` (`.u32` above 65,536 tokens), streamed
     (shared/data/tokenization.py), or check a `tokens` arm's file(s); record completion in
     `data/<name>.done.json`. An arm already complete with the same key is kept as it is (not
     redone). The token file appears under its final name only whole and accepted, so a refused
-    or interrupted arm leaves nothing training could read. `text` is unused (older callers);
-    `after_batch` goes to `tokenize_stream`.
+    or interrupted arm leaves nothing training could read. `after_batch` goes to
+    `tokenize_stream`.
 
     Logs what was used of how much (documents, source bytes, tokens, bad records). Raises
     ArmSourceError (a ConfigError) naming the arm, the file and the fix: a missing or corrupt

@@ -112,15 +112,7 @@ class RunTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of `text` as a 1-D array of `self.dtype`."""
-        if self.kind == "bytes":
-            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(self.dtype)
-        pieces = [text[i : i + _CHUNK] for i in range(0, len(text), _CHUNK)]
-        encs = self._tok.encode_batch(pieces)
-        return (
-            np.concatenate([np.asarray(e.ids, dtype=self.dtype) for e in encs])
-            if encs
-            else np.zeros(0, self.dtype)
-        )
+        return self.encode_pieces([text[i : i + _CHUNK] for i in range(0, len(text), _CHUNK)])
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]
