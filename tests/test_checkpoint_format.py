@@ -369,7 +369,7 @@ def test_list_of_missing_directory_is_an_error(tmp_path):
         cdir.list_checkpoints(tmp_path / "no-such-run")
 
 
-def test_find_latest_valid_skips_truncated_newest_and_deletes_nothing(tmp_path):
+def test_scan_for_resume_skips_truncated_newest_and_deletes_nothing(tmp_path):
     n = 64
     for step in (100, 200, 300):
         cw.write_checkpoint(tmp_path, step, *_arrays(n, seed=step), fsync=False)
@@ -378,36 +378,36 @@ def test_find_latest_valid_skips_truncated_newest_and_deletes_nothing(tmp_path):
     _put(tmp_path / "step_000250.bin", b"")             # zero-length
     before = sorted(os.listdir(tmp_path))
 
-    info, rejected = cdir.find_latest_valid(tmp_path, n)
+    info, rejected = cdir.scan_for_resume(tmp_path, n)
 
     assert info == cf.CheckpointInfo(tmp_path / "step_000200.bin", 200, n, 8 + 12 * n)
-    assert [p.name for p, _ in rejected] == ["step_000300.bin", "step_000250.bin"]
-    assert rejected[0][1].startswith(
+    assert [e.path.name for e in rejected] == ["step_000300.bin", "step_000250.bin"]
+    assert str(rejected[0]).startswith(
         f"step_000300.bin: 400 bytes, expected {8 + 12 * n:,} (8 + 12 x {n}): truncated")
-    assert "zero-length" in rejected[1][1]
+    assert "zero-length" in str(rejected[1])
     assert sorted(os.listdir(tmp_path)) == before
 
 
-def test_find_latest_valid_orders_past_999999_and_uses_checksums(tmp_path):
+def test_scan_for_resume_orders_past_999999_and_uses_checksums(tmp_path):
     n = 8
     _, _, c1 = cw.write_checkpoint(tmp_path, 999_999, *_arrays(n), fsync=False)
     _, _, c2 = cw.write_checkpoint(tmp_path, 1_000_000, *_arrays(n, seed=1), fsync=False)
-    info, rejected = cdir.find_latest_valid(tmp_path, n)
+    info, rejected = cdir.scan_for_resume(tmp_path, n)
     assert info.step == 1_000_000 and rejected == []
 
-    info, rejected = cdir.find_latest_valid(tmp_path, n, {1_000_000: c1, 999_999: c1})
+    info, rejected = cdir.scan_for_resume(tmp_path, n, {1_000_000: c1, 999_999: c1})
     assert info.step == 999_999
-    assert rejected[0][0].name == "step_1000000.bin" and "checksum" in rejected[0][1]
+    assert rejected[0].path.name == "step_1000000.bin" and "checksum" in str(rejected[0])
 
 
-def test_find_latest_valid_with_nothing_valid(tmp_path):
+def test_scan_for_resume_with_nothing_valid(tmp_path):
     cw.write_checkpoint(tmp_path, 100, *_arrays(5), fsync=False)
-    info, rejected = cdir.find_latest_valid(tmp_path, 6)
+    info, rejected = cdir.scan_for_resume(tmp_path, 6)
     assert info is None
-    assert "the model has 6 parameters, the file has 5" in rejected[0][1]
+    assert "the model has 6 parameters, the file has 5" in str(rejected[0])
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert cdir.find_latest_valid(empty, 6) == (None, [])
+    assert cdir.scan_for_resume(empty, 6) == (None, [])
 
 
 def test_clean_stale_temporaries_removes_only_temporaries(tmp_path):
@@ -440,7 +440,7 @@ def test_disk_full_at_fsync_leaves_no_temporary_and_previous_intact(tmp_path, mo
     assert "step_000200.bin" in _reason(ei) and "ENOSPC" in _reason(ei)
     assert os.listdir(tmp_path) == ["step_000100.bin"]
     assert old_path.read_bytes() == old_bytes
-    assert cdir.find_latest_valid(tmp_path, 100, {100: old_sum})[0].step == 100
+    assert cdir.scan_for_resume(tmp_path, 100, {100: old_sum})[0].step == 100
 
 
 def test_interrupt_during_write_removes_temporary_and_propagates(tmp_path, monkeypatch):

@@ -115,6 +115,6 @@ def test_sigkill_at_random_moments_during_writes_leaves_only_valid_checkpoints(t
     before = sorted(n for n in os.listdir(run_dir) if not cf.is_temporary_name(n))
     cdir.clean_stale_temporaries(run_dir)
     assert sorted(os.listdir(run_dir)) == before
-    info, rejected = cdir.find_latest_valid(run_dir, N_PARAMS,
-                                          cm.manifest_checksums(cm.read_manifest(run_dir)))
+    info, rejected = cdir.scan_for_resume(run_dir, N_PARAMS,
+                                        cm.manifest_checksums(cm.read_manifest(run_dir)))
     assert rejected == [] and info is not None

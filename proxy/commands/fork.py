@@ -26,7 +26,7 @@ from pathlib import Path
 from proxy.mixture.arm_changes import arms_as_of, specs_of
 from proxy.run_files.phases import copy_phases
 from shared.atomic_io import atomic_write_json
-from shared.checkpoint.directory import find_latest_valid
+from shared.checkpoint.directory import scan_for_resume
 from shared.checkpoint.file_format import CheckpointError, checkpoint_name, parse_checkpoint_name
 from shared.checkpoint.manifest import (
     manifest_checksums,
@@ -91,7 +91,7 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     entries = read_manifest(src.root)
     checks = manifest_checksums(entries)
     if step is None:
-        info, _ = find_latest_valid(src.root, cfg.n_params, checks)
+        info, _ = scan_for_resume(src.root, cfg.n_params, checks)
         if info is None:
             raise ForkError(f"--from {src_dir}: no valid checkpoint to fork from")
         step = info.step

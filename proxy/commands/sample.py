@@ -21,7 +21,7 @@ from proxy.run_files.checkpoint_lookup import (
     no_checkpoint_problem,
     run_dir_problem,
 )
-from shared.checkpoint.directory import find_latest_valid
+from shared.checkpoint.directory import scan_for_resume
 from shared.checkpoint.file_format import CheckpointError
 from shared.checkpoint.manifest import manifest_checksums, read_manifest
 from shared.data.tokenizer import RunTokenizer
@@ -136,7 +136,7 @@ def cmd_sample(a) -> int:
         if a.path:
             path = Path(a.path)
         else:  # newest first, each checked against the manifest's checksum
-            info, _ = find_latest_valid(
+            info, _ = scan_for_resume(
                 run_dir, cfg.n_params, manifest_checksums(read_manifest(run_dir))
             )
             if info is None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from proxy.run_files.loss_ema import recent_mean
 from proxy.run_files.sidecars import read_audits
-from shared.checkpoint.directory import find_latest_valid
+from shared.checkpoint.directory import scan_for_resume
 from shared.checkpoint.file_format import CheckpointError
 from shared.run.loss_history import tail_records
 
@@ -259,7 +259,7 @@ def format_summary(
             + ", ".join(f"{a} {v:.3f}" for a, v in sorted(probe.items()))
         )
     try:
-        info, _ = find_latest_valid(layout.root, cfg.n_params)
+        info, _ = scan_for_resume(layout.root, cfg.n_params)
     except CheckpointError:
         info = None
     lines.append(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.checkpoint.directory import find_latest_valid, list_checkpoints
+from shared.checkpoint.directory import list_checkpoints, scan_for_resume
 from shared.checkpoint.file_format import CheckpointError, parse_checkpoint_name
 from shared.checkpoint.manifest import ManifestEntry, manifest_checksums, read_manifest
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
@@ -112,7 +112,7 @@ def newest_valid(run_dir: Path) -> Path | None:
     """The newest valid checkpoint of `run_dir` (manifest checksums checked), or None."""
     cfg, _ = find_config(RunLayout(run_dir).run_json, str(run_dir))
     try:
-        info, _ = find_latest_valid(
+        info, _ = scan_for_resume(
             run_dir, cfg.n_params if cfg else None, manifest_checksums(read_manifest(run_dir))
         )
     except CheckpointError:

@@ -30,7 +30,6 @@ from shared.run.layout import RunLayout
 __all__ = [
     "QUARANTINE_DIR",
     "clean_stale_temporaries",
-    "find_latest_valid",
     "list_checkpoints",
     "quarantine_checkpoint",
     "scan_for_resume",
@@ -100,17 +99,20 @@ def scan_for_resume(
     *,
     values: bool = False,
 ) -> tuple[CheckpointInfo | None, list[CheckpointError]]:
-    """Like ``find_latest_valid`` but each rejection is the CheckpointError itself (docs/checkpoint-format.md#validity).
+    """The newest valid checkpoint in ``directory`` and the newer ones rejected
+    (docs/checkpoint-format.md#validity). Deletes nothing.
 
-    values: a file without a checksum in ``checksums`` is also read and checked against rule
-    8 (finite values, v >= 0; ``validate_checkpoint(values=True)``): what a resume does, so
-    that a file no checksum vouches for is never trained from with NaN in it.
+    n_params: the model's parameter count (None: not checked). checksums: step -> the
+    manifest's "crc32:%08x" for the steps it knows; files without an entry are checked
+    without a checksum (another writer's file still loads). values: a file without one is also
+    read and checked against rule 8 (finite values, v >= 0; ``validate_checkpoint(values=True)``):
+    what a resume does, so that a file no checksum vouches for is never trained from with NaN.
 
-    Returns (info, rejected): rejected lists, newest first, one CheckpointError per newer file
-    that failed, with ``.path`` (the file), ``.rule`` (the rule it broke: "size", "step",
-    "n_params", "checksum", ...) and the operator message as ``str(err)``. Deletes nothing.
-    Raises CheckpointError if n_params is outside 1..INT32_MAX or the directory cannot be
-    listed.
+    Walks newest-first by integer step; returns (info, rejected): info is the first file passing
+    validate_checkpoint (None if none does), rejected lists, newest first, one CheckpointError
+    per newer file that failed, with ``.path`` (the file), ``.rule`` (the rule it broke: "size",
+    "step", "n_params", "checksum", ...) and the operator message as ``str(err)``. Raises
+    CheckpointError if n_params is outside 1..INT32_MAX or the directory cannot be listed.
     """
     n_params = check_n_params(n_params)
     checksums = checksums or {}
@@ -123,24 +125,6 @@ def scan_for_resume(
                 exc.path = path
             rejected.append(exc)
     return None, rejected
-
-
-def find_latest_valid(
-    directory: os.PathLike | str, n_params: int | None, checksums: dict[int, str] | None = None
-) -> tuple[CheckpointInfo | None, list[tuple[pathlib.Path | None, str]]]:
-    """The newest valid checkpoint in ``directory`` and the newer ones rejected (docs/checkpoint-format.md#validity).
-
-    n_params: the model's parameter count (None: not checked). checksums: step -> the
-    manifest's "crc32:%08x" for the steps it knows; files without an entry are checked
-    without a checksum (another writer's file still loads).
-    Walks newest-first by integer step; returns (info, rejected) where info is the first
-    file passing validate_checkpoint (None if none does) and rejected lists (path, reason)
-    for every newer file that failed, newest first. Deletes nothing.
-    Raises CheckpointError if n_params is outside 1..INT32_MAX or the directory cannot be
-    listed. ``scan_for_resume`` gives the same with each failure's rule.
-    """
-    info, rejected = scan_for_resume(directory, n_params, checksums)
-    return info, [(err.path, str(err)) for err in rejected]
 
 
 QUARANTINE_DIR = RunLayout(".").rejected.name  # checkpoints resume rejected (shared/run/layout.py)

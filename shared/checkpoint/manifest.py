@@ -183,7 +183,7 @@ def record_checkpoint(directory: os.PathLike | str, entry: ManifestEntry) -> Non
 
 
 def manifest_checksums(entries: dict[int, ManifestEntry]) -> dict[int, str]:
-    """{step: "crc32:%08x"} from read_manifest's result, for find_latest_valid (docs/checkpoint-format.md#validity)."""
+    """{step: "crc32:%08x"} from read_manifest's result, for scan_for_resume (docs/checkpoint-format.md#validity)."""
     return {step: entry.checksum for step, entry in entries.items()}
 
 
