@@ -1,16 +1,6 @@
 """The streaming tokenization pipeline: an arm's source -> `data/<arm>.u16` (or `.u32`), in
-bounded memory, in parallel, with progress; and the checks of pre-tokenized `tokens` arms
-(docs/data.md#tokenization).
-
-A reader (`shared/data/sources.py`) yields pieces of documents; they are cut into items of at most
-ITEM_CHARS characters, gathered into batches of `batch_items()` items, and each batch is encoded by
-the `tokenizers` library on all cores (`encode_batch_fast`, Rust threads) while the next batch is
-read (one helper thread: encoding releases the GIL). Ids are appended to `data/<arm>.u16.tmp`
-as they come, each batch fsynced and recorded in `data/<arm>.u16.progress.json`; when the source
-is exhausted the file is fsynced and renamed to its final name, so a file under the final name is
-always whole (a stop or a kill leaves at most a `.tmp`, which the next attempt resumes from its
-record, docs/data.md#crash-safe-creation). Memory: one batch being read, one being encoded, never
-the whole arm.
+bounded memory, in parallel, with progress (docs/data.md#tokenization), resumable after a stop or
+a kill (docs/data.md#crash-safe-creation); and the checks of pre-tokenized `tokens` arms.
 
 What it is not: the arm index and held-out split (`shared/data/token_files.py`), the readers.
 """
@@ -55,11 +45,8 @@ def encoder_threads() -> int:
 
 def batch_items() -> int:
     """Items (of ITEM_CHARS characters) per batch handed to the encoder: enough for every
-    thread to take ITEMS_PER_THREAD, no more. The encoder's working set is about 80 bytes per
-    token of a batch (each token's id, string, offsets and masks until the batch's ids are
-    copied out), so a batch sized for the cores rather than a fixed 4 MB keeps peak RSS small
-    and flat: tokenizing 100 MB with BPE peaked at 192 MiB with 4 MB batches on 2 cores, and at
-    93 MiB for both 100 MB and 400 MB with 8-item (512 K-character) batches."""
+    thread to take ITEMS_PER_THREAD, no more, so that the encoder's working set (about 80 bytes
+    per token of a batch) keeps peak RSS small and flat (measured: docs/data.md#tokenization)."""
     return max(MIN_BATCH_ITEMS, ITEMS_PER_THREAD * encoder_threads())
 
 
@@ -94,10 +81,8 @@ _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 def pin_mmap_threshold() -> bool:
     """Keep every allocation of MMAP_THRESHOLD bytes or more in its own mapping, returned to the
     system when freed. glibc raises this threshold to the largest block freed so far (up to
-    32 MiB); after the first multi-MB batch is freed, later batches (text, token arrays, the
-    tokenizer's buffers) come from the heap and fragment it, and peak RSS then grows with the
-    corpus: 74 MiB at 100 MB vs 133 MiB at 1 GB (bytes tokenizer), 67 MiB at 1 GB once pinned.
-    Returns False where there is no glibc (nothing to do)."""
+    32 MiB), after which later batches come from the heap and fragment it, and peak RSS grows
+    with the corpus (docs/data.md#tokenization). Returns False where there is no glibc."""
     try:
         return bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     except (OSError, AttributeError):
@@ -166,15 +151,10 @@ def tokenize_stream(
     or corrupt source, and shared.run.stop_request.StopRequested when a stop was asked for (checked
     before each piece of the source).
 
-    Resumable (docs/data.md#crash-safe-creation): with `key` (what the arm's tokens are a
-    function of), each batch's ids are appended and fsynced, then `progress_path(tmp)` records
-    atomically how many pieces of the source they cover (with the source bytes, file bytes,
-    tokens, characters and the sha256 of the text up to there). A stop request writes the
-    pieces already read before it raises; a kill -9 loses at most the batches in flight. The
-    next call with the same key truncates `tmp` to the recorded bytes, re-reads (and hashes,
-    without encoding) the recorded pieces, checks that they give the recorded text, and goes on
-    from there: the result is byte-identical to an uninterrupted run. On any other error the
-    caller removes `tmp` and its record."""
+    Resumable with `key` (what the arm's tokens are a function of): each batch is recorded in
+    `progress_path(tmp)`, and the next call with the same key goes on from the record, with a
+    result byte-identical to an uninterrupted run's (docs/data.md#crash-safe-creation). On any
+    other error the caller removes `tmp` and its record."""
     try:
         return _tokenize(
             arm, tok, tmp, max_tokens, label, key, _resume_point(tmp, key), after_batch

@@ -1,18 +1,10 @@
 """The proxy <-> worker handshake (docs/handshake.md): two files in the run directory.
 
-`.handshake.json` (small, read-modify-write under `.handshake.lock` with `filelock`, finite
-timeouts, replaced atomically):
-    {"protocol": 1,
-     "worker":   {"pid", "pids", "n_params", "resumed_from", "device", "world_size", "started_at"},
-     "policies": {"<period>": {"period", "first_step", "phase_index", "p": {arm: prob}}},
-     "control":  {"stop_at_step": int|null, "checkpoint_at_step": int|null, "reason": str|null}}
-The proxy posts policies and control requests; the worker announces itself. Policy period v
-covers updates v*P+1 .. (v+1)*P (P = probe_every) and is computed from reports of updates up to
-(v-1)*P: a fixed lag of one period, which is what keeps runs deterministic (docs/bandit.md).
-
-`.reports.jsonl` (append-only, one JSON object per line, written by the worker with O_APPEND):
-    {"type": "hello"|"step"|"checkpoint_started"|"checkpoint"|"audit"|"event", ...}
-The proxy tails complete lines only, so a kill mid-line loses nothing that was whole.
+What it is: `.handshake.json`, read-modify-written under `.handshake.lock` and replaced atomically
+(docs/handshake.md#the-handshake-file): the proxy posts policies and control requests, the worker
+announces itself; and `.reports.jsonl`, the worker's append-only reports, of which the proxy
+reads complete lines only (docs/handshake.md#reports). Policy periods and their lag:
+docs/handshake.md#policy-periods-and-the-lag. What it is not: what either side does with them.
 """
 
 from __future__ import annotations

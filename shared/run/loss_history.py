@@ -1,23 +1,10 @@
 """`.loss.json`: the run's append-only per-step history (docs/history.md).
 
-What it is: one JSON array, valid JSON on disk between appends, one record per line, appended in
-O(1) by overwriting the closing bracket, for the life of the run (~200,000 records):
-
-    [
-    {"step":1,...},
-    {"step":2,...}
-    ]
-
-An empty history is "[\\n]\\n". Records are written with `json.dumps(rec, separators=(",", ":"),
-allow_nan=False)`, "step" first; non-finite floats (NaN, +-inf, at any depth) become null and
-nothing else is added. Numpy/torch scalars and arrays are converted through `.tolist()`.
-
-Opening a history repairs a torn tail left by a kill or a power cut (cut mid-record, NUL padding,
-two records glued on one line, no closing "]"): every complete record is kept, only the tail is
-rewritten, and a warning names the file and the byte offset. A file that is not a history at all
-is moved aside to `<name>.corrupt-<unix time>` and a fresh history starts. Opening and rewinding
-read the file through a read-only memory map, in chunks of _CHUNK bytes where they scan it
-whole, so their memory does not grow with the history (docs/history.md#cost).
+What it is: the format (docs/history.md#on-disk-format), the O(1) appender `LossHistory`, whose
+opening repairs a torn tail (docs/history.md#torn-tail-repair), the tolerant readers and
+`rewind`. Opening and rewinding read the file through a read-only memory map, in chunks of
+_CHUNK bytes where they scan it whole, so their memory does not grow with the history
+(docs/history.md#cost).
 
 What it is not: safe for two writers at once (the proxy's run-directory lock guarantees one),
 nor a general JSON library. Stdlib only; never imports torch, proxy or worker.

@@ -3,13 +3,9 @@ tokenizing an arm, checking or copying token files (docs/signals.md#during-creat
 
 What it is: one process-wide flag. The proxy's early signal handlers (proxy/supervision/proc_tree.py
 EarlySignals) set it on SIGTERM/SIGINT/SIGHUP; the data pipeline (shared/data/tokenization.py) looks
-at it between pieces of a source and raises StopRequested, so a stop during a long creation acts
-within a piece (at most about 1 MB of source) instead of after the whole corpus. Nothing is lost:
-complete arms are kept (while their source files' list, sizes and modification times are
-unchanged) and the partial token file is a `.tmp` with a progress record that the next attempt
-resumes from (docs/data.md#crash-safe-creation). What it is not: the supervisor's handling of
-stops once a worker runs (proxy/supervision/supervisor.py), nor a signal handler itself (no
-signal module here).
+at it between pieces of a source and raises StopRequested. What it is not: the supervisor's
+handling of stops once a worker runs (proxy/supervision/supervisor.py), nor a signal handler
+itself (no signal module here).
 """
 
 from __future__ import annotations
