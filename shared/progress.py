@@ -14,7 +14,8 @@ import time
 log = logging.getLogger("andrea.data")
 
 
-def _mb(n: float) -> str:
+def megabytes(n: float) -> str:
+    """`n` bytes as "1,234.5 MB" (decimal megabytes), the unit of every progress line."""
     return f"{n / 1e6:,.1f} MB"
 
 
@@ -65,7 +66,7 @@ class Progress:
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         eta_s = f"{eta:,.0f} s" if eta != float("inf") else "?"
         return (
-            f"{self.label}: {_mb(self.done)} of {_mb(self.total)} ({pct:.0f} %), "
+            f"{self.label}: {megabytes(self.done)} of {megabytes(self.total)} ({pct:.0f} %), "
             f"{rate / 1e6:,.1f} MB/s, ETA {eta_s}"
         )
 

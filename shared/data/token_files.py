@@ -36,7 +36,12 @@ from pathlib import Path
 import numpy as np
 
 from shared.atomic_io import atomic_write_json, read_json
-from shared.data.arms import ArmSourceError, content_fingerprint, source_fingerprint
+from shared.data.arms import (
+    EMBEDDED_KINDS,
+    ArmSourceError,
+    content_fingerprint,
+    source_fingerprint,
+)
 from shared.data.embedded import MAX_ARM_BYTES
 from shared.data.redundancy import REPETITIVE_RATIO, compression_ratio
 from shared.data.tokenization import (
@@ -48,6 +53,7 @@ from shared.data.tokenization import (
     tokenize_stream,
 )
 from shared.data.tokenizer import RunTokenizer
+from shared.progress import megabytes
 from shared.run.config import ArmSpec, RunConfig, check_arm_name
 from shared.run.layout import RunLayout
 from shared.run.stop_request import StopRequested
@@ -183,10 +189,6 @@ def _completed(arm: ArmSpec, key: dict, layout: RunLayout) -> ArmData | None:
         return None
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
-
-
 def prepare_arm(
     arm: ArmSpec,
     tok: RunTokenizer,
@@ -256,7 +258,7 @@ def prepare_arm(
             )
             empty, text_bytes = st.empty, st.text_bytes
             bad, first_bad = st.bad.count, st.bad.first
-            if arm.kind in ("python-docstrings", "python-code", "python-docs"):
+            if arm.kind in EMBEDDED_KINDS:
                 used = st.chars
             if bad or st.bad.replaced:
                 _log.warning("arm %s: %s", arm.name, st.bad.summary())
@@ -305,10 +307,10 @@ def prepare_arm(
     )
     a.compression = compression_ratio(a.tokens(layout.root))
     atomic_write_json(done_marker(layout, arm.name), {"key": key, "arm": asdict(a)})
-    if arm.kind in ("python-docstrings", "python-code", "python-docs"):
+    if arm.kind in EMBEDDED_KINDS:
         of = (
             f"used {used:,} characters (default arms stop at {MAX_ARM_BYTES:,}) from "
-            f"{_mb(total)} of source files"
+            f"{megabytes(total)} of source files"
         )
     elif arm.kind == "tokens":
         of = f"used {used:,} of {total:,} bytes of {len(files)} token file(s)"

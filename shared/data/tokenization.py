@@ -22,7 +22,7 @@ from shared.atomic_io import atomic_write_json, fsync_dir, read_json
 from shared.data.arms import ArmSourceError, token_files
 from shared.data.sources import SEPARATOR, BadRecords, open_arm
 from shared.data.tokenizer import RunTokenizer
-from shared.progress import Progress
+from shared.progress import Progress, megabytes
 from shared.run import stop_request
 from shared.run.config import ArmSpec
 
@@ -185,8 +185,8 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume, after_batch):
             "arm %s: resuming its tokenization after %s of %s (%s tokens kept from the "
             "interrupted attempt)",
             arm.name,
-            f"{int(resume['done']) / 1e6:,.1f} MB",
-            f"{reader.total / 1e6:,.1f} MB",
+            megabytes(int(resume["done"])),
+            megabytes(reader.total),
             f"{written:,}",
         )
 

@@ -215,7 +215,8 @@ class RunConfig:
 
     def validate(self) -> None:
         """Refuse bad numbers before anything starts (docs/architecture.md#bad-input-and-faults). Raises ConfigError."""
-        positive = (
+        _positive(
+            self,
             "batch_size",
             "checkpoint_every",
             "sample_every",
@@ -224,9 +225,6 @@ class RunConfig:
             "max_steps",
             "lr_decay_steps",
         )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise _bad(name, getattr(self, name), "must be >= 1")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise _bad("lr", self.lr, "must be a positive finite number")
         if not 0 <= self.seed < 2**63:

@@ -96,10 +96,7 @@ def reset_handshake(layout: RunLayout) -> None:
         d.update(_empty())
 
     update_handshake(layout, empty)
-    try:
-        layout.reports.unlink()
-    except FileNotFoundError:
-        pass
+    layout.reports.unlink(missing_ok=True)
 
 
 # The proxy empties `.reports.jsonl` once it has consumed at least this many bytes and nothing
