@@ -6,16 +6,9 @@ file name, byte size, checksum, why it was written and whether it is pinned; plu
 function that decides which checkpoints retention may delete.
 
 What it is not: the checkpoint format (``shared/checkpoint/file_format.py``); the ``.bin`` stays
-byte-exact and a ``.bin`` without an entry still loads. It deletes no checkpoint itself.
-Two processes change it: the worker's writer records and retires checkpoints, the proxy's
-collapse watch pins and releases one; every read-modify-write holds the manifest's lock
-(``editing_manifest``), and retention decides and deletes under it, so a pin is never lost.
-
-On disk:
-    {"format": "andrea-checkpoints/1",
-     "checkpoints": [{"step": 100, "file": "step_000100.bin", "nbytes": 68,
-                      "checksum": "crc32:2d4562e7", "reason": "cadence",
-                      "pinned": false, "time": 1764500000.0}, ...]}   # ascending step
+byte-exact and a ``.bin`` without an entry still loads. It deletes no checkpoint itself. Every
+read-modify-write, by the worker's writer or the proxy's collapse watch, holds the manifest's
+lock (``editing_manifest``), so a pin is never lost (docs/checkpoint-format.md#manifest).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The run directory's names (docs/architecture.md#the-run-directory), in one place for both sides.
+"""The run directory's names (docs/architecture.md#the-run-directory), in one place for both sides,
+and the messages about a directory that is not (yet) a run.
 
-runs/<name>/
-  run.json, tokenizer.json, phases.json, checkpoints.json (+ .checkpoints.json.lock), step_NNNNNN.bin
-  .loss.json  .loss.rewound.json  .samples.json  .state.json
-  .handshake.json (+ .handshake.lock)  .reports.jsonl  .proxy.lock  .proxy.owner.json
-  .status.json  .pivot.request.json (+ .pivot.request.lock)  .state.snapshots.jsonl
-  data/<arm>.train.u16  data/<arm>.heldout.u16  data/arms.json
-  archive/pivot-<step>/   logs/
+What it is not: any file's reader or writer (each has its own module).
 """
 
 from __future__ import annotations
