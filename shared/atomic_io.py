@@ -19,17 +19,6 @@ import time
 from collections.abc import Collection
 from typing import Any, Literal
 
-__all__ = [
-    "fsync_dir",
-    "atomic_write_bytes",
-    "atomic_write_json",
-    "read_json",
-    "JSONFileError",
-    "clean_stale_writes",
-    "named",
-    "storage_failure",
-]
-
 log = logging.getLogger("shared.atomic_io")
 
 # errno of a write that failed for the storage, not the program: the disk or the quota is full,

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["jsonable"]
-
 
 def jsonable(value):
     """`value` with every non-finite float replaced by None (recursively); tuples become lists,

@@ -14,8 +14,6 @@ import time
 
 import psutil
 
-__all__ = ["process_state", "alive", "group_members", "seconds_since_start"]
-
 # psutil's status names as proc(5)'s one-letter states: R running, S sleeping, D uninterruptible
 # I/O, T stopped, t traced, Z zombie, X dead, I idle
 _LETTER = {

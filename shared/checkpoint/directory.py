@@ -27,15 +27,6 @@ from shared.checkpoint.file_format import (
 from shared.checkpoint.read import validate_checkpoint
 from shared.run.layout import RunLayout
 
-__all__ = [
-    "QUARANTINE_DIR",
-    "clean_stale_temporaries",
-    "list_checkpoints",
-    "quarantine_checkpoint",
-    "scan_for_resume",
-]
-
-
 # ---------------------------------------------------------------------------- directories
 
 

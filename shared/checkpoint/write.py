@@ -35,19 +35,6 @@ from shared.checkpoint.file_format import (
     format_crc,
 )
 
-__all__ = [
-    "DIRECT_ALIGN",
-    "RECYCLED_NAME",
-    "recycle_checkpoint",
-    "reusable",
-    "alloc_checkpoint_image",
-    "image_arrays",
-    "image_offset",
-    "write_checkpoint",
-    "write_checkpoint_image",
-]
-
-
 # ---------------------------------------------------------------------------- writing
 
 

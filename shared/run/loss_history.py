@@ -27,16 +27,6 @@ from typing import Iterable, Iterator
 from shared.atomic_io import atomic_write_bytes, fsync_dir, named
 from shared.json_safe import jsonable
 
-__all__ = [
-    "LossHistory",
-    "read_records",
-    "iter_records_after",
-    "iter_records",
-    "rewind",
-    "repair",
-    "jsonable",
-]
-
 log = logging.getLogger("shared.run.loss_history")
 
 _CLOSE = b"\n]\n"  # the tail every healthy history ends with
