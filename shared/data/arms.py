@@ -6,7 +6,7 @@ repo-code, python-docs, built from the running Python installation's own files).
 from text files/directories/globs, JSON Lines (a text field; .gz/.zst), Parquet (a text column)
 or pre-tokenized uint16/uint32 token files (nanoGPT's format); user arms are always read whole
 (the streaming readers are `shared/data/sources.py`), the defaults keep their documented size
-(MAX_ARM_BYTES) and the creation log says how much of how much was used.
+(shared/data/embedded.py MAX_ARM_BYTES) and the creation log says how much of how much was used.
 
 What it is not: tokenization and batching (`shared/data/tokenization.py`, `worker/data.py`).
 """
@@ -19,37 +19,10 @@ import os
 import sysconfig
 from pathlib import Path
 
-from shared.data.embedded import MAX_ARM_BYTES, embedded_text, stat_digest, stdlib_files
+from shared.data.embedded import stat_digest, stdlib_files
 from shared.data.sources import iter_text, resolve_files
 from shared.run.config import ArmSourceError as ArmSourceError  # also named here
 from shared.run.config import ArmSpec, ConfigError, check_arm_name
-
-
-def read_arm_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
-    """The text of an arm: an embedded default's at most `limit` characters, deterministic for a
-    Python installation (shared/data/embedded.py); a user arm's whole (small arms and tests
-    only: user arms are streamed by `shared/data/sources.iter_text`).
-
-    Raises ArmSourceError when the source is missing or yields no text.
-    """
-    if arm.kind in EMBEDDED_KINDS:
-        return embedded_text(arm, limit)
-    if arm.kind in ("text", "jsonl", "parquet"):
-        text = "".join(iter_text(arm))  # whole; small arms and tests only
-    else:
-        raise ArmSourceError(
-            f"arm {arm.name}: kind {arm.kind!r} has no text; kinds: "
-            "python-docstrings, python-code, python-docs, text, jsonl, parquet, tokens"
-        )
-    if not text.strip():
-        raise ArmSourceError(f"arm {arm.name}: source {arm.source or arm.kind!r} gave no text")
-    return text
-
-
-def fingerprint_text(text: str) -> str:
-    """sha256 of the arm's UTF-8 text, as "sha256:<hex>"."""
-    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
 
 EMBEDDED_KINDS = ("python-docstrings", "python-code", "python-docs")
 USER_KINDS = ("text", "jsonl", "parquet", "tokens")
@@ -161,8 +134,6 @@ def content_fingerprint(arm: ArmSpec) -> str:
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
                     h.update(chunk)
         return "sha256:" + h.hexdigest()
-    if arm.kind in EMBEDDED_KINDS:
-        return fingerprint_text(read_arm_text(arm))
-    for t in iter_text(arm):
+    for t in iter_text(arm):  # an embedded default is one document: its whole text
         h.update(t.encode("utf-8"))
     return "sha256:" + h.hexdigest()

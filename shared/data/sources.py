@@ -31,7 +31,6 @@ from shared.run.config import ArmSourceError, ArmSpec
 SEPARATOR = "\n\n"  # between documents of an arm (not after the last)
 READ_CHUNK = 1 << 20  # bytes read per step from a text file
 PARQUET_BATCH = 1024  # rows per Parquet record batch
-DEFAULT_ARM_CHARS = 2_000_000  # the embedded defaults' documented size (characters)
 _COMPRESSED = (".gz", ".zst", ".zstd")
 
 
@@ -361,14 +360,14 @@ class ParquetReader(ArmReader):
 
 
 class EmbeddedReader(ArmReader):
-    """The embedded defaults: their documented size (DEFAULT_ARM_CHARS characters, built as
-    before by `shared/data/embedded.py`), as one document; `total` is the size of the files read from."""
+    """The embedded defaults: their documented size (MAX_ARM_BYTES characters, built by
+    `shared/data/embedded.py`), as one document; `total` is the size of the files read from."""
 
     def _files(self) -> list[Path]:
         return embedded_files(self.arm)
 
     def pieces(self) -> Iterator[Piece]:
-        text = embedded_text(self.arm, DEFAULT_ARM_CHARS)
+        text = embedded_text(self.arm)  # MAX_ARM_BYTES characters
         self.documents = 1
         yield Piece(text, True, self.total)
 
