@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from filelock import FileLock, Timeout
 
@@ -49,25 +48,20 @@ def request_lock(layout: RunLayout, timeout: float = LOCK_TIMEOUT_S) -> Iterator
         lock.release()
 
 
-def request_path(layout: RunLayout) -> Path:
-    """`.pivot.request.json` of the run."""
-    return layout.pivot_request
-
-
 def read_request(layout: RunLayout) -> dict | None:
     """The request, or None when there is none (or it is being replaced: atomic writes)."""
-    d = read_json(request_path(layout), None, garbage="default")
+    d = read_json(layout.pivot_request, None, garbage="default")
     return d if isinstance(d, dict) else None
 
 
 def write_request(layout: RunLayout, req: dict) -> None:
     """Replace the request atomically (fsynced: it is what a restart reads)."""
-    atomic_write_json(request_path(layout), req)
+    atomic_write_json(layout.pivot_request, req)
 
 
 def remove_request(layout: RunLayout) -> None:
     """Delete the request (a withdrawal), durably. Call it under `request_lock`."""
-    request_path(layout).unlink(missing_ok=True)
+    layout.pivot_request.unlink(missing_ok=True)
     fsync_dir(layout.root)
 
 
@@ -88,4 +82,4 @@ def archive_request(layout: RunLayout, step: int) -> None:
     """Move the finished request into archive/pivot-<step>/ (the record of what was asked)."""
     dest = layout.pivot_archive(step)
     dest.mkdir(parents=True, exist_ok=True)
-    request_path(layout).replace(dest / ARCHIVED_REQUEST)
+    layout.pivot_request.replace(dest / ARCHIVED_REQUEST)

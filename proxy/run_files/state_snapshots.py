@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 
 from shared.atomic_io import atomic_write_bytes, named
 from shared.checkpoint.directory import list_checkpoints
@@ -25,17 +26,13 @@ from shared.run.layout import RunLayout
 SNAPSHOT_FORMAT = 3
 
 
-def _path(layout: RunLayout):
-    return layout.state_snapshots
-
-
 def _append(layout: RunLayout, obj: dict) -> None:
     line = (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
-    fd = os.open(_path(layout), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(layout.state_snapshots, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line)  # a torn line (disk full) is dropped by every reader
     except OSError as e:
-        raise named(e, _path(layout)) from e
+        raise named(e, layout.state_snapshots) from e
     finally:
         os.close(fd)
 
@@ -57,35 +54,46 @@ def compact(layout: RunLayout, at: int = COMPACT_AT) -> int:
     the newest one. Torn lines are dropped. A resume from a checkpoint whose snapshot is gone
     replays from the phase start instead (same state, slower). Returns the lines kept, or 0
     when nothing was rewritten."""
-    try:
-        lines = _path(layout).read_bytes().split(b"\n")
-    except FileNotFoundError:
-        return 0
+    lines = _lines(layout)
     if len(lines) <= at:
         return 0
-    valid, limit = [], None
-    for raw in reversed(lines):  # newest first: a marker invalidates the older lines past it
+    on_disk = {s for s, _ in list_checkpoints(layout.root)}
+    keep = [
+        raw
+        for i, (obj, raw) in enumerate(_newest_first(lines, None))
+        if i == 0 or int(obj["step"]) in on_disk
+    ]
+    atomic_write_bytes(layout.state_snapshots, b"".join(r + b"\n" for r in reversed(keep)))
+    return len(keep)
+
+
+def _lines(layout: RunLayout) -> list[bytes]:
+    try:
+        return layout.state_snapshots.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return []
+
+
+def _newest_first(lines: list[bytes], limit: int | None) -> Iterator[tuple[dict, bytes]]:
+    """(snapshot, its line) newest first, torn lines skipped; a rewind marker invalidates the
+    older lines past it, as `limit` (a step, or None) does from the start."""
+    for raw in reversed(lines):
         try:
             obj = json.loads(raw)
             if "rewound_to" in obj:
-                limit = (
-                    int(obj["rewound_to"]) if limit is None else min(limit, int(obj["rewound_to"]))
-                )
+                at = int(obj["rewound_to"])
+                limit = at if limit is None else min(limit, at)
                 continue
             step = int(obj["step"])
         except (ValueError, TypeError, KeyError):
             continue
         if limit is None or step <= limit:
-            valid.append((step, raw))
-    on_disk = {s for s, _ in list_checkpoints(layout.root)}
-    keep = [raw for i, (step, raw) in enumerate(valid) if i == 0 or step in on_disk]
-    atomic_write_bytes(_path(layout), b"".join(r + b"\n" for r in reversed(keep)))
-    return len(keep)
+            yield obj, raw
 
 
 def mark_rewound(layout: RunLayout, step: int) -> None:
     """The history was cut back to `step`: snapshots past it no longer describe the run."""
-    if _path(layout).exists():
+    if layout.state_snapshots.exists():
         _append(layout, {"rewound_to": int(step)})
 
 
@@ -96,27 +104,13 @@ def find_snapshot(
     Torn or garbage lines (a kill mid-append) are skipped, and so are snapshots of another
     format than SNAPSHOT_FORMAT (written by an older version, whose bandit
     state lacks fields this one keeps): the history is replayed over them instead."""
-    try:
-        lines = _path(layout).read_bytes().split(b"\n")
-    except FileNotFoundError:
-        return None
-    limit = upto_step
-    for raw in reversed(lines):
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(obj, dict):
-            continue
-        if "rewound_to" in obj:
-            limit = min(limit, int(obj["rewound_to"]))
-            continue
+    for obj, _ in _newest_first(_lines(layout), upto_step):
         try:
             if (
                 obj.get("format") == SNAPSHOT_FORMAT
                 and obj["phase_index"] == phase_index
                 and obj["phase_start"] == phase_start
-                and phase_start <= obj["step"] <= limit
+                and phase_start <= obj["step"]
             ):
                 return obj
         except (KeyError, TypeError):
