@@ -33,19 +33,17 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from proxy.run_files.run_lock import HEARTBEAT_S, RunLockError, owner_alive, read_owner
 from proxy.supervision import beacon, proc_tree
 from proxy.supervision.beacon import Beacon
 from proxy.supervision.launch import (
     LaunchOptions,
-    die_with_parent,
-    kill_ranks,
+    kill_agent,
     local_ranks,
-    rank_env,
     reap_leftover_ranks,
     signal_pids,
+    spawn,
     static_argv,
 )
 from proxy.supervision.nodes import (
@@ -55,15 +53,14 @@ from proxy.supervision.nodes import (
     assign_node_rank,
     node_records,
     read_job,
+    read_node_record,
     record_alive,
 )
-from shared.atomic_io import read_json
 from shared.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy")
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STALE_OWNER_WAIT_S = 20.0  # a held lock under a dead owner's record: wait for the new (seconds)
 
 
@@ -119,11 +116,7 @@ class Follower:
         """The owner's node record is alive (its pid on this host, its heartbeat elsewhere);
         before it has one, its owner file's pid on this host, or the benefit of the doubt for
         NODE_STALE_S seconds."""
-        rec = read_json(
-            self.layout.node_record(self.owner["host"], self.owner["pid"]),
-            garbage="default",
-            expect=dict,
-        )
+        rec = read_node_record(self.layout, self.owner["host"], self.owner["pid"])
         if rec is not None:
             return record_alive(rec)
         return time.monotonic() - self._started < NODE_STALE_S
@@ -131,11 +124,7 @@ class Follower:
     def _owner_left_cleanly(self) -> bool:
         """The owner's node record says it left with exit code 0 (a stop while the nodes
         gathered, or between incarnations: proxy/supervision/nodes.py `NodeRecord.leave`)."""
-        rec = read_json(
-            self.layout.node_record(self.owner["host"], self.owner["pid"]),
-            garbage="default",
-            expect=dict,
-        )
+        rec = read_node_record(self.layout, self.owner["host"], self.owner["pid"])
         return bool(rec and rec.get("left") and rec.get("exit_code") == 0)
 
     def _owner_ended_clean(self) -> bool:
@@ -170,17 +159,7 @@ class Follower:
             job["run_id"],
             self.rdzv_timeout,
         )
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])
-        )
-        self.proc = subprocess.Popen(
-            argv,
-            env=rank_env(env),
-            start_new_session=True,
-            close_fds=True,
-            preexec_fn=die_with_parent,
-        )
+        self.proc = spawn(argv, torchrun=True, multi_node=True)
         self.incarnation = job["incarnation"]
         self._ended_at, self._stop_sent, self.ranks = None, False, []
         self.rec.write(
@@ -221,12 +200,7 @@ class Follower:
 
     def _kill_agent(self) -> None:
         assert self.proc is not None  # called only while an agent runs
-        ranks = self.ranks + local_ranks(self.proc.pid, str(self.layout.root))
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        kill_ranks(ranks)
+        kill_agent(self.proc.pid, self.ranks + local_ranks(self.proc.pid, str(self.layout.root)))
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:

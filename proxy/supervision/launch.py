@@ -21,16 +21,20 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
+from proxy.supervision.proc_tree import signal_group, signals_blocked
 from shared.processes import alive
 from shared.run.handshake import read_handshake
 from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy.supervision.launch")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -74,22 +78,27 @@ class LaunchOptions:
         return self.nproc_per_node * self.nodes
 
 
-def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> list[str]:
-    """argv that runs `python -m worker worker_args` under torchrun with `opts`.
-
-    Single node without a rendezvous endpoint: `--standalone` (a private store on a free port,
-    so several runs on one box never collide)."""
-    argv = [
+def _agent_argv(python: str, nproc_per_node: int) -> list[str]:
+    """torchrun's agent with `nproc_per_node` ranks per node; restarts are the proxy's job."""
+    return [
         python,
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
-        str(opts.nproc_per_node),
+        str(nproc_per_node),
         "--max-restarts",
         "0",
         "--monitor-interval",
         "0.5",
     ]
+
+
+def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> list[str]:
+    """argv that runs `python -m worker worker_args` under torchrun with `opts`.
+
+    Single node without a rendezvous endpoint: `--standalone` (a private store on a free port,
+    so several runs on one box never collide)."""
+    argv = _agent_argv(python, opts.nproc_per_node)
     if opts.rdzv_endpoint is None and opts.nnodes in (None, "1", "1:1"):
         argv.append("--standalone")
     else:
@@ -121,15 +130,7 @@ def static_argv(
     global rank of local rank l is node_rank x nproc_per_node + l; `timeout` seconds for every
     node's agent to reach the store."""
     return [
-        python,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(nproc_per_node),
-        "--max-restarts",
-        "0",
-        "--monitor-interval",
-        "0.5",
+        *_agent_argv(python, nproc_per_node),
         "--nnodes",
         str(nnodes),
         "--node-rank",
@@ -148,6 +149,25 @@ def static_argv(
         "worker",
         *worker_args,
     ]
+
+
+def spawn(argv: list[str], torchrun: bool, multi_node: bool) -> subprocess.Popen:
+    """Start `argv` (the worker, or torchrun's agent) in its own session, with PROJECT_ROOT on
+    PYTHONPATH. The agent dies with the proxy, even by SIGKILL, also while it waits for a
+    rendezvous (`die_with_parent`), and a multi-node one gets `rank_env`; a lone worker starts
+    with its signals blocked (proc_tree.signals_blocked: it unblocks them itself)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    if multi_node:
+        env = rank_env(env)
+    with signals_blocked(not torchrun):
+        return subprocess.Popen(
+            argv,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=die_with_parent if torchrun else None,
+        )
 
 
 def rank_env(env: dict) -> dict:
@@ -201,6 +221,13 @@ def signal_pids(pids: list[int], sig: int) -> int:
         except ProcessLookupError:
             pass
     return n
+
+
+def kill_agent(pgid: int, ranks: list[int]) -> None:
+    """SIGKILL the process group `pgid` (a lone worker's, or torchrun's agent's) and `ranks`
+    (`kill_ranks`: torchrun starts each rank in its own session)."""
+    signal_group(pgid, signal.SIGKILL)
+    kill_ranks(ranks)
 
 
 def kill_ranks(pids: list[int]) -> None:

@@ -1,13 +1,5 @@
-"""Several nodes, one run (docs/architecture.md#several-nodes): the owner/follower split and the files
-that carry it, all under `DIR/.nodes/` on the run directory's shared filesystem.
-
-The first proxy of a multi-node job to take the run lock is the OWNER: it does everything a
-single-node proxy does (creation, the bandit, the history, the sidecars, checkpoints and their
-retention) and its node is node rank 0, so global rank 0, the one rank that writes checkpoints and
-reports, is always on the owner's node. A proxy that finds the lock held by the owner of the same
-job (the same `--rdzv-id` and `--nnodes`, read from `.proxy.owner.json`) becomes a FOLLOWER
-(proxy/supervision/follower.py): it launches and signals its own node's ranks and writes nothing but its
-node record.
+"""Several nodes, one run (docs/architecture.md#several-nodes): the owner/follower split and the
+files that carry it, all under `DIR/.nodes/` on the run directory's shared filesystem.
 
     .nodes/job.json            owner: the job (token, nnodes, nproc per node) and the current
                                incarnation: its number, state ("launch", "ended", "done"),
@@ -17,15 +9,12 @@ node record.
                                runs, its agent's exit code, a stop request, a heartbeat
     .nodes/.lock               filelock around the node-rank counter
 
-Why the static rendezvous (torchrun `--rdzv-backend static`) and not c10d: c10d numbers the
-nodes in the order their agents arrive and ignores `--node-rank`, so global rank 0 could land on
-any node. With the static backend the agent of node rank 0 hosts the TCP store and the global
-rank is node_rank x nproc_per_node + local_rank; the owner announces the address and a fresh
-port of its store in job.json for every incarnation, and followers take node ranks 1..N-1
-from the counter here. Elastic membership (`--nnodes MIN:MAX`) is given up: the job is N nodes.
+The owner is node rank 0 of a static rendezvous (why: the docs' section above); followers take
+node ranks 1..N-1 from the counter here.
 
-What it is not: the supervision of the owner's incarnations (proxy/supervision/supervisor.py) or the
-follower's loop (proxy/supervision/follower.py); the launch argv is built in proxy/supervision/launch.py.
+What it is not: the supervision of the owner's incarnations (proxy/supervision/supervisor.py) or
+the follower's loop (proxy/supervision/follower.py); the launch argv is built in
+proxy/supervision/launch.py.
 """
 
 from __future__ import annotations
@@ -36,7 +25,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from filelock import FileLock
 
@@ -56,22 +44,19 @@ class NodeSetupError(RuntimeError):
     anything was written."""
 
 
-def nodes_dir(layout: RunLayout) -> Path:
-    return layout.nodes
-
-
-def job_path(layout: RunLayout) -> Path:
-    return layout.nodes_job
-
-
 def read_job(layout: RunLayout) -> dict | None:
     """The owner's job.json, or None before the owner wrote it."""
-    return read_json(job_path(layout), garbage="default", expect=dict)
+    return read_json(layout.nodes_job, garbage="default", expect=dict)
 
 
 def write_job(layout: RunLayout, job: dict) -> None:
-    nodes_dir(layout).mkdir(exist_ok=True)
-    atomic_write_json(job_path(layout), job)
+    layout.nodes.mkdir(exist_ok=True)
+    atomic_write_json(layout.nodes_job, job)
+
+
+def read_node_record(layout: RunLayout, host: str, pid: int) -> dict | None:
+    """The node record of the proxy `pid` on `host`, or None when it is missing or unreadable."""
+    return read_json(layout.node_record(host, pid), garbage="default", expect=dict)
 
 
 def record_alive(rec: dict, stale_s: float = NODE_STALE_S) -> bool:
@@ -87,7 +72,7 @@ def record_alive(rec: dict, stale_s: float = NODE_STALE_S) -> bool:
 def node_records(layout: RunLayout) -> list[dict]:
     """Every node record in `.nodes/` (live or not), sorted by node rank."""
     out: list[dict] = []
-    d = nodes_dir(layout)
+    d = layout.nodes
     if not d.is_dir():
         return out
     for p in sorted(d.glob("*.json")):
@@ -129,7 +114,7 @@ class NodeRecord:
         """Update fields and rewrite the record now (atomic; readers never see half of it)."""
         with self._lock:
             self.fields.update(changes)
-            nodes_dir(self.layout).mkdir(exist_ok=True)
+            self.layout.nodes.mkdir(exist_ok=True)
             atomic_write_json(
                 self.path,
                 {
@@ -204,7 +189,7 @@ class NodeRecord:
         with self._lock:
             self.path.unlink(missing_ok=True)
             try:
-                nodes_dir(self.layout).rmdir()
+                self.layout.nodes.rmdir()
             except OSError:
                 pass
 
@@ -233,7 +218,7 @@ def assign_node_rank(layout: RunLayout, token: str, nnodes: int, nproc: int) -> 
     """Register this proxy as a follower of job `token`: the lowest node rank in 1..nnodes-1 that
     no live follower holds, taken under `.nodes/.lock` so two nodes arriving together never
     share one. Raises NodeSetupError when every rank is held (more nodes than --nnodes)."""
-    nodes_dir(layout).mkdir(exist_ok=True)
+    layout.nodes.mkdir(exist_ok=True)
     with FileLock(str(layout.nodes_lock), timeout=30):
         held = {r.get("node_rank"): r for r in live_followers(layout, token)}
         free = [r for r in range(1, nnodes) if r not in held]
@@ -267,7 +252,7 @@ def wait_for_followers(
     while True:
         fol = live_followers(layout, token)
         ranks = sorted({r["node_rank"] for r in fol})  # a rank two took at once counts once
-        busy = [r for r in fol if _agent_running(r)]
+        busy = [r for r in fol if r.get("agent_pid") is not None]  # cleared when it exits
         if len(ranks) >= nnodes - 1 and len(fol) == len(ranks) and (busy_ok or not busy):
             return fol
         if stopping():
@@ -304,11 +289,6 @@ def wait_for_followers(
             said = now
         idle()
         time.sleep(0.05)
-
-
-def _agent_running(rec: dict) -> bool:
-    """The record says its agent runs (the follower clears agent_pid when its agent exits)."""
-    return rec.get("agent_pid") is not None
 
 
 def store_address(rdzv_endpoint: str | None) -> str:

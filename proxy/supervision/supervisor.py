@@ -41,13 +41,12 @@ from proxy.run_files.status_file import LiveStats, write_status
 from proxy.supervision import proc_tree
 from proxy.supervision.launch import (
     agent_descendants,
-    die_with_parent,
-    kill_ranks,
+    kill_agent,
     local_ranks,
-    rank_env,
     rank_pids,
     reap_leftover_ranks,
     signal_pids,
+    spawn,
     static_argv,
     torchrun_argv,
     wait_for_earlier_workers,
@@ -89,7 +88,6 @@ log = logging.getLogger("proxy")
 NODE_LOST_GRACE_S = 10.0  # a lost node's peers get this long to fail before they are killed
 STARTUP_GRACE_S = 300.0  # before its hello a worker may be importing torch / compiling
 POLL_IDLE_S = 0.1  # proxy loop period when no report arrived (seconds)
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class SupervisorError(RuntimeError):
@@ -190,18 +188,7 @@ class Supervisor:
             argv = self._owner_argv(argv[3:])
         elif o.launch.uses_torchrun:  # ranks watch the proxy's pid (--parent-pid), not the agent
             argv = torchrun_argv(sys.executable, argv[3:], o.launch)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])
-        )
-        if self.node is not None:
-            env = rank_env(env)
-        # the agent dies with the proxy, even by SIGKILL, also while it waits for a rendezvous
-        preexec = die_with_parent if o.launch.uses_torchrun else None
-        with proc_tree.signals_blocked(not o.launch.uses_torchrun):  # worker unblocks them
-            proc = subprocess.Popen(
-                argv, env=env, start_new_session=True, close_fds=True, preexec_fn=preexec
-            )
+        proc = spawn(argv, o.launch.uses_torchrun, self.node is not None)
         if self.node is not None:
             self.node.write(
                 agent_pid=proc.pid, incarnation=self.incarnation, agent_exit=None, ranks=[]
@@ -633,11 +620,7 @@ class Supervisor:
             if self.opts.launch.uses_torchrun
             else []
         )
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        kill_ranks(ranks)  # torchrun starts each rank in its own session
+        kill_agent(self.proc.pid, ranks)
 
     def _forward_usr1(self) -> None:
         """Forward pending SIGUSR1s to the worker. A single worker starts with SIGUSR1 blocked
