@@ -21,7 +21,7 @@ from collections.abc import Callable
 from proxy.mixture.bandit import BanditConfigError, parse_arm_values, resolve_bounds
 from proxy.observation.progress import fmt_duration, wall_seconds_per_update
 from proxy.run_files.checkpoint_lookup import run_dir_problem
-from proxy.run_files.phases import read_phases
+from proxy.run_files.phases import bounds_text, read_phases
 from proxy.run_files.pivot_request import (
     RequestLockTimeout,
     pending_request,
@@ -49,8 +49,6 @@ from shared.run.loss_history import LossHistory, tail_records
 # once when the boundary changes: a line per step made thousands of lines with fast steps.
 WAIT_LINE_EVERY_S = 30.0
 
-# ------------------------------------------------------------------------------ bounds
-
 
 def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[dict, dict]:
     """Parse and check pivot bounds against the run's arms: (caps, floors) as given (arms not
@@ -63,26 +61,16 @@ def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[
     return caps, floors
 
 
-# ------------------------------------------------------------------------------ proxy side
-
-# ------------------------------------------------------------------------------ the command
-
-
 def _last_filed(layout: RunLayout) -> int:
     recs = tail_records(layout.loss, 8192)
     return recs[-1]["step"] if recs else 0
 
 
-def _seconds_per_update(layout: RunLayout) -> float | None:
-    """Wall seconds per update over the history's last 50 steps (the progress line's ETA
-    window, proxy/observation/progress.py), None before two records."""
-    return wall_seconds_per_update(tail_records(layout.loss))
-
-
 def when(layout: RunLayout, togo: int) -> str:
     """ ", about H:MM:SS at the recent S s per update" for `togo` steps, or "" when the rate is
-    not known yet."""
-    spu = _seconds_per_update(layout)
+    not known yet (wall seconds per update over the history's last 50 steps, the progress
+    line's ETA window: proxy/observation/progress.py)."""
+    spu = wall_seconds_per_update(tail_records(layout.loss))
     if not spu:
         return ""
     return f", about {fmt_duration(togo * spu)} at the recent {spu:.1f} s per update"
@@ -93,10 +81,6 @@ def _planned_steps(layout: RunLayout, cfg: RunConfig) -> int:
         return int(read_status(layout)["max_steps"])
     except (KeyError, TypeError, ValueError):
         return cfg.max_steps
-
-
-def _fmt(bounds: dict) -> str:
-    return ",".join(f"{k}={v:g}" for k, v in sorted(bounds.items())) or "none"
 
 
 def _refuse(msg: str) -> int:
@@ -131,7 +115,7 @@ def _pivot(layout: RunLayout, a) -> int:
     if given + a.keep_bounds + a.no_bounds != 1:
         try:
             ph = read_phases(layout)[-1]
-            now = f"caps {_fmt(ph.caps)}, floors {_fmt(ph.floors)}"
+            now = f"caps {bounds_text(ph.caps)}, floors {bounds_text(ph.floors)}"
         except (ConfigError, OSError, ValueError):  # named by the run that reads it
             now = "see `status`"
         return _refuse(

@@ -21,7 +21,7 @@ import re
 from proxy.mixture.arm_bounds import parse_arm_values
 from proxy.observation.tensorboard_log import check_available as check_tensorboard
 from proxy.observation.wandb_log import check_available as check_wandb
-from proxy.run_files.phases import read_phases
+from proxy.run_files.phases import bounds_text, read_phases
 from proxy.supervision.launch import LaunchOptions
 from proxy.supervision.run_options import ProxyOptions
 from shared.data.arms import parse_arm_option
@@ -632,7 +632,7 @@ def _check_same_bounds(a, cfg: RunConfig, layout: RunLayout) -> None:
         if not text:
             continue
         got = parse_arm_values(text, names, opt)
-        shown = ",".join(f"{k}={v:g}" for k, v in sorted(have.items())) or "none"
+        shown = bounds_text(have)
         if got == have:
             continue
         if phase.index > 0 and got == created:

@@ -113,9 +113,9 @@ def read_config_file(path: Path, parser: argparse.ArgumentParser) -> dict:
 
 def parse_run_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """Parse the `run` options `argv` with `--config FILE` applied (command line > file >
-    default). The namespace gains `config_values` ({dest: value} from the file) and
-    `sources` ({dest: "command line" | "file" | "default"}). Raises ConfigError for a bad file;
-    argparse exits 2 for a bad command line, as without a file."""
+    default). The namespace gains `sources` ({dest: "command line" | "file" | "default"}).
+    Raises ConfigError for a bad file; argparse exits 2 for a bad command line, as without a
+    file."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     known, _ = pre.parse_known_args(argv)
@@ -135,7 +135,6 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse
     for d, v in given.items():  # a repeatable option on the command line replaces the file's
         if d in actions and isinstance(actions[d], argparse._AppendAction):  # noqa: SLF001
             setattr(ns, d, v)
-    ns.config_values = values
     ns.sources = {
         d: COMMAND_LINE if d in given else FILE if d in values else DEFAULT for d in actions
     }

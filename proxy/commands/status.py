@@ -30,13 +30,12 @@ from proxy.mixture.bandit import Bandit, BanditConfigError
 from proxy.observation.progress import wall_seconds_per_update
 from proxy.run_files.checkpoint_lookup import run_dir_problem
 from proxy.run_files.loss_ema import loss_ema
-from proxy.run_files.phases import phase_entries
+from proxy.run_files.phases import bounds_text, phase_entries
 from proxy.run_files.pivot_request import pending_request
 from proxy.run_files.run_lock import read_owner
 from proxy.run_files.sidecars import read_state
 from proxy.run_files.status_file import read_status
-from proxy.supervision.nodes import node_records, record_alive
-from shared.atomic_io import read_json
+from proxy.supervision.nodes import node_records, read_node_record, record_alive
 from shared.checkpoint.directory import list_checkpoints
 from shared.checkpoint.file_format import CheckpointError
 from shared.checkpoint.manifest import manifest_checksums, read_manifest
@@ -61,11 +60,7 @@ def _proxy_alive(owner: dict | None, run_dir) -> bool:
     started before it wrote the file (so not a recycled pid); the owner of a multi-node job on
     another host: its node record's heartbeat is fresh (proxy/supervision/nodes.py)."""
     if owner and owner.get("job") and owner.get("host") != socket.gethostname():
-        rec = read_json(
-            RunLayout(run_dir).node_record(owner["host"], owner["pid"]),
-            garbage="default",
-            expect=dict,
-        )
+        rec = read_node_record(RunLayout(run_dir), owner["host"], owner["pid"])
         return rec is not None and record_alive(rec)
     if not owner or owner.get("host") != socket.gethostname():
         return False
@@ -332,10 +327,6 @@ def _nodes(layout: RunLayout, owner: dict | None) -> list[dict]:
     ]
 
 
-def _bounds(v: dict | None) -> str:
-    return ",".join(f"{k}={x:g}" for k, x in sorted((v or {}).items())) or "none"
-
-
 def _batch_and_eta(cfg, worker: dict, recent: list[dict], step: int, max_steps: int) -> dict:
     """Tokens per update, micro-batches per update (docs/configuration.md#batch-and-accumulation:
     the running worker's figures, else run.json's) and the projected seconds to `max_steps`
@@ -431,14 +422,14 @@ def _phase_lines(d: dict) -> list[str]:
     if ph.get("index") is not None:
         lines.append(
             f"phase       {ph['index']} {ph['label']!r} from step {ph['start_step']:,}  "
-            f"caps {_bounds(ph.get('caps'))}  floors {_bounds(ph.get('floors'))}"
+            f"caps {bounds_text(ph.get('caps'))}  floors {bounds_text(ph.get('floors'))}"
         )
     pr = d.get("pivot_request")
     if pr:
         at = f", at step {pr['step']:,}" if pr.get("step") is not None else ""
         lines.append(
             f"pivot       pending: {pr['label']!r} ({pr['state']}{at}) caps "
-            f"{_bounds(pr.get('caps'))} floors {_bounds(pr.get('floors'))}"
+            f"{bounds_text(pr.get('caps'))} floors {bounds_text(pr.get('floors'))}"
         )
     return lines
 

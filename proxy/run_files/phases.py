@@ -28,6 +28,11 @@ class Phase:
     lifetime_pulls: dict[str, int] = field(default_factory=dict)
 
 
+def bounds_text(bounds: dict | None) -> str:
+    """Caps or floors as the messages write them: "a=0.3,b=0.1", or "none"."""
+    return ",".join(f"{k}={v:g}" for k, v in sorted((bounds or {}).items())) or "none"
+
+
 def read_phases(layout: RunLayout) -> list[Phase]:
     """All phases, oldest first. Raises ConfigError naming the file when unreadable."""
     try:
