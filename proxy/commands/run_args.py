@@ -15,6 +15,7 @@ bounds' rules (proxy/mixture/arm_bounds.py) or the supervision itself (proxy/sup
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import re
 
@@ -658,16 +659,9 @@ def _check_same_bounds(a, cfg: RunConfig, layout: RunLayout) -> None:
 
 
 def launch_options(a) -> LaunchOptions:
-    """The torchrun options of namespace `a` (checked by `check_run_options`)."""
-    return LaunchOptions(
-        nproc_per_node=a.nproc_per_node,
-        nnodes=a.nnodes,
-        node_rank=a.node_rank,
-        rdzv_endpoint=a.rdzv_endpoint,
-        rdzv_id=a.rdzv_id,
-        rdzv_backend=a.rdzv_backend,
-        rdzv_timeout=a.rdzv_timeout,
-    )
+    """The torchrun options of namespace `a` (checked by `check_run_options`): every field of
+    LaunchOptions is the option of the same name."""
+    return LaunchOptions(**{f.name: getattr(a, f.name) for f in dataclasses.fields(LaunchOptions)})
 
 
 def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
@@ -689,25 +683,9 @@ def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
             a.micro_batch_size,
             cfg.micro_batch_size or "none (one pass)",
         )
-    return ProxyOptions(
-        max_steps=a.max_steps,
-        usr1_at=a.usr1_at,
-        device=a.device,
-        keep_last=a.keep_last,
-        keep_every=a.keep_every,
-        max_restarts=a.max_restarts,
-        hang_timeout=a.hang_timeout,
-        stop_timeout=a.stop_timeout,
-        print_every=a.print_every,
-        samples_keep=a.samples_keep,
-        from_scratch=a.from_scratch,
-        stop_on_collapse=a.stop_on_collapse,
-        launch=lo,
-        compile=a.compile,
-        precision=a.precision,
-        tensorboard=a.tensorboard,
-        wandb=a.wandb,
-        micro_batch_size=a.micro_batch_size,
-        replan=a.replan,
-        decay_at=a.decay_at,
-    )
+    per_start = {
+        f.name: getattr(a, f.name)
+        for f in dataclasses.fields(ProxyOptions)
+        if f.name not in ("backoff", "launch")  # every other field: the option of its name
+    }
+    return ProxyOptions(**per_start, launch=lo)
