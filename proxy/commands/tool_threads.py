@@ -1,13 +1,8 @@
-"""Threads of the read-only commands (`sample`, `export`, `plot`, `inspect`): one by default, so
-a command run beside a live training run never competes with it for cores
-(docs/operations.md#beside-a-live-run).
-
-Measured on 2 shared cores beside an andrea-12m run: `sample --samples 2` took 129.7 s with two
-threads and 5.3 s with one, and training slowed from 8.4 to 14.4 s per update meanwhile
-(`scripts/bench_sample.py` measures it again). The number is `--threads N`, else
-OMP_NUM_THREADS, else 1; it is put into the environment of every thread pool a library reads
-at import (OpenMP, MKL, OpenBLAS, the tokenizers library's rayon) before numpy or torch is
-imported, and into torch (`torch.set_num_threads`) by the command that imports it.
+"""Threads of the read-only commands (`sample`, `export`, `plot`, `inspect`): `--threads N`,
+else OMP_NUM_THREADS, else 1, so a command run beside a live training run never competes with it
+for cores (docs/operations.md#beside-a-live-run, measured by `scripts/bench_sample.py`). The
+number goes into the environment of every thread pool a library reads at import, before numpy or
+torch is imported, and into torch by the command that imports it.
 
 What it is not: the worker's threads (worker/), nor the proxy's `run`.
 """

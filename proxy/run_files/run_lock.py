@@ -1,21 +1,10 @@
 """One proxy per run directory (docs/architecture.md#one-proxy-per-run-directory): a `filelock`
-lock held for the proxy's life, and for a multi-node job an owner record that beats.
-
-The lock is an advisory flock on `.proxy.lock`: the kernel releases it when the holder dies, so a
-lock left by a dead process never blocks, and its descriptor is close-on-exec, so the worker never
-inherits it. `.proxy.owner.json` names the holder (host, pid, start time) for the refusal message.
-
-Several nodes (docs/architecture.md#several-nodes): a shared filesystem may not share flock locks
-between hosts (NFS mounted `nolock` or `local_lock=all`, some FUSE and object-store mounts), so
-each node's proxy would get "its" lock and every node would own the run. The owner of a
-multi-node job therefore also keeps its owner record beating (`heartbeat`, every HEARTBEAT_S
-seconds, with the job's `token`), and a proxy that got the flock still reads the record first:
-a live owner of another token (on this host: its pid runs and started before the record; on
-another host: its heartbeat moves while we watch, at most OWNER_STALE_S seconds) holds the run,
-and this proxy is refused or follows it exactly as if the flock had said so. Two proxies that
-claim a free record at the same moment both see the other's token at their next beat; the
-earlier claim (started_at, then token) keeps the run, the other yields (`lost`). A record marked
-`released` (a clean exit) is free at once.
+lock on `.proxy.lock` held for the proxy's life, and `.proxy.owner.json` naming the holder (host,
+pid, start time) for the refusal message. The owner of a multi-node job also keeps its owner
+record beating, for filesystems that do not share the flock between hosts
+(docs/architecture.md#several-nodes, "Who owns"): a live owner of another token holds the run
+whatever the flock says, and of two simultaneous claims the earlier (started_at, then token)
+keeps it; a record marked `released` (a clean exit) is free at once.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""`.state.snapshots.jsonl`: the mixture controller's state at every durable checkpoint.
-
-Why: a resume from checkpoint S must rebuild the bandit exactly as it was after update S
-(docs/bandit.md#determinism). Replaying `.loss.json` from the phase start does that but costs seconds at
-200,000 records; starting from the newest snapshot at or before S and replaying only the records
-after it gives the same state (Bandit.from_dict is exact) in milliseconds. Snapshots are a cache:
-when none fits, the supervisor replays from the phase start.
+"""`.state.snapshots.jsonl`: the mixture controller's state at every durable checkpoint, a cache
+so a resume from checkpoint S replays only the history after the newest snapshot at or before S
+instead of the whole phase (same state: Bandit.from_dict is exact; docs/bandit.md#determinism).
 
 One JSON object per line, appended: {"step", "phase_index", "phase_start", "next", "policies",
 "bandit"} (MixtureController.to_snapshot), or {"rewound_to": S} when the history was cut back to

@@ -1,22 +1,12 @@
-"""The job beacon at `--rdzv-endpoint` (docs/architecture.md#several-nodes): catches two owners of
-one job that do not share a run directory.
+"""The job beacon at `--rdzv-endpoint` (docs/architecture.md#several-nodes, "Bad set-ups"):
+catches two owners of one job that do not share a run directory. A proxy of the job on the
+endpoint's host listens on that port and answers every connection with one JSON line naming
+the job it serves (rdzv id, the owner's token, the run directory, host and pid); every owner
+elsewhere asks it and sends its own line back.
 
-A node whose `--run-dir` is not the directory the other nodes share finds that directory's lock
-free and becomes the owner of it: two owners of one job, each waiting for followers that never
-come. The run directory cannot tell them apart, the endpoint can: a proxy of the job on the
-endpoint's host (owner or follower, when `--rdzv-endpoint`'s host is an address of its machine)
-listens on that port and answers every connection with one JSON line naming the job it serves
-(rdzv id, the owner's token, the run directory, host and pid). Every owner elsewhere asks it,
-sending its own line back; a different token of the same job id, whose node record is not in the
-asker's run directory (so: another directory), is a second owner: the asker is refused (exit 2)
-naming both run directories, and the beacon's owner, told by that line, stops too while its
-nodes still gather (the job cannot form until the nodes share one directory). The port is free
-for this: the rendezvous itself runs on a fresh port the owner posts (proxy/supervision/nodes.py).
-
-What it is not: a rendezvous or a channel for anything else. Two owners in ONE directory whose
-filesystem does not share flock between hosts are told apart by the owner record
-(proxy/run_files/run_lock.py). When no node runs on the endpoint's host, nothing answers: the
-owner says so, and a second owner is then only caught at the deadline.
+What it is not: a rendezvous (that runs on a fresh port the owner posts,
+proxy/supervision/nodes.py), or the check of two owners in ONE directory whose filesystem does
+not share flock between hosts (the owner record, proxy/run_files/run_lock.py).
 """
 
 from __future__ import annotations

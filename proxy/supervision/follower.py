@@ -1,24 +1,9 @@
-"""A follower node's proxy (docs/architecture.md#several-nodes): launch and signal this node's ranks
-for each incarnation the owner posts, write nothing but this node's record.
-
-`python -m proxy run` with `--nnodes N > 1` on a run directory whose lock is held by the owner of
-the same job (same `--rdzv-id`, `--nnodes`, `--nproc-per-node`) becomes a follower. It takes a
-node rank in 1..N-1 (proxy/supervision/nodes.py `assign_node_rank`), then loops:
-
-- the owner posts incarnation n in `.nodes/job.json` (the worker's arguments, the address and
-  port of its static rendezvous store): the follower starts torchrun's agent with its node rank,
-  `--parent-pid` its own pid (its ranks watch it) and the parent-death signal (the agent dies
-  with the follower, even by SIGKILL);
-- SIGTERM/SIGINT/SIGHUP: the stop is written into the node record (the owner stops too, and
-  starts no new incarnation) and SIGTERM goes to this node's ranks; the ranks' step-boundary
-  agreement gives every rank of every node the same checkpoint step; exit 0 once the agent is
-  gone. SIGUSR1 goes to this node's ranks (the agreement makes it one checkpoint on all);
-- the agent exits: its code goes into the record; the follower waits for the next incarnation
-  or for the job's end ("done": exit 0);
-- the owner's incarnation ended while this node's agent still runs (a rank elsewhere died): its
-  ranks get `--stop-timeout` seconds, then SIGKILL;
-- the owner is lost (its record stale, its pid gone): exit 1, naming it; nothing here takes
-  over the run (one history, never forked).
+"""A follower node's proxy (docs/architecture.md#several-nodes, docs/signals.md#several-nodes):
+launch and signal this node's ranks for each incarnation the owner posts in `.nodes/job.json`,
+write nothing but this node's record. It takes a node rank in 1..N-1 (proxy/supervision/nodes.py
+`assign_node_rank`); a stop signal is written into its record (the owner stops too) and sent
+to this node's ranks; the ranks of an incarnation the owner ended get `--stop-timeout`, then
+SIGKILL; a lost owner makes it exit 1 (nothing here takes over the run).
 
 What it is not: the owner's supervision (proxy/supervision/supervisor.py) or the node files
 (proxy/supervision/nodes.py).

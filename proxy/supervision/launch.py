@@ -1,19 +1,10 @@
-"""Launching the worker with torchrun and reaching its ranks (docs/signals.md#several-ranks,
-docs/architecture.md#processes).
+"""Launching the worker, alone or under torchrun, and reaching its ranks
+(docs/signals.md#several-ranks, docs/architecture.md#processes). torchrun's agent takes every
+signal as "stop everything", so once the ranks announced their pids in the handshake the proxy
+signals them directly; restarts are the proxy's job (`--max-restarts 0` for the agent).
 
-With `--nproc-per-node N > 1` or any rendezvous option the proxy starts
-`python -m torch.distributed.run --nproc-per-node N ... -m worker ARGS` instead of
-`python -m worker ARGS`. torchrun's elastic agent treats every signal it handles as "stop
-everything" (it forwards SIGTERM to the ranks and SIGKILLs them after its own 30 s shutdown
-timeout), and it starts each rank in its own session. So the proxy never signals the agent while
-the ranks are known: every rank adds its pid to the handshake's `worker.pids` when it starts
-(worker/trainer.py `announce`), and SIGUSR1/SIGTERM go to those pids directly. The agent exits by
-itself once all ranks have exited. Restarts are the proxy's job (`--max-restarts 0` for the
-agent), so a rank that dies takes the whole group down and the proxy resumes all ranks from the
-newest valid checkpoint.
-
-What it is not: the supervision loop (proxy/supervision/supervisor.py) or process-group set-up inside the
-worker (worker/distributed.py). No torch import here: the proxy stays light.
+What it is not: the supervision loop (proxy/supervision/supervisor.py) or process-group set-up
+inside the worker (worker/distributed.py). No torch import here: the proxy stays light.
 """
 
 from __future__ import annotations

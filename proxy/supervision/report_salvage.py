@@ -1,12 +1,7 @@
-"""File the step reports a dead proxy never read (docs/history.md).
-
-When the proxy is killed (SIGKILL, OOM killer, power to a login node...), its worker notices
-within seconds, finishes its step, checkpoints and exits, but the last few step reports sit
-unfiled in `.reports.jsonl`. The next proxy's first incarnation resets the handshake, which
-deletes that file; so before anything else the new proxy appends the reports that continue the
-history (step last+1, last+2, ... without a gap) to `.loss.json`, each marked "filed_late". The
-usual resume logic then rewinds whatever lies past the checkpoint it loads, so `.loss.json` ends
-up holding exactly one record per step 1..S, as if the proxy had never died.
+"""File the step reports a dead proxy never read (docs/history.md#reports-a-dead-proxy-never-read):
+before the first incarnation resets the handshake (which deletes `.reports.jsonl`), the reports
+that continue the history without a gap are appended to `.loss.json`, each marked "filed_late";
+the usual rewind then removes whatever lies past the checkpoint loaded.
 """
 
 from __future__ import annotations

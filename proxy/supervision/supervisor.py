@@ -1,16 +1,11 @@
 """Supervision of the worker (docs/architecture.md#processes, docs/signals.md): spawn, forward
 signals, watch, restart.
 
-One incarnation = plan the resume (proxy/supervision/resume_planning.py: the checkpoint, the history and the
-mixture controller made to describe exactly that step), post the policies, spawn `python -m
-worker` (argv list, no shell, its own session), then watch: hand every report to the filer
-(proxy/supervision/report_filing.py), forward signals, detect crash and hang. A worker that exits non-zero or
-hangs is restarted from the newest valid checkpoint with back-off, up to `max_restarts` in a row
-(an incarnation that wrote a new checkpoint before it failed starts the count again);
-SIGTERM/SIGINT/SIGHUP to the proxy stop the worker cleanly and exit 0. A polish pivot happens in
-place (docs/pivots.md): the worker stops at the boundary B, the next incarnation's planning
-archives the phase and records the new one, and a new worker starts from step_B.bin; the
-proxy's pid never changes.
+One incarnation = plan the resume (proxy/supervision/resume_planning.py), post the policies,
+spawn the worker, then watch: hand every report to the filer (report_filing.py), forward
+signals, detect crash and hang, serve pivots in place (docs/pivots.md#live-runs: the proxy's pid
+never changes). A worker that exits non-zero or hangs is restarted from the newest valid
+checkpoint with back-off, up to `max_restarts` in a row without a new checkpoint.
 
 What it is not: the options (proxy/supervision/run_options.py, built by
 proxy/commands/run_args.py), the run's creation (proxy/supervision/run_setup.py).
