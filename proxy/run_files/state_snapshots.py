@@ -44,15 +44,14 @@ def append_snapshot(layout: RunLayout, snap: dict) -> None:
     compact(layout)
 
 
-def compact(layout: RunLayout, at: int = COMPACT_AT) -> int:
+def compact(layout: RunLayout, at: int = COMPACT_AT) -> None:
     """Rewrite the file when it holds more than `at` lines: rewind markers applied (the lines
     they invalidate dropped), then only the snapshots whose checkpoint file still exists, plus
     the newest one. Torn lines are dropped. A resume from a checkpoint whose snapshot is gone
-    replays from the phase start instead (same state, slower). Returns the lines kept, or 0
-    when nothing was rewritten."""
+    replays from the phase start instead (same state, slower)."""
     lines = _lines(layout)
     if len(lines) <= at:
-        return 0
+        return
     on_disk = {s for s, _ in list_checkpoints(layout.root)}
     keep = [
         raw
@@ -60,7 +59,6 @@ def compact(layout: RunLayout, at: int = COMPACT_AT) -> int:
         if i == 0 or int(obj["step"]) in on_disk
     ]
     atomic_write_bytes(layout.state_snapshots, b"".join(r + b"\n" for r in reversed(keep)))
-    return len(keep)
 
 
 def _lines(layout: RunLayout) -> list[bytes]:

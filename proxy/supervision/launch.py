@@ -202,16 +202,13 @@ def rank_pids(layout: RunLayout) -> list[int]:
     return [int(p) for p in w.get("pids") or [] if isinstance(p, int) and p > 0]
 
 
-def signal_pids(pids: list[int], sig: int) -> int:
-    """Send `sig` to each pid that still exists; returns how many were signalled."""
-    n = 0
+def signal_pids(pids: list[int], sig: int) -> None:
+    """Send `sig` to each pid that still exists."""
     for pid in pids:
         try:
             os.kill(pid, sig)
-            n += 1
         except ProcessLookupError:
             pass
-    return n
 
 
 def kill_agent(pgid: int, ranks: list[int]) -> None:
@@ -250,15 +247,15 @@ def _is_our_rank(pid: int, run_dir: str) -> bool:
     return b"worker" in argv and os.fsencode(run_dir) in argv
 
 
-def wait_for_earlier_workers(layout: RunLayout, grace: float) -> list[int]:
+def wait_for_earlier_workers(layout: RunLayout, grace: float) -> None:
     """A proxy killed by SIGKILL leaves its worker running: it notices the parent's death,
     checkpoints and exits by itself (docs/signals.md#kill--9), which can take a while on a busy
     machine. A new proxy must not plan its resume while that worker may still write a checkpoint
     or reports. Waits up to `grace` seconds for every worker the handshake names (this run's
-    only, checked by command line), then SIGKILLs what is left. Returns the pids waited for."""
+    only, checked by command line), then SIGKILLs what is left."""
     ours = [p for p in rank_pids(layout) if p != os.getpid() and _is_our_rank(p, str(layout.root))]
     if not ours:
-        return []
+        return
     log.warning(
         "worker pid(s) %s of an earlier proxy still run on %s: waiting up to %.0f s for "
         "their checkpoint and exit before resuming",
@@ -267,12 +264,11 @@ def wait_for_earlier_workers(layout: RunLayout, grace: float) -> list[int]:
         grace,
     )
     _wait_then_kill(ours, grace, "worker pid(s) %s did not exit within %.0f s: killing them")
-    return ours
 
 
-def _wait_then_kill(pids: list[int], grace: float, why: str) -> list[int]:
+def _wait_then_kill(pids: list[int], grace: float, why: str) -> None:
     """Wait up to `grace` seconds for `pids` to exit, then SIGKILL (and log `why` % (left,
-    grace)) those still alive; returns them."""
+    grace)) those still alive."""
     end = time.monotonic() + grace
     while time.monotonic() < end and any(alive(p) for p in pids):
         time.sleep(0.05)
@@ -280,14 +276,10 @@ def _wait_then_kill(pids: list[int], grace: float, why: str) -> list[int]:
     if left:
         log.error(why, left, grace)
         kill_ranks(left)
-    return left
 
 
-def reap_leftover_ranks(pids: list[int], run_dir: str, grace: float = 10.0) -> list[int]:
+def reap_leftover_ranks(pids: list[int], run_dir: str, grace: float = 10.0) -> None:
     """After the agent exited: wait up to `grace` seconds for ranks still running (this run's
-    only), then SIGKILL them. Returns the pids that had to be killed (logged: nothing may be
-    left holding a GPU)."""
+    only), then SIGKILL them, logged: nothing may be left holding a GPU."""
     ours = [p for p in pids if _is_our_rank(p, run_dir)]
-    return _wait_then_kill(
-        ours, grace, "ranks %s outlived the torchrun agent by %.0f s: killing them"
-    )
+    _wait_then_kill(ours, grace, "ranks %s outlived the torchrun agent by %.0f s: killing them")

@@ -59,14 +59,14 @@ def read_node_record(layout: RunLayout, host: str, pid: int) -> dict | None:
     return read_json(layout.node_record(host, pid), garbage="default", expect=dict)
 
 
-def record_alive(rec: dict, stale_s: float = NODE_STALE_S) -> bool:
+def record_alive(rec: dict) -> bool:
     """A node record's proxy is alive: on this host, its pid exists; on another host, its
-    heartbeat is younger than `stale_s` seconds."""
+    heartbeat is younger than NODE_STALE_S seconds."""
     if rec.get("left"):
         return False
     if rec.get("host") == socket.gethostname():
         return alive(rec.get("pid"))
-    return time.time() - float(rec.get("heartbeat") or 0) < stale_s
+    return time.time() - float(rec.get("heartbeat") or 0) < NODE_STALE_S
 
 
 def node_records(layout: RunLayout) -> list[dict]:
@@ -241,10 +241,9 @@ def wait_for_followers(
     timeout: float,
     stopping=lambda: False,
     idle=lambda: None,
-    busy_ok: bool = False,
 ) -> list[dict] | None:
     """Wait until nnodes-1 live followers of job `token` have joined and none still runs an
-    agent of an earlier incarnation (unless `busy_ok`). Returns their records, or None when
+    agent of an earlier incarnation. Returns their records, or None when
     `stopping()` turned true. Raises NodeSetupError after `timeout` seconds, naming the node
     ranks that are missing and the ones present. `idle()` is called between polls."""
     end = time.monotonic() + timeout
@@ -253,7 +252,7 @@ def wait_for_followers(
         fol = live_followers(layout, token)
         ranks = sorted({r["node_rank"] for r in fol})  # a rank two took at once counts once
         busy = [r for r in fol if r.get("agent_pid") is not None]  # cleared when it exits
-        if len(ranks) >= nnodes - 1 and len(fol) == len(ranks) and (busy_ok or not busy):
+        if len(ranks) >= nnodes - 1 and len(fol) == len(ranks) and not busy:
             return fol
         if stopping():
             return None

@@ -18,7 +18,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
 from proxy.fault_injection import pivot_fault
@@ -138,16 +137,15 @@ def take_back_pivot_stop(control: dict, b: int | None) -> None:
 
 
 @_under_request_lock
-def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:
+def follow_worker_boundary(layout: RunLayout, step: int) -> None:
     """The worker started its pivot checkpoint at `step`. B was chosen from the last step the
     proxy had filed, and the worker may already have been past it when the control request
     reached it; it then stops at its next checkpoint boundary instead (shared/run/handshake.py
     `control_stops_at`). The request's B becomes that step, so the pivot happens where the
-    worker really stopped (docs/pivots.md#the-boundary). Returns the new B when it moved, else
-    None."""
+    worker really stopped (docs/pivots.md#the-boundary)."""
     req = read_request(layout)
     if not req or req.get("state") != "boundary" or req.get("step") == step:
-        return None
+        return
     old = req.get("step")
     req.update(step=step, planned_step=old)
     write_request(layout, req)
@@ -158,24 +156,22 @@ def follow_worker_boundary(layout: RunLayout, step: int) -> int | None:
         old,
         step,
     )
-    return step
 
 
 @_under_request_lock
-def fail_unserved(layout: RunLayout, last_step: int, max_steps: int) -> bool:
+def fail_unserved(layout: RunLayout, last_step: int, max_steps: int) -> None:
     """The run ended at its last step (`last_step` >= `max_steps`) with a pivot's boundary still
     ahead: nothing would train in the new phase, so the request gets state "failed" with the
-    reason (the `pivot` command prints it). Returns True when it did."""
+    reason (the `pivot` command prints it)."""
     req = pending_request(layout)
     if not req or req.get("state") != "boundary" or last_step < max_steps:
-        return False
+        return
     _fail(
         layout,
         req,
         f"the run reached its last step {max_steps} before the pivot's "
         f"boundary (step {req.get('step')})",
     )
-    return True
 
 
 def _fail(layout: RunLayout, req: dict, why: str) -> None:
@@ -216,7 +212,7 @@ def pivot_due(layout: RunLayout, step: int) -> dict | None:
     return None
 
 
-def archive_sidecars(layout: RunLayout, step: int, bandit: dict, phase: dict) -> Path:
+def archive_sidecars(layout: RunLayout, step: int, bandit: dict, phase: dict) -> None:
     """Archive the old phase at `step` into archive/pivot-<step>/ via pivot-<step>.tmp/ and one
     rename, so the archive is complete or absent (docs/pivots.md#crash-safety): `.state.json` =
     `bandit` (the old phase's bandit at `step`, replayed from the history) and `.samples.json`
@@ -225,7 +221,7 @@ def archive_sidecars(layout: RunLayout, step: int, bandit: dict, phase: dict) ->
     originals stay until the phase is recorded. Idempotent: an existing archive is kept."""
     dest = layout.pivot_archive(step)
     if dest.exists():
-        return dest
+        return
     tmp = layout.pivot_archive_tmp(step)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -241,16 +237,15 @@ def archive_sidecars(layout: RunLayout, step: int, bandit: dict, phase: dict) ->
     tmp.replace(dest)
     fsync_dir(layout.archive)
     log.info("archived .samples.json and .state.json to %s", dest.relative_to(layout.root))
-    return dest
 
 
 @_under_request_lock
-def mark_running(layout: RunLayout, step: int, worker_pid: int | None, first_step: int) -> bool:
+def mark_running(layout: RunLayout, step: int, worker_pid: int | None, first_step: int) -> None:
     """The new worker filed `first_step` after the pivot at `step`: state "running", and the
-    request moves into archive/pivot-<step>/ (the record of what was asked). True if done."""
+    request moves into archive/pivot-<step>/ (the record of what was asked)."""
     req = read_request(layout)
     if not req or req.get("state") != "recorded" or req.get("step") != step:
-        return False
+        return
     req.update(
         state="running", worker_pid=worker_pid, first_step=first_step, running_at=time.time()
     )
@@ -262,4 +257,3 @@ def mark_running(layout: RunLayout, step: int, worker_pid: int | None, first_ste
         worker_pid,
         first_step,
     )
-    return True

@@ -94,23 +94,17 @@ def become_subreaper() -> bool:
         return False
 
 
-def reap_orphans(keep: set[int]) -> list[int]:
+def reap_orphans(keep: set[int]) -> None:
     """Reap every exited child except those in `keep` (the worker, whose status belongs to its
     Popen), without blocking. Peeks with waitid(WNOWAIT) so the worker's status is never
-    stolen; returns the pids reaped. Cost: one syscall when nothing is waiting."""
-    reaped: list[int] = []
-    while True:
-        try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return reaped
-        if info is None or info.si_pid == 0 or info.si_pid in keep:
-            return reaped  # nothing waiting, or the worker first (Popen.poll reaps it next)
-        try:
+    stolen. Cost: one syscall when nothing is waiting."""
+    try:
+        while (info := os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)) is not None:
+            if info.si_pid == 0 or info.si_pid in keep:
+                return  # nothing waiting, or the worker first (Popen.poll reaps it next)
             os.waitpid(info.si_pid, os.WNOHANG)
-            reaped.append(info.si_pid)
-        except ChildProcessError:
-            return reaped
+    except ChildProcessError:
+        return
 
 
 def describe(pid: int) -> str:

@@ -15,12 +15,11 @@ from shared.run.loss_history import LossHistory
 log = logging.getLogger("proxy")
 
 
-def salvage_step_reports(layout: RunLayout, history: LossHistory, phases: list) -> int:
+def salvage_step_reports(layout: RunLayout, history: LossHistory, phases: list) -> None:
     """Append to `history` the step reports in `.reports.jsonl` that continue it without a gap.
 
     `phases`: proxy.mixture.Phase list (oldest first); a record of step s gets the phase whose
-    start_step < s, as the live proxy would have filed it. Returns the number of records filed.
-    """
+    start_step < s, as the live proxy would have filed it."""
     last = history.last_step or 0
     recs = []
     for r in ReportReader(layout).read():
@@ -44,4 +43,3 @@ def salvage_step_reports(layout: RunLayout, history: LossHistory, phases: list) 
             recs[0]["step"],
             recs[-1]["step"],
         )
-    return len(recs)
