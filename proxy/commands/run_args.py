@@ -413,6 +413,7 @@ def check_run_options(a) -> None:
     """Refuse bad supervision numbers before anything is created or started
     (docs/architecture.md#bad-input-and-faults). Raises ConfigError naming the option, the value
     and the rule."""
+    device = a.device
     rules = [
         (
             "--keep-last",
@@ -434,36 +435,29 @@ def check_run_options(a) -> None:
             a.seed is None or 0 <= a.seed < 2**63,
             "must be in [0, 2**63) (numpy seeds are non-negative)",
         ),
-    ]
-    if getattr(a, "micro_batch_size", None) is not None:
-        rules.append(
-            (
-                "--micro-batch-size",
-                a.micro_batch_size,
-                a.micro_batch_size >= 1,
-                "must be >= 1 (sequences per forward/backward on one rank)",
-            )
-        )
-    if a.max_steps is not None:
-        rules.append(("--max-steps", a.max_steps, a.max_steps >= 1, "must be >= 1"))
-    device = getattr(a, "device", "auto")
-    rules.append(
+        (
+            "--micro-batch-size",
+            a.micro_batch_size,
+            a.micro_batch_size is None or a.micro_batch_size >= 1,
+            "must be >= 1 (sequences per forward/backward on one rank)",
+        ),
+        ("--max-steps", a.max_steps, a.max_steps is None or a.max_steps >= 1, "must be >= 1"),
         (
             "--device",
             device,
             re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(device)) is not None,
             "choose auto, cpu, cuda or cuda:N",
-        )
-    )
+        ),
+    ]
     for name, value, ok, rule in rules:
         if not ok:
             raise ConfigError(f"{name} {value}: {rule}")
-    if getattr(a, "replan", False) and a.max_steps is None:
+    if a.replan and a.max_steps is None:
         raise ConfigError(
             "--replan needs --max-steps N: the step the re-planned schedule ends at "
             "(docs/configuration.md#the-schedule)"
         )
-    if getattr(a, "decay_at", None) is not None and not getattr(a, "replan", False):
+    if a.decay_at is not None and not a.replan:
         raise ConfigError(
             f"--decay-at {a.decay_at} goes with --replan (it re-plans the schedule's decay); "
             "at creation the decay is set by --decay-fraction"
@@ -547,8 +541,8 @@ def config_from_args(a, notes: list[str] | None = None) -> RunConfig:
             setattr(cfg, name, v)
     if a.max_steps is not None:
         cfg.max_steps = cfg.lr_decay_steps = a.max_steps
-    cfg.micro_batch_size = getattr(a, "micro_batch_size", None)
-    cfg.config_file = getattr(a, "config", None)
+    cfg.micro_batch_size = a.micro_batch_size
+    cfg.config_file = a.config
     cfg.sources = dict(getattr(a, "sources", {}))  # where each resolved value came from
     if cfg.warmup_steps >= cfg.lr_decay_steps:
         # an explicit warm-up too long for the run is an error, unless it came from a --config

@@ -1,21 +1,6 @@
-"""`python -m proxy status --run-dir DIR [--json]`: how a run is doing (docs/architecture.md#processes).
-
-Shows step, loss and its EMA, tokens/s, the last checkpoint, worker pid and health, and the arm
-probabilities. Works while the run is live and after it stopped (however it stopped: the files
-are read, never trusted blindly):
-
-  .status.json        the live proxy's summary, rewritten every second (may be stale)
-  .proxy.owner.json   who holds the run lock; the pid is checked against /proc (and its start
-                      time, so a recycled pid is not taken for the proxy)
-  .loss.json          its tail: the last records (step, loss, EMA over them, tokens/s)
-  checkpoints.json    plus the step_*.bin files actually present: the last checkpoint
-  .state.json         arm probabilities and pulls (else the last record's `p`)
-  .handshake.json     the worker's pid(s)
-  phases.json         the phase in force: index, label, start step, caps, floors
-  .pivot.request.json a pending pivot (docs/pivots.md)
-
-Reads only; takes no lock, so it never disturbs a running proxy. Exit 0, or 2 when DIR is not a
-run directory.
+"""`python -m proxy status --run-dir DIR [--json]`: how a run is doing, live or stopped
+(docs/operations.md#status, which lists the files it reads). Reads only; takes no lock, so it
+never disturbs a running proxy. Exit 0, or 2 when DIR is not a run directory.
 """
 
 from __future__ import annotations
@@ -48,11 +33,6 @@ from shared.run.layout import RunLayout, creating_proxy
 from shared.run.loss_history import holes, tail_records
 
 STALE_S = 30.0  # no step for this long (and 10x the usual step time): stalled
-
-
-def _proc_state(pid) -> str | None:
-    """One-letter /proc state of `pid` (R, S, D, T, Z...), or None if it does not exist."""
-    return process_state(pid) if pid else None
 
 
 def _proxy_alive(owner: dict | None, run_dir) -> bool:
@@ -98,7 +78,7 @@ def collect_status(run_dir) -> dict:
     d["target_steps"] = d["start_max_steps"] if proxy_alive else d["max_steps"]
     d.update(_batch_and_eta(cfg, worker, recs, d["step"], d["target_steps"]))
     wpid = st.get("worker_pid") or worker.get("pid")
-    wstate = _proc_state(wpid)
+    wstate = process_state(wpid) if wpid else None  # R, S, D, T, Z...; None: no such process
     worker_alive = wstate not in (None, "Z", "X")
     d.update(
         proxy_pid=(owner or {}).get("pid"),
@@ -312,13 +292,11 @@ def _nodes(layout: RunLayout, owner: dict | None) -> list[dict]:
     now = time.time()
     return [
         {
-            "node_rank": r.get("node_rank"),
-            "role": r.get("role"),
-            "host": r.get("host"),
-            "pid": r.get("pid"),
+            **{
+                k: r.get(k)
+                for k in ("node_rank", "role", "host", "pid", "agent_pid", "incarnation")
+            },
             "ranks": r.get("ranks") or [],
-            "agent_pid": r.get("agent_pid"),
-            "incarnation": r.get("incarnation"),
             "alive": record_alive(r),
             "heartbeat_age_s": now - float(r.get("heartbeat") or 0),
         }
