@@ -1,12 +1,7 @@
-"""`python -m proxy export`: a checkpoint's weights for other tools (docs/checkpoint-format.md).
-
-  python -m proxy export PATH --to model.safetensors  the weights, named, for other tools
-  python -m proxy export PATH|--from-run RUN --format hf --to DIR   a transformers GPT-2 folder
-                                                      (proxy/commands/hf_export.py)
-
-What it is: a read-only view of a ``step_NNNNNN.bin`` (numpy and safetensors; no torch). The
-run's config (``run.json``) is looked up beside the file, or one folder up (a file moved to
-``rejected/``), or given with ``--run-dir`` (proxy/run_files/checkpoint_lookup.py).
+"""`python -m proxy export`: a checkpoint's weights for other tools (docs/checkpoint-format.md):
+a safetensors file under the project's names, or with `--format hf` a transformers GPT-2 folder
+(proxy/commands/hf_export.py). Read-only; numpy and safetensors, no torch. The run's config is
+found as proxy/run_files/checkpoint_lookup.py `find_config` says.
 
 What it is not: `inspect` (proxy/commands/inspect.py), resume (proxy/supervision/) or the format
 itself (shared/checkpoint/file_format.py).
@@ -119,18 +114,12 @@ def _bad_output(to: str, fmt: str) -> str | None:
 
 
 def cmd_export(a) -> int:
-    """Write the checkpoint's weights to a safetensors file, one tensor per parameter.
-
-    Tensors are float32, named and shaped by ``shared.run.config.parameter_table`` (the model's
-    ``state_dict`` names, e.g. ``transformer.wte.weight`` (vocab, n_embd)); metadata holds
-    step, n_params, preset and the source file. The checkpoint is validated first (with the
-    manifest checksum when there is an entry). The output is written to a temporary beside it
-    and renamed. Returns 0, EXIT_INVALID (1) for a bad checkpoint (or a --from-run whose every
-    checkpoint is), EXIT_USAGE (2) when PATH is no checkpoint file, RUN is not a run directory or
-    has no checkpoint yet, the config is missing or OUT exists without --force (the conditions
-    shared with `sample`, `inspect`, `status` and `plot` in their words:
-    proxy/run_files/checkpoint_lookup.py).
-    """
+    """Write the checkpoint's weights, validated first, to a safetensors file atomically: one
+    float32 tensor per parameter, named and shaped by ``shared.run.config.parameter_table``
+    (e.g. ``transformer.wte.weight`` (vocab, n_embd)); metadata: step, n_params, preset, vocab
+    size and the source file. Returns 0, EXIT_INVALID (1) for a bad checkpoint (or a --from-run
+    whose every checkpoint is), EXIT_USAGE (2) for bad input (docs/operations.md#errors) or OUT
+    in the way without --force."""
     if (a.path is None) == (a.from_run is None):
         print("export: give a checkpoint PATH or --from-run RUN (one of them)")
         return EXIT_USAGE

@@ -33,13 +33,10 @@ def add_inspect_args(p) -> None:
 
 
 def cmd_inspect(a) -> int:
-    """Print a checkpoint's header, size check, checksum status, parameter table and norms.
-
-    Reads the file once (one readinto), computes its crc32 and compares it with the manifest
-    entry when there is one. Returns 0 when every rule passes, EXIT_INVALID (1) otherwise,
-    EXIT_USAGE (2) when PATH does not exist or is a directory (the words `sample` and `export`
-    use: proxy/run_files/checkpoint_lookup.py); prints, never raises, for a bad file.
-    """
+    """Print a checkpoint's header, size check, checksum status (its crc32 against the manifest
+    entry), parameter table and norms. Returns 0 when every rule passes, EXIT_INVALID (1)
+    otherwise, EXIT_USAGE (2) when PATH does not exist or is a directory
+    (docs/operations.md#errors); prints, never raises, for a bad file."""
     path = Path(a.path)
     problem = checkpoint_path_problem(
         path, "`python -m proxy status --run-dir DIR` for its checkpoints"

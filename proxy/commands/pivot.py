@@ -1,10 +1,7 @@
-"""`python -m proxy pivot`: ask for a polish pivot (docs/pivots.md) and follow it.
-
-The command writes `.pivot.request.json` (proxy/run_files/pivot_request.py); the live proxy serves
-the request itself (proxy/supervision/pivots.py, the state machine): the worker checkpoints B and
-exits 0, the proxy archives, records the phase and starts a new worker from step_B.bin; its pid
-never changes. On a stopped run the command runs the same steps in its own foreground and the
-next `run` trains in the new phase.
+"""`python -m proxy pivot`: ask for a polish pivot and follow it (docs/pivots.md). The command
+writes `.pivot.request.json` (proxy/run_files/pivot_request.py) and the live proxy serves it
+(proxy/supervision/pivots.py, docs/pivots.md#live-runs); on a stopped run the command carries it
+out itself (docs/pivots.md#stopped-runs).
 
 What it is not: the bandit's reset (proxy/mixture/controller.py `next_phase`), the mixture
 rebuild (proxy/mixture/rebuild.py), resume planning (proxy/supervision/resume_planning.py).

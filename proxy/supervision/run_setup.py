@@ -1,13 +1,7 @@
-"""Creating a run directory and reading its phases (docs/architecture.md#the-run-directory,
-docs/data.md, docs/pivots.md).
-
-Creation trains the run's tokenizer (BPE on a bounded sample drawn from across every text arm,
-or bytes, or a given tokenizer.json), streams every arm whole through it into `data/`
-(shared/data/token_files.prepare_arm), writes `data/arms.json`, `phases.json` (phase 0) and finally
-`run.json`: its presence marks a complete run. An interrupted creation is resumed by the same
-command: the tokenizer is reused when it was made from the same recipe, arms already complete
-(their `data/<arm>.done.json` key matches) are kept, the rest are done
-(docs/data.md#crash-safe-creation).
+"""Creating a run directory (docs/architecture.md#the-run-directory, docs/data.md): the
+tokenizer, every arm tokenized whole into `data/`, `data/arms.json`, `phases.json` (phase 0) and
+finally `run.json`, whose presence marks a complete run. An interrupted creation is resumed by
+the same command (docs/data.md#crash-safe-creation); also the `--replan` of the schedule.
 """
 
 from __future__ import annotations
