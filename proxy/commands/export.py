@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 from safetensors.numpy import save
 
-from proxy.commands.hf_export import HFExportError, write_hf_dir
+from proxy.commands.hf_export import HFExportError, named_tensors, write_hf_dir
 from proxy.commands.tool_threads import add_threads_arg
 from proxy.run_files.checkpoint_lookup import (
     checkpoint_path_problem,
@@ -29,7 +28,7 @@ from shared.checkpoint.file_format import CheckpointError
 from shared.checkpoint.read import load_weights
 from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fails a rule
 from shared.exit_codes import EXIT_USAGE  # bad arguments: no config for export, output in the way
-from shared.run.config import RunConfig, parameter_table
+from shared.run.config import RunConfig
 from shared.run.layout import RunLayout
 
 
@@ -160,10 +159,7 @@ def cmd_export(a) -> int:
     if got is None:
         return EXIT_INVALID
     step, w = got
-    tensors = {}
-    for name, shp, off in parameter_table(cfg.model, cfg.vocab_size):
-        size = int(np.prod(shp))
-        tensors[name] = w[off : off + size].reshape(shp)  # a view: contiguous, no copy
+    tensors = named_tensors(cfg, w)  # views: contiguous, no copy
     meta = {
         "format": "pt",
         "step": str(step),

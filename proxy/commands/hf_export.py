@@ -65,6 +65,15 @@ class HFExportError(RuntimeError):
     """The export cannot be written; the message names the path and the fix."""
 
 
+def named_tensors(cfg: RunConfig, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """The project's parameters as views of the flat float32 `weights`, named and shaped by
+    `shared.run.config.parameter_table` (the model's `state_dict` names)."""
+    return {
+        name: weights[off : off + int(np.prod(shp))].reshape(shp)
+        for name, shp, off in parameter_table(cfg.model, cfg.vocab_size)
+    }
+
+
 def hf_tensors(cfg: RunConfig, weights: np.ndarray) -> dict[str, np.ndarray]:
     """GPT2LMHeadModel's state dict from the checkpoint's flat weights.
 
@@ -78,13 +87,10 @@ def hf_tensors(cfg: RunConfig, weights: np.ndarray) -> dict[str, np.ndarray]:
             f"weights have shape {weights.shape}, expected ({cfg.n_params},) for "
             f"{cfg.preset} with vocabulary {cfg.vocab_size}"
         )
-    out = {}
-    for name, shp, off in parameter_table(cfg.model, cfg.vocab_size):
-        a = weights[off : off + int(np.prod(shp))].reshape(shp)
-        if name.endswith(CONV1D_SUFFIXES):
-            a = a.T
-        out[name] = np.ascontiguousarray(a, dtype=np.float32)
-    return out
+    return {
+        name: np.ascontiguousarray(a.T if name.endswith(CONV1D_SUFFIXES) else a, dtype=np.float32)
+        for name, a in named_tensors(cfg, weights).items()
+    }
 
 
 def generation_config(cfg: RunConfig) -> dict:

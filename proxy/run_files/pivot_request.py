@@ -50,8 +50,7 @@ def request_lock(layout: RunLayout, timeout: float = LOCK_TIMEOUT_S) -> Iterator
 
 def read_request(layout: RunLayout) -> dict | None:
     """The request, or None when there is none (or it is being replaced: atomic writes)."""
-    d = read_json(layout.pivot_request, None, garbage="default")
-    return d if isinstance(d, dict) else None
+    return read_json(layout.pivot_request, garbage="default", expect=dict)
 
 
 def write_request(layout: RunLayout, req: dict) -> None:
@@ -74,8 +73,7 @@ def pending_request(layout: RunLayout) -> dict | None:
 def read_archived_request(layout: RunLayout, step: int) -> dict | None:
     """The finished request of the pivot at `step`, moved into archive/pivot-<step>/ once the
     new phase was in force; None when it is not there (yet)."""
-    d = read_json(layout.pivot_archive(step) / ARCHIVED_REQUEST, None, garbage="default")
-    return d if isinstance(d, dict) else None
+    return read_json(layout.pivot_archive(step) / ARCHIVED_REQUEST, garbage="default", expect=dict)
 
 
 def archive_request(layout: RunLayout, step: int) -> None:

@@ -205,8 +205,7 @@ def lock_is_free(layout: RunLayout) -> bool:
 def read_owner(layout: RunLayout) -> dict | None:
     """`.proxy.owner.json` (host, pid, started_at, command; a multi-node owner's also job and
     heartbeat, and released once it exits), or None when it is missing or unreadable."""
-    d = read_json(layout.proxy_owner, None, garbage="default")
-    return d if isinstance(d, dict) else None
+    return read_json(layout.proxy_owner, garbage="default", expect=dict)
 
 
 def owner_pid(layout: RunLayout) -> int | None:

@@ -62,5 +62,4 @@ def write_status(
 def read_status(layout: RunLayout) -> dict:
     """The last `.status.json` the proxy wrote, or {} when there is none or it is unreadable
     (a reader that never disturbs the live run)."""
-    d = read_json(layout.status, {}, garbage="default")
-    return d if isinstance(d, dict) else {}
+    return read_json(layout.status, {}, garbage="default", expect=dict)
