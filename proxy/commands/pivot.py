@@ -42,9 +42,7 @@ from shared.run.handshake import update_handshake
 from shared.run.layout import RunLayout
 from shared.run.loss_history import LossHistory, tail_records
 
-# A waiting `pivot` repeats its "waiting for boundary" line at most this often (seconds), and at
-# once when the boundary changes: a line per step made thousands of lines with fast steps.
-WAIT_LINE_EVERY_S = 30.0
+WAIT_LINE_EVERY_S = 30.0  # a waiting `pivot` repeats its "waiting for boundary" line (seconds)
 
 
 def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[dict, dict]:
@@ -276,7 +274,7 @@ def _wait(
 ) -> int:
     """Follow the live proxy through the pivot, printing each state once. The line "waiting for
     boundary step B (n steps to go...)" is printed when the wait starts, when B changes, and
-    then at most once every `line_every` seconds (not once per step: fast steps made thousands)."""
+    then at most once every `line_every` seconds."""
     end, told, b = time.monotonic() + timeout, set(), None
     waited_for, waited_at = None, -math.inf  # the boundary of the last waiting line, its time
     while True:

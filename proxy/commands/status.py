@@ -112,8 +112,7 @@ def _progress(cfg, recs: list[dict], now: float) -> dict:
     tps = [r["tokens_per_s"] for r in recent if isinstance(r.get("tokens_per_s"), (int, float))]
     wall = wall_seconds_per_update(recs)
     # wall-clock tokens/s over the ETA's window (checkpoints and audits included, as the progress
-    # line's ETA); the worker's own per-update figures are averaged by time, not by record,
-    # when the records are too few for a window (the mean of rates ran well above the truth)
+    # line's ETA); too few records for a window: the worker's own figures, averaged by time
     tokens_per_s = (
         tok_per_step / wall
         if wall

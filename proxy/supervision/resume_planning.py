@@ -96,12 +96,9 @@ def find_resume_point(
 ) -> ResumePoint:
     """The newest valid checkpoint (docs/checkpoint-format.md#validity). Stale temporaries are
     removed; each rejected file is logged with its rule and, when training will pass its step
-    again, moved to rejected/ (never deleted). A run stopped before its first checkpoint (no
-    file, none rejected, an empty manifest, a history short of the first cadence step) starts
-    again from step 0 with a warning. "Short" is up to step 2 x checkpoint_every: the first
-    cadence write may still be in flight until the boundary of the second one waits for it
-    (worker/checkpointer.py `snapshot`), so a kill at any step before that can leave no file.
-    Raises ResumeError when the history has records but no checkpoint is valid otherwise,
+    again, moved to rejected/ (never deleted). A run stopped before its first checkpoint starts
+    again from step 0 with a warning (the rule: docs/history.md#rewind, "Before the first
+    checkpoint"). Raises ResumeError when the history has records but no checkpoint is valid otherwise,
     unless `from_scratch`."""
     root = layout.root
     for p in clean_stale_temporaries(root):
