@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from proxy.run_files.loss_ema import BETA, LossEma
 from proxy.run_files.phases import phase_entries
@@ -100,7 +100,7 @@ def _mix_merge(a: list, b: list) -> list:
     return [out]
 
 
-def _number(x) -> bool:
+def _number(x) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -117,16 +117,14 @@ def series(records: Iterable[dict], max_points: int = MAX_POINTS) -> dict:
     missing from a record's p counts as 0 there."""
     e = LossEma()
     loss = Buckets(_loss_start, _loss_add, _loss_merge, max_points)
-    probe: dict[str, Buckets] = {}
-    evals: dict[str, Buckets] = {}
-    arm_loss: dict[str, Buckets] = {}
+    per_arm: dict[str, dict[str, Buckets]] = {"probe": {}, "eval": {}, "arm_loss": {}}
     mix = Buckets(lambda p: [dict(p)], _mix_add, _mix_merge, max_points)
     alarms = Buckets(lambda _: [], lambda b, _: None, lambda a, b: [], max_points)
     for r in records:
         x = r.get("loss")
-        if isinstance(x, (int, float)) and _number(x):
+        if _number(x):
             loss.push(r["step"], (float(x), e.update(x)))
-        for field, into in (("probe", probe), ("eval", evals), ("arm_loss", arm_loss)):
+        for field, into in per_arm.items():
             for a, v in (r.get(field) or {}).items():
                 if _number(v):
                     if a not in into:
@@ -149,17 +147,12 @@ def series(records: Iterable[dict], max_points: int = MAX_POINTS) -> dict:
         "ema": [b[5] for b in lb],
         "count": loss.points,
         "width": loss.width,
-        "probe": {
-            a: ([b[0] for b in s.buckets], [b[2] / b[1] for b in s.buckets])
-            for a, s in probe.items()
-        },
-        "eval": {
-            a: ([b[0] for b in s.buckets], [b[2] / b[1] for b in s.buckets])
-            for a, s in evals.items()
-        },
-        "arm_loss": {
-            a: ([b[0] for b in s.buckets], [b[2] / b[1] for b in s.buckets])
-            for a, s in arm_loss.items()
+        **{
+            field: {
+                a: ([b[0] for b in s.buckets], [b[2] / b[1] for b in s.buckets])
+                for a, s in into.items()
+            }
+            for field, into in per_arm.items()
         },
         "mix_steps": [b[0] for b in mix.buckets],
         "mix": {a: [b[2].get(a, 0.0) / b[1] for b in mix.buckets] for a in arms},

@@ -35,8 +35,11 @@ class RunWatch:
         self.layout, self.cfg, self.max_steps = layout, cfg, max_steps
         self.progress = ProgressLine(max_steps)
         self.t0 = time.monotonic()
-        self.tb = TensorBoardLog(layout.tensorboard) if tensorboard else None
-        self.wb = WandbLog(layout.root, cfg.to_json()) if wandb else None
+        self.sinks: list[TensorBoardLog | WandbLog] = []  # where the scalars go
+        if tensorboard:
+            self.sinks.append(TensorBoardLog(layout.tensorboard))
+        if wandb:
+            self.sinks.append(WandbLog(layout.root, cfg.to_json()))
         self._last_step = 0
         self._ema: float | None = None
         self.creation_s = creation_s  # None: this start resumed the run
@@ -45,30 +48,25 @@ class RunWatch:
         """A worker is about to start from checkpoint step `step` (0: fresh)."""
         self.progress.on_incarnation(step)
         self._last_step = step
-        if self.tb is not None:  # backfills what the history holds up to `step`
-            self.tb.start(step, self.layout.loss, self.layout.samples)
-        if self.wb is not None:
-            self.wb.start(step, self.layout.loss, self.layout.samples)
+        for sink in self.sinks:  # each backfills what the history holds up to `step`
+            sink.start(step, self.layout.loss, self.layout.samples)
 
     def on_step(self, rec: dict, ema: float | None, policy: dict | None = None) -> None:
         """A step record was filed into .loss.json (`rec` as filed, `ema` after it; `policy`:
         the bandit's `explain()` when it updated at this step, logged under arms/ and policy/)."""
         self.progress.observe(rec)
         self._last_step, self._ema = rec["step"], ema
-        if self.tb is not None or self.wb is not None:
+        if self.sinks:
             values = step_scalars(rec, ema)
             if policy is not None:
                 values.update(policy_scalars(policy))
-            for sink in (self.tb, self.wb):
-                if sink is not None:
-                    sink.scalars(rec["step"], values, rec.get("time"))
+            for sink in self.sinks:
+                sink.scalars(rec["step"], values, rec.get("time"))
 
     def on_report(self, r: dict) -> None:
         """Checkpoint and audit reports (step records come through `on_step`)."""
         kind = r.get("type")
-        for sink in (self.tb, self.wb):
-            if sink is None:
-                continue
+        for sink in self.sinks:
             if kind == "checkpoint" and not r.get("error"):
                 sink.scalars(
                     r["step"],
@@ -88,9 +86,8 @@ class RunWatch:
 
     def close(self, last_step: int | None = None) -> None:
         """The run stops: close the event file, log the summary."""
-        for sink in (self.tb, self.wb):
-            if sink is not None:
-                sink.close()
+        for sink in self.sinks:
+            sink.close()
         try:
             log.info(
                 "%s",

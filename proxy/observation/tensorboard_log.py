@@ -1,10 +1,11 @@
-"""Live TensorBoard scalars from the proxy: `run --tensorboard` writes RUN/tensorboard/.
+"""Live TensorBoard scalars from the proxy: `run --tensorboard` writes RUN/tensorboard/
+(docs/operations.md#watching).
 
 What it is: a writer of TensorBoard event files built on the `tensorboard` package's own
 EventFileWriter and protobufs (the `[tensorboard]` extra; no torch, no TensorFlow), fed by the
-proxy as it files records: train loss and its EMA, learning rate, grad norm, tokens/s, MFU,
-each arm's probability and held-out loss, and checkpoint events (step, bytes, seconds). Then
-`tensorboard --logdir RUN/tensorboard` shows the curves while the run trains.
+proxy as it files records (`step_scalars`, `policy_scalars`, checkpoint events, sample audits).
+It also holds what proxy/observation/wandb_log.py shares: the finite-value filter, the package
+check and the backfill from the history (`replay_history`).
 
 Resume: when the proxy resumes from step S but the event files hold steps past S (a crash, or
 a resume from an older checkpoint), those abandoned steps are purged: the files are rewritten
@@ -12,14 +13,11 @@ without them (kept events first, old files removed after the new one is closed a
 and the live file starts with a SessionLog START at S + 1, TensorBoard's own "restarted here"
 marker. Every reader (the Python loader and the Rust data server) then shows each step once.
 
-Backfill: switched on for a run that already trained (or after steps were trained without it),
-`start(step, loss_path, samples_path)` writes every step record of `.loss.json` up to the resume
-step that the event files do not hold yet (the same scalars, the loss EMA recomputed with
-proxy/run_files/loss_ema.py, the record's own wall time) and every sample audit of `.samples.json` not yet
-logged (held-out losses as scalars, the prompts and continuations as text under `audit/samples`).
-What the files hold is read first as step ranges (memory does not grow with the history; the
-history is streamed), so no step is written twice, however often TensorBoard was switched on and
-off.
+Backfill: `start(step, loss_path, samples_path)` writes every step record of `.loss.json` and
+every audit of `.samples.json` up to the resume step that the event files do not hold yet (the
+loss EMA recomputed, the record's own wall time). What the files hold is read first as step
+ranges (memory does not grow with the history), so no step is written twice, however often
+TensorBoard was switched on and off.
 
 What it is not: the history (.loss.json stays the audit trail; the event files can be deleted
 and are rebuilt from it by the backfill) or `plot` (proxy/observation/plot.py).
@@ -27,11 +25,15 @@ and are rebuilt from it by the backfill) or `plot` (proxy/observation/plot.py).
 
 from __future__ import annotations
 
+import bisect
+import collections
+import importlib
 import logging
 import math
 import os
 import struct
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,23 +43,42 @@ from shared.run.loss_history import iter_records
 
 log = logging.getLogger("proxy")
 
-INSTALL_HINT = "pip install -e '.[tensorboard]'"
 FLUSH_SECS = 2  # the writer's flush period: what "live" means, seconds
 EVENT_GLOB = "events.out.tfevents.*"
 
 
-def check_available() -> str | None:
-    """None when the `tensorboard` package's writer can be imported, else the message that
-    names the package and the install command (the caller exits 2 before creating anything)."""
+def package_missing(extra: str, *modules: str) -> str | None:
+    """None when every one of `modules` imports, else the message that names the `extra`
+    package and its install command (the caller exits 2 before creating anything)."""
     try:
-        from tensorboard.compat.proto import event_pb2  # noqa: F401
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: F401
-    except Exception as e:  # ImportError, or a broken protobuf install
+        for m in modules:
+            importlib.import_module(m)
+    except Exception as e:  # ImportError, or a broken install (protobuf)
         return (
-            f"--tensorboard needs the `tensorboard` package ({type(e).__name__}: {e}); "
-            f"install it with: {INSTALL_HINT}"
+            f"--{extra} needs the `{extra}` package ({type(e).__name__}: {e}); "
+            f"install it with: pip install -e '.[{extra}]'"
         )
     return None
+
+
+def check_available() -> str | None:
+    """None when the `tensorboard` package's writer imports, else the message saying how to
+    install it (`package_missing`)."""
+    return package_missing(
+        "tensorboard",
+        "tensorboard.compat.proto.event_pb2",
+        "tensorboard.summary.writer.event_file_writer",
+    )
+
+
+def finite_scalars(values: dict) -> dict[str, float]:
+    """The finite numbers of `values` (tag -> value) as floats; None, NaN, bools and strings
+    are left out."""
+    return {
+        k: float(v)
+        for k, v in values.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def read_events(path: Path) -> list[bytes]:
@@ -110,13 +131,17 @@ class TensorBoardLog:
 
         if self._writer is not None:
             self._writer.close()
-        purged = self._purge_after(step)
+        events = list(self._events())
+        kept = [ev for ev in events if ev.step <= step]
+        purged = len(events) - len(kept)
+        if purged:
+            self._write_only(kept)
         if loss_path is not None:
             self._writer = self._new_writer(".backfill")
             out_of_order = self._backfill(step, Path(loss_path), samples_path)
             self._writer.close()
             if out_of_order:  # readers drop what follows a step that goes back: one sorted file
-                self._rewrite(lambda ev: True, sort=True)
+                self._write_only(sorted(self._events(), key=lambda ev: ev.step))  # stable
         self._writer = self._new_writer("")
         self._writer.add_event(
             event_pb2.Event(
@@ -130,39 +155,15 @@ class TensorBoardLog:
             )
         return purged
 
-    def _purge_after(self, step: int) -> int:
+    def _events(self) -> Iterator[Any]:
+        """The Events of every event file, in file order (each file's version record left out)."""
         from tensorboard.compat.proto import event_pb2  # optional extra
 
-        files = sorted(self.logdir.glob(EVENT_GLOB))
-        kept, dropped = [], 0
-        for f in files:
+        for f in sorted(self.logdir.glob(EVENT_GLOB)):
             for raw in read_events(f):
                 ev = event_pb2.Event.FromString(raw)
-                if ev.HasField("file_version"):
-                    continue
-                if ev.step > step:
-                    dropped += 1
-                else:
-                    kept.append(ev)
-        if not dropped:
-            return 0
-        self._write_only(kept)
-        return dropped
-
-    def _rewrite(self, keep, sort: bool = False) -> None:
-        """Rewrite every event file as one holding the events `keep(ev)` accepts (in step order
-        with `sort`; stable, so a step's events keep their order)."""
-        from tensorboard.compat.proto import event_pb2
-
-        evs = [
-            ev
-            for f in sorted(self.logdir.glob(EVENT_GLOB))
-            for raw in read_events(f)
-            if not (ev := event_pb2.Event.FromString(raw)).HasField("file_version") and keep(ev)
-        ]
-        if sort:
-            evs.sort(key=lambda ev: ev.step)
-        self._write_only(evs)
+                if not ev.HasField("file_version"):
+                    yield ev
 
     def _write_only(self, events: list) -> None:
         """Write `events` into a new file, closed and fsynced, then remove every other one."""
@@ -184,66 +185,30 @@ class TensorBoardLog:
     def logged_ranges(self) -> tuple[list[list[int]], list[list[int]]]:
         """(steps holding `train/loss`, steps holding an `audit/samples` text) in the event
         files, each as sorted disjoint [first, last] ranges."""
-        from tensorboard.compat.proto import event_pb2
-
         steps: list[list[int]] = []
         audits: list[list[int]] = []
-        for f in sorted(self.logdir.glob(EVENT_GLOB)):
-            for raw in read_events(f):
-                ev = event_pb2.Event.FromString(raw)
-                if not ev.HasField("summary"):
-                    continue
-                tags = {v.tag for v in ev.summary.value}
-                if "train/loss" in tags:
-                    _add_step(steps, ev.step)
-                if AUDIT_TAG in tags:
-                    _add_step(audits, ev.step)
+        for ev in self._events():
+            tags = {v.tag for v in ev.summary.value}
+            if "train/loss" in tags:
+                _add_step(steps, ev.step)
+            if AUDIT_TAG in tags:
+                _add_step(audits, ev.step)
         return steps, audits
 
     def _backfill(self, step: int, loss_path: Path, samples_path: Path | None) -> bool:
         """Write the records and audits up to `step` that the event files lack; True when one
         of them lies before a step the files hold (they then need sorting)."""
         steps, audits = self.logged_ranges()
-        n_steps = n_audits = 0
-        first_new = None
-        pending = []  # the audits to write, in step order, each after its step's record
-        if samples_path is not None:
-            # read only: a garbage file is the run's to handle (proxy/run_files/sidecars.py)
-            got = read_audits(Path(samples_path), garbage="default")
-            pending = sorted(
-                (
-                    a
-                    for a in got
-                    if isinstance(a, dict)
-                    and isinstance(a.get("step"), int)
-                    and a["step"] <= step
-                    and not _in_ranges(audits, a["step"])
-                ),
-                key=lambda a: a["step"],
-            )
-
-        def audits_upto(s: int) -> None:
-            nonlocal n_audits, first_new
-            while pending and pending[0]["step"] <= s:
-                a = pending.pop(0)
-                self.audit(a)
-                n_audits += 1
-                first_new = a["step"] if first_new is None else min(first_new, a["step"])
-
-        ema = LossEma()
-        if loss_path.exists():
-            for rec in iter_records(loss_path):
-                s = rec.get("step")
-                if not isinstance(s, int) or s > step:
-                    break
-                audits_upto(s - 1)
-                value = ema.update(rec.get("loss"))
-                if not _in_ranges(steps, s):
-                    self.scalars(s, step_scalars(rec, value), rec.get("time"))
-                    n_steps += 1
-                    first_new = s if first_new is None else min(first_new, s)
-                audits_upto(s)
-        audits_upto(step)
+        # read only: a garbage file is the run's to handle (proxy/run_files/sidecars.py)
+        got = read_audits(Path(samples_path), garbage="default") if samples_path else []
+        n_steps, n_audits, first_new = replay_history(
+            self,
+            step,
+            loss_path,
+            got,
+            lambda s: not _in_ranges(steps, s),
+            lambda s: not _in_ranges(audits, s),
+        )
         if n_steps or n_audits:
             self._writer.flush()
             log.info(
@@ -260,16 +225,12 @@ class TensorBoardLog:
     def audit(self, a: dict) -> None:
         """One sample audit (`{"step", "arms": {name: {"prompt", "text", "loss", ...}}}`): the
         held-out losses as `heldout/<arm>` scalars and the samples as one text summary."""
-        import time
-
         from tensorboard.compat.proto import event_pb2
         from tensorboard.plugins.text.summary_v2 import text_pb
 
-        arms = a.get("arms") or {}
+        arms = {n: v for n, v in (a.get("arms") or {}).items() if isinstance(v, dict)}
         self.scalars(
-            a["step"],
-            {f"heldout/{n}": v.get("loss") for n, v in arms.items() if isinstance(v, dict)},
-            a.get("time"),
+            a["step"], {f"heldout/{n}": v.get("loss") for n, v in arms.items()}, a.get("time")
         )
         md = "\n\n".join(
             f"**{n}** (held-out {v.get('loss')})\n\n    prompt: "
@@ -277,7 +238,6 @@ class TensorBoardLog:
             + "\n      text: "
             + str(v.get("text", "")).replace("\n", "\n            ")
             for n, v in arms.items()
-            if isinstance(v, dict)
         )
         if self._writer is not None and md:
             self._writer.add_event(
@@ -291,13 +251,11 @@ class TensorBoardLog:
     def scalars(self, step: int, values: dict, wall_time: float | None = None) -> None:
         """One Summary event at `step` holding every finite number in `values` (tag -> value);
         others (None, NaN, strings) are skipped."""
-
         from tensorboard.compat.proto import event_pb2, summary_pb2  # optional extra
 
         vals = [
-            summary_pb2.Summary.Value(tag=t, simple_value=float(v))
-            for t, v in values.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            summary_pb2.Summary.Value(tag=t, simple_value=v)
+            for t, v in finite_scalars(values).items()
         ]
         if not vals or self._writer is None:
             return
@@ -322,8 +280,6 @@ AUDIT_TAG = "audit/samples"
 def _add_step(ranges: list[list[int]], s: int) -> None:
     """Add step `s` to sorted disjoint [first, last] `ranges` (events come mostly in order,
     so this is nearly always the last range growing)."""
-    import bisect
-
     i = bisect.bisect_right(ranges, [s, float("inf")])
     if i and ranges[i - 1][0] <= s <= ranges[i - 1][1]:
         return
@@ -339,10 +295,61 @@ def _add_step(ranges: list[list[int]], s: int) -> None:
 
 
 def _in_ranges(ranges: list[list[int]], s: int) -> bool:
-    import bisect
-
     i = bisect.bisect_right(ranges, [s, float("inf")])
     return bool(i) and ranges[i - 1][0] <= s <= ranges[i - 1][1]
+
+
+def replay_history(
+    sink: Any,
+    step: int,
+    loss_path: Path,
+    audits: list,
+    new_record: Callable[[int], bool],
+    new_audit: Callable[[int], bool],
+) -> tuple[int, int, int | None]:
+    """The backfill of both loggers: feed `sink` (`scalars`, `audit`) the `step_scalars` of
+    each record of the history at `loss_path` up to `step` whose step `new_record` accepts,
+    with the loss EMA over every record from the first, and each audit of `audits`
+    (.samples.json's) up to `step` that `new_audit` accepts, in step order, after its step's
+    record. Returns (records written, audits written, the lowest step written or None)."""
+    pending = collections.deque(
+        sorted(
+            (
+                a
+                for a in audits
+                if isinstance(a, dict)
+                and isinstance(a.get("step"), int)
+                and a["step"] <= step
+                and new_audit(a["step"])
+            ),
+            key=lambda a: a["step"],
+        )
+    )
+    n_records = n_audits = 0
+    first: int | None = None
+
+    def audits_upto(s: int) -> None:
+        nonlocal n_audits, first
+        while pending and pending[0]["step"] <= s:
+            a = pending.popleft()
+            sink.audit(a)
+            n_audits += 1
+            first = a["step"] if first is None else min(first, a["step"])
+
+    ema = LossEma()
+    for rec in iter_records(loss_path):
+        s = rec.get("step")
+        if not isinstance(s, int) or s > step:
+            break
+        audits_upto(s - 1)
+        value = ema.update(rec.get("loss"))
+        if new_record(s):
+            sink.scalars(s, step_scalars(rec, value), rec.get("time"))
+            n_records += 1
+            first = s if first is None else min(first, s)
+        audits_upto(s)
+    audits_upto(step)
+    return n_records, n_audits, first
 
 
 def step_scalars(rec: dict, ema: float | None) -> dict:

@@ -3,26 +3,16 @@ start (docs/operations.md#watching).
 
 What it is: a logger built on the `wandb` package (the `[wandb]` extra), fed by the proxy as it
 files records, with the same scalars as TensorBoard (proxy/observation/tensorboard_log.py
-`step_scalars`: train loss and its EMA, learning rate, grad norm, tokens/s, MFU, each arm's
-probability, training loss, held-out and validation loss) plus checkpoint events and each
-sample audit as a table (`audit/samples`: arm, prompt, continuation, held-out loss). W&B's step
-(`_step`) is the optimizer step.
+`step_scalars`) plus checkpoint events and each sample audit as a table (`audit/samples`: arm,
+prompt, continuation, held-out loss). W&B's step (`_step`) is the optimizer step. The W&B run's
+id is drawn once and kept in `RUN/wandb/andrea-run.json`; every start calls
+`wandb.init(id=..., resume="allow", dir=RUN)`, so W&B's own files are under `RUN/wandb/`.
 
-One W&B run per ANDREA run: its id is drawn once and kept in `RUN/wandb/andrea-run.json`; every
-start calls `wandb.init(id=..., resume="allow", dir=RUN)`, so W&B's own files are under
-`RUN/wandb/` and, offline (`WANDB_MODE=offline`), each start is one `offline-run-*` folder that
-`wandb sync` uploads into the same run.
-
-Each step once: W&B's history takes steps in increasing order only, and its rewind
-(`resume_from`) is a server-side preview that offline runs cannot use. So at each start the
-logger finds the last step W&B already holds: the newest `_step` in this run's transaction logs
-(`RUN/wandb/*-run-*-<id>/run-<id>.wandb`, read by `logged_through`), or the server's resumed
-step, whichever is later. It then backfills the history's records and audits after that step up
-to the resume step (switched on late, or steps W&B lost when the proxy was killed before its
-service wrote them), and logs live steps after it. Steps trained again after a rewind (a crash
-after the last checkpoint) keep the values W&B got first: under exact resume they are the same
-losses, rates and mixtures (only wall time and speed differ); `.loss.json`, TensorBoard and
-`plot` hold the new ones.
+Each step once: W&B's history takes steps in increasing order only, so at each start the logger
+finds the last step W&B holds (`logged_through`: the newest `_step` in this run's transaction
+logs `RUN/wandb/*-run-*-<id>/run-<id>.wandb`, or the server's resumed step, whichever is later),
+backfills the history after it up to the resume step, and logs live steps after it. Steps
+trained again after a rewind keep the values W&B got first (docs/operations.md#watching).
 
 What it is not: the history (`.loss.json` stays the audit trail), nor a reason to stop training:
 a W&B failure (no login, no network, a full disk) is logged once and the run goes on without W&B;
@@ -32,7 +22,6 @@ the next start backfills what was missed.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import secrets
 import struct
@@ -40,30 +29,21 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from proxy.run_files.loss_ema import LossEma
+from proxy.observation.tensorboard_log import finite_scalars, package_missing, replay_history
 from proxy.run_files.sidecars import read_audits
 from shared.atomic_io import atomic_write_json, read_json
 from shared.run.layout import RunLayout
-from shared.run.loss_history import iter_records
 
 log = logging.getLogger("proxy")
 
-INSTALL_HINT = "pip install -e '.[wandb]'"
 PROJECT = "andrea"  # the W&B project unless WANDB_PROJECT names another
 AUDIT_KEY = "audit/samples"
 
 
 def check_available() -> str | None:
-    """None when the `wandb` package imports, else the message naming the package and the
-    install command (the caller exits 2 before creating anything)."""
-    try:
-        import wandb  # noqa: F401
-    except Exception as e:  # ImportError, or a broken install
-        return (
-            f"--wandb needs the `wandb` package ({type(e).__name__}: {e}); "
-            f"install it with: {INSTALL_HINT}"
-        )
-    return None
+    """None when the `wandb` package imports, else the message saying how to install it
+    (proxy/observation/tensorboard_log.py `package_missing`)."""
+    return package_missing("wandb", "wandb")
 
 
 # -- W&B's transaction log: the leveldb log format (32 KiB blocks of chunks with a 7-byte
@@ -269,36 +249,10 @@ class WandbLog:
                 pass
 
     def _backfill(self, step: int, loss_path: Path, samples_path: Path) -> int:
-        pending = sorted(
-            (
-                a
-                for a in (read_audits(samples_path) if samples_path.exists() else [])
-                if isinstance(a, dict)
-                and isinstance(a.get("step"), int)
-                and self.logged < a["step"] <= step
-            ),
-            key=lambda a: a["step"],
-        )
-        n = 0
-        ema = LossEma()  # the EMA needs every record from the first; those logged only feed it
-        from proxy.observation.tensorboard_log import step_scalars
+        def new(s: int) -> bool:
+            return s > self.logged
 
-        if loss_path.exists():
-            for rec in iter_records(loss_path):
-                s = rec.get("step")
-                if not isinstance(s, int) or s > step:
-                    break
-                value = ema.update(rec.get("loss"))
-                if s <= self.logged:
-                    continue
-                while pending and pending[0]["step"] < s:
-                    self.audit(pending.pop(0))
-                self.scalars(s, step_scalars(rec, value), rec.get("time"))
-                n += 1
-                while pending and pending[0]["step"] == s:
-                    self.audit(pending.pop(0))
-        for a in pending:
-            self.audit(a)
+        n, _, _ = replay_history(self, step, loss_path, read_audits(samples_path), new, new)
         return n
 
     def _log(self, step: int, values: dict) -> None:
@@ -316,11 +270,7 @@ class WandbLog:
         others (None, NaN, strings) are skipped. A step at or below the last logged one (a
         checkpoint reported after later steps, a step trained again after a rewind) goes to the
         last logged step, where W&B still accepts it; `wall_time` is kept as `time`."""
-        vals = {
-            k: float(v)
-            for k, v in values.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        }
+        vals = finite_scalars(values)
         if vals and wall_time:
             vals["time"] = float(wall_time)
         if vals and (step > self.logged or any(k.startswith("checkpoint/") for k in vals)):
@@ -334,11 +284,9 @@ class WandbLog:
         if self._run is None or a["step"] < self.logged:
             return
         arms = {n: v for n, v in (a.get("arms") or {}).items() if isinstance(v, dict)}
-        values: dict[str, Any] = {
-            f"heldout/{n}": float(v["loss"])
-            for n, v in arms.items()
-            if isinstance(v.get("loss"), (int, float)) and math.isfinite(v["loss"])
-        }
+        values: dict[str, Any] = finite_scalars(
+            {f"heldout/{n}": v.get("loss") for n, v in arms.items()}
+        )
         if arms:
             values[AUDIT_KEY] = wandb.Table(
                 columns=["arm", "prompt", "text", "heldout_loss"],
