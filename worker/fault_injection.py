@@ -5,21 +5,17 @@ and supervision tests are deterministic instead of racing a 10 ms step:
 
   ANDREA_TEST_NAN_AT_STEP=5,9-13     the loss of these updates is multiplied by NaN (the update
                                      is then skipped and recorded; docs/architecture.md#bad-input-and-faults)
-  ANDREA_TEST_PAUSE_AT_STEP=N:SECS[,N:SECS]  update N sleeps SECS seconds before its boundary,
-                                     once per run directory (it first reports
-                                     {"type": "event", "event": "test-pause"}); SECS `hold`:
-                                     it waits until the test creates `.test-release-N` in the
-                                     run directory (at most an hour), so a test that signals
-                                     there never races the clock
-  ANDREA_TEST_PAUSE_AT_MICRO=K.I:SECS update K sleeps SECS seconds after its micro-batch I
-                                     (1-based), before the next one, once per run directory (it
-                                     first reports {"type": "event", "event": "test-pause-micro"})
-                                     Both pauses (but `hold`) end early once a stop signal (SIGTERM, SIGINT,
-                                     SIGHUP, parent death) has arrived, or once the test creates
-                                     the file `.test-release-<N>` (`-<K>.<I>`) in the run
-                                     directory (e.g. after the proxy logged that it forwarded a
-                                     SIGUSR1): a test pauses for longer than any loaded machine
-                                     needs, without waiting that long on a fast one.
+  ANDREA_TEST_PAUSE_AT_STEP=N:SECS[,N:SECS]  update N sleeps SECS seconds before its boundary
+  ANDREA_TEST_PAUSE_AT_MICRO=K.I:SECS[,...]  update K sleeps SECS seconds after its micro-batch
+                                     I (1-based), before the next one. Each pause happens once
+                                     per run directory and first reports {"type": "event",
+                                     "event": "test-pause"} (`test-pause-micro`); it ends early
+                                     once a stop signal (SIGTERM, SIGINT, SIGHUP, parent death)
+                                     has arrived or the test creates `.test-release-N` (`-K.I`)
+                                     in the run directory; SECS `hold`: only that file ends it
+                                     (at most an hour). So a test pauses for longer than any
+                                     loaded machine needs without waiting that long on a fast
+                                     one, and a test that signals there never races the clock.
   ANDREA_TEST_STEAL_SIGNAL=SIGUSR1   a "library" resets that handler before the worker's check
   ANDREA_TEST_WRITE_DELAY=SECS       every checkpoint write sleeps SECS seconds before writing
                                      (a window to signal "during a write"); `hold`: the write
@@ -50,6 +46,7 @@ Production runs never set them; nothing here changes results when they are unset
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -67,96 +64,64 @@ def _steps(spec: str) -> set[int]:
     return out
 
 
-_NAN = _steps(os.environ.get("ANDREA_TEST_NAN_AT_STEP", ""))
-
-
-def poison_loss(step: int, loss):
-    """`loss` (a torch tensor: per-sequence losses) times NaN when `step` is listed in ANDREA_TEST_NAN_AT_STEP."""
-    return loss * float("nan") if step in _NAN else loss
-
-
-def _sleep(secs: float, stopping: Callable[[], bool] | None, release: Path | None) -> None:
-    """Sleep `secs` seconds, or less: until `stopping()` is true or the file `release` exists
-    (both checked every 10 ms; a signal delivered before the file appeared has had its handler
-    run by then, since Python runs handlers between the loop's bytecodes)."""
+def _sleep(secs: float, stopping: Callable[[], bool] | None, *release: Path) -> None:
+    """Sleep `secs` seconds, or less: until `stopping()` is true or one of the files `release`
+    exists (both checked every 10 ms; a signal delivered before the file appeared has had its
+    handler run by then, since Python runs handlers between the loop's bytecodes)."""
     end = time.monotonic() + secs
     while (left := end - time.monotonic()) > 0:
-        if (stopping and stopping()) or (release is not None and release.exists()):
+        if (stopping and stopping()) or any(r.exists() for r in release):
             return
         time.sleep(min(0.01, left))
 
 
-def pause_in_step(
-    step: int, report, run_dir: Path | None = None, stopping: Callable[[], bool] | None = None
+def _pause(
+    variable: str,
+    where: str,
+    event: dict,
+    report,
+    run_dir: Path,
+    stopping: Callable[[], bool] | None,
 ) -> None:
-    """Sleep inside update `step` if ANDREA_TEST_PAUSE_AT_STEP lists `step:secs` (comma-separated
-    pairs); each pause happens once per run directory (marker `.test-pause-<step>`), so a
-    restarted worker does not pause again. Reports {"type": "event", "event": "test-pause"} first.
-    The pause ends early once `stopping()` is true (a stop signal arrived) or the file
-    `.test-release-<step>` exists in `run_dir`."""
-    for part in filter(None, os.environ.get("ANDREA_TEST_PAUSE_AT_STEP", "").split(",")):
-        n, secs = part.split(":")
-        if int(n) != step:
-            continue
-        if run_dir is not None:
-            marker = Path(run_dir) / f".test-pause-{step}"
-            if marker.exists():
-                return
-            marker.write_text(str(os.getpid()))
-        report({"type": "event", "event": "test-pause", "step": step, "time": time.time()})
-        release = Path(run_dir) / f".test-release-{step}" if run_dir is not None else None
-        if secs == "hold":  # only the release file ends it: a test signals inside the hold
-            _sleep(3600.0, None, release)
-        else:
-            _sleep(float(secs), stopping, release)
-
-
-def pause_between_micro_batches(
-    step: int, micro: int, report, run_dir: Path, stopping: Callable[[], bool] | None = None
-) -> None:
-    """Sleep between micro-batch `micro` (1-based) and the next of update `step` if
-    ANDREA_TEST_PAUSE_AT_MICRO lists `step.micro:secs`; once per run directory (marker
-    `.test-pause-<step>.<micro>`). Reports {"type": "event", "event": "test-pause-micro"} first.
-    The pause ends early once `stopping()` is true (a stop signal arrived) or the file
-    `.test-release-<step>.<micro>` exists in `run_dir`."""
-    for part in filter(None, os.environ.get("ANDREA_TEST_PAUSE_AT_MICRO", "").split(",")):
-        where, secs = part.split(":")
-        if where != f"{step}.{micro}":
+    """The pause of `variable` (comma-separated `where:secs` pairs) at `where`, once per run
+    directory (marker `.test-pause-<where>`): report `event` first, then sleep `secs` seconds,
+    until a stop (`stopping()`) or the file `.test-release-<where>` in `run_dir`; `hold`: until
+    that file only (a test signals inside the hold)."""
+    for part in filter(None, os.environ.get(variable, "").split(",")):
+        at, secs = part.split(":")
+        if at != where:
             continue
         marker = Path(run_dir) / f".test-pause-{where}"
         if marker.exists():
             return
         marker.write_text(str(os.getpid()))
-        report(
-            {
-                "type": "event",
-                "event": "test-pause-micro",
-                "step": step,
-                "micro": micro,
-                "time": time.time(),
-            }
-        )
-        _sleep(float(secs), stopping, Path(run_dir) / f".test-release-{where}")
+        report({"type": "event", **event, "time": time.time()})
+        release = Path(run_dir) / f".test-release-{where}"
+        if secs == "hold":
+            _sleep(3600.0, None, release)
+        else:
+            _sleep(float(secs), stopping, release)
 
 
-def steal_signal() -> None:
-    """If ANDREA_TEST_STEAL_SIGNAL names a signal (e.g. SIGUSR1), reset it to the default
-    action, as a misbehaving library would; the worker's handler check must notice."""
-    name = os.environ.get("ANDREA_TEST_STEAL_SIGNAL")
-    if name:
-        import signal
+def pause_in_step(
+    step: int, report, run_dir: Path, stopping: Callable[[], bool] | None = None
+) -> None:
+    """Sleep inside update `step` as ANDREA_TEST_PAUSE_AT_STEP says (`step:secs`), reporting
+    {"type": "event", "event": "test-pause"} first (`_pause`: once per run directory, ended
+    early by `stopping()` or `.test-release-<step>`)."""
+    event = {"event": "test-pause", "step": step}
+    _pause("ANDREA_TEST_PAUSE_AT_STEP", str(step), event, report, run_dir, stopping)
 
-        signal.signal(getattr(signal, name), signal.SIG_DFL)
 
-
-def hang_in_step(step: int, run_dir: Path) -> None:
-    """Block for ever in update `step` (once per run directory) if ANDREA_TEST_HANG_AT_STEP=step."""
-    spec = os.environ.get("ANDREA_TEST_HANG_AT_STEP")
-    marker = Path(run_dir) / ".test-hang-done"
-    if spec and int(spec) == step and not marker.exists():
-        marker.write_text(str(os.getpid()))
-        while True:  # time.sleep resumes after each signal handler (PEP 475): a real hang
-            time.sleep(3600)
+def pause_between_micro_batches(
+    step: int, micro: int, report, run_dir: Path, stopping: Callable[[], bool] | None = None
+) -> None:
+    """Sleep between micro-batch `micro` (1-based) and the next of update `step` as
+    ANDREA_TEST_PAUSE_AT_MICRO says (`step.micro:secs`), reporting {"type": "event", "event":
+    "test-pause-micro"} first (`_pause`: once per run directory, ended early by `stopping()`
+    or `.test-release-<step>.<micro>`)."""
+    event = {"event": "test-pause-micro", "step": step, "micro": micro}
+    _pause("ANDREA_TEST_PAUSE_AT_MICRO", f"{step}.{micro}", event, report, run_dir, stopping)
 
 
 def write_delay(run_dir: Path, step: int) -> None:
@@ -165,39 +130,12 @@ def write_delay(run_dir: Path, step: int) -> None:
     `.test-release-writes` exists in `run_dir`."""
     secs = os.environ.get("ANDREA_TEST_WRITE_DELAY")
     if secs == "hold":
-        one, every = (
-            Path(run_dir) / f".test-release-write-{step}",
-            Path(run_dir) / ".test-release-writes",
+        run_dir = Path(run_dir)
+        _sleep(
+            3600.0, None, run_dir / f".test-release-write-{step}", run_dir / ".test-release-writes"
         )
-        end = time.monotonic() + 3600.0
-        while time.monotonic() < end and not (one.exists() or every.exists()):
-            time.sleep(0.01)
     elif secs:
         time.sleep(float(secs))
-
-
-def leave_orphan() -> None:
-    """If ANDREA_TEST_ORPHAN_FILE is set: start `sh -c 'sleep 2 & echo $! > FILE'` and wait for
-    the shell, so `sleep` is orphaned and re-parented to the nearest subreaper (the proxy)."""
-    path = os.environ.get("ANDREA_TEST_ORPHAN_FILE")
-    if path:
-        subprocess.run(
-            ["sh", "-c", f"sleep 2 & echo $! > '{path}.tmp' && mv '{path}.tmp' '{path}'"],
-            check=True,
-        )
-
-
-def hold_before_resume(run_dir: Path) -> None:
-    """If ANDREA_TEST_HOLD_RESUME is set: write `.test-resume-held` in `run_dir`, then wait until
-    `.test-release-resume` exists there (at most an hour); once per run directory (the held
-    marker stays, so a restarted worker reads at once)."""
-    if not os.environ.get("ANDREA_TEST_HOLD_RESUME"):
-        return
-    marker = Path(run_dir) / ".test-resume-held"
-    if marker.exists():
-        return
-    marker.write_text(str(os.getpid()))
-    _sleep(3600.0, None, Path(run_dir) / ".test-release-resume")
 
 
 class HostReadCounter:
@@ -279,16 +217,23 @@ class EnvHooks(NoHooks):
     def __init__(self, run_dir: Path, stopping: Callable[[], bool] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.stopping = stopping
+        self.nan_steps = _steps(os.environ.get("ANDREA_TEST_NAN_AT_STEP", ""))
         self.reads = HostReadCounter() if os.environ.get("ANDREA_TEST_COUNT_HOST_READS") else None
 
     def at_start(self) -> None:
-        steal_signal()
-        leave_orphan()
+        if name := os.environ.get("ANDREA_TEST_STEAL_SIGNAL"):  # as a misbehaving library would
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        if path := os.environ.get("ANDREA_TEST_ORPHAN_FILE"):
+            # the shell exits at once: `sleep` is re-parented to the nearest subreaper (the proxy)
+            subprocess.run(
+                ["sh", "-c", f"sleep 2 & echo $! > '{path}.tmp' && mv '{path}.tmp' '{path}'"],
+                check=True,
+            )
         if self.reads is not None:
             self.reads.start()
 
     def on_loss(self, step: int, loss):
-        return poison_loss(step, loss)
+        return loss * float("nan") if step in self.nan_steps else loss
 
     def after_micro_batch(self, step: int, micro: int, report) -> None:
         pause_between_micro_batches(step, micro, report, self.run_dir, self.stopping)
@@ -298,10 +243,18 @@ class EnvHooks(NoHooks):
             reads = self.reads.take()
             report({"type": "event", "event": "test-host-reads", "step": step, "reads": reads})
         pause_in_step(step, report, self.run_dir, self.stopping)
-        hang_in_step(step, self.run_dir)
+        hang = os.environ.get("ANDREA_TEST_HANG_AT_STEP")
+        marker = self.run_dir / ".test-hang-done"
+        if hang and int(hang) == step and not marker.exists():
+            marker.write_text(str(os.getpid()))
+            while True:  # time.sleep resumes after each signal handler (PEP 475): a real hang
+                time.sleep(3600)
 
     def before_resume(self, path: Path) -> None:
-        hold_before_resume(self.run_dir)
+        marker = self.run_dir / ".test-resume-held"  # stays: a restarted worker reads at once
+        if os.environ.get("ANDREA_TEST_HOLD_RESUME") and not marker.exists():
+            marker.write_text(str(os.getpid()))
+            _sleep(3600.0, None, self.run_dir / ".test-release-resume")
 
 
 def hooks_from_environment(run_dir: Path, stopping: Callable[[], bool] | None = None) -> NoHooks:
