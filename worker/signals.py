@@ -5,19 +5,10 @@ loop acts on them at the step boundary.
   SIGUSR1                                        -> checkpoint after the step (or at the next
                                                     cadence boundary), continue
 
-Start-up: the proxy spawns the worker with these signals *blocked* (the mask survives exec), and
-`SignalFlags.install()` unblocks them only after its handlers are in place, so a signal sent
-during interpreter start-up stays pending instead of killing the worker, and is honoured after
-the first step (SIGUSR1) or before it (SIGTERM).
-
-Parent death is caught twice: Linux's parent-death signal (prctl PR_SET_PDEATHSIG = SIGTERM) and a
-thread that polls the parent pid every second, for platforms or exec paths where the first fails.
-
-SIGUSR1 coalescing (`Usr1Requests`): a SIGUSR1 joins the request already pending or being written,
-and so does one that arrives within USR1_BURST_S seconds of that request's latest signal. So
-several SIGUSR1 before the checkpoint is written give one checkpoint, and a scheduler that signals
-both the proxy and the worker's process group (the worker then gets its own copy plus the one the
-proxy forwards) still gets one checkpoint.
+The proxy spawns the worker with these signals blocked; `SignalFlags.install()` unblocks them
+once its handlers are in place (docs/signals.md#start-up). Parent death is caught twice, by
+prctl(PR_SET_PDEATHSIG) and a polling thread (docs/signals.md#parent-death). SIGUSR1 coalescing
+is `Usr1Requests` (docs/signals.md#coalescing).
 """
 
 from __future__ import annotations
@@ -44,21 +35,14 @@ class SignalFlags:
 
     stop_reason: None, or the first stop signal's name ("SIGTERM", "SIGINT", "SIGHUP") or
     "parent-died"; later stop signals change nothing (a second SIGTERM during the write does not
-    interrupt it). stop_count counts them. usr1_times: time.monotonic() of every SIGUSR1
-    received, in order (usr1_count = its length).
+    interrupt it). usr1_times: time.monotonic() of every SIGUSR1 received, in order.
     """
 
     def __init__(self) -> None:
         self.stop_reason: str | None = None
-        self.stop_count = 0
         self.usr1_times: list[float] = []
 
-    @property
-    def usr1_count(self) -> int:
-        return len(self.usr1_times)
-
     def _on_stop(self, signum, frame) -> None:
-        self.stop_count += 1
         if self.stop_reason is None:
             self.stop_reason = signal.Signals(signum).name
 
@@ -72,21 +56,16 @@ class SignalFlags:
         signal.signal(signal.SIGUSR1, self._on_usr1)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED_SIGNALS)
 
-    def verify(self) -> list[str]:
-        """Names of signals whose handler is no longer ours (a library replaced it; NCCL has
-        been known to take SIGUSR1), or which a library blocked again."""
-        lost = []
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-        for s in HANDLED_SIGNALS:
-            h = signal.getsignal(s)
-            if getattr(h, "__self__", None) is not self or s in blocked:
-                lost.append(signal.Signals(s).name)
-        return lost
-
     def verify_and_repair(self) -> list[str]:
-        """verify(); if anything was lost, say so loudly (ERROR, naming the signals) and
-        re-install. Returns the lost names (empty when all is well)."""
-        lost = self.verify()
+        """The names of the signals whose handler is no longer ours (a library replaced it;
+        NCCL has been known to take SIGUSR1) or which a library blocked again; if any, say so
+        loudly (ERROR, naming them) and re-install. Empty when all is well."""
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        lost = [
+            signal.Signals(s).name
+            for s in HANDLED_SIGNALS
+            if getattr(signal.getsignal(s), "__self__", None) is not self or s in blocked
+        ]
         if lost:
             log.error(
                 "SIGNAL HANDLERS REPLACED after start-up (a library took %s): re-installing "
@@ -118,12 +97,9 @@ class SignalFlags:
             self.stop_reason = self.stop_reason or "parent-died"
 
         def poll() -> None:
-            ev = threading.Event()
-            while not ev.wait(interval):
-                if gone():
-                    if self.stop_reason is None:
-                        self.stop_reason = "parent-died"
-                    return
+            while not gone():
+                time.sleep(interval)
+            self.stop_reason = self.stop_reason or "parent-died"
 
         threading.Thread(target=poll, name="parent-watch", daemon=True).start()
 
@@ -136,9 +112,7 @@ class Usr1Requests:
     usr1_at "step": the request is served at the boundary of the step during which it arrived;
     "boundary": at the next multiple of `cadence` (the current step if it is one). A signal
     joins the pending request, the SIGUSR1 checkpoint being written, or the request whose latest
-    signal arrived at most USR1_BURST_S seconds earlier (a copy of one signal sent to both the
-    proxy and the worker's group arrives milliseconds apart, possibly across a step boundary).
-    A SIGUSR1 after the checkpoint is durable and the burst is over starts a new request.
+    signal arrived at most USR1_BURST_S seconds earlier (docs/signals.md#coalescing).
     """
 
     def __init__(self, flags: SignalFlags, usr1_at: str, cadence: int) -> None:
