@@ -232,7 +232,7 @@ def train(kind: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
     plan = probe_plan(dataclasses.replace(cfg, reward="heldout_progress"), len(names))
     probes = {n: sampler.heldout_windows(n, plan.sequences) for n in names}
     model = GPT(cfg.model, cfg.vocab_size, 0.0, seed=seed)
-    model.to_device(torch.device("cpu"))
+    model.to(torch.device("cpu"))
     opt = FlatAdamW(model, cfg)
     mix = None
     if kind in PROBING:

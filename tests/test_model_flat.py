@@ -84,8 +84,8 @@ def test_building_a_gpt_does_not_import_torch_dynamo():
 
 @pytest.mark.parametrize("convert", [
     lambda m: m.float(), lambda m: m.to(torch.float32), lambda m: m.to("cpu"),
-    lambda m: m.cpu(), lambda m: m.to(torch.device("cpu"), torch.float32), lambda m: m.to_device(torch.device("cpu")),
-], ids=["float", "to-float32", "to-cpu", "cpu", "to-cpu-float32", "to_device"])
+    lambda m: m.cpu(), lambda m: m.to(torch.device("cpu"), torch.float32), lambda m: m.to(torch.device("cpu")),
+], ids=["float", "to-float32", "to-cpu", "cpu", "to-cpu-float32", "to-device"])
 def test_same_device_float32_conversions_keep_flat_and_its_values(convert):
     model = gpt()
     flat, before = model.flat, model.flat.clone()

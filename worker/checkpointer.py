@@ -151,10 +151,8 @@ class Checkpointer:
     write never raises into training: it is logged, reported and retried at the next cadence.
     Host memory: one float32 buffer of 3 * n_params (12 bytes per parameter). On CPU it is
     marked free after each write (madvise MADV_FREE): the kernel takes its pages back when it
-    needs memory, and until then the next copy reuses them without a fault. Releasing them at
-    once (MADV_DONTNEED) made the next copy fault every page in again: 0.22 s of CPU per
-    andrea-12m checkpoint instead of 0.10 s (thread CPU time, docs/checkpoint-format.md#writing-without-stalling),
-    CPU taken from training on 2 cores. A pinned (CUDA) buffer is kept as is.
+    needs memory, and until then the next copy reuses them without a fault (not MADV_DONTNEED:
+    docs/checkpoint-format.md#writing-without-stalling). A pinned (CUDA) buffer is kept as is.
     writer_nice: the nice value of the writer thread after its copy
     (docs/checkpoint-format.md#writing-without-stalling).
     """
@@ -187,7 +185,6 @@ class Checkpointer:
         self._on_done = on_done or (lambda r: None)
         self.last_result: WriteResult | None = None
         self.writer_nice = writer_nice
-        self._pinned = pin_memory
         self.release_after_write = not pin_memory
         self._cuda: _CudaCopy | None = None  # the side stream's copy (CUDA), made on first use
 
@@ -221,18 +218,17 @@ class Checkpointer:
         m: torch.Tensor,
         v: torch.Tensor,
         reason: str,
-        background: bool = True,
         defer_copy: bool = False,
     ) -> float:
-        """Copy the three flat buffers to host and start writing `step_{step}.bin`.
+        """Copy the three flat buffers to host and start writing `step_{step}.bin` in the
+        writer thread.
 
         w, m, v: float32 tensors of n_params elements each (any device; weights, AdamW
-        exp_avg, exp_avg_sq). reason: one of shared.checkpoint.manifest.REASONS. background:
-        False writes in this thread (benchmarks, tests). Returns the seconds training was held
-        (the wait for a previous write still in flight, plus the copy); after it returns the
-        caller may change w, m, v freely.
+        exp_avg, exp_avg_sq). reason: one of shared.checkpoint.manifest.REASONS. Returns the
+        seconds training was held (the wait for a previous write still in flight, plus the
+        copy); after it returns the caller may change w, m, v freely.
 
-        defer_copy (background only): the copy overlaps the next forward and backward pass,
+        defer_copy: the copy overlaps the next forward and backward pass,
         which only read the weights; the caller must call `wait_copied()` before anything
         changes w, m or v (the optimizer step). CPU tensors: the writer thread copies. CUDA
         tensors: the copy is queued on a side stream after the work queued so far (`_CudaCopy`)
@@ -241,25 +237,22 @@ class Checkpointer:
         previous write and the queueing."""
         t0 = time.perf_counter()
         self.wait()
-        defer = defer_copy and background
-        on_cuda = defer and w.is_cuda
+        on_cuda = defer_copy and w.is_cuda
         if on_cuda:
             if self._cuda is None:
                 self._cuda = _CudaCopy(self._host_t, self.n, w.device)
             self._cuda.start(w, m, v)
-        elif not defer:
+        elif not defer_copy:
             self._copy(w, m, v)
         held = time.perf_counter() - t0
-        if background:
-            if defer and not on_cuda:  # the host waits for the writer thread's copy
-                self._copied.clear()
-            args = (step, reason, (w, m, v) if defer and not on_cuda else None)
-            self._thread = threading.Thread(
-                target=self._write_after_copy, args=args, name=f"ckpt-{step}", daemon=False
-            )
-            self._thread.start()
-        else:
-            self._write(step, reason)
+        thread_copies = defer_copy and not on_cuda
+        if thread_copies:  # the host waits for the writer thread's copy
+            self._copied.clear()
+        args = (step, reason, (w, m, v) if thread_copies else None)
+        self._thread = threading.Thread(
+            target=self._write_after_copy, args=args, name=f"ckpt-{step}", daemon=False
+        )
+        self._thread.start()
         return held
 
     def _copy(self, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:

@@ -82,9 +82,7 @@ class ArmSampler:
 
     def _train_start(self, name: str, g: np.random.Generator) -> int:
         seg, cum = self._train[name]
-        u = int(g.integers(0, int(cum[-1])))
-        j = int(np.searchsorted(cum, u, side="right"))
-        return int(seg[j][0]) + u - (int(cum[j - 1]) if j else 0)
+        return _nth_start(seg, cum, int(g.integers(0, int(cum[-1]))))
 
     def draw(
         self,
@@ -140,12 +138,7 @@ class ArmSampler:
         starts of its held-out ranges (each window, block+1 tokens, lies inside one range)."""
         seg, cum = _starts(self.heldout[name], self.block)
         span = int(cum[-1]) // max(1, n)
-        out = []
-        for i in range(n):
-            u = i * span
-            j = int(np.searchsorted(cum, u, side="right"))
-            out.append(int(seg[j][0]) + u - (int(cum[j - 1]) if j else 0))
-        return out
+        return [_nth_start(seg, cum, i * span) for i in range(n)]
 
     def heldout_windows(self, name: str, n: int) -> torch.Tensor:
         """The fixed probe set of arm `name`: int64 (n, block+1) at `heldout_starts(name, n)`."""
@@ -182,3 +175,9 @@ def _starts(segments: list[tuple[int, int]], block: int):
     if not len(cum):
         raise ValueError(f"no window of {block + 1} tokens fits in segments {segments}")
     return seg, cum
+
+
+def _nth_start(seg: list[tuple[int, int]], cum: np.ndarray, u: int) -> int:
+    """The token offset of window start number `u` (0-based) of `_starts`'s (seg, cum)."""
+    j = int(np.searchsorted(cum, u, side="right"))
+    return int(seg[j][0]) + u - (int(cum[j - 1]) if j else 0)

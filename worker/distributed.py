@@ -1,15 +1,10 @@
 """Multi-process training under `torchrun` (docs/signals.md#several-ranks): process group set-up and
 the small collectives that keep every rank in lock-step.
 
-`init_distributed(device)` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR/PORT) and joins the process group: gloo on CPU, nccl on CUDA. Without those
-variables (a plain `python -m worker`) it returns a world of one and nothing here communicates.
-
-`agree(events)` is the step-boundary collective: every rank contributes a vector of small ints
-(stop requested, SIGUSR1 seen, control request seen, ...) and all receive the element-wise MAX,
-so a signal that reached one rank only still gives the same checkpoint and stop decision on all.
-`sum_(t)` adds up per-rank statistics on the device (the loss sum and per-arm loss sums) so
-the step record rank 0 writes is global.
+`init_distributed` joins the process group torchrun describes (gloo on CPU, nccl on CUDA), or
+returns a world of one, where nothing here communicates. `agree` is the step-boundary collective
+(the element-wise MAX, so a signal one rank got gives the same decision on all) and `sum_` makes
+the update's statistics global.
 
 What it is not: the decisions themselves (worker/trainer.py) or the launcher (proxy/supervision/supervisor.py).
 """
@@ -87,10 +82,10 @@ def resolve_device(requested: str, local_rank: int) -> torch.device:
 
 
 def init_distributed(requested_device: str) -> tuple[DistInfo, torch.device]:
-    """Join the process group torchrun described, or return a world of one.
-
-    Backend: nccl when the device is CUDA, gloo on CPU. Raises DistributedError when the
-    environment is inconsistent (e.g. RANK >= WORLD_SIZE)."""
+    """Join the process group torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR/PORT) describes, or return a world of one without it (a plain `python -m
+    worker`). Backend: nccl when the device is CUDA, gloo on CPU. Raises DistributedError when
+    the environment is inconsistent (e.g. RANK >= WORLD_SIZE)."""
     world = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -170,10 +165,9 @@ GLOO_DRAIN_S = 0.05  # seconds without the GIL before the process group is destr
 def leave_process_group() -> None:
     """destroy_process_group, after GLOO_DRAIN_S seconds without the GIL. A gloo worker thread
     frees each finished collective's thread-local state, which takes the GIL; the process
-    group's destructor joins those threads while the caller holds it. Destroyed the instant a
-    collective completes, the two wait for each other for ever (seen: a CI run hung here,
-    gdb showing ~ProcessGroupGloo in join and pt_gloo_runloop in take_gil). The sleep lets the
-    threads finish first. Raises what destroy_process_group raises."""
+    group's destructor joins those threads while the caller holds it, so destroyed the instant
+    a collective completes, the two wait for each other for ever; the sleep lets the threads
+    finish first. Raises what destroy_process_group raises."""
     import torch.distributed as dist
 
     gc.collect()  # a DDP wrapper the caller dropped, if a reference cycle still holds it

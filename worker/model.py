@@ -7,11 +7,8 @@ in checkpoint order; the optimizer's exp_avg / exp_avg_sq are views into two mor
 (`worker/optim.py`). A checkpoint is then three contiguous copies, and a resume reads the file
 straight into the three buffers.
 
-nanoGPT readers beware: `nn.Module.to()`, `.cuda()`, `.float()`, `.half()` (anything that goes
-through `nn.Module._apply`) would normally re-allocate every parameter, silently detaching it
-from `flat`, after which checkpoints would save stale weights. `GPT._apply` keeps them views of
-`flat` instead (a device move moves `flat` and re-points the views) and refuses any dtype but
-float32 (mixed precision is autocast: `--precision bf16`, worker/precision.py).
+nanoGPT readers beware: `.to()`, `.cuda()`, `.half()`... go through `GPT._apply`, which keeps
+the parameters views of `flat` (a device move moves `flat`) and refuses any dtype but float32.
 """
 
 from __future__ import annotations
@@ -67,6 +64,16 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
+
+
+def is_view_at(t: torch.Tensor, buf: torch.Tensor, off: int) -> bool:
+    """Whether `t` is a view of the flat buffer `buf`, of its dtype, at element offset `off`
+    (pointers only, no data read)."""
+    return (
+        t.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+        and t.data_ptr() == buf.data_ptr() + off * buf.element_size()
+        and t.dtype == buf.dtype
+    )
 
 
 def _meta_embedding(num: int, dim: int) -> nn.Embedding:
@@ -158,10 +165,6 @@ class GPT(nn.Module):
             raise RuntimeError("GPT has a buffer on the meta device: materialise it in __init__")
         return flat
 
-    def to_device(self, device: torch.device) -> "GPT":
-        """Move to `device` keeping parameters as views of one flat buffer (= `self.to(device)`)."""
-        return self.to(device)
-
     def _apply(self, fn, recurse: bool = True) -> "GPT":
         """What `.to()`, `.cuda()`, `.cpu()`, `.float()`, `.half()`, `.to_empty()`... call: `fn` is
         applied to `flat` once and every parameter (and its gradient) re-pointed at its slice of
@@ -192,15 +195,8 @@ class GPT(nn.Module):
         """Raise RuntimeError naming the first parameter that is no longer the view of `flat` at
         its checkpoint offset (something re-allocated it: checkpoints would save stale
         weights). Cheap: compares pointers, reads no data."""
-        base = self.flat.untyped_storage().data_ptr()
         for p, (name, shape, off) in zip(self.parameters(), self.table):
-            want = self.flat.data_ptr() + off * self.flat.element_size()
-            if (
-                p.untyped_storage().data_ptr() != base
-                or p.data_ptr() != want
-                or p.dtype != self.flat.dtype
-                or tuple(p.shape) != tuple(shape)
-            ):
+            if not is_view_at(p, self.flat, off) or tuple(p.shape) != tuple(shape):
                 raise RuntimeError(
                     f"parameter {name} is no longer a view of GPT.flat at offset "
                     f"{off}: checkpoints would save stale weights"

@@ -9,9 +9,9 @@ correction) is the checkpoint's header step: nothing else is stored.
 The fused path (CUDA and CPU) calls torch's fused AdamW kernel, `torch._fused_adamw_`, itself,
 exactly as `torch.optim.AdamW(fused=True).step()` does (the step tensors incremented with
 `torch._foreach_add_`, then one kernel call per parameter group): the same bits, without
-constructing `torch.optim.AdamW`, whose methods import `torch._dynamo` on first use (2.2 s of a
-3.15 s worker start on 2 CPU cores, docs/operations.md#benchmarks). The foreach path (other
-devices) uses `torch.optim.AdamW` itself.
+constructing `torch.optim.AdamW`, whose methods import `torch._dynamo` on first use (seconds of
+a worker's start, docs/operations.md#benchmarks). The foreach path (other devices) uses
+`torch.optim.AdamW` itself.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from shared.run.config import RunConfig
-from worker.model import GPT
+from worker.model import GPT, is_view_at
 
 
 class _FusedAdamW:
@@ -163,12 +163,7 @@ class FlatAdamW:
             st = self.opt.state[p]
             for key, buf in (("exp_avg", self.m), ("exp_avg_sq", self.v)):
                 t = st[key]
-                want = buf.data_ptr() + off * buf.element_size()
-                if (
-                    t.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
-                    or t.data_ptr() != want
-                    or t.shape != p.shape
-                ):
+                if not is_view_at(t, buf, off) or t.shape != p.shape:
                     raise RuntimeError(
                         f"AdamW replaced {key} of {name}; the flat "
                         f"{'m' if key == 'exp_avg' else 'v'} buffer is stale"

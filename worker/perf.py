@@ -3,12 +3,8 @@
 MFU = achieved training FLOP/s (the model's FLOPs per token x tokens/s, all ranks together) /
 (peak FLOP/s of one device x world size). The peak comes from a per-device table on CUDA (dense
 bf16 tensor-core figures from the vendors' data sheets) and, on CPU, from a short fp32 matmul
-timed once per machine (`measure_cpu_matmul_peak`): on a CPU there is no data sheet figure the
-process can trust, and the matmul is the best the BLAS in this process can do. `PeakFlops` keeps
-that measurement off a (re)start's critical path: a cached figure (per CPU model, thread count
-and torch version, under shared/data/arms.py `cache_dir()`) is used at once; without one the matmul is
-timed once between the first two updates (nothing else runs then), cached, and MFU is reported
-from then on.
+timed once per machine (`measure_cpu_matmul_peak`: no data sheet figure there can be trusted),
+kept off a (re)start's critical path by `PeakFlops`.
 
 What it is not: the timing of steps (worker/trainer.py) or the progress line (proxy/supervision/supervisor.py).
 """
@@ -16,13 +12,12 @@ What it is not: the timing of steps (worker/trainer.py) or the progress line (pr
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 
-from shared.atomic_io import read_json
+from shared.atomic_io import atomic_write_bytes, read_json
 
 # Dense (no sparsity) bf16 peak FLOP/s per device, by a substring of torch.cuda.get_device_name().
 # Order matters: the first match wins (e.g. "H100 PCIe" before "H100").
@@ -94,7 +89,11 @@ def device_peak_flops(device: torch.device) -> tuple[float | None, str]:
     if device.type == "cuda":
         return cuda_peak_flops(device)
     peak = measure_cpu_matmul_peak()
-    return peak, f"measured: fp32 1024^3 matmul {peak / 1e9:.1f} GFLOP/s"
+    return peak, _matmul_source("measured", peak)
+
+
+def _matmul_source(how: str, peak: float) -> str:
+    return f"{how}: fp32 1024^3 matmul {peak / 1e9:.1f} GFLOP/s"
 
 
 def _cpu_cache_key() -> str:
@@ -128,7 +127,7 @@ class PeakFlops:
         hit = cached.get(self._key)
         if isinstance(hit, (int, float)) and hit > 0:
             self.value = float(hit)
-            self.source = f"measured earlier on this machine (cached): fp32 1024^3 matmul {hit / 1e9:.1f} GFLOP/s"
+            self.source = _matmul_source("measured earlier on this machine (cached)", hit)
 
     def measure_later(self) -> None:
         """CPU without a cached figure: time the matmul now, then cache it. Called between two
@@ -138,24 +137,17 @@ class PeakFlops:
         if self.value is not None or self.device.type == "cuda" or self._key is None:
             return
         self._key, key = None, self._key  # once
-
-        def work() -> None:
-            peak = measure_cpu_matmul_peak()
-            self.value = peak
-            self.source = f"measured: fp32 1024^3 matmul {peak / 1e9:.1f} GFLOP/s"
-            if self._cache is None:
-                return
-            try:  # best effort: an unwritable cache only costs the measurement next time
-                self._cache.parent.mkdir(parents=True, exist_ok=True)
-                d = read_json(self._cache, {}, garbage="default", expect=dict)
-                d[key] = peak
-                tmp = self._cache.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(d))
-                os.replace(tmp, self._cache)
-            except OSError:
-                pass
-
-        work()
+        peak = measure_cpu_matmul_peak()
+        self.value, self.source = peak, _matmul_source("measured", peak)
+        if self._cache is None:
+            return
+        try:  # best effort: an unwritable cache only costs the measurement next time
+            self._cache.parent.mkdir(parents=True, exist_ok=True)
+            d = read_json(self._cache, {}, garbage="default", expect=dict)
+            d[key] = peak
+            atomic_write_bytes(self._cache, json.dumps(d).encode(), durable=False)
+        except OSError:
+            pass
 
 
 def mfu(

@@ -3,7 +3,7 @@
 `--precision` (worker option, passed through by `python -m proxy run --precision`):
 
   auto  bf16 autocast on CUDA when the GPU has native bf16 (Ampere and newer), else fp32;
-        fp32 on CPU (the behaviour before the option existed)
+        fp32 on CPU
   bf16  torch.autocast(device_type=<the device's type>, dtype=torch.bfloat16), on CPU too
   fp32  no autocast anywhere (and, on CUDA, no TF32: fp32 matmuls are true fp32; with bf16 the
         trainer enables TF32 for the fp32 matmuls left outside autocast)
@@ -17,9 +17,8 @@ training forward, the held-out probes (which feed the bandit) and nothing else (
 generate in fp32). `resolve_precision` is the one place `auto` is decided.
 
 The AdamW kernel (`use_fused_adamw`): torch's fused kernel on CUDA and on CPU (one pass over
-all parameters; on CPU it takes 0.010 s per andrea-12m update where foreach takes 0.049 s, 2 %
-of a step), foreach on any other device. A test pins either with `ANDREA_TEST_FUSED_ADAMW=0`
-(foreach) or `=1` (fused) to compare the two kernels in a real worker (worker/fault_injection.py).
+all parameters; on CPU 0.010 s per andrea-12m update where foreach takes 0.049 s), foreach on
+any other device.
 
 What it is not: the model (worker/model.py) or the optimizer's flat buffers (worker/optim.py).
 """
@@ -28,9 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from shared.run.worker_options import PRECISIONS
 from worker import fault_injection
-
-PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:

@@ -50,6 +50,7 @@ from shared.run.handshake import (
     update_handshake,
 )
 from shared.run.layout import RunLayout
+from shared.run.worker_options import COMPILE
 from shared.run.worker_options import WorkerOptions as WorkerOptions  # also named here
 from worker import distributed as wdist
 from worker import fault_injection
@@ -65,7 +66,6 @@ from worker.signals import SignalFlags, Usr1Requests
 log = logging.getLogger("worker.trainer")
 
 REASON_PRIORITY = ("final", "pivot", "alarm", "sigusr1", "sigterm", "cadence")
-COMPILE = ("auto", "on", "off")
 
 
 def resolve_compile(requested: str, device: torch.device) -> bool:
@@ -216,7 +216,7 @@ class Trainer:
             seed=self.cfg.seed,
             init_weights=opts.resume_from is None,  # a resume reads the weights at once
         )
-        self.model.to_device(self.device)
+        self.model.to(self.device)  # parameters stay views of model.flat (GPT._apply)
         t_model = time.perf_counter()
         self.opt = FlatAdamW(self.model, self.cfg, fused=wprec.use_fused_adamw(self.device))
         t_opt = time.perf_counter()
@@ -256,9 +256,8 @@ class Trainer:
         self._last_reason: str | None = None  # reason of the newest snapshot
         self.nonfinite_run = 0
         self._heldout_cache: dict[tuple[str, int], torch.Tensor] = {}  # (arm, n) -> windows
-        self.probe_plan = probe_plan(
-            self.cfg, len(self.sampler.names)
-        )  # <= probe_budget of compute
+        # the held-out probes' plan: at most probe_budget of the compute
+        self.probe_plan = probe_plan(self.cfg, len(self.sampler.names))
         self._views_checked = False  # check_flat / check_views after this incarnation's 1st update
         self._pending: QueuedUpdate | None = None  # queued, its report not yet written
         self._last_queued: float | None = None  # perf_counter when an update was last queued
@@ -327,9 +326,8 @@ class Trainer:
             step = self._read_checkpoint(path, checksum)
         except CheckpointError as e:
             raise ResumeLoadError(str(e), path=e.path or path, rule=e.rule) from e
-        self.opt.set_step(
-            step
-        )  # AdamW bias correction = the header step (docs/checkpoint-format.md)
+        # AdamW bias correction = the header step (docs/checkpoint-format.md)
+        self.opt.set_step(step)
         self.step = self.resumed_from = step
         log.info(
             "resumed from %s (step %d) in %.2f s (%s)",
@@ -362,8 +360,9 @@ class Trainer:
     def announce(self) -> None:
         """Rank 0 announces the worker; every rank adds its pid to `worker.pids` under the lock
         (the proxy sends SIGUSR1/SIGTERM to the ranks directly, never through torchrun)."""
+        pid = os.getpid()
         info = {
-            "pid": os.getpid(),
+            "pid": pid,
             "n_params": self.model.n_params,
             "resumed_from": self.resumed_from,
             "device": str(self.device),
@@ -377,7 +376,6 @@ class Trainer:
             "micro_batch_size": self.micro,
             "accumulation_steps": self.accum,
         }
-        pid = os.getpid()
 
         def change(d: dict) -> None:
             w = d.get("worker") or {}
@@ -418,11 +416,6 @@ class Trainer:
                 )
             time.sleep(0.005)
 
-    def _seq_losses(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Mean next-token loss per sequence of the unwrapped model (probes: eager, no
-        collective), float32 (b,); `x`, `y` int64 (b, T) on any device."""
-        return self.eval_loss(x.to(self.device, non_blocking=True), y.to(self.device))
-
     def _to_device(self, a: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Host array `a` on the training device. On CUDA it is first copied into page-locked
         memory (torch's caching host allocator reuses the block once its copy has completed),
@@ -450,12 +443,9 @@ class Trainer:
 
     def _queue_update(self, k: int, probs: dict) -> QueuedUpdate:
         """Queue optimizer update k (probabilities `probs` {arm: p}) on the device without
-        reading any of its values on the host (docs/architecture.md#the-step-loop): draw batch
-        k on the host, upload it, forward and backward, clip, the update's statistics (loss
-        sum and per-arm loss sums over the GLOBAL batch, gradient norm, non-finite flag) as one
-        float64 vector, AdamW skipping itself on the device when the flag is set, and the
-        vector's copy to host memory behind an event. `_read_update` turns it into the step
-        report."""
+        reading any of its values on the host, its statistics over the GLOBAL batch as one
+        float64 vector (`QueuedUpdate.values`; docs/architecture.md#the-step-loop).
+        `_read_update` turns it into the step report."""
         t0 = time.perf_counter()
         cfg = self.cfg
         events = None
@@ -602,8 +592,9 @@ class Trainer:
             key = (n, sequences)
             if key not in self._heldout_cache:
                 self._heldout_cache[key] = self.sampler.heldout_windows(n, sequences)
-            w = self._heldout_cache[key]
-            means.append(self._seq_losses(w[:, :-1], w[:, 1:]).mean())
+            w = self._heldout_cache[key]  # the unwrapped model: eager, no collective
+            x, y = w[:, :-1].to(self.device, non_blocking=True), w[:, 1:].to(self.device)
+            means.append(self.eval_loss(x, y).mean())
         self.model.train()
         return dict(zip(self.sampler.names, torch.stack(means).tolist()))
 
@@ -611,62 +602,59 @@ class Trainer:
     def sample_audit(self, k: int, probe: dict[str, float] | None) -> dict:
         """Text from a fixed prompt per arm (each arm its own seed; the arms generated as one
         batch), and held-out loss per arm (docs/architecture.md#the-worker)."""
-        self.model.eval()
         probe = probe or self.probe()
         self.model.eval()
-        temperature, top_k = SAMPLE_TEMPERATURE, SAMPLE_TOP_K
         names = self.sampler.names
         prompts = [self.sampler.prompt(n) for n in names]
         gens = [
             torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + k * 101 + i)
             for i in range(len(names))
         ]
-        arms = {}
-        outs: torch.Tensor | list[torch.Tensor]
         if len({len(p) for p in prompts}) == 1:  # one batched generation for every arm
-            idx = torch.from_numpy(np.stack(prompts)).to(self.device)
-            outs = generate_batched(
-                self.model, idx, self.opts.audit_tokens, temperature, top_k, gens
-            )
+            batches = [(np.stack(prompts), gens)]
         else:  # an arm whose held-out split is shorter than the prompt: one row at a time
-            outs = [
-                generate_batched(
-                    self.model,
-                    torch.from_numpy(p).view(1, -1).to(self.device),
-                    self.opts.audit_tokens,
-                    temperature,
-                    top_k,
-                    [g],
-                )[0]
-                for p, g in zip(prompts, gens)
-            ]
-        for n, prompt, out in zip(names, prompts, outs):
-            arms[n] = {
+            batches = [(p.reshape(1, -1), [g]) for p, g in zip(prompts, gens)]
+        outs = [
+            row
+            for idx, g in batches
+            for row in generate_batched(
+                self.model,
+                torch.from_numpy(idx).to(self.device),
+                self.opts.audit_tokens,
+                SAMPLE_TEMPERATURE,
+                SAMPLE_TOP_K,
+                g,
+            )
+        ]
+        arms = {
+            n: {
                 "prompt": self.tokenizer.decode(prompt),
                 "text": self.tokenizer.decode(out[len(prompt) :].tolist()),
                 "loss": probe[n],
-                "temperature": temperature,
-                "top_k": top_k,
+                "temperature": SAMPLE_TEMPERATURE,
+                "top_k": SAMPLE_TOP_K,
             }
+            for n, prompt, out in zip(names, prompts, outs)
+        }
         self.model.train()
         return {"type": "audit", "step": k, "arms": arms, "time": time.time()}
 
     # ------------------------------------------------------------------ boundary
-    def _agree_on_events(self, k: int, control: dict) -> tuple[bool, bool, bool, bool, bool]:
-        """(SIGUSR1 seen, control checkpoint, control stop, stop signal, non-finite alarm) for
-        the boundary of update k, agreed by all ranks with a collective: the element-wise MAX
-        over the ranks (worker/distributed.py `agree`), so an event one rank saw is acted on by
-        all. Every rank must call it at every boundary."""
-        busy = getattr(self.ckpt, "busy", lambda: False)()  # several SIGUSR1 coalesce into one
+    def _decide_boundary(self, k: int, control: dict) -> Boundary:
+        """The boundary of update k: checkpoint? stop? why? The events (SIGUSR1 seen, control
+        checkpoint, control stop, stop signal, non-finite alarm) are first agreed by all ranks
+        with a collective, the element-wise MAX (worker/distributed.py `agree`), so an event one
+        rank saw is acted on by all and every rank decides the same. Every rank must call it
+        at every boundary."""
+        busy = self.ckpt.busy()  # several SIGUSR1 coalesce into one
         usr1_new = self.usr1.arrived(writing_usr1=busy and self._last_reason == "sigusr1")
         ctl_ckpt = (
             control.get("checkpoint_at_step") is not None and k == control["checkpoint_at_step"]
         )
-        ctl_stop = control_stops_at(control, k, self.cfg.checkpoint_every)
         events = [
             int(usr1_new),
             int(ctl_ckpt),
-            int(ctl_stop),
+            int(control_stops_at(control, k, self.cfg.checkpoint_every)),
             int(bool(self.flags.stop_reason)),
             int(self.nonfinite_run >= self.opts.max_nonfinite),
         ]
@@ -674,35 +662,22 @@ class Trainer:
             events = wdist.agree(self.dist, events)
             if events[3] and not self.flags.stop_reason:
                 self.flags.stop_reason = "SIGTERM (another rank)"
-        usr1, ckpt, stop, term, nonfinite = (bool(e) for e in events)
-        return usr1, ckpt, stop, term, nonfinite
-
-    def _decide_boundary(self, k: int, control: dict) -> Boundary:
-        """The boundary of update k: checkpoint? stop? why? Agrees the events with the other
-        ranks first (a collective), so every rank decides the same."""
-        reasons, stop = [], False
-        usr1_new, ctl_ckpt, ctl_stop, sig_stop, alarm = self._agree_on_events(k, control)
-        if k % self.cfg.checkpoint_every == 0:
-            reasons.append("cadence")
+        usr1_new, ctl_ckpt, ctl_stop, sig_stop, alarm = (bool(e) for e in events)
+        reasons = ["cadence"] if k % self.cfg.checkpoint_every == 0 else []
         if usr1_new:
             self.usr1.start(k)  # worker/signals.py Usr1Requests: coalescing, usr1_at
         if self.usr1.due(k):
             reasons.append("sigusr1")
         if ctl_ckpt:
             reasons.append(control.get("reason") or "sigusr1")
-        if ctl_stop:
-            reasons.append(control.get("reason") or "pivot")
-            stop = True
-        if sig_stop:
-            reasons.append("sigterm")
-            stop = True
-        if k >= self.max_steps:
-            reasons.append("final")
-            stop = True
-        if alarm:
-            reasons.append("alarm")
-            stop = True
-        return self._boundary(reasons, stop, control)
+        stops = [
+            (ctl_stop, control.get("reason") or "pivot"),
+            (sig_stop, "sigterm"),
+            (k >= self.max_steps, "final"),
+            (alarm, "alarm"),
+        ]
+        reasons += [reason for stop, reason in stops if stop]
+        return self._boundary(reasons, any(stop for stop, _ in stops), control)
 
     def _boundary(self, reasons: list[str], stop: bool, control: dict) -> Boundary:
         """A Boundary with the reason for a stop, in order of precedence: a signal, repeated
@@ -733,16 +708,9 @@ class Trainer:
         log.debug("checkpoint step %d: training held %.4f s", k, held)
 
     def _on_checkpoint_done(self, r: WriteResult) -> None:
+        report = {"type": "checkpoint", "step": r.step, "reason": r.reason}
         if r.error:
-            self.reports.write(
-                {
-                    "type": "checkpoint",
-                    "step": r.step,
-                    "reason": r.reason,
-                    "error": r.error,
-                    "time": time.time(),
-                }
-            )
+            self.reports.write({**report, "error": r.error, "time": time.time()})
             return
         assert r.path is not None  # set for every write that did not fail
         log.info(
@@ -755,9 +723,7 @@ class Trainer:
         )
         self.reports.write(
             {
-                "type": "checkpoint",
-                "step": r.step,
-                "reason": r.reason,
+                **report,
                 "file": Path(r.path).name,
                 "bytes": r.nbytes,
                 "seconds": r.seconds,
