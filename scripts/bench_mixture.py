@@ -8,6 +8,7 @@ local files only, each in the box floors 0.1, caps 0.6 on every arm:
   C     the codecs' generated charmap tables, C headers, pydoc's topics            role: alike
   D     two real arms beside an unlearnable one (base64 of seeded random bytes)    mixing matters
   F     a small arm (the LICENSE) repeated many epochs within the run, two large    candidate
+  G     two real arms beside pydoc's topics with each line's words shuffled         candidate
   trap  A plus a repetitive, list-like arm ("- item 3: region region region")      role: trap
 A set counts as "mixing matters" only where the smoothed oracle's gain within the limits is at
 least three standard errors (else it is judged as alike). Policies (rows):
@@ -87,6 +88,7 @@ FLOOR, CAP = 0.1, 0.6         # the box of every arm
 TRAP = "list-trap"
 NOISE = "noise-b64"           # set D's unlearnable arm: base64 of seeded random bytes
 SMALL = "small-license"       # set F's small arm, repeated many epochs within the run
+SHUFFLED = "topics-shuffled"  # set G's low-quality arm: pydoc's topics, words shuffled per line
 UNLEARNABLE = {NOISE}         # arms left out of the mean the targets judge ("learnable mean")
 POLICIES = ("static", "stratified", "odm", "probe", "default")
 WORST_LIMIT = 0.005   # the target's limit on the worst arm's loss against stratified, nats (docs/bandit.md)
@@ -130,6 +132,10 @@ def arm_set(name: str, tmp: Path) -> list[ArmSpec]:
     if name == "D":
         return [a for a in DEFAULT_ARMS if a.name in ("python-docs", "repo-code")] + [
             ArmSpec(NOISE, "text", str(write_noise(tmp / "noise.txt")))]
+    if name == "G":
+        return [a for a in DEFAULT_ARMS if a.name in ("python-docs", "repo-code")] + [
+            ArmSpec(SHUFFLED, "text", str(write_shuffled(Path(lib) / "pydoc_data/topics.py",
+                                                         tmp / "shuffled.txt")))]
     if name == "F":
         return [ArmSpec("c-headers", "text", f"{inc}/**/*.h"),
                 ArmSpec("py-tests", "text", f"{lib}/test/test_[a-c]*.py"),
@@ -146,6 +152,20 @@ def write_noise(path: Path, n_bytes: int = 600_000, seed: int = 24) -> Path:
     raw = np.random.default_rng(seed).integers(0, 256, n_bytes, dtype=np.uint8).tobytes()
     text = base64.b64encode(raw).decode()
     path.write_text("".join(text[i:i + 76] + "\n" for i in range(0, len(text), 76)))
+    return path
+
+
+def write_shuffled(src: Path, path: Path, seed: int = 7) -> Path:
+    """`src` (real prose) with the words of each line in a seeded random order: a low-quality
+    learnable arm, its words and spelling intact and their order gone (the kind of text that
+    scrambled or machine-shuffled pages put into a corpus)."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for line in src.read_text(encoding="utf-8").splitlines():
+        words = line.split()
+        rng.shuffle(words)
+        lines.append(" ".join(words))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
@@ -563,7 +583,8 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
     return out
 
 
-SET_ROLE = {"A": "alike", "B": "alike", "C": "alike", "trap": "trap", "D": "candidate", "F": "candidate"}
+SET_ROLE = {"A": "alike", "B": "alike", "C": "alike", "trap": "trap", "D": "candidate", "F": "candidate",
+            "G": "candidate"}
 MATERIAL_GAIN = 0.005  # an oracle gain below this (nats) does not make a "mixing matters" set
 NI_MARGIN = 0.001   # non-inferiority margin, nats of mean held-out loss (docs/bandit.md#targets)
 
@@ -800,10 +821,11 @@ QUICK = {"sets": ["A", "D", "F", "trap"], "steps": 150, "seeds": [1, 2], "no_ora
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", nargs="+", choices=("A", "B", "C", "D", "F", "trap"), default=["A", "B"],
+    ap.add_argument("--sets", nargs="+", choices=("A", "B", "C", "D", "F", "G", "trap"), default=["A", "B"],
                     help="arm sets (A: the embedded defaults; B: C headers, test files, prose; C: charmap "
                          "tables, C headers, reference prose; D: two real arms and base64 noise; F: two "
-                         "large arms and a small one that repeats; trap: A plus the repetitive arm)")
+                         "large arms and a small one that repeats; G: two real arms and pydoc's topics with the "
+                         "words of each line shuffled; trap: A plus the repetitive arm)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run (sets A D F trap, 150 steps, seeds 1 2, no oracle): the pipeline "
                          "and the RESULT lines, not evidence; a few minutes")

@@ -4,6 +4,7 @@ The full benchmark is run by hand (docs/bandit.md#how-we-show-it-works)."""
 import importlib.util
 import math
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,12 @@ def test_arm_sets_are_local_and_different(bench, tmp_path):
     small = next(x for x in f if x.name == bench.SMALL)
     assert 5_000 < Path(small.source).stat().st_size < 40_000              # repeats within 300 steps
     assert all(glob.glob(x.source, recursive=True) for x in f)
+    g = bench.arm_set("G", tmp_path)
+    assert [x.name for x in g][-1] == bench.SHUFFLED and len(g) == 3
+    shuffled = Path(g[-1].source).read_text().splitlines()
+    topics = (Path(sysconfig.get_paths()["stdlib"]) / "pydoc_data/topics.py").read_text().splitlines()
+    assert len(shuffled) == len(topics) and shuffled != [" ".join(t.split()) for t in topics]
+    assert all(sorted(s.split()) == sorted(t.split()) for s, t in zip(shuffled, topics))   # same words
     with pytest.raises(ValueError):
         bench.arm_set("E", tmp_path)
 
