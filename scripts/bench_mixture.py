@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark (docs/bandit.md#how-we-show-it-works): does the default mixture policy pay?
 
-Same tiny model (andrea-test), same compute, same seeds, on arm sets of different character,
-local files only, each in the box floors 0.1, caps 0.6 on every arm:
+Same tiny model (andrea-test, or `--preset andrea-tiny`), same compute, same seeds, on arm sets
+of different character, local files only, each in the box floors 0.1, caps 0.6 on every arm:
   A     the embedded default arms (docstrings / code / reference docs)           role: alike
   B     this Python's C headers, its test files and IDLE's English prose           role: alike
   C     the codecs' generated charmap tables, C headers, pydoc's topics            role: alike
@@ -108,6 +108,7 @@ POLICY_SOURCE = hashlib.sha256(b"".join(
                                       "proxy/mixture/loss_trend.py",
                                       "proxy/mixture/box_projection.py", "shared/run/config.py",
                                       "scripts/bench_mixture.py"))).hexdigest()[:16]
+PRESET_KEY: list[str] = []  # the model, in the cache keys of every model but andrea-test
 # (policies run as the real system runs them: with the worker's probe)
 
 
@@ -360,7 +361,7 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
     layout = RunLayout(root / f"bench-{set_name}")
     arms = arm_set(set_name, root)
     floors, caps = box([x.name for x in arms])
-    cfg = RunConfig(preset="andrea-test", model=PRESETS["andrea-test"], tokenizer="bytes",
+    cfg = RunConfig(preset=a.preset, model=PRESETS[a.preset], tokenizer="bytes",
                     batch_size=16, max_steps=a.steps, lr_decay_steps=a.steps, warmup_steps=20,
                     probe_every=a.probe_every, bandit_warmup=a.bandit_warmup,
                     probe_sequences=a.probe_sequences, arms=arms, caps=dict(caps), floors=dict(floors))
@@ -436,7 +437,7 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
         for si, seed in enumerate(a.seeds if not label.startswith("fixed[")
                                   else a.seeds[:a.oracle_seeds or len(a.seeds)]):
             key = json.dumps(["v1", set_name, seed, a.steps + extra, base_cfg.lr_decay_steps,
-                              sorted(p.items()), a.eval_windows, max_s, cfg.batch_size])
+                              sorted(p.items()), a.eval_windows, max_s, cfg.batch_size] + PRESET_KEY)
             same = res.get("default", {}).get("runs")
             if key not in cache and label == "stratified" and not extra and same \
                     and same[si]["lam_max"] == 0.0 and same[si]["pfinal"] == p:
@@ -464,7 +465,7 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
         for seed in a.seeds:
             key = json.dumps(["v1", set_name, seed, kind, a.steps, c.bandit_warmup, c.probe_every,
                               c.probe_sequences, c.probe_budget, sorted(bf.items()), a.eval_windows,
-                              max_s, c.batch_size, POLICY_SOURCE])
+                              max_s, c.batch_size, POLICY_SOURCE] + PRESET_KEY)
             reward = bf.get("reward") or KIND_REWARD[kind]
             free = reward not in PROBE_REWARDS  # reads no probe: trains the steps the probes would cost
             if free:
@@ -848,6 +849,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=600,
                     help="training steps of every row (default 600; docs/bandit.md#how-we-show-it-works)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--preset", choices=("andrea-test", "andrea-tiny"), default="andrea-test",
+                    help="model of every row (default andrea-test: 43K parameters, block 32; andrea-tiny: "
+                         "3 layers, 128 wide, block 128)")
     ap.add_argument("--grid-step", type=float, default=0.1, help="oracle grid step (default 0.1)")
     ap.add_argument("--no-oracle", action="store_true", help="skip the grid of fixed mixtures")
     ap.add_argument("--cache", type=Path, nargs="+",
@@ -869,9 +873,10 @@ def main() -> None:
                     help="extra row: the default policy with other knobs, NAME:KEY=VALUE,... with KEY "
                          "warmup, probe_every, probe_sequences or a BanditConfig field (repeatable)")
     a = ap.parse_args()
+    global POLICY_SOURCE, PRESET_KEY
     if a.policy_source:
-        global POLICY_SOURCE
         POLICY_SOURCE = a.policy_source
+    PRESET_KEY = [] if a.preset == "andrea-test" else [a.preset]  # old keys stay valid
     if a.quick:
         for k, v in QUICK.items():
             setattr(a, k, v)
