@@ -3,6 +3,7 @@ import dataclasses
 import json
 import math
 import random
+from statistics import NormalDist
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -1067,6 +1068,39 @@ def test_conservative_mixture_keeps_learnable_arms_at_their_stratified_share():
                                  {"a": 0.5, "b": 0.5}, set(), 2.0, 4,
                                  rule="gate", learnable_ratio=0.25)
     assert alike.target == {"a": 0.5, "b": 0.5} and alike.lam == 0 and alike.gain == 0
+
+
+def test_student_t_quantile_and_cdf_match_the_tables():
+    """proxy/mixture/loss_trend.py t_cdf / t_quantile: published quantiles (two-sided 5 % and 1 %),
+    symmetry, the Cornish-Fisher branch above 200 df, and the inverse relation."""
+    from proxy.mixture.loss_trend import t_cdf, t_quantile
+    table = [(0.975, 1, 12.706), (0.975, 2, 4.303), (0.975, 10, 2.228), (0.975, 200, 1.972),
+             (0.975, 1000, 1.962), (0.995, 3, 5.841), (0.995, 30, 2.750), (0.995, 201, 2.601)]
+    for q, df, want in table:
+        assert t_quantile(q, df) == pytest.approx(want, abs=1e-3), (q, df)
+        assert t_cdf(t_quantile(q, df), df) == pytest.approx(q, abs=1e-9)
+        assert t_quantile(1 - q, df) == -t_quantile(q, df)
+    assert t_cdf(0.0, 7) == 0.5 and 0.0 <= t_cdf(-40.0, 22) < 1e-14 and t_cdf(float("inf"), 3) == 1.0
+    assert t_quantile(NormalDist().cdf(8.0), 1) > 1e12      # z = 8 at one df: huge, finite
+    with pytest.raises(ValueError):
+        t_quantile(1.0, 5)
+
+
+def test_an_arm_whose_loss_surely_rises_is_not_learnable_and_none_is_when_no_slope_is_positive():
+    """learnable_arms takes the slope with its sign: an arm whose loss rises (b < 0, its bound below
+    a quarter of the fastest) gives share; with no positive slope no arm counts as learnable."""
+    from proxy.mixture.loss_trend import learnable_arms
+    n = {a: 20 for a in ("a", "b", "rising")}
+    assert learnable_arms({"a": (0.397, 0.03), "b": (0.347, 0.03), "rising": (-0.314, 0.037)}, n, 3.0,
+                          0.25) == {"a", "b"}
+    assert learnable_arms({"a": (0.0, 0.01), "b": (-0.2, 0.01)}, n, 3.0, 0.25) == set()
+    assert learnable_arms({"a": (0.4, 0.01), "b": (0.3, 0.01)}, n, 3.0, 0.0) == set()
+    with pytest.raises(BanditConfigError):
+        BanditConfig(confidence_z=9)
+    b = Bandit(["a", "b", "noise"], {}, {}, BanditConfig(warmup_steps=50, confidence_z=8), period_steps=10)
+    for r in trend_records(200, {"a": 0.2, "b": 0.2, "noise": 0.0}):
+        b.observe(r)
+    assert b.lam == 0 and all(v["learnable"] for v in b.explain()["arms"].values())
 
 
 def test_conservative_mixture_matches_its_equations():

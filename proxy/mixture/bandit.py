@@ -90,8 +90,9 @@ class BanditConfig:
     # docs/bandit.md#the-easy-arm-guard); 0 = off (default)
     confidence_z: float = 3.0  # train_slope: z of the lower confidence bound on the gain
     # that sets lambda
-    learnable_ratio: float = 0.25  # train_slope: an arm whose slope (+ z se) is at least this
-    # fraction of the largest is never lowered below its stratified share; 0 = off
+    learnable_ratio: float = 0.25  # train_slope: an arm whose slope's upper bound (Student's t at
+    # the level of z) is at least this fraction of the largest slope is never lowered below its
+    # stratified share; 0 = off
     # (docs/bandit.md#learnable-arms-keep-their-share)
     min_periods: int = 4  # train_slope: policy periods of an arm's fit before it
     # counts as evidence
@@ -133,8 +134,8 @@ class BanditConfig:
         if not _real(self.easy_arm_ratio) or not 0.0 <= self.easy_arm_ratio < 1.0:
             raise bad("easy_arm_ratio", self.easy_arm_ratio, "must be in [0, 1) (default 0 = off)")
         self.easy_arm_ratio = float(self.easy_arm_ratio)
-        if not _real(self.confidence_z) or self.confidence_z < 0:
-            raise bad("confidence_z", self.confidence_z, "must be a finite number >= 0 (default 3)")
+        if not _real(self.confidence_z) or not 0 <= self.confidence_z <= 8:
+            raise bad("confidence_z", self.confidence_z, "must be a number in [0, 8] (default 3)")
         self.confidence_z = float(self.confidence_z)
         if not _real(self.learnable_ratio) or not 0 <= self.learnable_ratio <= 1:
             raise bad("learnable_ratio", self.learnable_ratio, "must be in [0, 1] (default 0.25)")
@@ -527,7 +528,7 @@ class Bandit:
                 epochs=self.pulls_lifetime[a] / e if e > 0 else None,
                 repeated_at=self.repeated.get(a),
                 target=None if self.target is None else self.target[a],
-                learnable=(a in keep) if a in evidence else None,
+                learnable=(a in keep) if a in evidence and cfg.learnable_ratio > 0 else None,
             )
         bound = self.gain - cfg.confidence_z * self.gain_se
         out.update(

@@ -173,8 +173,7 @@ def conservative_mixture(
 
 def t_cdf(t: float, df: int) -> float:
     """P(T <= t) for Student's t with `df` >= 1 degrees of freedom: the exact finite series of
-    Abramowitz & Stegun 26.7.3-4 (df terms / 2; for df > 200 the normal CDF's Cornish-Fisher
-    correction, A&S 26.7.5, is exact to 1e-6 at the quantiles used here)."""
+    Abramowitz & Stegun 26.7.3-4 (df / 2 terms), to about 1e-15 absolute; clamped to [0, 1]."""
     th = math.atan(t / math.sqrt(df))
     c2, term = math.cos(th) ** 2, 1.0
     if df % 2 == 0:
@@ -189,14 +188,19 @@ def t_cdf(t: float, df: int) -> float:
             term *= c2 * (k - 1) / k
             total += term
         two_sided = 2 / math.pi * (abs(th) + (math.sin(abs(th)) * total if df > 1 else 0.0))
-    return 0.5 + math.copysign(two_sided / 2, t)
+    return min(1.0, max(0.0, 0.5 + math.copysign(two_sided / 2, t)))
 
 
 @functools.lru_cache(maxsize=4096)
 def t_quantile(q: float, df: int) -> float:
-    """The q-quantile (0.5 <= q < 1) of Student's t with `df` >= 1 degrees of freedom: bisection
-    on `t_cdf` to 1e-9; above 200 df the Cornish-Fisher expansion of the normal quantile
-    (Abramowitz & Stegun 26.7.5), which differs from it by under 1e-5 there."""
+    """The q-quantile (0 < q < 1) of Student's t with `df` >= 1 degrees of freedom: bisection on
+    `t_cdf` to a relative 1e-9 (q < 0.5 by symmetry); above 200 df the Cornish-Fisher expansion of
+    the normal quantile (Abramowitz & Stegun 26.7.5), within 1e-7 of it there. Raises ValueError
+    for q outside (0, 1)."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"t_quantile: q = {q!r} must lie in (0, 1)")
+    if q < 0.5:
+        return -t_quantile(1.0 - q, df)
     z = NormalDist().inv_cdf(q)
     if df > 200:
         return (
@@ -205,7 +209,9 @@ def t_quantile(q: float, df: int) -> float:
             + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
         )
-    lo, hi = z, 1e6
+    lo, hi = z, max(1.0, 2.0 * z)
+    while t_cdf(hi, df) < q:
+        lo, hi = hi, 2.0 * hi
     while hi - lo > 1e-9 * hi:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
@@ -218,20 +224,19 @@ def learnable_arms(
     z: float,
     learnable_ratio: float,
 ) -> set[str]:
-    """The arms of `slopes` {arm: (b, se_b)} that learn: the upper confidence bound of b reaches
-    learnable_ratio times the largest max(b, 0), b + t se_b >= learnable_ratio * max b, with t
-    Student's quantile at the normal's one-sided level of `z` and `periods[arm]` - 2 degrees of
-    freedom (the fit's residual variance; docs/bandit.md#learnable-arms-keep-their-share). An arm
-    with fewer than 3 points is learnable. Empty when learnable_ratio is 0 (none kept)."""
-    if not learnable_ratio > 0 or not slopes:
+    """The arms of `slopes` {arm: (b, se_b)} that learn (docs/bandit.md#learnable-arms-keep-their-share):
+    the upper confidence bound b + t se_b reaches learnable_ratio times the largest slope, t being
+    Student's quantile at the normal's one-sided level of `z` with `periods[arm]` - 2 degrees of
+    freedom (those of the fit's residual variance; `periods` >= 3). Empty when learnable_ratio is
+    0 (none kept) or no slope is positive (none learns)."""
+    top = max((b for b, _ in slopes.values()), default=0.0)
+    if not learnable_ratio > 0 or not top > 0:
         return set()
     q = NormalDist().cdf(z)
-    top = max(max(0.0, b) for b, _ in slopes.values())
     return {
         a
         for a, (b, se) in slopes.items()
-        if periods[a] < 3
-        or max(0.0, b) + t_quantile(q, periods[a] - 2) * se >= learnable_ratio * top
+        if b + t_quantile(q, max(1, periods[a] - 2)) * se >= learnable_ratio * top
     }
 
 
