@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shared.run.loss_history import LossHistory, read_records, rewind
+from shared.run.loss_history import LossHistory, iter_records, rewind
 
 ARMS = ("repo-docstrings", "repo-code", "python-docs")
 WINDOW = 1_000          # appends timed at the start and at the end; records rewound
@@ -233,8 +233,8 @@ def plot_memory(args) -> None:
 
 
 def _read_all(path):
-    from shared.run.loss_history import read_records
-    return read_records(path, monotonic=False)
+    with open(path, "rb") as f:
+        return json.load(f)
 
 
 def main() -> None:
@@ -281,7 +281,7 @@ def main() -> None:
         open_s = clock() - t
 
         t = clock()
-        back = read_records(path)
+        back = list(iter_records(path))
         read_s = clock() - t
         assert [r["step"] for r in back] == list(range(1, n + 1))
 

@@ -21,7 +21,7 @@ from proxy.mixture.controller import MixtureController
 from proxy.run_files.phases import Phase
 from proxy.run_files.state_snapshots import append_snapshot, find_snapshot, mark_rewound  # noqa: E402
 from shared.run.layout import RunLayout  # noqa: E402
-from shared.run.loss_history import LossHistory, iter_records_after, read_records  # noqa: E402
+from shared.run.loss_history import LossHistory, iter_records_after  # noqa: E402
 
 ARMS = ["python-docs", "repo-code", "repo-docstrings"]
 
@@ -89,7 +89,7 @@ def main() -> None:
                         h.append(r)
 
         t0 = time.perf_counter()  # the fallback: replay the phase from its start
-        recs = read_records(path, 1, s)
+        recs = list(iter_records_after(path, 0, s))
         t_read = time.perf_counter() - t0
         mix = MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 200, 25)
         for r in recs:

@@ -10,7 +10,7 @@ import numpy as np
 from shared.json_safe import jsonable
 from shared.run.handshake import ReportReader, ReportWriter
 from shared.run.layout import RunLayout
-from shared.run.loss_history import LossHistory, read_records
+from shared.run.loss_history import LossHistory, iter_records
 
 RECORD = {"step": 3, "loss": math.nan, "lr": np.float32(0.5), "arms": {"a": np.int64(2)},
           "p": (0.25, 0.75), "probe": {"a": math.inf, "b": -math.inf}, "grad": np.array([1.0, np.nan])}
@@ -27,7 +27,7 @@ def test_the_history_and_the_step_reports_write_the_same_safe_values(tmp_path):
     layout = RunLayout(tmp_path)
     with LossHistory(layout.loss) as h:
         h.append(RECORD)
-    assert read_records(layout.loss) == [SAFE]
+    assert list(iter_records(layout.loss)) == [SAFE]
     writer = ReportWriter(layout)
     writer.write({"type": "step", **RECORD})  # a numpy count made this raise TypeError before
     writer.close()

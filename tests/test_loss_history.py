@@ -2,12 +2,13 @@
 open without losing a complete record, rewind to `.loss.rewound.json`. Real files only."""
 
 import json
+import math
 import os
 import re
 
 import pytest
 
-from shared.run.loss_history import LossHistory, iter_records, read_records, repair, rewind
+from shared.run.loss_history import LossHistory, iter_records, iter_records_after, repair, rewind
 
 
 def rec(step, **extra):
@@ -67,11 +68,11 @@ def test_thousand_appends_read_back(hist):
         for s in range(1, 1001):
             h.append(rec(s))
         assert len(h) == 1000 and h.last_step == 1000
-    records = read_records(hist)
+    records = list(iter_records(hist))
     assert [r["step"] for r in records] == list(range(1, 1001))
     assert records[499] == json.loads(json.dumps(rec(500)))
     assert [r["step"] for r in iter_records(hist)] == list(range(1, 1001))
-    assert [r["step"] for r in read_records(hist, 10, 20)] == list(range(10, 21))
+    assert [r["step"] for r in iter_records_after(hist, 9, 20)] == list(range(10, 21))
     with LossHistory(hist) as h:          # reopen: count and last step recovered
         assert len(h) == 1000 and h.last_step == 1000 and h.repairs == []
         h.append(rec(1001))
@@ -242,10 +243,9 @@ def test_readers_tolerate_damage_without_writing(hist):
     full = build(hist, 5)
     damaged = full[:-20] + b"\x00" * 50
     hist.write_bytes(damaged)
-    assert [r["step"] for r in read_records(hist)] == [1, 2, 3, 4]
     assert [r["step"] for r in iter_records(hist)] == [1, 2, 3, 4]
     assert hist.read_bytes() == damaged
-    assert read_records(hist.parent / "missing.json") == []
+    assert list(iter_records(hist.parent / "missing.json")) == []
 
 
 def test_explicit_repair_returns_messages(hist):
@@ -275,7 +275,7 @@ def test_rewind_moves_records_past_the_checkpoint_with_the_reason(hist):
         assert h.last_step == 200
         h.append_many([rec(s) for s in range(201, 231)])
     assert rewind(hist, 200, rewound, "second crash") == 30
-    assert [r["step"] for r in read_records(rewound, monotonic=False)] == \
+    assert [r["step"] for r in json.loads(rewound.read_text())] == \
         list(range(201, 251)) + list(range(201, 231))
     assert rewind(hist, 200, rewound, "nothing to do") == 0
     assert rewind(hist, 0, rewound, "from scratch") == 200
@@ -373,10 +373,9 @@ def test_whole_file_scans_in_small_chunks_find_exactly_what_one_pass_finds(hist,
 
 def test_tail_reader_finds_every_range_with_a_tiny_search_window(hist, monkeypatch):
     """iter_records_after's binary search (a probe window of a few bytes, so probes land inside
-    records) returns exactly read_records' range, on a healthy history and on one damaged in
+    records) returns exactly the whole-file reader's range, on a healthy history and on one damaged in
     the middle (NUL block, glued records)."""
     import shared.run.loss_history as lh
-    from shared.run.loss_history import iter_records_after
     full = build(hist, 300)
     bodies = {"healthy": full,
               "damaged": full.replace(b'},\n{"step":150,', b'},\n' + b"\x00" * 40 + b'{"step":150,')
@@ -388,7 +387,8 @@ def test_tail_reader_finds_every_range_with_a_tiny_search_window(hist, monkeypat
             for after, end in ((0, None), (-5, 3), (10, 20), (149, 151), (150, None),
                                (200, 202), (299, None), (300, None), (400, None)):
                 got = [r["step"] for r in iter_records_after(hist, after, end)]
-                want = [r["step"] for r in read_records(hist, after + 1, end)]
+                want = [r["step"] for r in iter_records(hist)
+                        if after < r["step"] <= (math.inf if end is None else end)]
                 assert got == want, (name, window, after, end)
 
 
@@ -446,7 +446,7 @@ def test_the_tail_reads_the_last_complete_records_from_the_end(hist):
     skipped, glued records split, exactly what the whole-file reader gives for those steps."""
     from shared.run.loss_history import tail_records
     full = build(hist, 300)
-    whole = read_records(hist)
+    whole = list(iter_records(hist))
     tail = tail_records(hist, 4096)
     assert 10 < len(tail) < 300 and tail == whole[-len(tail):]
     assert tail_records(hist, 10 ** 9) == whole

@@ -13,7 +13,6 @@ nor a general JSON library. Stdlib only; never imports torch, proxy or worker.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import math
@@ -516,10 +515,9 @@ class LossHistory:
         self.bytes_written += len(buf)
 
     # -- lifecycle
-    def flush(self, fsync: bool = False) -> None:
-        """Appends are already in the OS; `fsync=True` (or the constructor's) makes them
-        durable."""
-        if self._fd is not None and (fsync or self.fsync):
+    def flush(self) -> None:
+        """Appends are already in the OS; the constructor's `fsync=True` makes them durable."""
+        if self._fd is not None and self.fsync:
             _sync(self._fd)
 
     def close(self) -> None:
@@ -569,67 +567,6 @@ def _mapped(fd: int):
         m.close()
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    """Parsing 200,000 records allocates millions of containers; the cyclic collector would
-    rescan them all several times over (3x slower) and can find nothing to free."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _records_from_bytes(data: bytes, path, monotonic: bool) -> list[dict]:
-    trusted = _trusted_prefix(data, monotonic)
-    if trusted is not None and data[trusted[0] :] == _CLOSE:
-        try:
-            with _gc_paused():
-                records = json.loads(data)
-        except ValueError:
-            records = None
-        if isinstance(records, list) and len(records) == trusted[1]:
-            return records
-    if not data.strip(b" \t\r\n"):
-        return []
-    if _first_byte(data) != b"[":
-        log.warning("%s: not a loss history (starts with %r); read no records", path, data[:16])
-        return []
-    notes: list = []
-    with _gc_paused():
-        records = [obj for _, _, _, obj, _ in _walk(data, 0, None, monotonic, notes)]
-    if notes:
-        log.warning(
-            "%s: read %d records around damage (%d places, first at byte %d: %s)",
-            path,
-            len(records),
-            len(notes),
-            notes[0][0],
-            notes[0][2],
-        )
-    return records
-
-
-def read_records(
-    path, start_step: int | None = None, end_step: int | None = None, *, monotonic: bool = True
-) -> list[dict]:
-    """All records (optionally start_step <= step <= end_step) in file order. Tolerant: damage
-    is skipped in memory with a warning and nothing is written; a missing file reads as []."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return []
-    records = _records_from_bytes(data, os.fspath(path), monotonic)
-    if start_step is None and end_step is None:
-        return records
-    lo = -math.inf if start_step is None else start_step
-    hi = math.inf if end_step is None else end_step
-    return [r for r in records if lo <= r["step"] <= hi]
-
-
 def _line_step_at(f, pos: int, size: int) -> tuple[int, int] | None:
     """(offset, step) of the first record line starting after byte `pos` (0 < pos < size),
     looking at most _SEEK_WINDOW bytes ahead; None when none starts there (damage, the end)."""
@@ -677,25 +614,24 @@ def iter_records_after(path, after_step: int, end_step: int | None = None) -> It
         return
     with f:
         start = _start_offset(f, after_step)
-        for rec in _iter_from(f, start, path, monotonic=True, skip_upto=after_step):
+        for rec in _iter_from(f, start, path, skip_upto=after_step):
             if rec["step"] > hi:
                 break
             yield rec
 
 
-def iter_records(path, *, monotonic: bool = True) -> Iterator[dict]:
-    """Records one at a time (line by line, little memory), tolerant like `read_records`."""
+def iter_records(path) -> Iterator[dict]:
+    """Records one at a time (line by line, little memory). Tolerant: damage is skipped with a
+    warning and nothing is written; a missing file yields nothing."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
         return
     with f:
-        yield from _iter_from(f, 0, path, monotonic=monotonic)
+        yield from _iter_from(f, 0, path)
 
 
-def _iter_from(
-    f, start: int, path, *, monotonic: bool, skip_upto: int | None = None
-) -> Iterator[dict]:
+def _iter_from(f, start: int, path, skip_upto: int | None = None) -> Iterator[dict]:
     """The records of the open history `f` from byte `start` (a line start), one line in
     memory at a time. Lines holding one record whose step is <= `skip_upto` are passed over
     without parsing (a line with records glued to it is parsed)."""
@@ -719,7 +655,7 @@ def _iter_from(
             if (
                 kind == "rec"
                 and _is_step(x.get("step"))
-                and not (monotonic and prev_step is not None and x["step"] <= prev_step)
+                and not (prev_step is not None and x["step"] <= prev_step)
                 and not (skip_upto is not None and x["step"] <= skip_upto)
             ):
                 prev_step = x["step"]
@@ -755,12 +691,12 @@ def tail_records(path, nbytes: int = TAIL_BYTES) -> list[dict]:
     ]
 
 
-def repair(path, *, monotonic: bool = True) -> list[str]:
+def repair(path) -> list[str]:
     """Repair a history in place (what opening it does); returns the warnings. A missing file
     is left missing."""
     if not os.path.exists(path):
         return []
-    history = LossHistory(path, fsync=True, monotonic=monotonic)
+    history = LossHistory(path, fsync=True)
     history.close()
     return history.repairs
 
