@@ -1,16 +1,10 @@
 """The flat checkpoint file's layout: names, limits, sizes, errors, checksums (docs/checkpoint-format.md).
 
 What it is: the one place that knows the byte layout of ``step_NNNNNN.bin``
-
-    offset 0       int32    step      optimizer updates completed
-    offset 4       int32    n_params  length of each array below
-    offset 8       float32[n_params]  weights
-    offset 8+4n    float32[n_params]  m  (AdamW exp_avg)
-    offset 8+8n    float32[n_params]  v  (AdamW exp_avg_sq)
-    total          8 + 12 * n_params bytes, little-endian, no padding
-
-how to name one, the int32 limits, ``CheckpointError`` and the crc32 the manifest records
-(``BackgroundCrc``: in a helper thread, overlapping a read or a write).
+(docs/checkpoint-format.md#layout: int32 step, int32 n_params, then weights, m and v as
+little-endian float32[n_params]), how to name one, the int32 limits, ``CheckpointError`` and
+the crc32 the manifest records (``BackgroundCrc``: in a helper thread, overlapping a read or a
+write).
 
 What it is not: reading and validating a file (``shared/checkpoint/read.py``), writing one
 (``shared/checkpoint/write.py``), the run directory's policy (``shared/checkpoint/directory.py``),
@@ -36,7 +30,7 @@ import numpy as np
 
 HEADER_BYTES = 8  # int32 step + int32 n_params
 INT32_MAX = 2**31 - 1  # largest step / n_params the header can hold
-CHECKSUM_CHUNK = 8 * 1024 * 1024  # bytes per crc32 call in file_checksum
+CHECKSUM_CHUNK = 8 * 1024 * 1024  # bytes per crc32 call of a checksum read
 
 try:  # ISA-L's crc32: the same CRC-32 as zlib.crc32 (value for value, running value included),
     # about 3.6x less CPU (0.016 s instead of 0.058 s per 154 MB andrea-12m checkpoint, thread

@@ -7,14 +7,7 @@ arm of one file points at its own file instead. A fixed held-out split, spread o
 arm in up to `probe_sequences` ranges (docs/data.md#the-held-out-split), is never trained on: it
 feeds the bandit's probes and the sample audits.
 
-Index entry per arm: name, kind, source, fingerprint (content, "sha256:..."), path, n_tokens,
-heldout_start (start of the first held-out range), heldout (the held-out token ranges [[a, b),
-...]; absent in older runs: then [heldout_start, n_tokens) is the split), dtype, source_fingerprint
-(cheap, "stat:...": file list, sizes, mtimes; checked at every start), retired (null, or {"step",
-"reason"} while the proxy has the arm retired, as a zombie or because a restart left it out: the
-worker then never loads it), field (jsonl/parquet arms) and what creation used of the source
-(documents, source_bytes, bad_records, first_bad), and compression (the token stream's zstd
-ratio, shared/data/redundancy.py; the bandit's repetition guard reads it). The top-level "changes" list is the proxy's
+An index entry per arm holds the fields of `ArmData`; the top-level "changes" list is the proxy's
 arm-change log (proxy/mixture/arm_changes.py); arms added on a restart are appended to "arms".
 This module is the file's only reader and writer: the change log is kept by editing the content
 `read_arm_index_doc` returns and storing it with `write_arm_index_doc`.
@@ -72,12 +65,12 @@ class ArmData:
     name: str
     kind: str
     source: str
-    fingerprint: str
+    fingerprint: str  # of the content, "sha256:..."
     path: str  # absolute, or relative to the run directory
     n_tokens: int
     heldout_start: int
-    source_fingerprint: str = ""  # "stat:<hex>" at creation ("" in runs made before it)
-    retired: dict | None = None  # {"step", "reason"} while retired (zombie or removed)
+    source_fingerprint: str = ""  # "stat:<hex>" of file list, sizes, mtimes; checked every start
+    retired: dict | None = None  # {"step", "reason"} while retired: the worker never loads it
     field: str = "text"  # the JSON Lines field / Parquet column
     dtype: str = "uint16"  # of the token file: "uint16" or "uint32"
     heldout: list | None = None  # held-out ranges [[a, b), ...]; None: [heldout_start, n)
