@@ -1,7 +1,7 @@
 """Progress of a long byte-counted job (tokenizing an arm): a tqdm bar on a terminal, plain log
 lines every few seconds otherwise (docs/data.md#progress).
 
-What it is not: the training progress lines (`proxy/supervision/supervisor.py`).
+What it is not: the training progress lines (`proxy/observation/progress.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def plain_every() -> float:
 
 
 class Progress:
-    """`update(done)` with `done` bytes of `total`; `close()` logs the final line.
+    """`update(done)` with `done` bytes of `total`; `close()` ends the bar.
 
     stream: where the bar goes (stderr); a bar only when it is a TTY and tqdm is installed,
     else one log line "<label>: X of Y MB (P %), R MB/s, ETA S s" every `every` seconds."""
@@ -37,9 +37,8 @@ class Progress:
         self.label, self.total = label, max(0, int(total))
         self.stream = sys.stderr if stream is None else stream
         self.every = plain_every() if every is None else every
-        self.t0 = self.last = time.monotonic()
-        self.done = 0
-        self.rate_from, self.rate_t0 = 0, self.t0  # the rate counts from here (see `restart_rate`)
+        self.last = self.rate_t0 = time.monotonic()  # the rate counts from here (`restart_rate`)
+        self.done = self.rate_from = 0
         self.bar = None
         isatty = getattr(self.stream, "isatty", lambda: False)
         if isatty():
@@ -87,9 +86,6 @@ class Progress:
         before was not work at this job's speed (a resumed arm's part re-read only for its hash)."""
         self.rate_from, self.rate_t0 = self.done, time.monotonic()
 
-    def close(self) -> float:
-        """Finish; returns the elapsed seconds."""
-        dt = time.monotonic() - self.t0
+    def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        return dt

@@ -63,7 +63,6 @@ class ArmStats:
     text_bytes: int = 0  # UTF-8 bytes of the decoded text tokenized (separators not included)
     capped: bool = False  # stopped at an explicit --arm-max-tokens
     bad: BadRecords = field(default_factory=BadRecords)
-    seconds: float = 0.0
 
 
 def suffix_for(dtype) -> str:
@@ -114,13 +113,11 @@ class _Diverged(Exception):
     """The source no longer gives the text a progress record describes: start the arm over."""
 
 
-def _resume_point(tmp: Path, key: dict | None) -> dict | None:
+def _resume_point(tmp: Path, key: dict) -> dict | None:
     """The progress record of `tmp` when it can be resumed from: made with `key` (the arm's
     spec, source fingerprint, tokenizer, cap), and `tmp` holds at least the bytes it records
     (the data is fsynced before the record is written, so after a kill -9 the file may only be
     longer). None otherwise (start the arm from its first byte)."""
-    if key is None:
-        return None
     try:
         rec = read_json(progress_path(tmp), expect=dict, missing_ok=False)
         if rec.get("key") != key or tmp.stat().st_size < int(rec["bytes"]):
@@ -136,9 +133,8 @@ def tokenize_stream(
     arm: ArmSpec,
     tok: RunTokenizer,
     tmp: Path,
-    max_tokens: int = 0,
-    label: str | None = None,
-    key: dict | None = None,
+    max_tokens: int,
+    key: dict,
     after_batch: Callable[[], None] | None = None,
 ) -> tuple[str, ArmStats]:
     """Tokenize the whole text of `arm` into `tmp` (flat `tok.dtype`, no header), fsynced;
@@ -156,21 +152,19 @@ def tokenize_stream(
     result byte-identical to an uninterrupted run's (docs/data.md#crash-safe-creation). On any
     other error the caller removes `tmp` and its record."""
     try:
-        return _tokenize(
-            arm, tok, tmp, max_tokens, label, key, _resume_point(tmp, key), after_batch
-        )
+        return _tokenize(arm, tok, tmp, max_tokens, key, _resume_point(tmp, key), after_batch)
     except _Diverged as e:
         _log.warning("arm %s: %s; tokenizing it from the start", arm.name, e)
         progress_path(tmp).unlink(missing_ok=True)
-        return _tokenize(arm, tok, tmp, max_tokens, label, key, None, after_batch)
+        return _tokenize(arm, tok, tmp, max_tokens, key, None, after_batch)
 
 
-def _tokenize(arm, tok, tmp, max_tokens, label, key, resume, after_batch):
+def _tokenize(arm, tok, tmp, max_tokens, key, resume, after_batch):
     pin_mmap_threshold()  # memory that does not grow with the corpus (see there)
     reader = open_arm(arm)
     stats = ArmStats(bytes_total=reader.total, bad=reader.bad)
     h = hashlib.sha256()
-    prog = Progress(label or f"arm {arm.name}", reader.total)
+    prog = Progress(f"arm {arm.name}", reader.total)
     pool = ThreadPoolExecutor(1, thread_name_prefix="encode")
     pending = None
     batch_chars = batch_items() * ITEM_CHARS
@@ -200,8 +194,6 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume, after_batch):
 
     def record(fh, at: dict) -> None:
         """Make the ids written so far durable, then say so (in that order: kill -9 safe)."""
-        if key is None:
-            return
         fh.flush()
         os.fsync(fh.fileno())
         atomic_write_json(
@@ -210,6 +202,15 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume, after_batch):
         )
         if after_batch is not None:
             after_batch()
+
+    def take(text: str, p, count: bool) -> None:
+        """Hash piece `p`'s `text` (its separator included), count it when `count`, show it."""
+        raw = text.encode("utf-8")
+        h.update(raw)
+        if count:
+            stats.chars += len(text)
+            stats.text_bytes += len(raw) - (len(text) - len(p.text))  # ASCII separator
+        prog.update(p.done)
 
     def flush(fh, job) -> None:
         nonlocal written, done_at_cap
@@ -238,11 +239,7 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume, after_batch):
                     text = SEPARATOR + text
                 first = False
                 if n <= skip:  # in tmp already: hashed and counted, not encoded
-                    raw = text.encode("utf-8")
-                    h.update(raw)
-                    stats.chars += len(text)
-                    stats.text_bytes += len(raw) - (len(text) - len(p.text))  # ASCII separator
-                    prog.update(p.done)
+                    take(text, p, count=True)
                     stop_request.check(f"tokenization of arm {arm.name}")
                     if n == skip and (
                         p.done != int(resume["done"])
@@ -265,13 +262,9 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume, after_batch):
                     if batch and done_at_cap is None:
                         flush(fh, (pool.submit(tok.encode_pieces, batch), at_batch))
                     raise
-                raw = text.encode("utf-8")
-                h.update(raw)
-                prog.update(p.done)
+                take(text, p, count=done_at_cap is None)
                 if done_at_cap is not None:
                     continue  # capped: read on only for the fingerprint and the total
-                stats.chars += len(text)
-                stats.text_bytes += len(raw) - (len(text) - len(p.text))  # ASCII separator
                 for i in range(0, len(text), ITEM_CHARS):
                     batch.append(text[i : i + ITEM_CHARS])
                 size += len(text)
@@ -293,7 +286,7 @@ def _tokenize(arm, tok, tmp, max_tokens, label, key, resume, after_batch):
             os.fsync(fh.fileno())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        stats.seconds = prog.close()
+        prog.close()
     stats.documents = reader.documents
     stats.empty = reader.empty
     stats.tokens = written
