@@ -39,7 +39,7 @@ class ManifestEntry:
 
     step: optimizer updates completed (= the file's header step), 0..INT32_MAX.
     file: bare file name, e.g. "step_000100.bin". nbytes: file size in bytes.
-    checksum: "crc32:%08x" as returned by write_checkpoint / file_checksum.
+    checksum: "crc32:%08x" as returned by write_checkpoint.
     reason: why it was written, one of REASONS. pinned: retention never deletes it.
     time: when it became durable, seconds since the epoch (time.time()).
     Raises ValueError from __post_init__ on a wrong type or value.

@@ -2,9 +2,9 @@
 (docs/checkpoint-format.md#validity).
 
 What it is: ``read_header``, ``validate_checkpoint`` (rules 1-8), ``load_checkpoint`` (weights, m
-and v, read once straight into the caller's arrays), ``load_weights`` (the weights only) and
-``file_checksum``. Every byte goes through one loop (``_read_exact``), which fills a buffer over
-short reads and, where a checksum is wanted, feeds each piece to a crc32 while the next is read.
+and v, read once straight into the caller's arrays) and ``load_weights`` (the weights only).
+Every byte goes through one loop (``_read_exact``), which fills a buffer over short reads and,
+where a checksum is wanted, feeds each piece to a crc32 while the next is read.
 A FIFO or device named like a checkpoint is refused before a read could block.
 
 What it is not: the layout and names (``shared/checkpoint/file_format.py``), the directory's
@@ -389,7 +389,8 @@ def load_checkpoint(
             buf = empty_for_read(3 * n, HEADER_BYTES)
             parts = (buf[:n], buf[n : 2 * n], buf[2 * n :])
         else:
-            parts = _check_out(out, n)
+            _check_out("load_checkpoint", n, out, ("weights", "m", "v"))
+            parts = out
         crc = BackgroundCrc(_header_crc(info)) if want is not None else None
         try:
             at = HEADER_BYTES
@@ -437,9 +438,9 @@ def load_weights(
     with _opened(path, n_params, checksum) as (f, info, want):
         check = values if values is not None else want is None
         n = info.n_params
-        weights = (
-            empty_for_read(n, HEADER_BYTES) if out is None else _check_out((out, out, out), n)[0]
-        )
+        if out is not None:
+            _check_out("load_weights", n, (out,), ("weights",))
+        weights = empty_for_read(n, HEADER_BYTES) if out is None else out
         view = _bytes_of(weights)
         _read_exact(f, view, info.path, HEADER_BYTES, info.nbytes)
         if check:
@@ -451,14 +452,14 @@ def load_weights(
     return info.step, weights
 
 
-def _check_out(
-    out: tuple[np.ndarray, np.ndarray, np.ndarray], n: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _check_out(caller: str, n: int, out: tuple, names: tuple[str, ...]) -> None:
+    """ValueError naming `caller` unless `out` holds one array per name of `names`, each a
+    writable C-contiguous float32 array of `n` elements, on a little-endian host."""
     if sys.byteorder != "little":
-        raise ValueError("load_checkpoint(out=...) needs a little-endian host (the file's order)")
-    if len(out) != 3:
-        raise ValueError(f"load_checkpoint(out=...) takes (weights, m, v), got {len(out)} arrays")
-    for name, a in zip(("weights", "m", "v"), out):
+        raise ValueError(f"{caller}(out=...) needs a little-endian host (the file's order)")
+    if len(out) != len(names):
+        raise ValueError(f"{caller}(out=...) takes ({', '.join(names)}), got {len(out)} arrays")
+    for name, a in zip(names, out):
         if (
             a.dtype != np.float32
             or a.shape != (n,)
@@ -466,28 +467,6 @@ def _check_out(
             or not a.flags.writeable
         ):
             raise ValueError(
-                f"load_checkpoint(out=...): {name} must be a writable C-contiguous float32 "
+                f"{caller}(out=...): {name} must be a writable C-contiguous float32 "
                 f"array of {n:,} elements (the file's n_params), got {a.dtype} {a.shape}"
             )
-    return out[0], out[1], out[2]
-
-
-def file_checksum(path: os.PathLike | str) -> str:
-    """``"crc32:%08x"`` (zlib.crc32, lower-case hex) of the whole file, read in 8 MiB chunks.
-
-    Same format as the checksum returned by ``write_checkpoint`` and stored in the manifest
-    (docs/checkpoint-format.md#manifest). Raises CheckpointError (rule "io") if the file cannot
-    be read, (rule "size") if it shrinks while read.
-    """
-    path = pathlib.Path(path)
-    try:
-        with _open_regular(path) as f:
-            total, crc = os.fstat(f.fileno()).st_size, 0
-            chunk = _bytes_of(empty_for_read(CHECKSUM_CHUNK // 4, 0))
-            for at in range(0, total, len(chunk)):
-                view = chunk[: min(len(chunk), total - at)]
-                _read_exact(f, view, path, at, total)
-                crc = crc32(view, crc)
-            return format_crc(crc)
-    except OSError as exc:
-        raise _open_error(path, exc) from exc
