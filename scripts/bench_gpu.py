@@ -9,7 +9,7 @@ batch and precision) in the same call, and what a checkpoint at cadence 100 cost
 scripts/gpu_bench.sh runs it on a GPU machine. Each configuration runs in a fresh child process
 (eager configurations of one preset share one child): warm-up updates (the compile included),
 then `--rounds` timed windows of `--steps` updates, each window between two device
-synchronisations, so a window's time is the device's. Ours is `Trainer.train_steps`, the
+synchronisations, so a window's time is the device's. Ours is `_window`, the pipelined
 loop `run` trains with (each update's values read while the next one runs, batches drawn from
 the run's arms and uploaded from pinned memory), without the proxy; nanoGPT's is its
 `train.py` loop (gradient accumulation, clipping, fused AdamW, `loss.item()` never inside the
@@ -136,10 +136,7 @@ def child_ours(a) -> dict:
             if tr.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(tr.device)
             with _sdpa(backend):
-                t = time.perf_counter()
-                tr.train_steps(1, a.warmup, probs)
-                _sync(tr.device)
-                row["warmup_s"] = time.perf_counter() - t  # the compile included
+                row["warmup_s"] = _window(tr, 1, a.warmup, probs)  # the compile included
                 k = a.warmup + 1
                 row["step_s"] = []
                 for _ in range(a.rounds):

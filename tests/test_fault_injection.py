@@ -4,7 +4,7 @@ waiting that long. Fast: in-process, a thread plays the test's part."""
 import threading
 import time
 
-from worker.fault_injection import pause_between_micro_batches, pause_in_step
+from worker.fault_injection import EnvHooks
 
 
 def test_a_pause_ends_when_the_release_file_appears_and_reports_first(tmp_path, monkeypatch):
@@ -12,10 +12,10 @@ def test_a_pause_ends_when_the_release_file_appears_and_reports_first(tmp_path, 
     got = []
     threading.Timer(0.2, (tmp_path / ".test-release-7").touch).start()
     t0 = time.monotonic()
-    pause_in_step(7, got.append, tmp_path)
+    EnvHooks(tmp_path).after_step(7, got.append)
     assert time.monotonic() - t0 < 60
     assert [r["event"] for r in got] == ["test-pause"] and got[0]["step"] == 7
-    pause_in_step(7, got.append, tmp_path)  # once per run directory
+    EnvHooks(tmp_path).after_step(7, got.append)  # once per run directory
     assert len(got) == 1
 
 
@@ -24,14 +24,14 @@ def test_a_pause_ends_once_a_stop_signal_arrived(tmp_path, monkeypatch):
     stop = threading.Event()
     threading.Timer(0.2, stop.set).start()
     t0 = time.monotonic()
-    pause_between_micro_batches(3, 2, lambda r: None, tmp_path, stop.is_set)
+    EnvHooks(tmp_path, stop.is_set).after_micro_batch(3, 2, lambda r: None)
     assert time.monotonic() - t0 < 60
 
 
 def test_without_a_release_or_a_stop_the_pause_lasts_its_seconds(tmp_path, monkeypatch):
     monkeypatch.setenv("ANDREA_TEST_PAUSE_AT_STEP", "2:0.3")
     t0 = time.monotonic()
-    pause_in_step(2, lambda r: None, tmp_path, lambda: False)
+    EnvHooks(tmp_path, lambda: False).after_step(2, lambda r: None)
     assert time.monotonic() - t0 >= 0.3
 
 

@@ -35,11 +35,10 @@ class DistributedError(ValueError):
 
 @dataclass(frozen=True)
 class DistInfo:
-    """Where this process sits: rank in [0, world_size), local_rank on its node."""
+    """Where this process sits: rank in [0, world_size)."""
 
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
     backend: str | None = None  # "gloo" / "nccl" when a process group is up, else None
 
     @property
@@ -119,7 +118,7 @@ def init_distributed(requested_device: str) -> tuple[DistInfo, torch.device]:
         backend,
         device,
     )
-    return DistInfo(rank, world, local_rank, backend), device
+    return DistInfo(rank, world, backend), device
 
 
 def _comm_device(info: DistInfo) -> torch.device:

@@ -103,27 +103,6 @@ def _pause(
             _sleep(float(secs), stopping, release)
 
 
-def pause_in_step(
-    step: int, report, run_dir: Path, stopping: Callable[[], bool] | None = None
-) -> None:
-    """Sleep inside update `step` as ANDREA_TEST_PAUSE_AT_STEP says (`step:secs`), reporting
-    {"type": "event", "event": "test-pause"} first (`_pause`: once per run directory, ended
-    early by `stopping()` or `.test-release-<step>`)."""
-    event = {"event": "test-pause", "step": step}
-    _pause("ANDREA_TEST_PAUSE_AT_STEP", str(step), event, report, run_dir, stopping)
-
-
-def pause_between_micro_batches(
-    step: int, micro: int, report, run_dir: Path, stopping: Callable[[], bool] | None = None
-) -> None:
-    """Sleep between micro-batch `micro` (1-based) and the next of update `step` as
-    ANDREA_TEST_PAUSE_AT_MICRO says (`step.micro:secs`), reporting {"type": "event", "event":
-    "test-pause-micro"} first (`_pause`: once per run directory, ended early by `stopping()`
-    or `.test-release-<step>.<micro>`)."""
-    event = {"event": "test-pause-micro", "step": step, "micro": micro}
-    _pause("ANDREA_TEST_PAUSE_AT_MICRO", f"{step}.{micro}", event, report, run_dir, stopping)
-
-
 def write_delay(run_dir: Path, step: int) -> None:
     """Sleep ANDREA_TEST_WRITE_DELAY seconds before the write of `step` (called by the
     checkpoint writer thread); `hold`: until `.test-release-write-<step>` or
@@ -236,13 +215,16 @@ class EnvHooks(NoHooks):
         return loss * float("nan") if step in self.nan_steps else loss
 
     def after_micro_batch(self, step: int, micro: int, report) -> None:
-        pause_between_micro_batches(step, micro, report, self.run_dir, self.stopping)
+        event = {"event": "test-pause-micro", "step": step, "micro": micro}
+        where = f"{step}.{micro}"
+        _pause("ANDREA_TEST_PAUSE_AT_MICRO", where, event, report, self.run_dir, self.stopping)
 
     def after_step(self, step: int, report) -> None:
         if self.reads is not None:
             reads = self.reads.take()
             report({"type": "event", "event": "test-host-reads", "step": step, "reads": reads})
-        pause_in_step(step, report, self.run_dir, self.stopping)
+        event = {"event": "test-pause", "step": step}
+        _pause("ANDREA_TEST_PAUSE_AT_STEP", str(step), event, report, self.run_dir, self.stopping)
         hang = os.environ.get("ANDREA_TEST_HANG_AT_STEP")
         marker = self.run_dir / ".test-hang-done"
         if hang and int(hang) == step and not marker.exists():

@@ -76,7 +76,7 @@ class _FusedAdamW:
                 found_inf=found_inf,
             )
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self) -> None:
         for g in self.param_groups:
             for p in g["params"]:
                 p.grad = None
@@ -180,4 +180,4 @@ class FlatAdamW:
         return {float(st["step"]) for st in self.opt.state.values()}
 
     def zero_grad(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad()  # set_to_none=True, torch's default

@@ -6,7 +6,7 @@ bf16 tensor-core figures from the vendors' data sheets) and, on CPU, from a shor
 timed once per machine (`measure_cpu_matmul_peak`: no data sheet figure there can be trusted),
 kept off a (re)start's critical path by `PeakFlops`.
 
-What it is not: the timing of steps (worker/trainer.py) or the progress line (proxy/supervision/supervisor.py).
+What it is not: the timing of steps (worker/trainer.py) or the progress line (proxy/observation/progress.py).
 """
 
 from __future__ import annotations
@@ -112,10 +112,10 @@ class PeakFlops:
     """Peak FLOP/s of ONE device for MFU, obtained without delaying the first step.
 
     `value` (float or None while unknown) and `source` (how it was obtained). CUDA: the table,
-    at once. CPU: the per-machine cache if it holds this CPU's figure, else None until
-    `measure_later()` has timed the matmul (and cached it)."""
+    at once. CPU: the per-machine cache file `cache` if it holds this CPU's figure, else None
+    until `measure_later()` has timed the matmul (and cached it)."""
 
-    def __init__(self, device: torch.device, cache: Path | None = None) -> None:
+    def __init__(self, device: torch.device, cache: Path) -> None:
         self.device, self.value, self.source = device, None, "not measured yet"
         self._cache = cache
         self._key = None
@@ -123,8 +123,7 @@ class PeakFlops:
             self.value, self.source = cuda_peak_flops(device)
             return
         self._key = _cpu_cache_key()
-        cached = read_json(self._cache, {}, garbage="default", expect=dict) if self._cache else {}
-        hit = cached.get(self._key)
+        hit = read_json(cache, {}, garbage="default", expect=dict).get(self._key)
         if isinstance(hit, (int, float)) and hit > 0:
             self.value = float(hit)
             self.source = _matmul_source("measured earlier on this machine (cached)", hit)
@@ -139,8 +138,6 @@ class PeakFlops:
         self._key, key = None, self._key  # once
         peak = measure_cpu_matmul_peak()
         self.value, self.source = peak, _matmul_source("measured", peak)
-        if self._cache is None:
-            return
         try:  # best effort: an unwritable cache only costs the measurement next time
             self._cache.parent.mkdir(parents=True, exist_ok=True)
             d = read_json(self._cache, {}, garbage="default", expect=dict)

@@ -541,20 +541,6 @@ class Trainer:
             q.probe = self.probe()
         return self._read_update(q)
 
-    def train_steps(self, first: int, n: int, probs: dict) -> list[dict]:
-        """Updates first .. first + n - 1 with the fixed probabilities `probs`, pipelined as
-        `run` trains (each update's values read while the next one runs), without probes,
-        reports or boundaries: their step reports (benchmarks)."""
-        out, prev = [], None
-        for k in range(first, first + n):
-            q = self._queue_update(k, probs)
-            if prev is not None:
-                out.append(self._read_update(prev))
-            prev = q
-        if prev is not None:
-            out.append(self._read_update(prev))
-        return out
-
     def _probe_due(self, k: int) -> bool:
         return self.probe_plan.active and k % self.probe_plan.every == 0 and self.rank == 0
 
