@@ -17,6 +17,7 @@ from shared.checkpoint import manifest as cm
 from shared.checkpoint import read as cread
 from shared.checkpoint import write as cw
 from shared.checkpoint.file_format import CheckpointError
+from shared.run.layout import RunLayout
 
 
 def _arrays(n, seed=0):
@@ -492,17 +493,17 @@ def test_manifest_round_trip_and_remove(tmp_path):
     with cm.editing_manifest(tmp_path) as entries:
         del entries[100]
     assert list(cm.read_manifest(tmp_path)) == [200]
-    assert sorted(n for n in os.listdir(tmp_path) if not n.endswith(".lock")) == [cm.MANIFEST_NAME]
+    assert sorted(n for n in os.listdir(tmp_path) if not n.endswith(".lock")) == [RunLayout(tmp_path).manifest.name]
 
 
 def test_garbage_manifest_warns_and_reads_empty(tmp_path):
-    (tmp_path / cm.MANIFEST_NAME).write_text('{"checkpoints": [{"step": 1,')
+    RunLayout(tmp_path).manifest.write_text('{"checkpoints": [{"step": 1,')
     with pytest.warns(UserWarning, match="checkpoints.json: not valid JSON"):
         assert cm.read_manifest(tmp_path) == {}
-    (tmp_path / cm.MANIFEST_NAME).write_bytes(b"\xff\xfe\x00garbage")
+    RunLayout(tmp_path).manifest.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.warns(UserWarning, match="checkpoints.json"):
         assert cm.read_manifest(tmp_path) == {}
-    (tmp_path / cm.MANIFEST_NAME).write_text("[1, 2]")
+    RunLayout(tmp_path).manifest.write_text("[1, 2]")
     with pytest.warns(UserWarning, match="no 'checkpoints' list"):
         assert cm.read_manifest(tmp_path) == {}
 
@@ -510,7 +511,7 @@ def test_garbage_manifest_warns_and_reads_empty(tmp_path):
 def test_bad_manifest_entry_is_skipped_with_warning(tmp_path):
     good = vars(_entry(100)).copy()
     bad = dict(good, step=200, reason="because")
-    (tmp_path / cm.MANIFEST_NAME).write_text(json.dumps({"checkpoints": [good, bad, 7]}))
+    RunLayout(tmp_path).manifest.write_text(json.dumps({"checkpoints": [good, bad, 7]}))
     with pytest.warns(UserWarning) as record:
         assert list(cm.read_manifest(tmp_path)) == [100]
     messages = [str(w.message) for w in record]

@@ -118,11 +118,9 @@ def scan_for_resume(
     return None, rejected
 
 
-QUARANTINE_DIR = RunLayout(".").rejected.name  # checkpoints resume rejected (shared/run/layout.py)
-
-
-def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR) -> pathlib.Path:
-    """Move a rejected checkpoint into ``<its directory>/<folder>/``, keeping it (docs/checkpoint-format.md#validity).
+def quarantine_checkpoint(path: os.PathLike | str) -> pathlib.Path:
+    """Move a rejected checkpoint into its run directory's ``rejected/`` (shared/run/layout.py),
+    keeping it (docs/checkpoint-format.md#validity).
 
     Why: a rejected ``step_000300.bin`` left in place would be overwritten when training
     reaches step 300 again, or deleted by retention; in the quarantine folder it is out of
@@ -133,7 +131,7 @@ def quarantine_checkpoint(path: os.PathLike | str, folder: str = QUARANTINE_DIR)
     (the file then stays where it was).
     """
     path = pathlib.Path(path)
-    dest_dir = path.parent / folder
+    dest_dir = RunLayout(path.parent).rejected
     try:
         dest_dir.mkdir(exist_ok=True)
         dest, k = dest_dir / path.name, 0

@@ -17,7 +17,6 @@ import contextlib
 import copy
 import json
 import os
-import pathlib
 import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -28,7 +27,6 @@ from shared.atomic_io import atomic_write_bytes
 from shared.checkpoint.file_format import INT32_MAX
 from shared.run.layout import RunLayout
 
-MANIFEST_NAME = RunLayout(".").manifest.name  # the name is spelt in shared/run/layout.py
 MANIFEST_FORMAT = "andrea-checkpoints/1"
 REASONS = frozenset({"cadence", "sigusr1", "sigterm", "pivot", "final", "alarm"})
 
@@ -76,11 +74,6 @@ class ManifestEntry:
         self.time = float(self.time)
 
 
-def manifest_path(directory: os.PathLike | str) -> pathlib.Path:
-    """Path of the manifest in a run directory: ``directory / "checkpoints.json"`` (docs/checkpoint-format.md)."""
-    return pathlib.Path(directory) / MANIFEST_NAME
-
-
 def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
     """The manifest of ``directory`` as {step: ManifestEntry} (docs/checkpoint-format.md#manifest,
     docs/checkpoint-format.md#validity).
@@ -89,7 +82,7 @@ def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
     warnings.warn (UserWarning) naming the file and what is wrong; a single bad entry is
     skipped with a warning naming its index. Never raises for bad content.
     """
-    path = manifest_path(directory)
+    path = RunLayout(directory).manifest
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -132,7 +125,7 @@ def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
 
 
 def _write_manifest(directory: os.PathLike | str, entries: dict[int, ManifestEntry]) -> None:
-    path = manifest_path(directory)
+    path = RunLayout(directory).manifest
     doc = {"format": MANIFEST_FORMAT, "checkpoints": [asdict(entries[s]) for s in sorted(entries)]}
     atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
 
