@@ -608,63 +608,59 @@ def iter_records_after(path, after_step: int, end_step: int | None = None) -> It
     records returned, memory is one line, whatever the history's length (docs/history.md#cost).
     Tolerant like `iter_records`; a missing file yields nothing."""
     hi = math.inf if end_step is None else end_step
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        return
-    with f:
-        start = _start_offset(f, after_step)
-        for rec in _iter_from(f, start, path, skip_upto=after_step):
-            if rec["step"] > hi:
-                break
-            yield rec
+    for rec in _records(path, skip_upto=after_step):
+        if rec["step"] > hi:
+            break
+        yield rec
 
 
 def iter_records(path) -> Iterator[dict]:
     """Records one at a time (line by line, little memory). Tolerant: damage is skipped with a
     warning and nothing is written; a missing file yields nothing."""
+    return _records(path)
+
+
+def _records(path, skip_upto: int | None = None) -> Iterator[dict]:
+    """The records of the history at `path`, one line in memory at a time; with `skip_upto`,
+    only those after that step, read from where `_start_offset` finds them, lines holding one
+    record whose step is <= `skip_upto` passed over without parsing (glued records are parsed)."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
         return
     with f:
-        yield from _iter_from(f, 0, path)
-
-
-def _iter_from(f, start: int, path, skip_upto: int | None = None) -> Iterator[dict]:
-    """The records of the open history `f` from byte `start` (a line start), one line in
-    memory at a time. Lines holding one record whose step is <= `skip_upto` are passed over
-    without parsing (a line with records glued to it is parsed)."""
-    f.seek(0)
-    head = f.read(4096)
-    if not head.strip(b" \t\r\n"):
-        return
-    if _first_byte(head) != b"[":
-        log.warning("%s: not a loss history (starts with %r); read no records", path, head[:16])
-        return
-    f.seek(start)
-    prev_step, offset, damaged = None, start, 0
-    for line in f:
-        if skip_upto is not None:
-            m = _LINE_STEP.match(line)
-            if m is not None and int(m.group(1)) <= skip_upto and b"}{" not in line:
-                offset += len(line)
-                continue
-        body = line[:-1] if line.endswith(b"\n") else line
-        for kind, _s, _e, x in _tokens(body, offset):
-            if (
-                kind == "rec"
-                and _is_step(x.get("step"))
-                and not (prev_step is not None and x["step"] <= prev_step)
-                and not (skip_upto is not None and x["step"] <= skip_upto)
-            ):
-                prev_step = x["step"]
-                yield x
-            elif kind == "rec" or body.strip(b"\x00"):
-                damaged += 1
-        offset += len(line)
-    if damaged:
-        log.warning("%s: skipped %d damaged or out-of-order pieces while reading", path, damaged)
+        head = f.read(4096)
+        if not head.strip(b" \t\r\n"):
+            return
+        if _first_byte(head) != b"[":
+            log.warning("%s: not a loss history (starts with %r); read no records", path, head[:16])
+            return
+        start = 0 if skip_upto is None else _start_offset(f, skip_upto)
+        f.seek(start)
+        prev_step, offset, damaged = None, start, 0
+        for line in f:
+            if skip_upto is not None:
+                m = _LINE_STEP.match(line)
+                if m is not None and int(m.group(1)) <= skip_upto and b"}{" not in line:
+                    offset += len(line)
+                    continue
+            body = line[:-1] if line.endswith(b"\n") else line
+            for kind, _s, _e, x in _tokens(body, offset):
+                if (
+                    kind == "rec"
+                    and _is_step(x.get("step"))
+                    and not (prev_step is not None and x["step"] <= prev_step)
+                    and not (skip_upto is not None and x["step"] <= skip_upto)
+                ):
+                    prev_step = x["step"]
+                    yield x
+                elif kind == "rec" or body.strip(b"\x00"):
+                    damaged += 1
+            offset += len(line)
+        if damaged:
+            log.warning(
+                "%s: skipped %d damaged or out-of-order pieces while reading", path, damaged
+            )
 
 
 TAIL_BYTES = 1 << 17  # `tail_records`' default: the last 128 KiB, a few hundred records
