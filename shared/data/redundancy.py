@@ -20,15 +20,6 @@ ZSTD_LEVEL = 3
 REPETITIVE_RATIO = 20.0  # the guard's default threshold (BanditConfig.repetitive_ratio)
 
 
-def _width(sample_max: int) -> np.dtype:
-    """The narrowest unsigned dtype that holds every id of the sample: the bytes tokenizer's
-    ids are compressed as bytes, a BPE's as uint16, so the ratio does not count zero bytes."""
-    for dt in (np.uint8, np.uint16, np.uint32):
-        if sample_max <= np.iinfo(dt).max:
-            return np.dtype(dt)
-    raise ValueError(f"token id {sample_max} does not fit in uint32")
-
-
 def compression_ratio(tokens: np.ndarray) -> float:
     """Mean zstd (level 3) compression ratio of up to SAMPLE_CHUNKS chunks of CHUNK_TOKENS
     tokens evenly spaced over `tokens` (1-D integer array or memmap, any length >= 1; an arm
@@ -43,7 +34,9 @@ def compression_ratio(tokens: np.ndarray) -> float:
     k = SAMPLE_CHUNKS if n >= 2 * w else 1
     starts = np.linspace(0, n - w, k).round().astype(np.int64)
     chunks = [np.asarray(tokens[s : s + w]) for s in starts]
-    dt = _width(max(int(c.max()) for c in chunks))
+    # the narrowest unsigned dtype of the sample's largest id: the bytes tokenizer's ids are
+    # compressed as bytes, a BPE's as uint16, so the ratio does not count zero bytes
+    dt = np.min_scalar_type(max(int(c.max()) for c in chunks))
     z = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     ratios = []
     for c in chunks:

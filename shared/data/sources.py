@@ -80,15 +80,7 @@ class BadRecords:
 
 def undecodable_bytes(data: bytes) -> int:
     """How many bytes of `data` are not valid UTF-8 (the bytes decode(errors="replace") drops)."""
-    bad, pos = 0, 0
-    while pos < len(data):
-        try:
-            data[pos:].decode("utf-8")
-            break
-        except UnicodeDecodeError as e:
-            bad += e.end - e.start
-            pos += e.end
-    return bad
+    return len(data) - len(data.decode("utf-8", errors="ignore").encode("utf-8"))
 
 
 def resolve_files(arm: ArmSpec) -> list[Path]:

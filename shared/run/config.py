@@ -462,14 +462,14 @@ def _positive(cfg: RunConfig, *names: str) -> None:
             raise _bad(name, getattr(cfg, name), "must be >= 1")
 
 
-def audit_cost(cfg: RunConfig, n_arms: int | None = None) -> float:
+def audit_cost(cfg: RunConfig) -> float:
     """The sample audits' compute as a fraction of the training FLOPs of the steps between two
     audits (docs/bandit.md#probe-cost), an upper bound: K arms generate AUDIT_TOKENS each as one
     batch, each new token a forward over its context (the prompt and the tokens so far, at most
     block_size), 1/3 of a training token's FLOPs per context token, every sample_every steps:
-    K * sum(context) / (3 * B * block * sample_every). `n_arms` defaults to len(cfg.arms)."""
+    K * sum(context) / (3 * B * block * sample_every), K = len(cfg.arms)."""
     _positive(cfg, "batch_size", "sample_every")
-    k = max(1, len(cfg.arms) if n_arms is None else int(n_arms))
+    k = max(1, len(cfg.arms))
     t = cfg.model.block_size
     ctx = sum(min(AUDIT_PROMPT_TOKENS + j, t) for j in range(AUDIT_TOKENS))
     return k * ctx / (3.0 * cfg.batch_size * t * cfg.sample_every)
@@ -507,11 +507,11 @@ def default_sample_every(cfg: RunConfig) -> int:
     )
 
 
-def policy_cost(cfg: RunConfig, n_arms: int | None = None) -> float:
+def policy_cost(cfg: RunConfig) -> float:
     """The mixture policy's own compute, probe plus sample audits, as a fraction of training
     FLOPs (docs/bandit.md#probe-cost): probe_plan(cfg).cost + audit_cost(cfg). With the default
     probe_budget and sample cadence it is at most POLICY_BUDGET (2 %) at every preset and batch."""
-    return probe_plan(cfg, n_arms).cost + audit_cost(cfg, n_arms)
+    return probe_plan(cfg).cost + audit_cost(cfg)
 
 
 def load_run_config(path: Path) -> RunConfig:
