@@ -140,12 +140,12 @@ def agree(info: DistInfo, events: list[int]) -> list[int]:
     return [int(x) for x in t.tolist()]
 
 
-def sum_(info: DistInfo, t: torch.Tensor) -> torch.Tensor:
+def sum_(info: DistInfo, t: torch.Tensor) -> None:
     """Element-wise SUM of `t` over all ranks, in place (the update's loss sums), queued on
     `t`'s device with no host read on NCCL; gloo on the CPU runs it at once. World of one:
-    `t` unchanged. Returns `t`."""
+    `t` unchanged."""
     if not info.enabled:
-        return t
+        return
     import torch.distributed as dist
 
     dev = _comm_device(info)
@@ -155,7 +155,6 @@ def sum_(info: DistInfo, t: torch.Tensor) -> torch.Tensor:
         c = t.to(dev)
         dist.all_reduce(c, op=dist.ReduceOp.SUM)
         t.copy_(c)
-    return t
 
 
 GLOO_DRAIN_S = 0.05  # seconds without the GIL before the process group is destroyed
