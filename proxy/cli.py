@@ -1,9 +1,9 @@
 """`python -m proxy COMMAND`: the operator's interface (docs/operations.md#start-and-resume).
 
-The commands are listed in COMMANDS below, once; each module of proxy/commands/ defines its own
-command's options (`add_*_args`) and its `cmd_*` function. Only the chosen command's module is
-imported (`_SETUP` names it), so a short command such as `status` does not pay for loading
-`run`'s supervision and mixture code. This is the top of the proxy's layers
+The commands are listed in COMMANDS below, once; the module proxy/commands/NAME.py defines
+command NAME's options (`add_NAME_args`) and its `cmd_NAME` function. Only the chosen command's
+module is imported, so a short command such as `status` does not pay for loading `run`'s
+supervision and mixture code. This is the top of the proxy's layers
 (docs/architecture.md#the-proxys-layers): nothing imports it but `python -m proxy`.
 """
 
@@ -39,23 +39,10 @@ COMMANDS = (  # name, one line of help; each command's options are defined by it
 )
 
 
-_SETUP = {  # name: the module of proxy/commands/ that defines it, its options' and command's names
-    "run": ("proxy.commands.run", "add_run_args", "cmd_run"),
-    "status": ("proxy.commands.status", "add_status_args", "cmd_status"),
-    "inspect": ("proxy.commands.inspect", "add_inspect_args", "cmd_inspect"),
-    "sample": ("proxy.commands.sample", "add_sample_args", "cmd_sample"),
-    "pivot": ("proxy.commands.pivot", "add_pivot_args", "cmd_pivot"),
-    "fork": ("proxy.commands.fork", "add_fork_args", "cmd_fork"),
-    "plot": ("proxy.commands.plot", "add_plot_args", "cmd_plot"),
-    "export": ("proxy.commands.export", "add_export_args", "cmd_export"),
-}
-
-
 def _command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable]:
     """(add_args, cmd) of command `name`, importing its module (and only it) now."""
-    module, add_args, cmd = _SETUP[name]
-    m = importlib.import_module(module)
-    return getattr(m, add_args), getattr(m, cmd)
+    m = importlib.import_module(f"proxy.commands.{name}")
+    return getattr(m, f"add_{name}_args"), getattr(m, f"cmd_{name}")
 
 
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
@@ -69,7 +56,7 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
         "(docs/README.md).",
     )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    wanted = set(_SETUP if commands is None else commands)
+    wanted = set(dict(COMMANDS) if commands is None else commands)
     for name, help_line in COMMANDS:
         p = sub.add_parser(name, help=help_line, description=help_line)
         if name in wanted:
@@ -83,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGUSR1's default action kills: ignore it until the supervisor installs its handler.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     argv = sys.argv[1:] if argv is None else list(argv)
-    chosen = argv[:1] if argv[:1] and argv[0] in _SETUP else []
+    chosen = argv[:1] if argv[:1] and argv[0] in dict(COMMANDS) else []
     ap = build_parser(chosen)
     if chosen == ["run"]:  # --config FILE.toml: command line > file > default
         run = importlib.import_module("proxy.commands.run")
