@@ -177,10 +177,7 @@ class Follower:
             return True
         if sig == signal.SIGUSR1 or self.proc is None:
             return False
-        try:
-            os.kill(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        signal_pids([self.proc.pid], sig)
         return True
 
     def _kill_agent(self) -> None:

@@ -9,6 +9,7 @@ inside the worker (worker/distributed.py). No torch import here: the proxy stays
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -182,10 +183,8 @@ def die_with_parent() -> None:
     The kernel sends it when the spawning thread exits: the proxy spawns from its main thread."""
     import ctypes
 
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def local_ranks(agent_pid: int, run_dir: str) -> list[int]:
@@ -205,10 +204,8 @@ def rank_pids(layout: RunLayout) -> list[int]:
 def signal_pids(pids: list[int], sig: int) -> None:
     """Send `sig` to each pid that still exists."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def kill_agent(pgid: int, ranks: list[int]) -> None:
@@ -223,10 +220,8 @@ def kill_ranks(pids: list[int]) -> None:
     session leader, so the agent's group does not contain them)."""
     for pid in pids:
         for kill in (os.killpg, os.kill):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def agent_descendants(agent_pid: int) -> list[int]:

@@ -124,7 +124,5 @@ def describe(pid: int) -> str:
 
 def signal_group(pgid: int, sig: int) -> None:
     """killpg, ignoring a group that is already gone."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass

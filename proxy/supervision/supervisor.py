@@ -588,10 +588,7 @@ class Supervisor:
                 return True
             if sig == signal.SIGUSR1:
                 return False  # the agent would take it as "stop all": keep it pending
-        try:
-            os.kill(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        signal_pids([self.proc.pid], sig)
         return True
 
     def _signal_tree(self, sig: int) -> None:
