@@ -88,6 +88,13 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     _add_launch_args(ap.add_argument_group("several ranks (torchrun) and speed"))
 
 
+def _number(
+    g: argparse._ArgumentGroup, flag: str, text: str, metavar="N", default=None, kind=int
+) -> None:
+    """Define option `flag` of group `g`: one number of type `kind`, help `text`."""
+    g.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
+
+
 def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
     """The options fixed at creation in run.json (defaults: `rc`'s, shown in the help)."""
     g.add_argument(
@@ -102,30 +109,20 @@ def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
         default=None,
         help=f"run seed: every random choice of update k derives from (seed, k, rank) ({rc.seed})",
     )
-    g.add_argument(
+    _number(
+        g,
         "--batch-size",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"sequences per optimizer update, global over all ranks ({rc.batch_size})",
+        f"sequences per optimizer update, global over all ranks ({rc.batch_size})",
     )
     lr = f"{rc.lr:.0e}".replace("e-0", "e-")  # 3e-3, as the docs write it
     g.add_argument("--lr", type=float, default=None, help=f"peak learning rate (AdamW) ({lr})")
-    g.add_argument(
+    _number(
+        g,
         "--warmup-steps",
-        type=int,
-        default=None,
-        metavar="N",
-        help="linear learning-rate warm-up, steps (then cosine to --max-steps) "
+        "linear learning-rate warm-up, steps (then cosine to --max-steps) "
         f"({rc.warmup_steps}; a tenth of a run shorter than that)",
     )
-    g.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"checkpoint cadence in steps ({rc.checkpoint_every})",
-    )
+    _number(g, "--checkpoint-every", f"checkpoint cadence in steps ({rc.checkpoint_every})")
     g.add_argument(
         "--schedule",
         choices=("cosine", "wsd"),
@@ -134,35 +131,29 @@ def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
         f"(warmup-stable-decay: the peak, then a linear decay over the last --decay-fraction) "
         f"({rc.schedule})",
     )
-    g.add_argument(
+    _number(
+        g,
         "--decay-fraction",
-        type=float,
-        default=None,
+        f"wsd: the share of the plan spent in the final decay ({rc.decay_fraction})",
         metavar="F",
-        help=f"wsd: the share of the plan spent in the final decay ({rc.decay_fraction})",
+        kind=float,
     )
-    g.add_argument(
+    _number(
+        g,
         "--sample-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help="sample audit cadence in steps (default: the checkpoint cadence, or the "
+        "sample audit cadence in steps (default: the checkpoint cadence, or the "
         "smallest multiple of it that keeps audits within 0.5%% of training FLOPs)",
     )
-    g.add_argument(
+    _number(
+        g,
         "--eval-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help="validation cadence in steps: held-out loss per arm on fixed windows (default: "
+        "validation cadence in steps: held-out loss per arm on fixed windows (default: "
         "the smallest multiple of 10 that keeps it within 1%% of training FLOPs; 0: none)",
     )
-    g.add_argument(
+    _number(
+        g,
         "--probe-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"held-out probe cadence = the bandit's policy period, steps ({rc.probe_every})",
+        f"held-out probe cadence = the bandit's policy period, steps ({rc.probe_every})",
     )
     g.add_argument(
         "--tokenizer",
@@ -172,20 +163,16 @@ def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
         "bytes: 256 byte ids, nothing trained; PATH: an existing tokenizer.json "
         "(e.g. GPT-2's 50,257 tokens)",
     )
-    g.add_argument(
+    _number(
+        g,
         "--bpe-sample-bytes",
-        type=int,
-        default=None,
-        metavar="N",
-        help="BPE training sample drawn from across all text arms, characters "
+        "BPE training sample drawn from across all text arms, characters "
         f"({rc.bpe_sample_bytes:,}; stored in run.json)",
     )
-    g.add_argument(
+    _number(
+        g,
         "--arm-max-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="explicit cap on tokens per arm, said in the log (default: every token of every arm)",
+        "explicit cap on tokens per arm, said in the log (default: every token of every arm)",
     )
 
 
@@ -226,23 +213,19 @@ def _add_arm_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
         "heldout_progress (EXP3 on a held-out probe, costs up to 1.5%% of "
         "training), or train_loss (ODM-style; favours hard data)",
     )
-    g.add_argument(
+    _number(
+        g,
         "--bandit-warmup",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"steps sampled from the prior before the bandit adapts ({rc.bandit_warmup})",
+        f"steps sampled from the prior before the bandit adapts ({rc.bandit_warmup})",
     )
 
 
 def _add_start_args(g: argparse._ArgumentGroup, po: ProxyOptions) -> None:
     """The options of this start (they may change at every start; defaults: `po`'s)."""
-    g.add_argument(
+    _number(
+        g,
         "--max-steps",
-        type=int,
-        default=None,
-        metavar="N",
-        help="stop after this many updates (at creation: also the end of the schedule; on a "
+        "stop after this many updates (at creation: also the end of the schedule; on a "
         "resume, with --replan: the schedule's new end)",
     )
     g.add_argument(
@@ -252,20 +235,17 @@ def _add_start_args(g: argparse._ArgumentGroup, po: ProxyOptions) -> None:
         "step it resumes at, keeping the rate continuous (recorded in run.json; "
         "docs/configuration.md#the-schedule)",
     )
-    g.add_argument(
+    _number(
+        g,
         "--decay-at",
-        type=int,
-        default=None,
-        metavar="STEP",
-        help="with --replan and --schedule wsd: start the final decay at STEP (default: the "
+        "with --replan and --schedule wsd: start the final decay at STEP (default: the "
         "last --decay-fraction of the new plan)",
+        metavar="STEP",
     )
-    g.add_argument(
+    _number(
+        g,
         "--micro-batch-size",
-        type=int,
-        default=None,
-        metavar="N",
-        help="sequences per forward/backward on each rank; the update's batch runs as "
+        "sequences per forward/backward on each rank; the update's batch runs as "
         "(--batch-size / ranks) / N micro-batches with gradient accumulation "
         "(default: the rank's whole share in one pass). Changes speed and "
         "memory, not the data; a bit-exact resume needs the same value",
@@ -277,57 +257,54 @@ def _add_start_args(g: argparse._ArgumentGroup, po: ProxyOptions) -> None:
         default=po.usr1_at,
         help="SIGUSR1 checkpoint after the current step, or at the next cadence boundary",
     )
-    g.add_argument(
+    _number(
+        g,
         "--keep-last",
-        type=int,
+        "retention: newest checkpoints kept (>= 2; %(default)s)",
         default=po.keep_last,
-        metavar="N",
-        help="retention: newest checkpoints kept (>= 2; %(default)s)",
     )
-    g.add_argument(
+    _number(
+        g,
         "--keep-every",
-        type=int,
-        default=po.keep_every,
+        "retention: also keep every M-th step (%(default)s; 0 = off)",
         metavar="M",
-        help="retention: also keep every M-th step (%(default)s; 0 = off)",
+        default=po.keep_every,
     )
-    g.add_argument(
+    _number(
+        g,
         "--max-restarts",
-        type=int,
-        default=po.max_restarts,
-        metavar="N",
-        help="worker crashes or hangs in a row restarted from the newest checkpoint; "
+        "worker crashes or hangs in a row restarted from the newest checkpoint; "
         "one that wrote a new checkpoint first starts the count again (%(default)s)",
+        default=po.max_restarts,
     )
-    g.add_argument(
+    _number(
+        g,
         "--hang-timeout",
-        type=float,
+        f"seconds without a report before the worker counts as hung ({po.hang_timeout:g})",
+        metavar="S",
         default=po.hang_timeout,
-        metavar="S",
-        help=f"seconds without a report before the worker counts as hung ({po.hang_timeout:g})",
+        kind=float,
     )
-    g.add_argument(
+    _number(
+        g,
         "--stop-timeout",
-        type=float,
-        default=po.stop_timeout,
+        f"seconds a stopping worker gets for its checkpoint before SIGKILL ({po.stop_timeout:g})",
         metavar="S",
-        help="seconds a stopping worker gets for its checkpoint before SIGKILL "
-        f"({po.stop_timeout:g})",
+        default=po.stop_timeout,
+        kind=float,
     )
-    g.add_argument(
+    _number(
+        g,
         "--print-every",
-        type=int,
-        default=po.print_every,
-        metavar="N",
-        help="steps between progress lines (%(default)s); the first step of a start "
+        "steps between progress lines (%(default)s); the first step of a start "
         "is printed at once, and a line comes at least every 30 s",
+        default=po.print_every,
     )
-    g.add_argument(
+    _number(
+        g,
         "--samples-keep",
-        type=int,
+        "sample audits kept in .samples.json (the last N of the phase; %(default)s)",
         default=po.samples_keep,
-        metavar="N",
-        help="sample audits kept in .samples.json (the last N of the phase; %(default)s)",
     )
     g.add_argument(
         "--stop-on-collapse",
@@ -360,12 +337,11 @@ def _add_start_args(g: argparse._ArgumentGroup, po: ProxyOptions) -> None:
 
 def _add_launch_args(g: argparse._ArgumentGroup) -> None:
     """The options of several ranks (torchrun's) and of speed."""
-    g.add_argument(
+    _number(
+        g,
         "--nproc-per-node",
-        type=int,
+        "ranks on this node; > 1 launches the worker with torchrun (DDP)",
         default=1,
-        metavar="N",
-        help="ranks on this node; > 1 launches the worker with torchrun (DDP)",
     )
     g.add_argument("--nnodes", default=None, metavar="N|MIN:MAX", help="torchrun --nnodes")
     g.add_argument("--node-rank", type=int, default=None, metavar="R", help="torchrun --node-rank")
@@ -382,13 +358,14 @@ def _add_launch_args(g: argparse._ArgumentGroup) -> None:
         help="torchrun --rdzv-backend (c10d when an endpoint is given; several nodes "
         "always use the static rendezvous, docs/architecture.md#several-nodes)",
     )
-    g.add_argument(
+    _number(
+        g,
         "--rdzv-timeout",
-        type=float,
-        default=600.0,
-        metavar="S",
-        help="several nodes: seconds the owner waits for every node to join before it "
+        "several nodes: seconds the owner waits for every node to join before it "
         "stops naming the missing node ranks (600)",
+        metavar="S",
+        default=600.0,
+        kind=float,
     )
     g.add_argument(
         "--compile",
@@ -580,13 +557,12 @@ def config_from_args(a, notes: list[str] | None = None) -> RunConfig:
     return cfg
 
 
-def check_resume_args(a, cfg: RunConfig, layout: RunLayout, notes: list[str] | None = None) -> None:
+def check_resume_args(a, cfg: RunConfig, layout: RunLayout, notes: list[str]) -> None:
     """Creation-only options given on a resume must match run.json (docs/architecture.md#the-run-directory):
     a different preset is refused (ConfigError naming both parameter counts), other creation
     options (CREATION_ONLY) are ignored with a warning naming run.json's value, caps/floors are
-    refused (that is a pivot). The warnings are appended to `notes` when given, for the caller
-    to log once the resume is known to be valid, and logged at once otherwise."""
-    said: list[str] = [] if notes is None else notes
+    refused (that is a pivot). The warnings are appended to `notes`, for the caller to log once
+    the resume is known to be valid."""
     if a.preset and a.preset != cfg.preset:
         n_new = count_parameters(PRESETS[a.preset], cfg.vocab_size)
         raise ConfigError(
@@ -599,15 +575,12 @@ def check_resume_args(a, cfg: RunConfig, layout: RunLayout, notes: list[str] | N
         if v is not None and v != getattr(cfg, name):
             was = getattr(cfg, name)
             shown = "no cap (0)" if name == "arm_max_tokens" and not was else was
-            said.append(
+            notes.append(
                 f"--{name.replace('_', '-')} {v} ignored: this run was created with {shown} "
                 "(run.json); the value is fixed for the life of the run"
             )
     if a.caps or a.floors:
         _check_same_bounds(a, cfg, layout)
-    if notes is None:
-        for message in said:
-            log.warning("%s", message)
 
 
 def _check_same_bounds(a, cfg: RunConfig, layout: RunLayout) -> None:
