@@ -6,7 +6,6 @@ never disturbs a running proxy. Exit 0, or 2 when DIR is not a run directory.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import time
@@ -21,10 +20,8 @@ from proxy.run_files.run_lock import read_owner
 from proxy.run_files.sidecars import read_state
 from proxy.run_files.status_file import read_status
 from proxy.supervision.nodes import node_records, read_node_record, record_alive
-from shared.checkpoint.directory import list_checkpoints
-from shared.checkpoint.file_format import CheckpointError
+from shared.checkpoint.directory import list_checkpoints, scan_for_resume
 from shared.checkpoint.manifest import manifest_checksums, read_manifest
-from shared.checkpoint.read import validate_checkpoint
 from shared.exit_codes import EXIT_USAGE
 from shared.processes import alive, process_state
 from shared.run.config import ConfigError, accumulation_steps, load_run_config
@@ -144,32 +141,22 @@ def _validation(cfg, recs: list[dict]) -> dict:
 def _checkpoints(layout: RunLayout, now: float) -> dict:
     """The invalid checkpoints found above the newest valid one (each message names its file),
     the newest valid one with its manifest entry, and every checkpoint step present."""
-    present = dict(list_checkpoints(layout.root))
     entries = read_manifest(layout.root)
-    checks = manifest_checksums(entries)
-    invalid: list[str] = []
-    valid = None
-    for s in sorted(present, reverse=True):  # newest valid: size, header, name, checksum
-        try:
-            validate_checkpoint(present[s], None, checks.get(s))
-            valid = s
-            break
-        except CheckpointError as exc:
-            invalid.append(str(exc))  # it names the file
+    info, rejected = scan_for_resume(layout.root, None, manifest_checksums(entries))
     newest = None
-    if valid is not None:
-        e = entries.get(valid)
+    if info is not None:
+        e = entries.get(info.step)
         newest = {
-            "step": valid,
-            "file": os.path.basename(str(present[valid])),
+            "step": info.step,
+            "file": info.path.name,
             "reason": e.reason if e else None,
             "pinned": e.pinned if e else None,
             "age_s": now - e.time if e else None,
         }
     return {
-        "invalid_checkpoints": invalid,
+        "invalid_checkpoints": [str(exc) for exc in rejected],  # each names its file
         "last_checkpoint": newest,
-        "checkpoints": sorted(present),
+        "checkpoints": [step for step, _ in list_checkpoints(layout.root)],
     }
 
 
