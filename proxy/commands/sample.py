@@ -13,17 +13,17 @@ import sys
 import time
 from pathlib import Path
 
-from proxy.commands.export import manifest_entry
 from proxy.commands.tool_threads import add_threads_arg, set_torch_threads, tool_threads
 from proxy.observation.sample_format import format_sample
 from proxy.run_files.checkpoint_lookup import (
     checkpoint_path_problem,
+    manifest_entry,
+    newest_valid,
     no_checkpoint_problem,
+    run_dir_of,
     run_dir_problem,
 )
-from shared.checkpoint.directory import scan_for_resume
 from shared.checkpoint.file_format import CheckpointError
-from shared.checkpoint.manifest import manifest_checksums, read_manifest
 from shared.data.tokenizer import RunTokenizer
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 from shared.run.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, ConfigError, load_run_config
@@ -81,17 +81,6 @@ def add_sample_args(p) -> None:
     )
 
 
-def _run_dir_of(path: Path) -> Path:
-    """The run directory of checkpoint `path`: its folder, or the one above for a file
-    quarantined in rejected/ (docs/checkpoint-format.md#validity)."""
-    if (
-        not RunLayout(path.parent).run_json.exists()
-        and RunLayout(path.parent.parent).run_json.exists()
-    ):
-        return path.parent.parent
-    return path.parent
-
-
 def cmd_sample(a) -> int:
     """Print `--samples` continuations of `--prompt`; exit 0, 1 when the checkpoint fails a
     rule (or every checkpoint of the run does), 2 on bad input: a bad value, a PATH that is no
@@ -100,7 +89,7 @@ def cmd_sample(a) -> int:
     t_start = time.perf_counter()
     if a.path and not a.run_dir and Path(a.path).is_dir():  # `sample RUN_DIR`: its newest
         a.run_dir, a.path = a.path, None
-    run_dir = Path(a.run_dir) if a.run_dir else (_run_dir_of(Path(a.path)) if a.path else None)
+    run_dir = Path(a.run_dir) if a.run_dir else (run_dir_of(Path(a.path)) if a.path else None)
     if run_dir is None:
         print("sample: give a checkpoint PATH or --run-dir", file=sys.stderr)
         return EXIT_USAGE
@@ -133,17 +122,11 @@ def cmd_sample(a) -> int:
     try:
         cfg = load_run_config(layout.run_json)
         tok = RunTokenizer.load(layout.tokenizer)
-        if a.path:
-            path = Path(a.path)
-        else:  # newest first, each checked against the manifest's checksum
-            info, _ = scan_for_resume(
-                run_dir, cfg.n_params, manifest_checksums(read_manifest(run_dir))
-            )
-            if info is None:
-                code, message = no_checkpoint_problem(run_dir)
-                print(f"sample: {message}", file=sys.stderr)
-                return code
-            path = info.path
+        path = Path(a.path) if a.path else newest_valid(run_dir)  # checksums checked
+        if path is None:
+            code, message = no_checkpoint_problem(run_dir)
+            print(f"sample: {message}", file=sys.stderr)
+            return code
         entry = manifest_entry(path)  # also for a quarantined rejected/step_*.bin
         ids = tok.encode(a.prompt).astype("int64")
         if len(ids) == 0:

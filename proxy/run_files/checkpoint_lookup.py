@@ -82,17 +82,24 @@ def no_checkpoint_problem(run_dir: Path) -> tuple[int, str]:
     )
 
 
+def run_dir_of(path: Path) -> Path:
+    """The run directory of checkpoint `path`: its folder, or the one above for a file
+    quarantined in rejected/ (docs/checkpoint-format.md#validity)."""
+    up = path.parent.parent
+    if not RunLayout(path.parent).run_json.exists() and RunLayout(up).run_json.exists():
+        return up
+    return path.parent
+
+
 def find_config(path: Path, run_dir: str | None) -> tuple[RunConfig | None, str]:
     """(config, where) for the checkpoint at ``path``; (None, why) when none is at hand."""
-    candidates = [Path(run_dir)] if run_dir else [path.parent, path.parent.parent]
-    for d in candidates:
-        rj = RunLayout(d).run_json
-        if rj.exists():
-            try:
-                return load_run_config(rj), str(rj)
-            except (ConfigError, OSError, ValueError) as e:
-                return None, f"{rj}: unreadable ({e})"
-    return None, "no run.json beside the file" + ("" if run_dir else " or one folder up")
+    rj = RunLayout(Path(run_dir) if run_dir else run_dir_of(path)).run_json
+    if not rj.exists():
+        return None, "no run.json beside the file" + ("" if run_dir else " or one folder up")
+    try:
+        return load_run_config(rj), str(rj)
+    except (ConfigError, OSError, ValueError) as e:
+        return None, f"{rj}: unreadable ({e})"
 
 
 def manifest_entry(path: Path) -> ManifestEntry | None:
