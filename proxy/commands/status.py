@@ -5,6 +5,7 @@ never disturbs a running proxy. Exit 0, or 2 when DIR is not a run directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -193,10 +194,10 @@ def _policy(layout: RunLayout, st: dict) -> dict | None:
         phase = state.get("phase")
         index = phase.get("index") if isinstance(phase, dict) else None
         if live is None or at(live, live.get("phase")) < at(state, index):
-            try:
+            with contextlib.suppress(
+                ValueError, KeyError, TypeError, AttributeError, BanditConfigError
+            ):
                 return Bandit.from_dict(state).explain()
-            except (ValueError, KeyError, TypeError, AttributeError, BanditConfigError):
-                pass
     return live
 
 

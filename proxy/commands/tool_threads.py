@@ -9,6 +9,7 @@ What it is not: the worker's threads (worker/), nor the proxy's `run`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 READ_ONLY = ("sample", "export", "plot", "inspect")
@@ -78,7 +79,5 @@ def set_torch_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
-    try:
+    with contextlib.suppress(RuntimeError):  # already set, or parallel work already ran
         torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set, or parallel work already ran
-        pass

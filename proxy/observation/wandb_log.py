@@ -1,26 +1,19 @@
 """Weights & Biases from the proxy: `run --wandb` logs the run to one W&B run, resumed on every
-start (docs/operations.md#watching).
+start, each step once (docs/operations.md#watching, which says how).
 
-What it is: a logger built on the `wandb` package (the `[wandb]` extra), fed by the proxy as it
-files records, with the same scalars as TensorBoard (proxy/observation/tensorboard_log.py
+A logger built on the `wandb` package (the `[wandb]` extra), fed by the proxy as it files
+records, with the same scalars as TensorBoard (proxy/observation/tensorboard_log.py
 `step_scalars`) plus checkpoint events and each sample audit as a table (`audit/samples`: arm,
-prompt, continuation, held-out loss). W&B's step (`_step`) is the optimizer step. The W&B run's
-id is drawn once and kept in `RUN/wandb/andrea-run.json`; every start calls
-`wandb.init(id=..., resume="allow", dir=RUN)`, so W&B's own files are under `RUN/wandb/`.
+prompt, continuation, held-out loss). `wandb.init(id=..., resume="allow", dir=RUN)` at every
+start; `logged_through` reads the last step W&B holds from this run's transaction logs
+`RUN/wandb/*-run-*-<id>/run-<id>.wandb`.
 
-Each step once: W&B's history takes steps in increasing order only, so at each start the logger
-finds the last step W&B holds (`logged_through`: the newest `_step` in this run's transaction
-logs `RUN/wandb/*-run-*-<id>/run-<id>.wandb`, or the server's resumed step, whichever is later),
-backfills the history after it up to the resume step, and logs live steps after it. Steps
-trained again after a rewind keep the values W&B got first (docs/operations.md#watching).
-
-What it is not: the history (`.loss.json` stays the audit trail), nor a reason to stop training:
-a W&B failure (no login, no network, a full disk) is logged once and the run goes on without W&B;
-the next start backfills what was missed.
+What it is not: the history (`.loss.json` stays the audit trail), nor a reason to stop training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import secrets
@@ -243,10 +236,8 @@ class WandbLog:
         )
         run, self._run = self._run, None
         if run is not None:
-            try:
+            with contextlib.suppress(Exception):
                 run.finish(exit_code=1)
-            except Exception:
-                pass
 
     def _backfill(self, step: int, loss_path: Path, samples_path: Path) -> int:
         def new(s: int) -> bool:

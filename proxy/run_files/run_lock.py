@@ -9,6 +9,7 @@ keeps it; a record marked `released` (a clean exit) is free at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -183,10 +184,8 @@ class RunLock:
                 and self.lost is None
                 and _token(now) == _token(self._record)
             ):
-                try:
+                with contextlib.suppress(OSError):
                     atomic_write_json(self.layout.proxy_owner, {**self._record, "released": True})
-                except OSError:
-                    pass
         if self._lock.is_locked:
             self._lock.release()
 

@@ -11,6 +11,7 @@ not share flock between hosts (the owner record, proxy/run_files/run_lock.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -32,10 +33,8 @@ class Beacon:
         self.reports: list[dict] = []
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()
 
     def _loop(self) -> None:
@@ -45,14 +44,12 @@ class Beacon:
             except OSError:
                 return
             with c:
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     c.settimeout(1.0)
                     c.sendall((json.dumps(self.info) + "\n").encode())
                     d = json.loads(_read_line(c) or b"null")
                     if isinstance(d, dict):
                         self.reports.append(d)
-                except (OSError, ValueError):
-                    pass
 
 
 def _read_line(c: socket.socket) -> bytes:

@@ -19,6 +19,7 @@ proxy/supervision/launch.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -188,10 +189,8 @@ class NodeRecord:
             self._beating.set()
         with self._lock:
             self.path.unlink(missing_ok=True)
-            try:
+            with contextlib.suppress(OSError):
                 self.layout.nodes.rmdir()
-            except OSError:
-                pass
 
     def leave(self, exit_code: int | None = None) -> None:
         """Mark the record as left (kept for `status`: which node ran what, last), with the
@@ -199,10 +198,8 @@ class NodeRecord:
         exits with success only when the owner did (proxy/supervision/follower.py)."""
         if self._beating is not None:
             self._beating.set()
-        try:
+        with contextlib.suppress(OSError):
             self.write(left=True, ranks=[], agent_pid=None, exit_code=exit_code)
-        except OSError:
-            pass
 
 
 def live_followers(layout: RunLayout, token: str) -> list[dict]:
@@ -297,12 +294,10 @@ def store_address(rdzv_endpoint: str | None) -> str:
     the other nodes must be able to resolve (the case on any cluster)."""
     host = (rdzv_endpoint or "").rpartition(":")[0].strip("[]")
     if host:
-        try:
+        with contextlib.suppress(OSError):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind((host, 0))  # succeeds only for an address of this machine
             return host
-        except OSError:
-            pass
     return socket.gethostname()
 
 
