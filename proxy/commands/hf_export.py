@@ -146,15 +146,9 @@ def hf_config(cfg: RunConfig, step: int) -> dict:
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map (the `tokenizers` ByteLevel alphabet):
     printable Latin-1 bytes map to themselves, the other 68 to U+0100 onwards."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
+    keep = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    moved = iter(range(256, 512))  # the other bytes, in order
+    return {b: chr(b) if b in keep else chr(next(moved)) for b in range(256)}
 
 
 def bytes_tokenizer_json() -> dict:
