@@ -454,11 +454,7 @@ def _arms_row(cfg: RunConfig, layout: RunLayout | None) -> str:
     names = [x.name for x in cfg.arms]
     try:
         index = read_arm_index(layout, include_retired=True) if layout is not None else {}
-    except (
-        ArmSourceError,
-        OSError,
-        ValueError,
-    ):  # no data/ yet, or unreadable: the resume names it
+    except (ArmSourceError, OSError, ValueError):  # no data/ yet, or unreadable: resume names it
         index = {}
     retired = [n for n in names if n in index and index[n].retired]
     active = ", ".join(n for n in names if n not in retired) or "none"

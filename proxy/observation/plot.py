@@ -7,11 +7,7 @@ with the phase label; collapse alarms are red markers. matplotlib with the Agg b
 display needed). Default output: DIR/loss.png.
 
 Memory does not grow with the history (docs/operations.md#watching): the records are read one line
-at a time (`shared.run.loss_history.iter_records`) and each series is kept as at most MAX_POINTS
-buckets of consecutive points (`Buckets`): while a series fits, every point is its own bucket
-(the figure is exact); past that, neighbouring buckets merge pairwise and the bucket width
-doubles, so a bucket holds the mean, the lowest and the highest loss of its steps (drawn as a
-band: a spike is never lost) and the EMA at its last step.
+at a time and each series is kept as at most MAX_POINTS buckets (`Buckets`, which says how).
 """
 
 from __future__ import annotations

@@ -10,9 +10,7 @@ so one slow or fast step does not swing it; a value above 100 % means the peak i
 against is wrong (on CPU: a matmul timed while the machine was busy) and is left out, with one
 warning that says so, never printed.
 
-The summary (`format_summary`) is logged when the run stops: steps and tokens this start and in
-total, wall time, final EMA train loss, held-out loss per arm, the newest checkpoint and the
-commands to resume, sample, plot and export.
+The summary (`format_summary`) is logged when the run stops (docs/operations.md#watching).
 
 What it is not: the throughput accounting (worker/perf.py) or `status` (proxy/commands/status.py).
 """
