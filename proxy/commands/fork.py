@@ -18,6 +18,7 @@ read tolerantly up to STEP), so a fork never sees a torn file.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import shutil
 import sys
@@ -120,15 +121,9 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     if entry is not None:
         record_checkpoint(dst.root, dataclasses.replace(entry, pinned=True))
     with LossHistory(dst.loss) as h:  # streamed in batches: memory flat in the history
-        batch = []
-        for r in iter_records(src.loss):
-            if r["step"] > step:
-                break
-            batch.append(r)
-            if len(batch) >= 4096:
-                h.append_many(batch)
-                batch = []
-        h.append_many(batch)
+        records = itertools.takewhile(lambda r: r["step"] <= step, iter_records(src.loss))
+        while batch := list(itertools.islice(records, 4096)):
+            h.append_many(batch)
         last = h.last_step
     if last is not None and last != step:
         print(f"fork: warning: the source history ends at step {last}, not {step}", file=sys.stderr)
