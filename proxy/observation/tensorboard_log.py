@@ -173,11 +173,8 @@ class TensorBoardLog:
             w.add_event(ev)
         w.close()  # flushed, closed and fsynced before anything old is removed
         kept_path = Path(w._file_name)
-        fd = os.open(kept_path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with open(kept_path, "rb") as kept:
+            os.fsync(kept.fileno())
         for f in files:
             if f != kept_path:
                 f.unlink()
