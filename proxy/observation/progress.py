@@ -58,15 +58,20 @@ def fmt_duration(seconds: float | None) -> str:
     return (f"{d}d " if d else "") + f"{h}:{m:02d}:{s:02d}"
 
 
-def credible_mfu(rec: dict, tok_per_s: float | None) -> float | None:
-    """MFU in [0, 1] at `tok_per_s` (the line's windowed tokens/s), from the record's own MFU
-    and tokens/s (their ratio is FLOPs per token / peak FLOP/s); None when unknown or above
-    1 (a peak that is too low cannot give a credible fraction)."""
+def rescaled_mfu(rec: dict, tok_per_s: float | None) -> float | None:
+    """MFU at `tok_per_s` (the line's windowed tokens/s), from the record's own MFU and
+    tokens/s (their ratio is FLOPs per token / peak FLOP/s); None when unknown."""
     m, t = rec.get("mfu"), rec.get("tokens_per_s")
     if not isinstance(m, (int, float)) or not isinstance(t, (int, float)) or t <= 0:
         return None
-    value = m / t * (tok_per_s if tok_per_s else t)
-    return value if 0 <= value <= 1 else None
+    return m / t * (tok_per_s if tok_per_s else t)
+
+
+def credible_mfu(rec: dict, tok_per_s: float | None) -> float | None:
+    """`rescaled_mfu` when it is in [0, 1], else None (a peak that is too low cannot give a
+    credible fraction)."""
+    value = rescaled_mfu(rec, tok_per_s)
+    return value if value is not None and 0 <= value <= 1 else None
 
 
 def wall_seconds_per_update(records: list[dict], window: int = RATE_WINDOW) -> float | None:
@@ -133,7 +138,7 @@ class ProgressLine:
                 "measured is not a credible fraction (on CPU the matmul peak is timed "
                 "once at worker start and a busy machine makes it too low; see "
                 "worker/perf.py)",
-                100 * credible_mfu_raw(rec, tok_per_s),
+                100 * (rescaled_mfu(rec, tok_per_s) or 0.0),
             )
         mfu_s = f" | mfu {mfu:.1%}" if mfu is not None else ""
         lr = f"{rec['lr']:.2e}" if isinstance(rec.get("lr"), (int, float)) else "-"
@@ -144,12 +149,6 @@ class ProgressLine:
             f"{tok_per_s or 0:,.0f} tok/s{mfu_s} | lr {lr} | {elapsed} elapsed, eta {eta} | "
             f"p {p}"
         )
-
-
-def credible_mfu_raw(rec: dict, tok_per_s: float | None) -> float:
-    """The unclamped rescaled MFU (for the warning that says why it is left out)."""
-    m, t = rec.get("mfu") or 0.0, rec.get("tokens_per_s") or 0.0
-    return m / t * (tok_per_s or t) if t else 0.0
 
 
 def _heldout(layout) -> tuple[int | None, dict]:
