@@ -83,6 +83,16 @@ def _refuse(msg: str) -> int:
     return EXIT_USAGE
 
 
+def _fail(msg: str) -> int:
+    print(msg, file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _say(msg: str) -> None:
+    """One line of the pivot's progress, at once (a caller may be following it)."""
+    print(f"pivot: {msg}", flush=True)
+
+
 def cmd_pivot(a) -> int:
     """The `pivot` command: 0 the new phase is in force (live: its worker filed its first step;
     stopped: recorded, the next `run` trains in it) or the request was accepted (--no-wait);
@@ -206,19 +216,17 @@ def _request(
         if a.now
         else f"at the next checkpoint boundary (checkpoints every {cfg.checkpoint_every} steps)"
     )
-    print(
-        f"pivot: request {label!r} caps {caps} floors {floors} written to "
+    _say(
+        f"request {label!r} caps {caps} floors {floors} written to "
         f"{layout.pivot_request.name}; live proxy pid {pid} pivots {where}: about step {b}, "
         f"{b - last} step{'' if b - last == 1 else 's'} after the last filed step {last}"
         f"{when(layout, b - last)}"
-        + ("" if a.now else "; `pivot --now` would checkpoint at the next step and pivot there"),
-        flush=True,
+        + ("" if a.now else "; `pivot --now` would checkpoint at the next step and pivot there")
     )
     if a.no_wait:
-        print(
-            "pivot: accepted (--no-wait); `python -m proxy status --run-dir DIR` shows its "
-            "progress; `pivot --withdraw` withdraws it until its new phase is recorded",
-            flush=True,
+        _say(
+            "accepted (--no-wait); `python -m proxy status --run-dir DIR` shows its "
+            "progress; `pivot --withdraw` withdraws it until its new phase is recorded"
         )
         return 0
     return lambda: _wait(layout, pid, a.timeout)
@@ -260,11 +268,10 @@ def withdraw(layout: RunLayout) -> int:
         if state == "boundary":
             update_handshake(layout, lambda d: take_back_pivot_stop(d["control"], b))
         remove_request(layout)
-    print(
-        f"pivot: withdrew {req.get('label')!r} (state {state}"
+    _say(
+        f"withdrew {req.get('label')!r} (state {state}"
         + (f", boundary step {b}" if b is not None else "")
-        + "); the run goes on in the phase in force",
-        flush=True,
+        + "); the run goes on in the phase in force"
     )
     return 0
 
@@ -283,12 +290,10 @@ def _wait(
             req = read_archived_request(layout, b)
         state = (req or {}).get("state")
         if req is None:
-            print(
+            return _fail(
                 "pivot: the request was withdrawn (`pivot --withdraw`); nothing changed, the "
-                "phase in force runs on",
-                file=sys.stderr,
+                "phase in force runs on"
             )
-            return EXIT_FAILED
         if state == "failed":
             print(
                 f"pivot failed: {req.get('error')}; nothing changed, the old phase runs on",
@@ -299,10 +304,9 @@ def _wait(
             return EXIT_FAILED
         if req and req.get("step") is not None:
             if b is not None and req["step"] != b:
-                print(
-                    f"pivot: the worker was past step {b} when the request reached it; the "
-                    f"boundary is its next checkpoint, step {req['step']}",
-                    flush=True,
+                _say(
+                    f"the worker was past step {b} when the request reached it; the "
+                    f"boundary is its next checkpoint, step {req['step']}"
                 )
                 told.discard("at-boundary")
             b = req["step"]
@@ -313,64 +317,53 @@ def _wait(
             if reached > 0 or (
                 b is not None and _last_filed(layout) >= b
             ):  # the proxy was quicker than this poll:
-                print(f"pivot: boundary step {b} reached", flush=True)  # still name the step
+                _say(f"boundary step {b} reached")  # still name the step
                 told.add("at-boundary")
         if reached == 0 and b is not None and "at-boundary" not in told:
             last = _last_filed(layout)
             if last >= b:
-                print(
-                    f"pivot: boundary step {b} reached; the worker writes step_{b:06d}.bin and "
-                    f"exits",
-                    flush=True,
-                )
+                _say(f"boundary step {b} reached; the worker writes step_{b:06d}.bin and exits")
                 told.add("at-boundary")
             elif b != waited_for or time.monotonic() - waited_at >= line_every:
                 last_togo = b - last
                 waited_for, waited_at = b, time.monotonic()
-                print(
-                    f"pivot: waiting for boundary step {b} ({last_togo} step"
-                    f"{'' if last_togo == 1 else 's'} to go{when(layout, last_togo)})",
-                    flush=True,
+                _say(
+                    f"waiting for boundary step {b} ({last_togo} step"
+                    f"{'' if last_togo == 1 else 's'} to go{when(layout, last_togo)})"
                 )
         if reached >= 1 and "archived" not in told:
-            print(f"pivot: archived to archive/pivot-{b}", flush=True)
+            _say(f"archived to archive/pivot-{b}")
             told.add("archived")
         if reached >= 2 and "recorded" not in told:
             ph = read_phases(layout)[-1]
-            print(
-                f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
-                f"caps {ph.caps}, floors {ph.floors})",
-                flush=True,
+            _say(
+                f"phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
+                f"caps {ph.caps}, floors {ph.floors})"
             )
             told.add("recorded")
-            print("pivot: waiting for the new worker's first step", flush=True)
+            _say("waiting for the new worker's first step")
         if req is not None and reached == 3:
-            print(
-                f"pivot: new worker pid {req.get('worker_pid')} filed step "
-                f"{req.get('first_step')}; the new phase is in force",
-                flush=True,
+            _say(
+                f"new worker pid {req.get('worker_pid')} filed step "
+                f"{req.get('first_step')}; the new phase is in force"
             )
             return 0
         if pid is not None and not alive(pid):
-            print(
+            return _fail(
                 f"pivot failed: proxy pid {pid} exited during the pivot (request state "
                 f"{state}); `python -m proxy run --run-dir {layout.root}` resumes "
                 + (
                     "in the new phase"
                     if reached >= 2
                     else "in the old phase and serves the request again"
-                ),
-                file=sys.stderr,
+                )
             )
-            return EXIT_FAILED
         if time.monotonic() > end:
-            print(
+            return _fail(
                 f"pivot: not in force after {timeout:.0f} s (request state {state}, boundary "
                 f"{b}); the live proxy still holds the request and will finish it (see "
-                "`status`); nothing was undone",
-                file=sys.stderr,
+                "`status`); nothing was undone"
             )
-            return EXIT_FAILED
         time.sleep(0.2)
 
 
@@ -415,25 +408,21 @@ def _pivot_stopped(layout: RunLayout, cfg: RunConfig, req: dict, a) -> int:
                 plan = plan_resume(layout, cfg, history, False, stopped_pivot=req)
             except ResumeError as e:
                 remove_request(layout)
-                print(f"pivot failed: {e}", file=sys.stderr)
-                return EXIT_FAILED
+                return _fail(f"pivot failed: {e}")
         finally:
             history.close()
         if plan.pivot_step is None:  # not carried out (the request went meanwhile)
-            print(
+            return _fail(
                 "pivot failed: the request was gone before its phase was recorded; nothing "
-                "changed, the phase in force runs on",
-                file=sys.stderr,
+                "changed, the phase in force runs on"
             )
-            return EXIT_FAILED
         ph = read_phases(layout)[-1]
         more = f" --max-steps {a.max_steps}" if a.max_steps else ""  # not stored: pass it on
-        print(f"pivot: archived to archive/pivot-{plan.step}", flush=True)
-        print(
-            f"pivot: phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
+        _say(f"archived to archive/pivot-{plan.step}")
+        _say(
+            f"phase {ph.index} {ph.label!r} recorded (starts at step {ph.start_step}, "
             f"caps {ph.caps}, floors {ph.floors}); the run is stopped: `python -m proxy run "
-            f"--run-dir {layout.root}{more}` trains in it from step_{plan.step:06d}.bin",
-            flush=True,
+            f"--run-dir {layout.root}{more}` trains in it from step_{plan.step:06d}.bin"
         )
         return 0
     finally:
