@@ -457,3 +457,15 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_from_step_0_in_th
     rewound = json.loads((b / ".loss.rewound.json").read_text())
     assert {x["step"] for x in rewound} >= {1, 5, 8}, "the records of both stops were kept aside"
     assert checkpoint_steps(b) == [12]
+
+
+def test_the_spawned_worker_finds_the_packages_from_any_directory_without_an_install(tmp_path, monkeypatch):
+    """spawn puts the repository on PYTHONPATH, so a child started in another directory by an
+    interpreter that sees no installed package (-S) imports the worker from this tree."""
+    from proxy.supervision.launch import spawn
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    code = "import pathlib, worker; pathlib.Path('where').write_text(worker.__file__)"
+    child = spawn([sys.executable, "-S", "-c", code], torchrun=False, multi_node=False)
+    assert child.wait(timeout=60) == 0
+    assert (tmp_path / "where").read_text() == str(ROOT / "worker" / "__init__.py")

@@ -26,7 +26,7 @@ from shared.run.handshake import read_handshake
 from shared.run.layout import RunLayout
 
 log = logging.getLogger("proxy.supervision.launch")
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the repository: proxy/supervision/launch.py
 
 
 @dataclass(frozen=True)
