@@ -154,8 +154,9 @@ def read_json(
     - "raise": a JSONFileError (a ValueError naming the file and the byte offset of the first
       bad byte, or what the value is), or the OSError;
     - "default": return `default` (a reader that must never disturb a live run: `status`);
-    - "aside": move it to `<name>.corrupt-<time>` with a warning naming it and return `default`
-      (a file its owner rebuilds: `.samples.json`, `.state.json`); an OSError returns `default`.
+    - "aside": move it to `<name>.corrupt-<time>` (`aside_name`) with a warning naming it and
+      return `default` (a file its owner rebuilds: `.samples.json`, `.state.json`); an OSError
+      returns `default`.
     """
     path = os.fspath(path)
     try:
@@ -175,7 +176,7 @@ def read_json(
         if garbage == "raise":
             raise
         if garbage == "aside" and isinstance(e, ValueError):
-            aside = f"{path}.corrupt-{int(time.time())}"
+            aside = aside_name(path, "corrupt")
             os.replace(path, aside)
             log.warning(
                 "%s: unreadable (%s); moved aside to %s and starting it afresh",
@@ -184,6 +185,18 @@ def read_json(
                 os.path.basename(aside),
             )
         return default
+
+
+def aside_name(path: str, kind: str) -> str:
+    """`<path>.<kind>-<unix time>`, with `.1`, `.2`, ... appended while that name exists, so a
+    second file moved aside in the same second never overwrites the first one's bytes."""
+    stamp = int(time.time())
+    aside = f"{path}.{kind}-{stamp}"
+    k = 1
+    while os.path.exists(aside):
+        aside = f"{path}.{kind}-{stamp}.{k}"
+        k += 1
+    return aside
 
 
 def _parse(path: str, raw: bytes) -> Any:

@@ -65,3 +65,14 @@ def test_the_owners_messages_name_the_file_once_with_the_byte_offset(tmp_path):
         with pytest.raises(ConfigError) as e:
             read()
         assert str(e.value).count(name) == 1 and reason in str(e.value), str(e.value)
+
+
+def test_two_garbage_files_moved_aside_in_the_same_second_keep_both_copies(tmp_path):
+    """A second corruption moved aside within the same second gets its own name (`.1`, ...)
+    instead of overwriting the first copy: nothing is lost."""
+    p = tmp_path / ".samples.json"
+    for garbage in (b"first", b"second", b"third"):
+        p.write_bytes(garbage)
+        assert read_json(p, [], garbage="aside") == []
+    kept = sorted(x.read_bytes() for x in tmp_path.iterdir() if x.name.startswith(".samples.json.corrupt-"))
+    assert kept == [b"first", b"second", b"third"] and not p.exists()

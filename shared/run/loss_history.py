@@ -23,7 +23,7 @@ import re
 import time
 from typing import Iterable, Iterator
 
-from shared.atomic_io import atomic_write_bytes, fsync_dir, named
+from shared.atomic_io import aside_name, atomic_write_bytes, fsync_dir, named
 from shared.json_safe import jsonable
 
 log = logging.getLogger("shared.run.loss_history")
@@ -361,9 +361,9 @@ def _sync(fd: int) -> None:
 
 
 def _keep_damaged(path: str, data, start: int) -> str:
-    """Copy data[start:] (bytes or a memory map) to `<path>.damaged-<unix time>` (`_aside_name`),
+    """Copy data[start:] (bytes or a memory map) to `<path>.damaged-<unix time>` (`aside_name`),
     fsynced, _CHUNK bytes at a time; returns the copy's name."""
-    aside = _aside_name(path, "damaged")
+    aside = aside_name(path, "damaged")
     fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         for i in range(start, len(data), _CHUNK):
@@ -375,20 +375,8 @@ def _keep_damaged(path: str, data, start: int) -> str:
     return os.path.basename(aside)
 
 
-def _aside_name(path: str, kind: str) -> str:
-    """`<path>.<kind>-<unix time>`, with `.1`, `.2`, ... appended while that name exists, so a
-    second repair in the same second never overwrites the first one's bytes."""
-    stamp = int(time.time())
-    aside = f"{path}.{kind}-{stamp}"
-    k = 1
-    while os.path.exists(aside):
-        aside = f"{path}.{kind}-{stamp}.{k}"
-        k += 1
-    return aside
-
-
 def _move_aside(path: str) -> str:
-    aside = _aside_name(path, "corrupt")
+    aside = aside_name(path, "corrupt")
     os.replace(path, aside)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
     return aside
