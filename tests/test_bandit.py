@@ -1046,16 +1046,23 @@ def test_default_policy_never_moves_share_between_learnable_arms_over_a_long_run
     assert moved_unprotected == 3
 
 
-def test_conservative_mixture_keeps_learnable_arms_at_their_stratified_share():
-    """An arm is learnable when b + z se >= learnable_ratio * max b; its floor in the target is its
-    stratified share, so only the others (here c, slope 0) give share, to the learnable arms."""
-    from proxy.mixture.loss_trend import ArmFit, conservative_mixture
+def three_fits():
+    """ArmFits of arms a, b, c with slopes 0.3, 0.1, 0.0 over six points of small alternating noise."""
+    from proxy.mixture.loss_trend import ArmFit
     fits = {}
     for name, slope in (("a", 0.3), ("b", 0.1), ("c", 0.0)):
         f = ArmFit()
         for i, x in enumerate([4.0, 4.2, 4.4, 4.6, 4.8, 5.0]):
             f.add(x, 3.0 - slope * x + (0.01 if i % 2 else -0.01))
         fits[name] = f
+    return fits
+
+
+def test_conservative_mixture_keeps_learnable_arms_at_their_stratified_share():
+    """An arm is learnable when b + t se >= learnable_ratio * max b; its floor in the target is its
+    stratified share, so only the others (here c, slope 0) give share, to the learnable arms."""
+    from proxy.mixture.loss_trend import conservative_mixture
+    fits = three_fits()
     s = {n: 1 / 3 for n in "abc"}
     box = {n: 0.1 for n in "abc"}, {n: 0.6 for n in "abc"}
     mv = conservative_mixture(list("abc"), fits, *box, s, set(), 2.0, 4, rule="gate", learnable_ratio=0.25)
@@ -1106,13 +1113,8 @@ def test_an_arm_whose_loss_surely_rises_is_not_learnable_and_none_is_when_no_slo
 def test_conservative_mixture_matches_its_equations():
     """proxy/mixture/loss_trend.py: pi = M project(b+/sum b+), G = (1/K) sum b ln(pi/s), SE from the
     slopes' variances, lam = max(0, 1 - z SE / G); fewer than min_periods points = no evidence."""
-    from proxy.mixture.loss_trend import ArmFit, conservative_mixture
-    fits = {}
-    for name, slope in (("a", 0.3), ("b", 0.1), ("c", 0.0)):
-        f = ArmFit()
-        for i, x in enumerate([4.0, 4.2, 4.4, 4.6, 4.8, 5.0]):
-            f.add(x, 3.0 - slope * x + (0.01 if i % 2 else -0.01))
-        fits[name] = f
+    from proxy.mixture.loss_trend import conservative_mixture
+    fits = three_fits()
     s = {n: 1 / 3 for n in "abc"}
     mv = conservative_mixture(list("abc"), fits, {n: 0.1 for n in "abc"}, {n: 0.6 for n in "abc"}, s,
                               set(), 2.0, 4)
