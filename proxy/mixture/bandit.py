@@ -35,7 +35,7 @@ from proxy.mixture.arm_bounds import check_arm_names as _check_arm_names
 from proxy.mixture.arm_bounds import check_bounds as _check_bounds
 from proxy.mixture.arm_bounds import is_real as _real
 from proxy.mixture.box_projection import project_to_box
-from proxy.mixture.loss_trend import ArmFit, conservative_mixture, learnable_arms
+from proxy.mixture.loss_trend import ArmFit, conservative_mixture
 from proxy.mixture.reward_scaler import SCALER_CAPACITY, QuantileScaler
 from shared.data.redundancy import REPETITIVE_RATIO
 from shared.run.config import PROBE_REWARDS, REWARDS  # the reward names; those that read the probe
@@ -88,12 +88,12 @@ class BanditConfig:
     # mean of the others' is trivially predictable: it never out-scores
     # the worst arm (the collapse trap,
     # docs/bandit.md#the-easy-arm-guard); 0 = off (default)
-    confidence_z: float = 3.0  # train_slope: z of the lower confidence bound on the gain
-    # that sets lambda
+    confidence_z: float = 3.0  # train_slope: the level of the learnable test (and, with
+    # learnable_ratio 0, z of the lower confidence bound on the gain that sets lambda)
     learnable_ratio: float = 0.25  # train_slope: an arm whose slope's upper bound (Student's t at
     # the level of z) is at least this fraction of the largest slope is never lowered below its
-    # stratified share; 0 = off
-    # (docs/bandit.md#learnable-arms-keep-their-share)
+    # stratified share, and the target moves exactly when some arm is below it; 0 = off, the
+    # gain's bound then gates (docs/bandit.md#learnable-arms-keep-their-share)
     min_periods: int = 4  # train_slope: policy periods of an arm's fit before it
     # counts as evidence
     lambda_rule: str = "gate"  # train_slope: "gate" (the target itself once its lower confidence
@@ -268,6 +268,7 @@ class Bandit:
         self.period_sum = {a: 0.0 for a in self.arms}
         self.period_n = {a: 0 for a in self.arms}
         self.fits = {a: ArmFit() for a in self.arms}
+        self.slow: set[str] = set()  # arms judged not learnable at the last refit
         self.repeated: dict[str, int] = {}  # arm -> step at which its epochs passed 1
         self.lam = 0.0
         self.target: dict[str, float] | None = None
@@ -444,7 +445,7 @@ class Bandit:
             x = math.log(step - (self.period_steps - 1) / 2.0)
             for a in self.arms:
                 if self.period_n[a] > 0:
-                    self.fits[a].add(x, self.period_sum[a] / self.period_n[a])
+                    self.fits[a].add(step, x, self.period_sum[a] / self.period_n[a])
                     added = True
         self.period_sum = {a: 0.0 for a in self.arms}
         self.period_n = {a: 0 for a in self.arms}
@@ -470,8 +471,10 @@ class Bandit:
             self.config.min_periods,
             rule=self.config.lambda_rule,
             learnable_ratio=self.config.learnable_ratio,
+            slow=self.slow,
         )
         self.target, self.lam, self.gain, self.gain_se = mv.target, mv.lam, mv.gain, mv.gain_se
+        self.slow = set(mv.slow)
 
     def slopes(self) -> dict[str, tuple[float, float]]:
         """{arm: (b, se_b)} of every arm with a fit of at least 3 points (loss_trend.ArmFit.slope)."""
@@ -516,8 +519,6 @@ class Bandit:
             return out
         cfg, slopes = self.config, self.slopes()
         evidence = {a: v for a, v in slopes.items() if self.fits[a].n >= cfg.min_periods}
-        periods = {a: self.fits[a].n for a in evidence}
-        keep = learnable_arms(evidence, periods, cfg.confidence_z, cfg.learnable_ratio)
         for a in self.arms:
             e = self.epoch_size.get(a, 0.0)
             b, se = slopes.get(a, (None, None))
@@ -528,7 +529,9 @@ class Bandit:
                 epochs=self.pulls_lifetime[a] / e if e > 0 else None,
                 repeated_at=self.repeated.get(a),
                 target=None if self.target is None else self.target[a],
-                learnable=(a in keep) if a in evidence and cfg.learnable_ratio > 0 else None,
+                learnable=(a not in self.slow)
+                if a in evidence and cfg.learnable_ratio > 0
+                else None,
             )
         bound = self.gain - cfg.confidence_z * self.gain_se
         out.update(
@@ -543,7 +546,13 @@ class Bandit:
         )
         warm_end = self.phase_start_step + cfg.warmup_steps
         ready = sum(self.fits[a].n >= cfg.min_periods for a in self.arms)
-        if self.lam > 0:
+        if self.lam > 0 and cfg.learnable_ratio > 0:
+            why = (
+                f"moved: {', '.join(sorted(self.slow))} learn(s) surely slower than "
+                f"{cfg.learnable_ratio:g} times the fastest arm (slope's upper bound at "
+                f"z = {cfg.confidence_z:g}); posted = the target, which takes share only from them"
+            )
+        elif self.lam > 0:
             why = (
                 f"moved: the target's modelled gain {self.gain:.4f} nats has a lower bound "
                 f"{bound:.4f} > 0 at z = {cfg.confidence_z:g}; posted = {self.lam:.2f} of the "
@@ -557,7 +566,7 @@ class Bandit:
                 f"waiting for evidence: {most} of {cfg.min_periods} fitted periods "
                 f"({self.period_steps} steps each) on at least two arms; stratified until then"
             )
-        elif keep and keep == set(evidence):
+        elif cfg.learnable_ratio > 0 and evidence and not self.slow & set(evidence):
             why = (
                 f"stratified: every arm learns at least {cfg.learnable_ratio:g} times as fast as "
                 f"the fastest (its slope's upper bound at z = {cfg.confidence_z:g}), so none gives share"
@@ -725,6 +734,7 @@ class Bandit:
             del d[name]
         self.held.pop(name, None)
         self.repeated.pop(name, None)
+        self.slow.discard(name)
         if self.held and math.fsum(self.effective_caps().values()) < 1.0 - BOUND_SLACK:
             self.held = {}  # the holds no longer leave room for a batch: the phase's caps rule
         top = max(self.logw.values())
@@ -761,6 +771,7 @@ class Bandit:
         self.ema_acc[name], self.ema_n[name], self.last_probe[name] = 0.0, 0, None
         self.p_acc[name] = 0.0
         self.period_sum[name], self.period_n[name], self.fits[name] = 0.0, 0, ArmFit()
+        self.slow.discard(name)
         self.logw[name], self.prior[name] = average, 0.0
         if old is not None:
             self.pulls_lifetime[name] = int(old["pulls_lifetime"])
@@ -845,6 +856,7 @@ class Bandit:
                 "target": None if self.target is None else dict(self.target),
                 "gain": self.gain,
                 "gain_se": self.gain_se,
+                "slow": sorted(self.slow),
             },
         }
 
@@ -882,6 +894,7 @@ class Bandit:
                 None if tr.get("target") is None else {a: float(v) for a, v in tr["target"].items()}
             )
             b.gain, b.gain_se = float(tr.get("gain", 0.0)), float(tr.get("gain_se", 0.0))
+            b.slow = {str(a) for a in tr.get("slow") or ()} & set(b.arms)
             b.step = int(d["step"])
             b.version = int(d["version"])
             b.updates = int(ph.get("updates", 0))

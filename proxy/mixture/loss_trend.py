@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import math
 from statistics import NormalDist
+from typing import AbstractSet as Set
 from typing import Mapping
 
 from proxy.mixture.box_projection import project_to_box
@@ -32,9 +33,9 @@ MIN_SHARE = 0.1  # the target keeps every arm at this fraction of its stratified
 
 
 @dataclasses.dataclass
-class ArmFit:
-    """Running sums of one arm's points (x = ln step, y = mean training loss in nats) for the
-    least-squares line y = a - b x. All fields plain numbers; `to_dict`/`from_dict` exact."""
+class LineSums:
+    """Running sums of points (x = ln step, y = mean training loss in nats) for the least-squares
+    line y = a - b x. All fields plain numbers; `to_dict`/`from_dict` exact."""
 
     n: int = 0
     sx: float = 0.0
@@ -51,6 +52,16 @@ class ArmFit:
         self.sy += y
         self.sxy += x * y
         self.syy += y * y
+
+    def __add__(self, o: "LineSums") -> "LineSums":
+        return LineSums(
+            self.n + o.n,
+            self.sx + o.sx,
+            self.sxx + o.sxx,
+            self.sy + o.sy,
+            self.sxy + o.sxy,
+            self.syy + o.syy,
+        )
 
     def slope(self) -> tuple[float, float] | None:
         """(b, var_b): b = minus the least-squares slope of y on x (nats of loss per e-fold of
@@ -71,21 +82,69 @@ class ArmFit:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "ArmFit":
+    def from_dict(cls, d: Mapping) -> "LineSums":
         return cls(int(d["n"]), *(float(d[k]) for k in ("sx", "sxx", "sy", "sxy", "syy")))
+
+
+@dataclasses.dataclass
+class ArmFit:
+    """One arm's loss trend over the last two doublings of the step
+    (docs/bandit.md#the-default-policy): the points of the newest point's block
+    [2^k, 2^(k+1)) of steps and of the block before it, so the line spans the last half to the
+    last three quarters of the steps so far (ln 2 to ln 4 in x) and its slope is the loss's
+    present rate of fall, not its mean since the phase began. A loss that bends (a power law with
+    a floor, Hoffmann et al. 2022) falls more slowly the longer it is trained; a fit over the
+    whole phase keeps the early fall for ever. Constant state (two `LineSums`); `to_dict`/`from_dict` exact."""
+
+    block: int = -1  # k of the newest point; -1 before any
+    current: LineSums = dataclasses.field(default_factory=LineSums)
+    previous: LineSums = dataclasses.field(default_factory=LineSums)
+
+    def add(self, step: int, x: float, y: float) -> None:
+        """Add the point (x, y) of a period that ends at `step` (an int >= 1; its block is
+        floor(log2 step)); a point of a later block shifts the window."""
+        block = step.bit_length() - 1
+        if block > self.block:
+            self.previous = self.current if block == self.block + 1 else LineSums()
+            self.current, self.block = LineSums(), block
+        self.current.add(x, y)
+
+    @property
+    def n(self) -> int:
+        """Points in the window."""
+        return self.current.n + self.previous.n
+
+    def slope(self) -> tuple[float, float] | None:
+        """`LineSums.slope` of the window's points."""
+        return (self.previous + self.current).slope()
+
+    def to_dict(self) -> dict:
+        return {
+            "block": self.block,
+            "current": self.current.to_dict(),
+            "previous": self.previous.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ArmFit":
+        return cls(
+            int(d["block"]), LineSums.from_dict(d["current"]), LineSums.from_dict(d["previous"])
+        )
 
 
 @dataclasses.dataclass
 class Move:
     """What `conservative_mixture` decides: `target` {arm: p} (the policy pi), `lam` in [0, 1],
     `gain` and `gain_se` (nats of mean loss over arms, the model's estimate of pi's gain over
-    stratified and its standard error), `slopes` {arm: (b, se_b)} of the arms counted as evidence."""
+    stratified and its standard error), `slopes` {arm: (b, se_b)} of the arms counted as evidence,
+    `slow` the arms judged not learnable (`learnable_arms`), sorted."""
 
     target: dict[str, float]
     lam: float
     gain: float
     gain_se: float
     slopes: dict[str, tuple[float, float]]
+    slow: tuple[str, ...] = ()
 
 
 def conservative_mixture(
@@ -100,6 +159,7 @@ def conservative_mixture(
     min_share: float = MIN_SHARE,
     rule: str = "ratio",
     learnable_ratio: float = 0.0,
+    slow: Set[str] = frozenset(),
 ) -> Move:
     """The default policy's move (docs/bandit.md#the-default-policy).
 
@@ -114,6 +174,7 @@ def conservative_mixture(
         lam  = argmax over lam in {0, 0.01, .., 1} of G(lam) - z SE(lam)   rule "max_bound"
         lam  = 1 when G - z SE > 0, else 0                              rule "gate"
                G(lam), SE(lam): G and SE at p(lam) = (1 - lam) s + lam pi instead of pi
+        lam  = 1 when some evidence arm is slow, else 0                 learnable_ratio > 0 (any rule)
 
     b+ = max(b, 0). floors' keep every arm at min_share (a tenth) of its stratified share or
     more, so no arm is starved and ln(pi_i / s_i) >= ln(min_share). All b+ zero, or fewer than
@@ -124,7 +185,14 @@ def conservative_mixture(
     "max_bound" (the mixture on the segment from s to pi whose lower confidence bound on the
     gain is largest; stratified when the bound at pi is not positive) or "gate" (the default
     policy's, docs/bandit.md#the-default-policy: pi itself once its lower confidence bound is
-    positive, stratified until then). Returns a Move; its `gain` and `gain_se` are those of pi."""
+    positive, stratified until then).
+
+    With learnable_ratio > 0 (the default policy's, docs/bandit.md#learnable-arms-keep-their-share)
+    floors'_i = s_i for every learnable arm (`learnable_arms`, given the arms judged slow at the
+    last refit as `slow`), so pi takes share only from slow arms, each surely learning at under
+    learnable_ratio times the fastest rate, and gives it to faster ones; that test is the
+    evidence, and lam is 1 exactly when some arm is slow (G and SE are still reported). Returns
+    a Move; its `gain` and `gain_se` are those of pi, its `slow` the arms judged slow now."""
     k = len(arms)
     est = {}
     for a in arms:
@@ -134,7 +202,8 @@ def conservative_mixture(
             if s is not None:
                 est[a] = s
     target = {a: stratified[a] for a in arms}
-    none = Move(target, 0.0, 0.0, 0.0, {a: (b, math.sqrt(v)) for a, (b, v) in est.items()})
+    slopes = {a: (b, math.sqrt(v)) for a, (b, v) in est.items()}
+    none = Move(target, 0.0, 0.0, 0.0, slopes, tuple(sorted(set(slow) & set(arms))))
     free = sorted(est)
     mass = math.fsum(stratified[a] for a in free)
     plus = {a: max(0.0, est[a][0]) for a in free}
@@ -142,7 +211,7 @@ def conservative_mixture(
     if len(free) < 2 or not mass > 0 or not total > 0:
         return none
     cap = {a: (min(caps[a], stratified[a]) if a in repeated else caps[a]) for a in free}
-    keep = learnable_arms(none.slopes, {a: fits[a].n for a in free}, z, learnable_ratio)
+    keep = learnable_arms(slopes, {a: fits[a].n for a in free}, z, learnable_ratio, slow)
     low = {
         a: stratified[a] if a in keep else max(floors[a], min_share * stratified[a]) for a in free
     }
@@ -158,7 +227,10 @@ def conservative_mixture(
     logs = {a: 0.0 if abs(v) < 1e-12 else v for a, v in logs.items()}
     gain = math.fsum(est[a][0] * logs[a] for a in free) / k
     se = math.sqrt(math.fsum(logs[a] * logs[a] * est[a][1] for a in free)) / k
-    if not gain - z * se > 0:
+    judged = tuple(sorted(a for a in free if a not in keep)) if learnable_ratio > 0 else ()
+    if learnable_ratio > 0:
+        lam = 1.0 if judged else 0.0
+    elif not gain - z * se > 0:
         lam = 0.0
     elif rule == "gate":
         lam = 1.0
@@ -168,7 +240,7 @@ def conservative_mixture(
         lam = 1.0
     else:
         lam = max(0.0, 1.0 - z * se / gain)
-    return Move(target, lam, gain, se, none.slopes)
+    return Move(target, lam, gain, se, slopes, judged)
 
 
 def t_cdf(t: float, df: int) -> float:
@@ -223,21 +295,26 @@ def learnable_arms(
     periods: Mapping[str, int],
     z: float,
     learnable_ratio: float,
+    slow: Set[str] = frozenset(),
 ) -> set[str]:
     """The arms of `slopes` {arm: (b, se_b)} that learn (docs/bandit.md#learnable-arms-keep-their-share):
     the upper confidence bound b + t se_b reaches learnable_ratio times the largest slope, t being
     Student's quantile at the normal's one-sided level of `z` with `periods[arm]` - 2 degrees of
-    freedom (those of the fit's residual variance; `periods` >= 3). Empty when learnable_ratio is
-    0 (none kept) or no slope is positive (none learns)."""
+    freedom (those of the fit's residual variance; `periods` >= 3). An arm of `slow` (judged not
+    learnable at the last refit) learns again only once its lower bound b - t se_b reaches that
+    level: a hysteresis, so that an arm whose share fell, and whose fit grew noisier with fewer
+    tokens, does not flip back on noise alone. Empty when learnable_ratio is 0 (none kept) or no
+    slope is positive (none learns)."""
     top = max((b for b, _ in slopes.values()), default=0.0)
     if not learnable_ratio > 0 or not top > 0:
         return set()
     q = NormalDist().cdf(z)
-    return {
-        a
-        for a, (b, se) in slopes.items()
-        if b + t_quantile(q, max(1, periods[a] - 2)) * se >= learnable_ratio * top
-    }
+    out = set()
+    for a, (b, se) in slopes.items():
+        margin = t_quantile(q, max(1, periods[a] - 2)) * se
+        if (b - margin if a in slow else b + margin) >= learnable_ratio * top:
+            out.add(a)
+    return out
 
 
 LAM_STEPS = 100  # the max_bound rule searches lam on this many equal steps of [0, 1]
