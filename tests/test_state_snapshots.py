@@ -108,6 +108,14 @@ def test_snapshots_of_an_older_format_are_replayed_over_not_restored(tmp_path):
     fast = rebuild_mixture(layout, cfg, 100, [])
     assert fast.snapshot_step is None and fast.replayed == 100
     assert fast.mix.bandit.to_dict() == rebuild_mixture(layout, cfg, 100, [], use_snapshots=False).mix.bandit.to_dict()
+    # format 3: fits over the whole phase ({"n", "sx", ...}), no judgement of slow arms
+    three = live.to_snapshot()
+    three["format"] = 3
+    three["bandit"]["trend"]["fits"] = {a: f["current"] for a, f in three["bandit"]["trend"]["fits"].items()}
+    del three["bandit"]["trend"]["slow"]
+    append_snapshot(layout, three)
+    assert find_snapshot(layout, 0, 0, 100) is None
+    assert rebuild_mixture(layout, cfg, 100, []).snapshot_step is None
     append_snapshot(layout, live.to_snapshot())  # the current format is used
     assert rebuild_mixture(layout, cfg, 100, []).snapshot_step == 100
 
