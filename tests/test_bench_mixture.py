@@ -59,6 +59,16 @@ def test_arm_sets_are_local_and_different(bench, tmp_path):
     topics = (Path(sysconfig.get_paths()["stdlib"]) / "pydoc_data/topics.py").read_text().splitlines()
     assert len(shuffled) == len(topics) and shuffled != [" ".join(t.split()) for t in topics]
     assert all(sorted(s.split()) == sorted(t.split()) for s, t in zip(shuffled, topics))   # same words
+    h = bench.arm_set("H", tmp_path)
+    assert [x.name for x in h][-1] == bench.BOILERPLATE and len(h) == 3
+    boiler = Path(h[-1].source).read_bytes()
+    assert 800_000 < len(boiler) < 1_000_000
+    assert boiler == bench.write_boilerplate(tmp_path / "again-h.txt").read_bytes()       # seeded
+    import numpy as np
+
+    from shared.data.redundancy import REPETITIVE_RATIO, compression_ratio
+    # repetitive, but under the repetition guard's threshold: the policy, not the guard, judges it
+    assert 5 < compression_ratio(np.frombuffer(boiler, np.uint8)) < REPETITIVE_RATIO
     with pytest.raises(ValueError):
         bench.arm_set("E", tmp_path)
 
