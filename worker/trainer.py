@@ -696,26 +696,20 @@ class Trainer:
     def _on_checkpoint_done(self, r: WriteResult) -> None:
         report = {"type": "checkpoint", "step": r.step, "reason": r.reason}
         if r.error:
-            self.reports.write({**report, "error": r.error, "time": time.time()})
-            return
-        assert r.path is not None  # set for every write that did not fail
-        log.info(
-            "checkpoint step %d (%s) %s %d bytes in %.2f s",
-            r.step,
-            r.reason,
-            Path(r.path).name,
-            r.nbytes,
-            r.seconds,
-        )
-        self.reports.write(
-            {
-                **report,
-                "file": Path(r.path).name,
-                "bytes": r.nbytes,
-                "seconds": r.seconds,
-                "time": time.time(),
-            }
-        )
+            report["error"] = r.error
+        else:
+            assert r.path is not None  # set for every write that did not fail
+            name = Path(r.path).name
+            log.info(
+                "checkpoint step %d (%s) %s %d bytes in %.2f s",
+                r.step,
+                r.reason,
+                name,
+                r.nbytes,
+                r.seconds,
+            )
+            report.update(file=name, bytes=r.nbytes, seconds=r.seconds)
+        self.reports.write({**report, "time": time.time()})
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:

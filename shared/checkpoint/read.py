@@ -405,13 +405,10 @@ def load_checkpoint(
         _check_crc(info.path, crc.result(), want)
     if values if values is not None else want is None:
         check_values(info.path, *parts)  # "<f4" views: numpy reads them right on any host
+    w, m, v = parts
     if sys.byteorder != "little" and out is None:  # big-endian host: native order for callers
-        parts = (
-            parts[0].astype(np.float32),
-            parts[1].astype(np.float32),
-            parts[2].astype(np.float32),
-        )
-    return info.step, parts[0], parts[1], parts[2]
+        w, m, v = (p.astype(np.float32) for p in parts)
+    return info.step, w, m, v
 
 
 def load_weights(

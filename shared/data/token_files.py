@@ -223,15 +223,12 @@ def prepare_arm(
         capped = n < n_all
         used = n * dt.itemsize
         fp = content_fingerprint(arm)
-        tmp = final = None
-        if len(files) == 1:
-            path = str(files[0])
-        else:
-            path = str(Path("data") / f"{arm.name}{suffix_for(dt)}")
-            final = layout.root / path
-            tmp = final.with_name(final.name + ".tmp")
     else:
         dt = np.dtype(tok.dtype)
+    tmp = final = None
+    if arm.kind == "tokens" and len(files) == 1:  # used where it lies
+        path = str(files[0])
+    else:
         path = str(Path("data") / f"{arm.name}{suffix_for(dt)}")
         final = layout.root / path
         tmp = final.with_name(final.name + ".tmp")
@@ -242,14 +239,8 @@ def prepare_arm(
         else:
             assert tmp is not None  # set above for every arm that is tokenized
             fp, st = tokenize_stream(arm, tok, tmp, cap, key=key, after_batch=after_batch)
-            n, docs, used, total, capped = (
-                st.tokens,
-                st.documents,
-                st.bytes_used,
-                st.bytes_total,
-                st.capped,
-            )
-            empty, text_bytes = st.empty, st.text_bytes
+            n, docs, used, total = st.tokens, st.documents, st.bytes_used, st.bytes_total
+            capped, empty, text_bytes = st.capped, st.empty, st.text_bytes
             bad, first_bad = st.bad.count, st.bad.first
             if arm.kind in EMBEDDED_KINDS:
                 used = st.chars

@@ -375,13 +375,6 @@ def _keep_damaged(path: str, data, start: int) -> str:
     return os.path.basename(aside)
 
 
-def _move_aside(path: str) -> str:
-    aside = aside_name(path, "corrupt")
-    os.replace(path, aside)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
-    return aside
-
-
 # ---------------------------------------------------------------------------------------------
 # the appender
 
@@ -425,7 +418,9 @@ class LossHistory:
             if plan.kind == "garbage":
                 os.close(fd)
                 fd = None  # type: ignore[assignment]  # closed: reopened below before any use
-                aside = _move_aside(self.path)
+                aside = aside_name(self.path, "corrupt")
+                os.replace(self.path, aside)
+                fsync_dir(os.path.dirname(os.path.abspath(self.path)))
                 atomic_write_bytes(self.path, _EMPTY)
                 fd = os.open(self.path, os.O_RDWR)
                 plan = _Plan(
@@ -596,22 +591,17 @@ def iter_records_after(path, after_step: int, end_step: int | None = None) -> It
     records returned, memory is one line, whatever the history's length (docs/history.md#cost).
     Tolerant like `iter_records`; a missing file yields nothing."""
     hi = math.inf if end_step is None else end_step
-    for rec in _records(path, skip_upto=after_step):
+    for rec in iter_records(path, skip_upto=after_step):
         if rec["step"] > hi:
             break
         yield rec
 
 
-def iter_records(path) -> Iterator[dict]:
+def iter_records(path, skip_upto: int | None = None) -> Iterator[dict]:
     """Records one at a time (line by line, little memory). Tolerant: damage is skipped with a
-    warning and nothing is written; a missing file yields nothing."""
-    return _records(path)
-
-
-def _records(path, skip_upto: int | None = None) -> Iterator[dict]:
-    """The records of the history at `path`, one line in memory at a time; with `skip_upto`,
-    only those after that step, read from where `_start_offset` finds them, lines holding one
-    record whose step is <= `skip_upto` passed over without parsing (glued records are parsed)."""
+    warning and nothing is written; a missing file yields nothing. With `skip_upto`, only those
+    after that step, read from where `_start_offset` finds them, lines holding one record whose
+    step is <= `skip_upto` passed over without parsing (glued records are parsed)."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -770,9 +760,8 @@ def holes(path) -> list[tuple[int, int]]:
         if int(first.group(1)) == 1 and last == n:
             return []
     out, prev = [], 0
-    for rec in iter_records(path):
-        step = rec.get("step")
-        if isinstance(step, int) and step > prev + 1:
-            out.append((prev + 1, step - 1))
-        prev = step if isinstance(step, int) else prev
+    for rec in iter_records(path):  # every record it yields has an int "step"
+        if rec["step"] > prev + 1:
+            out.append((prev + 1, rec["step"] - 1))
+        prev = rec["step"]
     return out
