@@ -148,12 +148,9 @@ def sum_(info: DistInfo, t: torch.Tensor) -> None:
         return
     import torch.distributed as dist
 
-    dev = _comm_device(info)
-    if t.device == dev:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    else:
-        c = t.to(dev)
-        dist.all_reduce(c, op=dist.ReduceOp.SUM)
+    c = t.to(_comm_device(info))  # `t` itself when it is on that device already
+    dist.all_reduce(c, op=dist.ReduceOp.SUM)
+    if c is not t:
         t.copy_(c)
 
 

@@ -81,14 +81,13 @@ def _header_from(f, path: pathlib.Path, size: int) -> tuple[int, int]:
 
 
 def _open_error(path: pathlib.Path, exc: OSError) -> CheckpointError:
-    err = CheckpointError(
+    """Rule "io" for an OSError opening or reading `path` (the callers raise it from `exc`)."""
+    return CheckpointError(
         f"{path.name}: cannot read ({exc.strerror or exc}): check that {path} is a readable "
         f"regular file",
         path=path,
         rule="io",
     )
-    err.__cause__ = exc
-    return err
 
 
 def _open_regular(path: pathlib.Path):

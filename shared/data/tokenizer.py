@@ -46,13 +46,8 @@ class RunTokenizer:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             special_tokens=[],
         )
-
-        def chunks():
-            for t in texts:
-                for i in range(0, len(t), _CHUNK):
-                    yield t[i : i + _CHUNK]
-
-        tok.train_from_iterator(chunks(), trainer=trainer)
+        chunks = (t[i : i + _CHUNK] for t in texts for i in range(0, len(t), _CHUNK))
+        tok.train_from_iterator(chunks, trainer=trainer)
         return cls("bpe", tok)
 
     @classmethod
