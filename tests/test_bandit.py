@@ -1078,6 +1078,26 @@ def test_conservative_mixture_keeps_learnable_arms_at_their_stratified_share():
     assert alike.target == {"a": 0.5, "b": 0.5} and alike.lam == 0 and alike.gain == 0
 
 
+def test_a_slow_arm_with_nowhere_to_give_its_share_leaves_the_mixture_stratified():
+    """The learnable arms all past one epoch (capped at their stratified share): the slow arm is
+    still judged slow, but the target is stratified, lambda 0, and explain() says why rather than
+    "moved" (docs/bandit.md#learnable-arms-keep-their-share)."""
+    from proxy.mixture.loss_trend import conservative_mixture
+    fits = three_fits()
+    s = {n: 1 / 3 for n in "abc"}
+    box = {n: 0.1 for n in "abc"}, {n: 0.6 for n in "abc"}
+    mv = conservative_mixture(list("abc"), fits, *box, s, {"a", "b"}, 2.0, 4, rule="gate", learnable_ratio=0.25)
+    assert mv.slow == ("c",) and mv.lam == 0.0 and mv.target == pytest.approx(s, abs=1e-12)
+    one = conservative_mixture(list("abc"), fits, *box, s, {"a"}, 2.0, 4, rule="gate", learnable_ratio=0.25)
+    assert one.slow == ("c",) and one.lam == 1.0 and one.target["b"] > s["b"]   # b can still take it
+    b = Bandit(list("abc"), *box, BanditConfig(warmup_steps=0, confidence_z=2.0), period_steps=10)
+    b.fits, b.repeated, b.step = fits, {"a": 5, "b": 5}, 100
+    b._refit()
+    e = b.explain()
+    assert b.slow == {"c"} and b.lam == 0 and e["why"].startswith("stratified: c learn(s) surely slower")
+    assert b.probabilities() == pytest.approx(s)
+
+
 def test_student_t_quantile_and_cdf_match_the_tables():
     """proxy/mixture/loss_trend.py t_cdf / t_quantile: published quantiles (two-sided 5 % and 1 %),
     symmetry, the Cornish-Fisher branch above 200 df, and the inverse relation."""

@@ -566,7 +566,13 @@ class Bandit:
                 f"waiting for evidence: {most} of {cfg.min_periods} fitted periods "
                 f"({self.period_steps} steps each) on at least two arms; stratified until then"
             )
-        elif cfg.learnable_ratio > 0 and evidence and not self.slow & set(evidence):
+        elif cfg.learnable_ratio > 0 and self.slow & set(evidence):
+            why = (
+                f"stratified: {', '.join(sorted(self.slow))} learn(s) surely slower than "
+                f"{cfg.learnable_ratio:g} times the fastest arm, but no arm that learns can take "
+                "its share (each is held at its stratified share: past one epoch, or at its cap)"
+            )
+        elif cfg.learnable_ratio > 0 and evidence:
             why = (
                 f"stratified: every arm learns at least {cfg.learnable_ratio:g} times as fast as "
                 f"the fastest (its slope's upper bound at z = {cfg.confidence_z:g}), so none gives share"

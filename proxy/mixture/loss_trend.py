@@ -174,7 +174,7 @@ def conservative_mixture(
         lam  = argmax over lam in {0, 0.01, .., 1} of G(lam) - z SE(lam)   rule "max_bound"
         lam  = 1 when G - z SE > 0, else 0                              rule "gate"
                G(lam), SE(lam): G and SE at p(lam) = (1 - lam) s + lam pi instead of pi
-        lam  = 1 when some evidence arm is slow, else 0                 learnable_ratio > 0 (any rule)
+        lam  = 1 when some evidence arm is slow and pi != s, else 0    learnable_ratio > 0 (any rule)
 
     b+ = max(b, 0). floors' keep every arm at min_share (a tenth) of its stratified share or
     more, so no arm is starved and ln(pi_i / s_i) >= ln(min_share). All b+ zero, or fewer than
@@ -191,7 +191,8 @@ def conservative_mixture(
     floors'_i = s_i for every learnable arm (`learnable_arms`, given the arms judged slow at the
     last refit as `slow`), so pi takes share only from slow arms, each surely learning at under
     learnable_ratio times the fastest rate, and gives it to faster ones; that test is the
-    evidence, and lam is 1 exactly when some arm is slow (G and SE are still reported). Returns
+    evidence, and lam is 1 exactly when some arm is slow and pi differs from s (the learnable
+    arms may all be capped at s: past one epoch, or by their caps; G and SE are still reported). Returns
     a Move; its `gain` and `gain_se` are those of pi, its `slow` the arms judged slow now."""
     k = len(arms)
     est = {}
@@ -228,8 +229,8 @@ def conservative_mixture(
     gain = math.fsum(est[a][0] * logs[a] for a in free) / k
     se = math.sqrt(math.fsum(logs[a] * logs[a] * est[a][1] for a in free)) / k
     judged = tuple(sorted(a for a in free if a not in keep)) if learnable_ratio > 0 else ()
-    if learnable_ratio > 0:
-        lam = 1.0 if judged else 0.0
+    if learnable_ratio > 0:  # the test is the gate; a target with nowhere to move is s itself
+        lam = 1.0 if judged and any(logs.values()) else 0.0
     elif not gain - z * se > 0:
         lam = 0.0
     elif rule == "gate":
