@@ -1184,6 +1184,19 @@ def test_a_slow_arm_needs_its_lower_bound_to_count_as_learnable_again():
     assert learnable_arms(sure, n, 3.0, 0.25, slow={"x"}) == {"fast", "x"}
 
 
+def test_an_arm_the_repetition_guard_holds_does_not_set_the_fastest_rate():
+    """A trivially predictable arm (held by the repetition guard) falls fastest for no real gain:
+    its slope is not the measure the others are judged against, so a real arm at a third of its
+    rate stays learnable (docs/bandit.md#learnable-arms-keep-their-share); seen on the bench's
+    trap set, where the list arm's slope 1.18 made repo-docstrings' 0.09 look slow."""
+    from proxy.mixture.loss_trend import learnable_arms
+    slopes = {"list": (1.18, 0.02), "docs": (0.2, 0.05), "docstrings": (0.09, 0.04)}
+    n = {a: 17 for a in slopes}
+    assert learnable_arms(slopes, n, 3.0, 0.25) == {"list", "docs"}
+    assert learnable_arms(slopes, n, 3.0, 0.25, held={"list"}) == {"list", "docs", "docstrings"}
+    assert learnable_arms({"list": (1.18, 0.02), "flat": (0.0, 0.001)}, n, 3.0, 0.25, held={"list"}) == set()
+
+
 def test_the_default_policy_moves_exactly_while_some_arm_is_judged_slow_and_keeps_that_on_resume():
     """With learnable_ratio > 0 the learnable test is the gate: lam is 1 exactly when some arm
     is judged slow, and the posted mixture then lowers only those arms; the judgement is part

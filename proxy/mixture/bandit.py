@@ -472,6 +472,7 @@ class Bandit:
             rule=self.config.lambda_rule,
             learnable_ratio=self.config.learnable_ratio,
             slow=self.slow,
+            held=set(self.held),
         )
         self.target, self.lam, self.gain, self.gain_se = mv.target, mv.lam, mv.gain, mv.gain_se
         self.slow = set(mv.slow)

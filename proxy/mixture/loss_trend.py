@@ -160,6 +160,7 @@ def conservative_mixture(
     rule: str = "ratio",
     learnable_ratio: float = 0.0,
     slow: Set[str] = frozenset(),
+    held: Set[str] = frozenset(),
 ) -> Move:
     """The default policy's move (docs/bandit.md#the-default-policy).
 
@@ -189,11 +190,12 @@ def conservative_mixture(
 
     With learnable_ratio > 0 (the default policy's, docs/bandit.md#learnable-arms-keep-their-share)
     floors'_i = s_i for every learnable arm (`learnable_arms`, given the arms judged slow at the
-    last refit as `slow`), so pi takes share only from slow arms, each surely learning at under
-    learnable_ratio times the fastest rate, and gives it to faster ones; that test is the
-    evidence, and lam is 1 exactly when some arm is slow and pi differs from s (the learnable
-    arms may all be capped at s: past one epoch, or by their caps; G and SE are still reported). Returns
-    a Move; its `gain` and `gain_se` are those of pi, its `slow` the arms judged slow now."""
+    last refit as `slow` and those the repetition guard holds as `held`), so pi takes share only
+    from slow arms, each surely learning at under learnable_ratio times the fastest rate, and
+    gives it to faster ones; that test is the evidence, and lam is 1 exactly when some arm is
+    slow and pi differs from s (the learnable arms may all be capped at s: past one epoch, or by
+    their caps; G and SE are still reported). Returns a Move; its `gain` and `gain_se` are those
+    of pi, its `slow` the arms judged slow now."""
     k = len(arms)
     est = {}
     for a in arms:
@@ -212,7 +214,7 @@ def conservative_mixture(
     if len(free) < 2 or not mass > 0 or not total > 0:
         return none
     cap = {a: (min(caps[a], stratified[a]) if a in repeated else caps[a]) for a in free}
-    keep = learnable_arms(slopes, {a: fits[a].n for a in free}, z, learnable_ratio, slow)
+    keep = learnable_arms(slopes, {a: fits[a].n for a in free}, z, learnable_ratio, slow, held)
     low = {
         a: stratified[a] if a in keep else max(floors[a], min_share * stratified[a]) for a in free
     }
@@ -297,6 +299,7 @@ def learnable_arms(
     z: float,
     learnable_ratio: float,
     slow: Set[str] = frozenset(),
+    held: Set[str] = frozenset(),
 ) -> set[str]:
     """The arms of `slopes` {arm: (b, se_b)} that learn (docs/bandit.md#learnable-arms-keep-their-share):
     the upper confidence bound b + t se_b reaches learnable_ratio times the largest slope, t being
@@ -304,9 +307,11 @@ def learnable_arms(
     freedom (those of the fit's residual variance; `periods` >= 3). An arm of `slow` (judged not
     learnable at the last refit) learns again only once its lower bound b - t se_b reaches that
     level: a hysteresis, so that an arm whose share fell, and whose fit grew noisier with fewer
-    tokens, does not flip back on noise alone. Empty when learnable_ratio is 0 (none kept) or no
-    slope is positive (none learns)."""
-    top = max((b for b, _ in slopes.values()), default=0.0)
+    tokens, does not flip back on noise alone. The largest slope is taken over the arms not in
+    `held` (those the repetition guard holds, docs/bandit.md#the-repetition-guard): a trivially
+    predictable source falls fastest for no real gain, and is no measure of what learning is.
+    Empty when learnable_ratio is 0 (none kept) or no such slope is positive (none learns)."""
+    top = max((b for a, (b, _) in slopes.items() if a not in held), default=0.0)
     if not learnable_ratio > 0 or not top > 0:
         return set()
     q = NormalDist().cdf(z)
