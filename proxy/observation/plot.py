@@ -12,12 +12,11 @@ at a time and each series is kept as at most MAX_POINTS buckets (`Buckets`, whic
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
-from proxy.run_files.loss_ema import BETA, LossEma
+from proxy.run_files.loss_ema import BETA, LossEma, finite_number
 from proxy.run_files.phases import phase_entries
 from shared.run.layout import RunLayout
 from shared.run.loss_history import iter_records
@@ -96,10 +95,6 @@ def _mix_merge(a: list, b: list) -> list:
     return [out]
 
 
-def _number(x) -> TypeGuard[int | float]:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def series(records: Iterable[dict], max_points: int = MAX_POINTS) -> dict:
     """The plotted series from `records` (dicts in step order, consumed one at a time):
     steps (each bucket's first step), loss (bucket means), loss_low / loss_high (bucket
@@ -118,11 +113,11 @@ def series(records: Iterable[dict], max_points: int = MAX_POINTS) -> dict:
     alarms = Buckets(lambda _: [], lambda b, _: None, lambda a, b: [], max_points)
     for r in records:
         x = r.get("loss")
-        if _number(x):
+        if finite_number(x):
             loss.push(r["step"], (float(x), e.update(x)))
         for field, into in per_arm.items():
             for a, v in (r.get(field) or {}).items():
-                if _number(v):
+                if finite_number(v):
                     if a not in into:
                         into[a] = Buckets(
                             lambda v: [v], _sum_add, lambda a, b: [a[2] + b[2]], max_points

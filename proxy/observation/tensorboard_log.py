@@ -29,7 +29,6 @@ import bisect
 import collections
 import importlib
 import logging
-import math
 import os
 import struct
 import time
@@ -37,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from proxy.run_files.loss_ema import LossEma
+from proxy.run_files.loss_ema import LossEma, finite_number
 from proxy.run_files.sidecars import read_audits
 from shared.run.loss_history import iter_records
 
@@ -74,11 +73,7 @@ def check_available() -> str | None:
 def finite_scalars(values: dict) -> dict[str, float]:
     """The finite numbers of `values` (tag -> value) as floats; None, NaN, bools and strings
     are left out."""
-    return {
-        k: float(v)
-        for k, v in values.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    }
+    return {k: float(v) for k, v in values.items() if finite_number(v)}
 
 
 def read_events(path: Path) -> list[bytes]:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TypeGuard
 
 BETA = 0.95  # about the last 20 steps weigh most
 
 
-def _finite(x) -> bool:
+def finite_number(x) -> TypeGuard[int | float]:
+    """True for a finite int or float; False for bools, None, NaN, infinities and the rest."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -30,7 +32,7 @@ class LossEma:
 
     def update(self, x) -> float | None:
         """Take loss `x` (ignored unless a finite number); returns the EMA."""
-        if _finite(x):
+        if finite_number(x):
             self.m = BETA * self.m + (1 - BETA) * float(x)
             self.t += 1
         return self.value
@@ -56,5 +58,5 @@ def loss_ema(records: Iterable[dict]) -> float | None:
 def recent_mean(records: list[dict], n: int) -> tuple[float | None, int]:
     """(the plain mean of the finite losses of the last `n` records, how many there were):
     what the losses really were, beside the EMA. (None, 0) when there is none."""
-    xs = [r["loss"] for r in records[-n:] if _finite(r.get("loss"))]
+    xs = [r["loss"] for r in records[-n:] if finite_number(r.get("loss"))]
     return (sum(xs) / len(xs), len(xs)) if xs else (None, 0)
