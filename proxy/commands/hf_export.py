@@ -52,13 +52,6 @@ GENERATION = {
     "top_k": SAMPLE_TOP_K,
     "max_new_tokens": 100,
 }
-FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-)
 
 
 class HFExportError(RuntimeError):
@@ -196,13 +189,6 @@ def tokenizer_config(cfg: RunConfig) -> dict:
     }
 
 
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def write_hf_dir(
     out: Path,
     cfg: RunConfig,
@@ -236,17 +222,20 @@ def write_hf_dir(
             "preset": cfg.preset,
             "source": source,
         }
-        _write(tmp / "model.safetensors", save(hf_tensors(cfg, weights), metadata=meta))
-        _write(tmp / "config.json", json.dumps(hf_config(cfg, step), indent=2).encode())
-        gen = generation_config(cfg)
-        _write(tmp / "generation_config.json", json.dumps(gen, indent=2).encode())
-        tok = (
-            json.dumps(bytes_tokenizer_json()).encode()
+        files = {
+            "model.safetensors": save(hf_tensors(cfg, weights), metadata=meta),
+            "config.json": json.dumps(hf_config(cfg, step), indent=2).encode(),
+            "generation_config.json": json.dumps(generation_config(cfg), indent=2).encode(),
+            "tokenizer.json": json.dumps(bytes_tokenizer_json()).encode()
             if cfg.tokenizer == "bytes"
-            else Path(run_tokenizer).read_bytes()
-        )
-        _write(tmp / "tokenizer.json", tok)
-        _write(tmp / "tokenizer_config.json", json.dumps(tokenizer_config(cfg), indent=2).encode())
+            else Path(run_tokenizer).read_bytes(),
+            "tokenizer_config.json": json.dumps(tokenizer_config(cfg), indent=2).encode(),
+        }
+        for name, data in files.items():
+            with open(tmp / name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
         fsync_dir(tmp)
         old = None
         if out.exists():
@@ -259,4 +248,4 @@ def write_hf_dir(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return sorted(FILES)
+    return sorted(files)
