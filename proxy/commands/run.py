@@ -245,7 +245,7 @@ def _run_locked(
             if code is not None:
                 return code
         cfg, resumed, creation_s = _open_run(a, layout)
-        _print_settings(cfg, a, resumed=resumed, layout=layout)
+        _print_settings(cfg, a, resumed, layout)
         opts = proxy_options(a, cfg)  # torchrun: the world size must divide the batch
         sup = Supervisor(layout, cfg, opts, creation_s=creation_s, node=owned.node)
         sup.install_signal_handlers()
@@ -342,9 +342,7 @@ def _open_run(a, layout: RunLayout) -> tuple[RunConfig, bool, float | None]:
     return cfg, False, creation_s
 
 
-def _print_settings(
-    cfg: RunConfig, a, resumed: bool = False, layout: RunLayout | None = None
-) -> None:
+def _print_settings(cfg: RunConfig, a, resumed: bool, layout: RunLayout) -> None:
     """llm.c habit: one table of every setting the run uses, at start, with where each value
     came from: the command line, the --config file, the default, or run.json (a resumed run's
     creation settings; docs/configuration.md#where-a-value-came-from)."""
@@ -448,12 +446,12 @@ def _print_settings(
         log.info("  %s  %s  %s", k.ljust(w), str(v).ljust(vw), f"[{where}]" if where else "")
 
 
-def _arms_row(cfg: RunConfig, layout: RunLayout | None) -> str:
+def _arms_row(cfg: RunConfig, layout: RunLayout) -> str:
     """The configured arms, those retired (a zombie whose source went, an arm left out) named
     apart: run.json keeps a zombie in its list, and showing it as trained would be a lie."""
     names = [x.name for x in cfg.arms]
     try:
-        index = read_arm_index(layout, include_retired=True) if layout is not None else {}
+        index = read_arm_index(layout, include_retired=True)
     except (ArmSourceError, OSError, ValueError):  # no data/ yet, or unreadable: resume names it
         index = {}
     retired = [n for n in names if n in index and index[n].retired]
@@ -461,10 +459,10 @@ def _arms_row(cfg: RunConfig, layout: RunLayout | None) -> str:
     return active + (f" (retired: {', '.join(retired)})" if retired else "")
 
 
-def _bounds_row(layout: RunLayout | None) -> str:
+def _bounds_row(layout: RunLayout) -> str:
     """The phase in force (the last one in phases.json: a pivot recorded on a stopped run is in
-    force from this start) with its caps and floors; "-" when there is no run directory yet."""
-    if layout is None or not layout.phases.exists():
+    force from this start) with its caps and floors; "-" when there is no phases.json yet."""
+    if not layout.phases.exists():
         return "-"
     ph = read_phases(layout)[-1]
 

@@ -492,10 +492,7 @@ def _check_batch_split(a) -> None:
     the batch and micro-batch from the options, else the existing run.json, else the defaults."""
     layout = RunLayout(a.run_dir)
     cfg = load_run_config(layout.run_json) if layout.run_json.exists() else RunConfig()
-    try:
-        world = LaunchOptions(nproc_per_node=a.nproc_per_node, nnodes=a.nnodes).world_size()
-    except ValueError:
-        return  # proxy_options names the malformed --nnodes
+    world = launch_options(a).world_size()  # --nnodes is well-formed (`_check_nnodes`)
     batch = cfg.batch_size if layout.run_json.exists() else (a.batch_size or cfg.batch_size)
     accumulation_steps(batch, a.micro_batch_size or cfg.micro_batch_size, world)
 
