@@ -45,17 +45,6 @@ from shared.run.loss_history import LossHistory, tail_records
 WAIT_LINE_EVERY_S = 30.0  # a waiting `pivot` repeats its "waiting for boundary" line (seconds)
 
 
-def validated_bounds(cfg: RunConfig, caps_text: str, floors_text: str) -> tuple[dict, dict]:
-    """Parse and check pivot bounds against the run's arms: (caps, floors) as given (arms not
-    named get floor 0 and cap 1). Raises BanditConfigError naming the arm, value and rule
-    (docs/bandit.md#polish-pivot)."""
-    names = [a.name for a in cfg.arms]
-    caps = parse_arm_values(caps_text, names, "--caps")
-    floors = parse_arm_values(floors_text, names, "--floors")
-    resolve_bounds(names, caps, floors)
-    return caps, floors
-
-
 def _last_filed(layout: RunLayout) -> int:
     recs = tail_records(layout.loss, 8192)
     return recs[-1]["step"] if recs else 0
@@ -137,8 +126,11 @@ def _pivot(layout: RunLayout, a) -> int:
         if a.keep_bounds:
             ph = read_phases(layout)[-1]
             caps, floors = dict(ph.caps), dict(ph.floors)
-        else:
-            caps, floors = validated_bounds(cfg, a.caps, a.floors)
+        else:  # as given (arms not named: floor 0, cap 1), checked (docs/bandit.md#polish-pivot)
+            names = [x.name for x in cfg.arms]
+            caps = parse_arm_values(a.caps, names, "--caps")
+            floors = parse_arm_values(a.floors, names, "--floors")
+            resolve_bounds(names, caps, floors)
     except (ConfigError, BanditConfigError) as e:
         return _refuse(f"{e}")
     if a.decay and cfg.schedule != "wsd":

@@ -62,11 +62,7 @@ def _check_value(path: Path, key: str, value, action: argparse.Action):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad("a number")
         value = float(value)
-    elif (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and action.dest in ("nnodes",)
-    ):
+    elif action.dest == "nnodes" and type(value) in (int, float):  # `nnodes = 2`
         value = str(value)
     elif not isinstance(value, str):
         raise bad("a string")
