@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 READ_ONLY = ("sample", "export", "plot", "inspect")
 POOL_VARS = (
@@ -62,13 +63,10 @@ def limit_threads(requested: int | None = None) -> int:
     """Set every library thread pool's size to `tool_threads(requested)` through the environment
     (call before numpy or torch is imported), and in torch when it is already imported. Returns
     the number."""
-    import sys
-
     n = tool_threads(requested)
     for var in POOL_VARS:
         os.environ[var] = str(n)
-    torch = sys.modules.get("torch")
-    if torch is not None:
+    if sys.modules.get("torch") is not None:
         set_torch_threads(n)
     return n
 

@@ -14,7 +14,9 @@ What it is not: the history (`.loss.json` stays the audit trail), nor a reason t
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import re
 import secrets
 import struct
@@ -87,8 +89,6 @@ def transaction_records(path: Path) -> Iterator[Any]:
 def history_steps(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(step, {key: value}) of each history row in one transaction log (values JSON-decoded; a
     logged object such as a table is a dict under its key)."""
-    import json
-
     for r in transaction_records(path):
         if r.WhichOneof("record_type") != "history":
             continue
@@ -194,8 +194,6 @@ class WandbLog:
             )
 
     def _open(self) -> bool:
-        import os
-
         import wandb  # optional extra
 
         try:
