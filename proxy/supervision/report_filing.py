@@ -71,7 +71,6 @@ class ReportFiler:
         self.watch = watch  # progress line, TensorBoard, summary
         self.collapse = collapse  # the supervisor's: a hold outlives an incarnation
         self.snapshots: dict[int, dict] = {}  # step -> controller snapshot, until durable
-        self._status_t = 0.0
         self._printed_at: float | None = None  # monotonic time of the last progress line
         self.lag_s, self.lag_steps = 0.0, 0.0  # the most a step report waited to be filed
         stats.policy = mix.bandit.explain()  # this incarnation's policy, before its first step

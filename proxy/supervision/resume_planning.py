@@ -272,7 +272,6 @@ class ResumePlan:
     step: int
     path: Path | None
     mix: MixtureController
-    arm_changes: list[ArmChange]
     pivot_step: int | None = None
     verified: str | None = None  # the checksum the scan verified `path` against, if any
 
@@ -318,7 +317,7 @@ def plan_resume(
         t_mix - t_arms,
         time.perf_counter() - t_mix,
     )
-    plan = ResumePlan(step, point.path, mix, changes, verified=point.verified)
+    plan = ResumePlan(step, point.path, mix, verified=point.verified)
     try:
         with request_lock(layout):  # the `pivot` command withdraws under it (docs/pivots.md)
             _serve_pivot_request(layout, cfg, plan, changes)

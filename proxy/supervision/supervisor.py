@@ -111,7 +111,6 @@ class Supervisor:
     ) -> None:
         self.layout, self.cfg, self.opts = layout, cfg, opts
         self.max_steps = opts.max_steps or cfg.max_steps
-        self.arm_changes: list = []  # data/arms.json's arm-change log, stamped per incarnation
         self.stop_requested: str | None = None
         self.usr1_pending = 0
         self.stats = LiveStats()
@@ -531,7 +530,7 @@ class Supervisor:
         step, point, mix = plan.step, plan, plan.mix
         if self.opts.replan and not self._replanned:
             self._replan(step)
-        self.arm_changes, self.pivot_step = plan.arm_changes, plan.pivot_step
+        self.pivot_step = plan.pivot_step
         self.watch.on_incarnation(step)  # ETA window restarts; TensorBoard purges steps > step
         samples = SamplesLog(
             self.layout.samples,
