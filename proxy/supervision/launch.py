@@ -146,12 +146,16 @@ def static_argv(
 def spawn(argv: list[str], torchrun: bool, multi_node: bool) -> subprocess.Popen:
     """Start `argv` (the worker, or torchrun's agent) in its own session, with PROJECT_ROOT on
     PYTHONPATH. The agent dies with the proxy, even by SIGKILL, also while it waits for a
-    rendezvous (`die_with_parent`), and a multi-node one gets `rank_env`; a lone worker starts
-    with its signals blocked (proc_tree.signals_blocked: it unblocks them itself)."""
+    rendezvous (`die_with_parent`), and a multi-node one gets OMP_NUM_THREADS=1 unless the user
+    set it, as torchrun itself sets for more than one rank per node: a rank's intra-op threads,
+    and with them the float rounding of its CPU kernels, then do not depend on how the ranks are
+    spread over nodes (two nodes x one rank train bit for bit like one node x two ranks,
+    docs/architecture.md#several-nodes). A lone worker starts with its signals blocked
+    (proc_tree.signals_blocked: it unblocks them itself)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     if multi_node:
-        env = rank_env(env)
+        env.setdefault("OMP_NUM_THREADS", "1")
     with signals_blocked(not torchrun):
         return subprocess.Popen(
             argv,
@@ -160,17 +164,6 @@ def spawn(argv: list[str], torchrun: bool, multi_node: bool) -> subprocess.Popen
             close_fds=True,
             preexec_fn=die_with_parent if torchrun else None,
         )
-
-
-def rank_env(env: dict) -> dict:
-    """The environment of a multi-node agent: OMP_NUM_THREADS=1 unless the user set it, as
-    torchrun itself sets for more than one rank per node. So a rank's intra-op threads, and
-    with them the float rounding of its CPU kernels, do not depend on how the ranks are spread
-    over nodes: two nodes x one rank train bit for bit like one node x two ranks
-    (docs/architecture.md#several-nodes)."""
-    env = dict(env)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 PR_SET_PDEATHSIG = 1
