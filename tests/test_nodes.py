@@ -667,8 +667,9 @@ def test_an_agent_waiting_for_its_rendezvous_dies_with_its_launcher_killed_by_si
     launcher = (
         "import subprocess, sys, time\n"
         "from proxy.supervision.launch import die_with_parent, static_argv\n"
-        f"argv = static_argv(sys.executable, ['--run-dir', {str(tmp_path / 'run')!r}], 1, 2, 0,\n"
-        "                    '127.0.0.1', 0, 'orphan-test', 600)\n"
+        f"argv = static_argv(sys.executable, ['--run-dir', {str(tmp_path / 'run')!r}],\n"
+        "                    {'nproc_per_node': 1, 'nnodes': 2, 'addr': '127.0.0.1', 'port': 0,\n"
+        "                     'run_id': 'orphan-test'}, 0, 600)\n"
         "p = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent)\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(600)\n")

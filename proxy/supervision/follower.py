@@ -58,14 +58,13 @@ class Follower:
         record: NodeRecord,
         owner: dict,
         nnodes: int,
-        nproc_per_node: int,
         stop_timeout: float,
         rdzv_timeout: float,
         job_beacon: Beacon | None = None,
         rdzv_id: str | None = None,
     ) -> None:
         self.layout, self.rec, self.owner = layout, record, owner
-        self.nnodes, self.nproc = nnodes, nproc_per_node
+        self.nnodes = nnodes
         self.stop_timeout, self.rdzv_timeout = stop_timeout, rdzv_timeout
         self.stop: str | None = None
         self.usr1 = 0
@@ -133,17 +132,7 @@ class Follower:
     # ------------------------------------------------------------------ the agent
     def _launch(self, job: dict) -> None:
         args = [*job["worker_args"], "--parent-pid", str(os.getpid())]
-        argv = static_argv(
-            sys.executable,
-            args,
-            self.nproc,
-            self.nnodes,
-            self.rec.node_rank,
-            job["addr"],
-            int(job["port"]),
-            job["run_id"],
-            self.rdzv_timeout,
-        )
+        argv = static_argv(sys.executable, args, job, self.rec.node_rank, self.rdzv_timeout)
         self.proc = spawn(argv, torchrun=True, multi_node=True)
         self.incarnation = job["incarnation"]
         self._ended_at, self._stop_sent, self.ranks = None, False, []
@@ -425,7 +414,6 @@ def follow(
         rec,
         owner,
         job["nnodes"],
-        job["nproc_per_node"],
         stop_timeout,
         launch.rdzv_timeout,
         job_beacon=served,

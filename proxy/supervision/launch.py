@@ -107,34 +107,27 @@ def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> l
 
 
 def static_argv(
-    python: str,
-    worker_args: list[str],
-    nproc_per_node: int,
-    nnodes: int,
-    node_rank: int,
-    addr: str,
-    port: int,
-    run_id: str,
-    timeout: float,
+    python: str, worker_args: list[str], job: dict, node_rank: int, timeout: float
 ) -> list[str]:
-    """argv of torchrun with the static rendezvous (docs/architecture.md#several-nodes): node
-    `node_rank` of `nnodes`, the store served by node rank 0's agent at `addr`:`port`, so the
-    global rank of local rank l is node_rank x nproc_per_node + l; `timeout` seconds for every
-    node's agent to reach the store."""
+    """argv of torchrun with the static rendezvous (docs/architecture.md#several-nodes) for the
+    incarnation `job` posts (.nodes/job.json: nproc_per_node, nnodes, the store's addr and port,
+    served by node rank 0's agent, and run_id): node `node_rank`, so the global rank of local
+    rank l is node_rank x nproc_per_node + l; `timeout` seconds for every node's agent to reach
+    the store."""
     return [
-        *_agent_argv(python, nproc_per_node),
+        *_agent_argv(python, job["nproc_per_node"]),
         "--nnodes",
-        str(nnodes),
+        str(job["nnodes"]),
         "--node-rank",
         str(node_rank),
         "--rdzv-backend",
         "static",
         "--master-addr",
-        addr,
+        job["addr"],
         "--master-port",
-        str(port),
+        str(job["port"]),
         "--rdzv-id",
-        run_id,
+        job["run_id"],
         "--rdzv-conf",
         f"timeout={max(1, int(timeout))}",
         "-m",

@@ -214,19 +214,17 @@ class Supervisor:
         port = free_port(addr)
         run_id = f"{lo.rdzv_id or 'andrea'}-{self.node.token[:8]}-{self.incarnation}"
         members = [[f["host"], f["pid"]] for _, f in sorted(self.followers.items())]
-        write_job(
-            self.layout,
-            {
-                **self._job(),
-                "state": "launch",
-                "addr": addr,
-                "port": port,
-                "run_id": run_id,
-                "worker_args": shared_args,
-                "members": members,
-                "posted_at": time.time(),
-            },
-        )
+        job = {
+            **self._job(),
+            "state": "launch",
+            "addr": addr,
+            "port": port,
+            "run_id": run_id,
+            "worker_args": shared_args,
+            "members": members,
+            "posted_at": time.time(),
+        }
+        write_job(self.layout, job)
         log.info(
             "incarnation %d: %d node(s) x %d rank(s), rank 0 on this node; store %s:%d; "
             "followers: %s",
@@ -240,17 +238,7 @@ class Supervisor:
                 for r, f in sorted(self.followers.items())
             ),
         )
-        return static_argv(
-            sys.executable,
-            worker_args,
-            lo.nproc_per_node,
-            lo.nodes,
-            0,
-            addr,
-            port,
-            run_id,
-            lo.rdzv_timeout,
-        )
+        return static_argv(sys.executable, worker_args, job, 0, lo.rdzv_timeout)
 
     def _gather_nodes(self) -> bool:
         """Before an incarnation: wait (up to --rdzv-timeout) for every follower to be present
