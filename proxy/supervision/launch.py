@@ -54,16 +54,8 @@ class LaunchOptions:
 
     @property
     def uses_torchrun(self) -> bool:
-        return self.nproc_per_node > 1 or any(
-            v is not None
-            for v in (
-                self.nnodes,
-                self.node_rank,
-                self.rdzv_endpoint,
-                self.rdzv_id,
-                self.rdzv_backend,
-            )
-        )
+        given = (self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id, self.rdzv_backend)
+        return self.nproc_per_node > 1 or any(v is not None for v in given)
 
     def world_size(self) -> int:
         """Ranks in the whole job (nproc_per_node x the maximum number of nodes)."""

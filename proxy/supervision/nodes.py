@@ -73,10 +73,7 @@ def record_alive(rec: dict) -> bool:
 def node_records(layout: RunLayout) -> list[dict]:
     """Every node record in `.nodes/` (live or not), sorted by node rank."""
     out: list[dict] = []
-    d = layout.nodes
-    if not d.is_dir():
-        return out
-    for p in sorted(d.glob("*.json")):
+    for p in sorted(layout.nodes.glob("*.json")):  # none when .nodes/ does not exist
         if p.name == layout.nodes_job.name:
             continue
         rec = read_json(p, garbage="default", expect=dict)

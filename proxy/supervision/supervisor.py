@@ -212,16 +212,14 @@ class Supervisor:
         self.incarnation += 1
         addr = store_address(lo.rdzv_endpoint)
         port = free_port(addr)
-        run_id = f"{lo.rdzv_id or 'andrea'}-{self.node.token[:8]}-{self.incarnation}"
-        members = [[f["host"], f["pid"]] for _, f in sorted(self.followers.items())]
         job = {
             **self._job(),
             "state": "launch",
             "addr": addr,
             "port": port,
-            "run_id": run_id,
+            "run_id": f"{lo.rdzv_id or 'andrea'}-{self.node.token[:8]}-{self.incarnation}",
             "worker_args": shared_args,
-            "members": members,
+            "members": [[f["host"], f["pid"]] for _, f in sorted(self.followers.items())],
             "posted_at": time.time(),
         }
         write_job(self.layout, job)
@@ -301,10 +299,7 @@ class Supervisor:
                 r = recs.get((f["host"], f["pid"]))
                 if r is None or not record_alive(r):
                     self.node_lost = f"node rank {rank} ({f['host']} pid {f['pid']}) is gone"
-                elif r.get("incarnation") == self.incarnation and r.get("agent_exit") not in (
-                    None,
-                    0,
-                ):
+                elif r.get("incarnation") == self.incarnation and r.get("agent_exit"):
                     self.node_lost = (
                         f"the ranks of node rank {rank} ({f['host']}) exited with "
                         f"code {r['agent_exit']}"
