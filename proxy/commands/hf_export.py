@@ -52,6 +52,7 @@ GENERATION = {
     "top_k": SAMPLE_TOP_K,
     "max_new_tokens": 100,
 }
+NO_SPECIAL_TOKENS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 
 
 class HFExportError(RuntimeError):
@@ -91,9 +92,7 @@ def generation_config(cfg: RunConfig) -> dict:
     prompt plus the generated tokens fit in n_positions (transformers refuses longer inputs)
     even for the small presets; no special tokens (the run's tokenizers have none)."""
     new = min(GENERATION["max_new_tokens"], max(1, cfg.model.block_size // 2))
-    return dict(
-        GENERATION, max_new_tokens=new, bos_token_id=None, eos_token_id=None, pad_token_id=None
-    )
+    return {**GENERATION, "max_new_tokens": new, **NO_SPECIAL_TOKENS}
 
 
 def hf_config(cfg: RunConfig, step: int) -> dict:
@@ -123,9 +122,7 @@ def hf_config(cfg: RunConfig, step: int) -> dict:
         "reorder_and_upcast_attn": False,
         "use_cache": True,
         "tie_word_embeddings": False,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "pad_token_id": None,
+        **NO_SPECIAL_TOKENS,
         "torch_dtype": "float32",
         "andrea": {
             "preset": cfg.preset,
