@@ -39,12 +39,10 @@ def add_export_args(p) -> None:
     p.add_argument(
         "path",
         nargs="?",
-        default=None,
         help="a step_NNNNNN.bin file (or give --from-run RUN instead)",
     )
     p.add_argument(
         "--from-run",
-        default=None,
         metavar="RUN",
         help="export the newest valid checkpoint of run directory RUN (checksums "
         "checked against its manifest)",
@@ -68,7 +66,6 @@ def add_export_args(p) -> None:
     )
     p.add_argument(
         "--run-dir",
-        default=None,
         help="run directory whose run.json gives the parameter names and shapes "
         "(default: the file's folder, or the one above it; --from-run's RUN)",
     )

@@ -26,7 +26,6 @@ def add_inspect_args(p) -> None:
     p.add_argument("path", help="a step_NNNNNN.bin file")
     p.add_argument(
         "--run-dir",
-        default=None,
         help="run directory whose run.json describes the model (default: the "
         "file's folder, or the one above it)",
     )

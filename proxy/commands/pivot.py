@@ -439,7 +439,7 @@ def add_pivot_args(p) -> None:
     p.add_argument(
         "--no-bounds", action="store_true", help="the new phase has no caps or floors at all"
     )
-    p.add_argument("--label", default=None, help="the new phase's label (default 'pivot')")
+    p.add_argument("--label", help="the new phase's label (default 'pivot')")
     p.add_argument(
         "--timeout",
         type=float,
@@ -470,7 +470,6 @@ def add_pivot_args(p) -> None:
     p.add_argument(
         "--max-steps",
         type=int,
-        default=None,
         help="stopped run only, when it reached run.json's: the --max-steps to "
         "pass to the next `run` (checked here, and in the command printed)",
     )

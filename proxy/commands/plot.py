@@ -40,7 +40,7 @@ def add_plot_args(p) -> None:
     """`plot --run-dir DIR [--out F.png]`."""
     add_threads_arg(p)
     p.add_argument("--run-dir", required=True, metavar="DIR", help="the run to plot")
-    p.add_argument("--out", default=None, metavar="F.png", help="PNG path (default DIR/loss.png)")
+    p.add_argument("--out", metavar="F.png", help="PNG path (default DIR/loss.png)")
 
 
 def _gates(run_dir: Path) -> list[tuple[int, bool]]:

@@ -76,7 +76,6 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--config",
-        default=None,
         metavar="FILE.toml",
         help="read any of these options from a TOML file (keys: the long names, "
         "with _ or -); the command line overrides it (docs/configuration.md)",
@@ -100,13 +99,11 @@ def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
     g.add_argument(
         "--preset",
         choices=sorted(PRESETS),
-        default=None,
         help=f"model shape (default {rc.preset}); the architecture cannot change later",
     )
     g.add_argument(
         "--seed",
         type=int,
-        default=None,
         help=f"run seed: every random choice of update k derives from (seed, k, rank) ({rc.seed})",
     )
     _number(
@@ -115,7 +112,7 @@ def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
         f"sequences per optimizer update, global over all ranks ({rc.batch_size})",
     )
     lr = f"{rc.lr:.0e}".replace("e-0", "e-")  # 3e-3, as the docs write it
-    g.add_argument("--lr", type=float, default=None, help=f"peak learning rate (AdamW) ({lr})")
+    g.add_argument("--lr", type=float, help=f"peak learning rate (AdamW) ({lr})")
     _number(
         g,
         "--warmup-steps",
@@ -126,7 +123,6 @@ def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
     g.add_argument(
         "--schedule",
         choices=("cosine", "wsd"),
-        default=None,
         help=f"learning-rate schedule after the warm-up: cosine to the floor, or wsd "
         f"(warmup-stable-decay: the peak, then a linear decay over the last --decay-fraction) "
         f"({rc.schedule})",
@@ -157,7 +153,6 @@ def _add_run_json_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
     )
     g.add_argument(
         "--tokenizer",
-        default=None,
         metavar="bpe|bytes|PATH",
         help=f"bpe: byte-level BPE trained on the arms at creation ({rc.vocab_size} tokens); "
         "bytes: 256 byte ids, nothing trained; PATH: an existing tokenizer.json "
@@ -207,7 +202,6 @@ def _add_arm_args(g: argparse._ArgumentGroup, rc: RunConfig) -> None:
     g.add_argument(
         "--reward",
         choices=("train_slope", "heldout_progress", "train_loss"),
-        default=None,
         help="mixture policy: train_slope (default: free, from the training losses, "
         "moves from stratified only as far as a confidence bound allows), "
         "heldout_progress (EXP3 on a held-out probe, costs up to 1.5%% of "
@@ -343,17 +337,12 @@ def _add_launch_args(g: argparse._ArgumentGroup) -> None:
         "ranks on this node; > 1 launches the worker with torchrun (DDP)",
         default=1,
     )
-    g.add_argument("--nnodes", default=None, metavar="N|MIN:MAX", help="torchrun --nnodes")
-    g.add_argument("--node-rank", type=int, default=None, metavar="R", help="torchrun --node-rank")
-    g.add_argument(
-        "--rdzv-endpoint", default=None, metavar="HOST:PORT", help="torchrun --rdzv-endpoint"
-    )
-    g.add_argument(
-        "--rdzv-id", default=None, metavar="ID", help="torchrun --rdzv-id (the same on every node)"
-    )
+    g.add_argument("--nnodes", metavar="N|MIN:MAX", help="torchrun --nnodes")
+    g.add_argument("--node-rank", type=int, metavar="R", help="torchrun --node-rank")
+    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun --rdzv-endpoint")
+    g.add_argument("--rdzv-id", metavar="ID", help="torchrun --rdzv-id (the same on every node)")
     g.add_argument(
         "--rdzv-backend",
-        default=None,
         metavar="NAME",
         help="torchrun --rdzv-backend (c10d when an endpoint is given; several nodes "
         "always use the static rendezvous, docs/architecture.md#several-nodes)",

@@ -113,7 +113,7 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse
     Raises ConfigError for a bad file; argparse exits 2 for a bad command line, as without a
     file."""
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", default=None)
+    pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
     values = read_config_file(Path(known.config), parser) if known.config else {}
     actions = _actions(parser)

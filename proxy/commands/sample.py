@@ -38,12 +38,10 @@ def add_sample_args(p) -> None:
     p.add_argument(
         "path",
         nargs="?",
-        default=None,
         help="step_NNNNNN.bin (default: the newest valid checkpoint of --run-dir)",
     )
     p.add_argument(
         "--run-dir",
-        default=None,
         help="run directory: run.json and tokenizer.json (default: the checkpoint's folder)",
     )
     p.add_argument("--prompt", default="def ", help="text to continue (default: %(default)r)")

@@ -44,7 +44,6 @@ def add_threads_arg(p) -> None:
     p.add_argument(
         "--threads",
         type=int,
-        default=None,
         help="CPU threads (default: OMP_NUM_THREADS, else 1, so a live run beside it "
         "keeps its cores; docs/operations.md#beside-a-live-run)",
     )
