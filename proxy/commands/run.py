@@ -84,7 +84,6 @@ def setup_logging(layout: RunLayout | None) -> None:
     logging.captureWarnings(True)  # library warnings (e.g. a garbage manifest) as log lines
     if layout is not None:
         layout.logs.mkdir(parents=True, exist_ok=True)
-        # bounded: a weeks-long run's log rotates at LOG_BYTES into LOG_BACKUPS older files
         fh = logging.handlers.RotatingFileHandler(
             layout.proxy_log, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS
         )

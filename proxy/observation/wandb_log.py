@@ -185,7 +185,12 @@ class WandbLog:
             return
         if self._run is None and not self._open():
             return
-        backfilled = self._backfill(step, loss_path, samples_path)
+
+        def new(s: int) -> bool:  # read as rows are logged: `logged` grows meanwhile
+            return s > self.logged
+
+        audits = read_audits(samples_path)
+        backfilled, _, _ = replay_history(self, step, loss_path, audits, new, new)
         if backfilled:
             log.info(
                 "wandb: backfilled %d step records up to step %d from the run's history",
@@ -236,13 +241,6 @@ class WandbLog:
         if run is not None:
             with contextlib.suppress(Exception):
                 run.finish(exit_code=1)
-
-    def _backfill(self, step: int, loss_path: Path, samples_path: Path) -> int:
-        def new(s: int) -> bool:
-            return s > self.logged
-
-        n, _, _ = replay_history(self, step, loss_path, read_audits(samples_path), new, new)
-        return n
 
     def _log(self, step: int, values: dict) -> None:
         if self._run is None:
