@@ -117,17 +117,13 @@ class Follower:
         ranks agreed and the checkpoint is written)."""
         end = time.monotonic() + self.stop_timeout
         while time.monotonic() < end and self._owner_alive():
-            job = read_job(self.layout)
-            if (
-                job is not None
-                and job.get("token") == self.rec.token
-                and job.get("state") == "done"
-            ):
+            job = read_job(self.layout) or {}
+            if job.get("token") == self.rec.token and job.get("state") == "done":
                 return bool(job.get("clean"))
             self.rec.heartbeat()
             time.sleep(0.1)
-        job = read_job(self.layout)
-        return bool(job and job.get("token") == self.rec.token and job.get("clean"))
+        job = read_job(self.layout) or {}
+        return bool(job.get("token") == self.rec.token and job.get("clean"))
 
     # ------------------------------------------------------------------ the agent
     def _launch(self, job: dict) -> None:
