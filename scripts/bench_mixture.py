@@ -10,6 +10,7 @@ of different character, local files only, each in the box floors 0.1, caps 0.6 o
   F     a small arm (the LICENSE) repeated many epochs within the run, two large    candidate
   G     two real arms beside pydoc's topics with each line's words shuffled         candidate
   H     two real arms beside boilerplate: one file header repeated with small changes  candidate
+  I     two real arms beside pydoc's topics with each line's characters shuffled     candidate
   trap  A plus a repetitive, list-like arm ("- item 3: region region region")      role: trap
 A set counts as "mixing matters" only where the smoothed oracle's gain within the limits is at
 least three standard errors (else it is judged as alike). Policies (rows):
@@ -91,6 +92,7 @@ NOISE = "noise-b64"           # set D's unlearnable arm: base64 of seeded random
 SMALL = "small-license"       # set F's small arm, repeated many epochs within the run
 SHUFFLED = "topics-shuffled"  # set G's low-quality arm: pydoc's topics, words shuffled per line
 BOILERPLATE = "boilerplate"   # set H's low-quality arm: one file header with small changes
+SCRAMBLED = "topics-scrambled"  # set I's low-quality arm: pydoc's topics, characters shuffled per line
 UNLEARNABLE = {NOISE}         # arms left out of the mean the targets judge ("learnable mean")
 POLICIES = ("static", "stratified", "odm", "probe", "default")
 WORST_LIMIT = 0.005   # the target's limit on the worst arm's loss against stratified, nats (docs/bandit.md)
@@ -142,6 +144,10 @@ def arm_set(name: str, tmp: Path) -> list[ArmSpec]:
     if name == "H":
         return [a for a in DEFAULT_ARMS if a.name in ("python-docs", "repo-code")] + [
             ArmSpec(BOILERPLATE, "text", str(write_boilerplate(tmp / "boilerplate.txt")))]
+    if name == "I":
+        return [a for a in DEFAULT_ARMS if a.name in ("python-docs", "repo-code")] + [
+            ArmSpec(SCRAMBLED, "text", str(write_shuffled(Path(lib) / "pydoc_data/topics.py",
+                                                          tmp / "scrambled.txt", unit="characters")))]
     if name == "F":
         return [ArmSpec("c-headers", "text", f"{inc}/**/*.h"),
                 ArmSpec("py-tests", "text", f"{lib}/test/test_[a-c]*.py"),
@@ -161,16 +167,19 @@ def write_noise(path: Path, n_bytes: int = 600_000, seed: int = 24) -> Path:
     return path
 
 
-def write_shuffled(src: Path, path: Path, seed: int = 7) -> Path:
-    """`src` (real prose) with the words of each line in a seeded random order: a low-quality
-    learnable arm, its words and spelling intact and their order gone (the kind of text that
-    scrambled or machine-shuffled pages put into a corpus)."""
+def write_shuffled(src: Path, path: Path, seed: int = 7, unit: str = "words") -> Path:
+    """`src` (real prose) with the words (`unit` "words") or the characters ("characters") of
+    each line in a seeded random order. Words: a low-quality learnable arm, its words and
+    spelling intact and their order gone (the kind of text that scrambled or machine-shuffled
+    pages put into a corpus). Characters: scrambled text, its letter frequencies those of the
+    prose and nothing more to learn beyond them (about unigram entropy), unlike base64 noise
+    in the alphabet of the real arms."""
     rng = np.random.default_rng(seed)
     lines = []
     for line in src.read_text(encoding="utf-8").splitlines():
-        words = line.split()
-        rng.shuffle(words)
-        lines.append(" ".join(words))
+        parts = line.split() if unit == "words" else list(line)
+        rng.shuffle(parts)
+        lines.append((" " if unit == "words" else "").join(parts))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -614,7 +623,7 @@ def run_set(set_name: str, a, root: Path, cache: dict) -> dict:
 
 
 SET_ROLE = {"A": "alike", "B": "alike", "C": "alike", "trap": "trap", "D": "candidate", "F": "candidate",
-            "G": "candidate", "H": "candidate"}
+            "G": "candidate", "H": "candidate", "I": "candidate"}
 MATERIAL_GAIN = 0.005  # an oracle gain below this (nats) does not make a "mixing matters" set
 NI_MARGIN = 0.001   # non-inferiority margin, nats of mean held-out loss (docs/bandit.md#targets)
 
@@ -851,7 +860,7 @@ QUICK = {"sets": ["A", "D", "F", "trap"], "steps": 150, "seeds": [1, 2], "no_ora
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", nargs="+", choices=("A", "B", "C", "D", "F", "G", "H", "trap"), default=["A", "B"],
+    ap.add_argument("--sets", nargs="+", choices=("A", "B", "C", "D", "F", "G", "H", "I", "trap"), default=["A", "B"],
                     help="arm sets (A: the embedded defaults; B: C headers, test files, prose; C: charmap "
                          "tables, C headers, reference prose; D: two real arms and base64 noise; F: two "
                          "large arms and a small one that repeats; G: two real arms and pydoc's topics with the "

@@ -59,6 +59,11 @@ def test_arm_sets_are_local_and_different(bench, tmp_path):
     topics = (Path(sysconfig.get_paths()["stdlib"]) / "pydoc_data/topics.py").read_text().splitlines()
     assert len(shuffled) == len(topics) and shuffled != [" ".join(t.split()) for t in topics]
     assert all(sorted(s.split()) == sorted(t.split()) for s, t in zip(shuffled, topics))   # same words
+    i = bench.arm_set("I", tmp_path)
+    assert [x.name for x in i][-1] == bench.SCRAMBLED and len(i) == 3
+    scrambled = Path(i[-1].source).read_text().splitlines()
+    assert len(scrambled) == len(topics) and scrambled != topics
+    assert all(sorted(s) == sorted(t) for s, t in zip(scrambled, topics))          # same characters
     h = bench.arm_set("H", tmp_path)
     assert [x.name for x in h][-1] == bench.BOILERPLATE and len(h) == 3
     boiler = Path(h[-1].source).read_bytes()
