@@ -1,10 +1,10 @@
 """Writing a checkpoint file atomically: the write engine (docs/checkpoint-format.md#atomic-write).
 
-What it is: ``write_checkpoint`` (three arrays, buffered writes) and ``write_checkpoint_image``
-(one preallocated, 4096-byte-aligned file image, ``alloc_checkpoint_image``, written with
-O_DIRECT where the filesystem allows), both through one protocol: a temporary in the same
-directory, the crc32 computed in a helper thread (``BackgroundCrc``) while the bytes are written
-and fsynced, rename over the final name, directory fsync.
+What it is: ``write_checkpoint_image`` (one preallocated, 4096-byte-aligned file image,
+``alloc_checkpoint_image``, written with O_DIRECT where the filesystem allows): a temporary in
+the same directory, the crc32 computed in a helper thread (``BackgroundCrc``) while the bytes
+are written and fsynced, rename over the final name, directory fsync; and ``write_checkpoint``,
+which copies three arrays into an image and writes that.
 
 What it is not: the layout, its validation or loading (``shared/checkpoint/file_format.py``), the
 run directory's policy (``shared/checkpoint/directory.py``), the manifest or retention
@@ -30,7 +30,6 @@ from shared.checkpoint.file_format import (
     CheckpointError,
     check_int32_limits,
     checkpoint_name,
-    crc32,
     expected_size,
     format_crc,
 )
@@ -52,7 +51,7 @@ def _as_f32_vector(x, what: str, step: int) -> np.ndarray:
             f"1-D arrays: flatten the parameters in the model's order first",
             rule="shape",
         )
-    return np.ascontiguousarray(arr, dtype=F32)  # no copy for contiguous LE float32
+    return arr
 
 
 def write_checkpoint(
@@ -61,20 +60,12 @@ def write_checkpoint(
     """Write ``step_NNNNNN.bin`` atomically into ``directory`` (docs/checkpoint-format.md#atomic-write).
 
     weights, m, v: float32 1-D arrays of equal length n (anything np.asarray turns into one,
-    e.g. a CPU tensor's numpy view); each buffer is written directly, without concatenation.
-    step: int in [0, INT32_MAX]; n in [1, INT32_MAX].
-    Writes ``.{final_name}.tmp-{pid}`` in the same directory (header, weights, m, v), computes
-    crc32 over exactly the bytes written (in a helper thread, overlapping the write and the
-    fsync; the arrays must not change during the call), flushes, fsyncs (if ``fsync``),
-    renames over the final name with os.replace and fsyncs the directory. An existing file
-    for the same step is replaced atomically.
-    Returns (final_path, nbytes, "crc32:%08x"), nbytes = 8 + 12*n.
-    Raises CheckpointError for bad inputs (rules "limits", "dtype", "shape", before any file
-    is touched) and for any OSError (rule "io", errno text in the message, the OSError as
-    __cause__). On every exception, KeyboardInterrupt included, the temporary is removed and
-    the exception propagates; other checkpoints are never touched.
+    e.g. a CPU tensor's numpy view), copied into a new file image that
+    ``write_checkpoint_image`` writes with ``recycle=False`` (so no other file is touched).
+    step: int in [0, INT32_MAX]; n in [1, INT32_MAX]. Returns and raises as
+    ``write_checkpoint_image``, plus CheckpointError rules "dtype" and "shape" (unequal
+    lengths) before any file is touched.
     """
-    directory = pathlib.Path(directory)
     final_name = checkpoint_name(step)  # raises for a bad step
     step = int(step)
     arrays = [
@@ -89,64 +80,10 @@ def write_checkpoint(
             rule="shape",
         )
     check_int32_limits(step, n)
-
-    header = HEADER.pack(step, n)
-    views = [memoryview(arr).cast("B") for arr in arrays]  # type: ignore[arg-type]  # numpy's stubs omit the buffer protocol
-    crc = BackgroundCrc(crc32(header))
-    for view in views:
-        crc.feed(view)
-
-    def write_body(tmp: pathlib.Path) -> None:
-        with open(tmp, "wb") as f:
-            f.write(header)
-            for view in views:
-                f.write(view)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-
-    final = _atomic_commit(directory, final_name, write_body, crc, fsync)
-    return final, HEADER_BYTES + 12 * n, format_crc(crc.result())
-
-
-def _atomic_commit(
-    directory: pathlib.Path, final_name: str, write_body, crc: BackgroundCrc, fsync: bool
-) -> pathlib.Path:
-    """Temporary -> write_body(tmp) -> crc done -> os.replace -> directory fsync
-    (docs/checkpoint-format.md#atomic-write).
-
-    On any exception the temporary is removed, the crc thread stopped, and an OSError becomes
-    a CheckpointError (rule "io") naming errno; other checkpoints are never touched.
-    """
-    final = directory / final_name
-    tmp = directory / f".{final_name}.tmp-{os.getpid()}"
-    renamed = False
-    try:
-        write_body(tmp)
-        crc.result()  # the checksum is complete before the file becomes visible
-        os.replace(tmp, final)
-        renamed = True
-        if fsync:
-            fsync_dir(directory)
-    except BaseException as exc:
-        crc.close()
-        if not renamed:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass  # gone already, or clean_stale_temporaries at the next start removes it
-        if isinstance(exc, OSError):
-            where = final if renamed else tmp
-            raise CheckpointError(
-                f"{final_name}: write failed at {where} ({exc.strerror or exc}; errno "
-                f"{errno.errorcode.get(exc.errno or 0, exc.errno)}): the temporary was removed and "
-                f"earlier checkpoints are intact; free disk space or fix the directory, then "
-                f"retry",
-                path=where,
-                rule="io",
-            ) from exc
-        raise
-    return final
+    image = alloc_checkpoint_image(n)
+    for dst, src in zip(image_arrays(image), arrays):
+        dst[:] = src
+    return write_checkpoint_image(directory, step, image, fsync=fsync, recycle=False)
 
 
 # ---------------------------------------------------------------------------- file images
@@ -322,8 +259,15 @@ def write_checkpoint_image(
     overwritten in place instead of a new file being created (``recycle=False``: never).
     Sets the header bytes image[0:8] to
     (step, n_params); weights, m, v must already be in place and must not change during the
-    call. Same temporary/rename/directory-fsync protocol, return value (final_path, nbytes,
-    "crc32:%08x") and errors as ``write_checkpoint`` (rules "limits", "shape", "io").
+    call. Writes ``.{final_name}.tmp-{pid}`` in the same directory, computes crc32 over exactly
+    the bytes written (in a helper thread, overlapping the write and the fsync), fsyncs (if
+    ``fsync``), renames over the final name with os.replace and fsyncs the directory. An
+    existing file for the same step is replaced atomically.
+    Returns (final_path, nbytes, "crc32:%08x"), nbytes = 8 + 12*n_params.
+    Raises CheckpointError for a bad step or image (rules "limits", "shape", before any file
+    is touched) and for any OSError (rule "io", errno text in the message, the OSError as
+    __cause__). On every exception, KeyboardInterrupt included, the temporary is removed and
+    the exception propagates; other checkpoints are never touched.
     """
     directory = pathlib.Path(directory)
     final_name = checkpoint_name(step)
@@ -348,5 +292,34 @@ def write_checkpoint_image(
                 os.unlink(tmp)
         _write_image(tmp, view, aligned, fsync)
 
-    final = _atomic_commit(directory, final_name, write_body, crc, fsync)
+    # the protocol (docs/checkpoint-format.md#atomic-write): on any exception the temporary is
+    # removed, the crc thread stopped, and an OSError becomes a CheckpointError (rule "io")
+    final = directory / final_name
+    tmp = directory / f".{final_name}.tmp-{os.getpid()}"
+    renamed = False
+    try:
+        write_body(tmp)
+        crc.result()  # the checksum is complete before the file becomes visible
+        os.replace(tmp, final)
+        renamed = True
+        if fsync:
+            fsync_dir(directory)
+    except BaseException as exc:
+        crc.close()
+        if not renamed:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass  # gone already, or clean_stale_temporaries at the next start removes it
+        if isinstance(exc, OSError):
+            where = final if renamed else tmp
+            raise CheckpointError(
+                f"{final_name}: write failed at {where} ({exc.strerror or exc}; errno "
+                f"{errno.errorcode.get(exc.errno or 0, exc.errno)}): the temporary was removed and "
+                f"earlier checkpoints are intact; free disk space or fix the directory, then "
+                f"retry",
+                path=where,
+                rule="io",
+            ) from exc
+        raise
     return final, HEADER_BYTES + 12 * n, format_crc(crc.result())
