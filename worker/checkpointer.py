@@ -64,14 +64,11 @@ def _lower_thread_priority(nice: int) -> None:
         pass
 
 
-def _libc():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _libc() if os.name == "posix" else None
+_LIBC: ctypes.CDLL | None
+try:
+    _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+except OSError:  # no C library to call madvise in: the buffer is kept as is
+    _LIBC = None
 
 
 class _CudaCopy:

@@ -346,7 +346,7 @@ def _print_settings(cfg: RunConfig, a, resumed: bool, layout: RunLayout) -> None
     came from: the command line, the --config file, the default, or run.json (a resumed run's
     creation settings; docs/configuration.md#where-a-value-came-from)."""
     sources = getattr(a, "sources", {})
-    world = a.nproc_per_node * (int(str(a.nnodes).split(":")[-1]) if a.nnodes else 1)
+    world = launch_options(a).world_size()
     micro = a.micro_batch_size or cfg.micro_batch_size or cfg.batch_size // world
     accum = accumulation_steps(cfg.batch_size, micro, world)
 

@@ -493,28 +493,24 @@ def _policy_lines(d: dict) -> list[str]:
         ok = isinstance(x, (int, float)) and not isinstance(x, bool)
         return format(x, fmt) if ok else "-"
 
-    at = f"step {pol.get('step')}"
-    lines = [f"policy      {pol.get('reward')} at {at}: {pol['why']}"]
+    lines = [f"policy      {pol.get('reward')} at step {pol.get('step')}: {pol['why']}"]
     arms = {n: a for n, a in pol["arms"].items() if isinstance(a, dict)}
+    # (heading, key, format, width) per column, then the note a row may end with
     if pol.get("reward") != "train_slope":  # EXP3: the log-weights and the rewards behind them
-        lines.append(f"            {'arm':<20} {'log-weight':>10} {'reward ema':>10} {'posted':>7}")
-        for n, a in arms.items():
-            lines.append(
-                f"            {n:<20} {num(a.get('log_weight'), '.4f'):>10} "
-                f"{num(a.get('reward_ema'), '.4f'):>10} {num(a.get('posted'), '.3f'):>7}"
-                + (f"  held at {a['held']:.3f} (repetition)" if a.get("held") else "")
-            )
-        return lines
-    lines.append(
-        f"            {'arm':<20} {'slope':>8} {'se':>8} {'periods':>7} {'epochs':>7} "
-        f"{'target':>7} {'posted':>7}"
-    )
+        cols = [("log-weight", "log_weight", ".4f", 10), ("reward ema", "reward_ema", ".4f", 10)]
+        note = "held", "  held at {:.3f} (repetition)"
+    else:
+        cols = [("slope", "slope", ".4f", 8), ("se", "slope_se", ".4f", 8)]
+        cols += [("periods", "periods", "d", 7), ("epochs", "epochs", ".2f", 7)]
+        cols += [("target", "target", ".3f", 7)]
+        note = "repeated_at", "  past one epoch at step {}"
+    cols.append(("posted", "posted", ".3f", 7))
+    lines.append(f"            {'arm':<20}" + "".join(f" {h:>{w}}" for h, _, _, w in cols))
     for n, a in arms.items():
         lines.append(
-            f"            {n:<20} {num(a.get('slope'), '.4f'):>8} {num(a.get('slope_se'), '.4f'):>8} "
-            f"{num(a.get('periods'), 'd'):>7} {num(a.get('epochs'), '.2f'):>7} "
-            f"{num(a.get('target'), '.3f'):>7} {num(a.get('posted'), '.3f'):>7}"
-            + (f"  past one epoch at step {a['repeated_at']}" if a.get("repeated_at") else "")
+            f"            {n:<20}"
+            + "".join(f" {num(a.get(k), f):>{w}}" for _, k, f, w in cols)
+            + (note[1].format(a[note[0]]) if a.get(note[0]) else "")
         )
     return lines
 

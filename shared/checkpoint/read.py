@@ -44,21 +44,6 @@ VALUE_CHUNK = 8 * 1024 * 1024  # bytes per piece when rule 8 reads a file
 READ_ALIGN = 64  # bytes: a copy from the page cache is fastest when source and destination agree
 
 
-def _describe_size(name: str, size: int, n: int) -> str:
-    want = expected_size(n)
-    if size < want:
-        hint = (
-            "truncated write? (killed mid-write or disk full); the file is kept, "
-            "resume from an older checkpoint"
-        )
-    else:
-        hint = (
-            "trailing bytes: not written by this format's writer, or appended to; "
-            "the file is kept, resume from an older checkpoint"
-        )
-    return f"{name}: {size:,} bytes, expected {want:,} (8 + 12 x {n:,}): {hint}"
-
-
 def _header_from(f, path: pathlib.Path, size: int) -> tuple[int, int]:
     name = path.name
     if size == 0:
@@ -155,8 +140,18 @@ def _check_structure(f, path: pathlib.Path, n_params: int | None) -> CheckpointI
             path=path,
             rule="header-n",
         )
-    if size != expected_size(n):
-        raise CheckpointError(_describe_size(name, size, n), path=path, rule="size")
+    if size != (want := expected_size(n)):
+        hint = (
+            "truncated write? (killed mid-write or disk full)"
+            if size < want
+            else "trailing bytes: not written by this format's writer, or appended to"
+        )
+        raise CheckpointError(
+            f"{name}: {size:,} bytes, expected {want:,} (8 + 12 x {n:,}): {hint}; the file "
+            "is kept, resume from an older checkpoint",
+            path=path,
+            rule="size",
+        )
     if step != name_step:
         fix = (
             f"rename it to {checkpoint_name(step)} if the header is right"
