@@ -9,7 +9,7 @@ current directory), alternating the two sides of each pair and reporting medians
           image (temporary, one O_DIRECT write where possible, crc32 in a helper thread,
           fsync, rename, directory fsync) vs a raw sequential buffered write + fsync of the
           same bytes                                                        target <= 1.15
-          (also shown: write_checkpoint of three separate arrays, buffered)
+          (also shown: write_checkpoint of three separate arrays, copied into an image)
   stall   how long a checkpoint holds training on the trainer's path (snapshot with the copy
           deferred into the writer thread, the forward/backward it overlaps, the wait for the
           copy), minus a plain forward/backward of the same round, vs torch.save + fsync of
@@ -177,7 +177,7 @@ def bench_write(d: pathlib.Path, a, header: bytes, buf, w, m, v) -> None:
           f"ratio {t_ours / t_raw:.3f}  (target <= 1.15)")
     add_result(result_line("checkpoint_write_vs_raw_write_fsync",
                            [o / r for o, r in zip(ours, raw)], 1.15))
-    print(f"        write_checkpoint of three arrays (buffered) {t_arr:.4f} s   "
+    print(f"        write_checkpoint of three arrays (copied into an image) {t_arr:.4f} s   "
           f"ratio {t_arr / t_raw:.3f}")
     crc = statistics.median(_timed(lambda: zlib.crc32(buf)) for _ in range(3))
     print(f"        (crc32 of the same bytes alone: {crc:.4f} s; ours computes it in a "
