@@ -36,15 +36,11 @@ from proxy.mixture.arm_bounds import check_bounds as _check_bounds
 from proxy.mixture.arm_bounds import is_real as _real
 from proxy.mixture.box_projection import project_to_box
 from proxy.mixture.loss_trend import ArmFit, conservative_mixture
-from proxy.mixture.reward_scaler import SCALER_CAPACITY, QuantileScaler
+from proxy.mixture.reward_scaler import QuantileScaler
 from shared.data.redundancy import REPETITIVE_RATIO
-from shared.run.config import PROBE_REWARDS, REWARDS  # the reward names; those that read the probe
+from shared.run.config import REWARDS  # the reward names
 
 __all__ = [
-    "BOUND_SLACK",
-    "PROBE_REWARDS",
-    "REWARDS",
-    "SCALER_CAPACITY",
     "Bandit",
     "BanditConfig",
     "BanditConfigError",
@@ -55,8 +51,24 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
-# the bandit
+LAMBDA_RULES = ("ratio", "max_bound", "gate")
+
+
+def _flag(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _int_from(low: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _closed(low: float, high: float):
+    return lambda v: _real(v) and low <= v <= high
+
+
+def _unit(v: Any) -> bool:
+    """A finite number in [0, 1)."""
+    return _real(v) and 0.0 <= v < 1.0
 
 
 @dataclasses.dataclass
@@ -66,103 +78,68 @@ class BanditConfig:
     Raises BanditConfigError naming the field, the value and the allowed range.
     """
 
-    reward: str = (
-        "train_slope"  # "train_slope" (free, conservative; docs/bandit.md#the-default-policy) |
-    )
-    # "heldout_progress" (Graves 2017, reads the probe) | "train_loss" (ODM, Albalak 2023)
+    # "train_slope" (free, conservative; docs/bandit.md#the-default-policy) | "heldout_progress"
+    # (Graves 2017, reads the probe) | "train_loss" (ODM, Albalak 2023)
+    reward: str = "train_slope"
     eta: float = 0.05  # learning rate on log-weights, nats per update per unit scaled reward
     discount: float = 0.999  # gamma: log-weight decay per update, (0, 1]
     share: float = 0.01  # alpha: Exp3.S fixed-share mixing per update (Auer 2002), [0, 1)
     warmup_steps: int = 200  # steps after the phase start on the prior before the first update
     ema_beta: float = 0.9  # decay of the per-arm reward EMA (bias-corrected), [0, 1)
-    epochs_discount: bool = (
-        False  # multiply rewards by 1/(1 + epochs_i) when records carry "epochs"
-    )
-    center_progress: bool = (
-        True  # heldout_progress: subtract the probe's mean over arms before scaling
-    )
-    progress_per_p: bool = (
-        False  # heldout_progress: divide each arm's progress by its mean recorded p
-    )
-    easy_arm_ratio: float = 0.0  # heldout_progress: an arm whose probe loss is below this times the
-    # mean of the others' is trivially predictable: it never out-scores
-    # the worst arm (the collapse trap,
+    epochs_discount: bool = False  # multiply rewards by 1/(1 + epochs_i) when records carry epochs
+    center_progress: bool = True  # heldout_progress: subtract the probe's mean over arms first
+    progress_per_p: bool = False  # heldout_progress: divide each arm's progress by its mean p
+    # heldout_progress: an arm whose probe loss is below this times the mean of the others' is
+    # trivially predictable: it never out-scores the worst arm (the collapse trap,
     # docs/bandit.md#the-easy-arm-guard); 0 = off (default)
-    confidence_z: float = 3.0  # train_slope: the level of the learnable test (and, with
-    # learnable_ratio 0, z of the lower confidence bound on the gain that sets lambda)
-    learnable_ratio: float = 0.25  # train_slope: an arm whose slope's upper bound (Student's t at
-    # the level of z) is at least this fraction of the largest slope is never lowered below its
-    # stratified share, and the target moves exactly when some arm is below it; 0 = off, the
-    # gain's bound then gates (docs/bandit.md#learnable-arms-keep-their-share)
-    min_periods: int = 4  # train_slope: policy periods of an arm's fit before it
-    # counts as evidence
-    lambda_rule: str = "gate"  # train_slope: "gate" (the target itself once its lower confidence
-    # bound on the gain is positive) | "max_bound" (the lam whose mixture has the largest lower
-    # bound) | "ratio" (lam = 1 - z SE / G at the target); docs/bandit.md#the-default-policy
-    repetitive_ratio: float = (
-        REPETITIVE_RATIO  # repetition guard: an arm whose tokens compress at least this well
-    )
-    # (shared/data/redundancy.py) is held at or below the p it has when
-    # the warm-up ends (docs/bandit.md#the-repetition-guard); 0 = off
+    easy_arm_ratio: float = 0.0
+    # train_slope: the level of the learnable test (and, with learnable_ratio 0, z of the lower
+    # confidence bound on the gain that sets lambda)
+    confidence_z: float = 3.0
+    # train_slope: an arm whose slope's upper bound (Student's t at the level of z) is at least
+    # this fraction of the largest slope is never lowered below its stratified share, and the
+    # target moves exactly when some arm is below it; 0 = off, the gain's bound then gates
+    # (docs/bandit.md#learnable-arms-keep-their-share)
+    learnable_ratio: float = 0.25
+    min_periods: int = 4  # train_slope: policy periods of an arm's fit before it is evidence
+    # train_slope: "gate" (the target itself once its lower confidence bound on the gain is
+    # positive) | "max_bound" (the lam whose mixture has the largest lower bound) | "ratio"
+    # (lam = 1 - z SE / G at the target); docs/bandit.md#the-default-policy
+    lambda_rule: str = "gate"
+    # repetition guard: an arm whose tokens compress at least this well
+    # (shared/data/redundancy.py) is held at or below the p it has when the warm-up ends
+    # (docs/bandit.md#the-repetition-guard); 0 = off
+    repetitive_ratio: float = REPETITIVE_RATIO
 
     def __post_init__(self):
-        def bad(field: str, value: Any, rule: str) -> BanditConfigError:
-            return BanditConfigError(f"bandit config: {field} = {value!r} {rule}")
-
-        if self.reward not in REWARDS:
-            raise bad("reward", self.reward, f"is not one of {', '.join(REWARDS)}")
-        if not _real(self.eta) or self.eta <= 0:
-            raise bad("eta", self.eta, "must be a finite number > 0 (default 0.05)")
-        if not _real(self.discount) or not 0.0 < self.discount <= 1.0:
-            raise bad("discount", self.discount, "must be in (0, 1] (default 0.999)")
-        if not _real(self.share) or not 0.0 <= self.share < 1.0:
-            raise bad("share", self.share, "must be in [0, 1) (default 0.01)")
-        if (
-            not isinstance(self.warmup_steps, int)
-            or isinstance(self.warmup_steps, bool)
-            or self.warmup_steps < 0
-        ):
-            raise bad("warmup_steps", self.warmup_steps, "must be an int >= 0 (default 200)")
-        if not _real(self.ema_beta) or not 0.0 <= self.ema_beta < 1.0:
-            raise bad("ema_beta", self.ema_beta, "must be in [0, 1) (default 0.9)")
-        if not isinstance(self.epochs_discount, bool):
-            raise bad("epochs_discount", self.epochs_discount, "must be true or false")
-        if not isinstance(self.center_progress, bool):
-            raise bad("center_progress", self.center_progress, "must be true or false")
-        if not isinstance(self.progress_per_p, bool):
-            raise bad("progress_per_p", self.progress_per_p, "must be true or false")
-        if not _real(self.easy_arm_ratio) or not 0.0 <= self.easy_arm_ratio < 1.0:
-            raise bad("easy_arm_ratio", self.easy_arm_ratio, "must be in [0, 1) (default 0 = off)")
-        self.easy_arm_ratio = float(self.easy_arm_ratio)
-        if not _real(self.confidence_z) or not 0 <= self.confidence_z <= 8:
-            raise bad("confidence_z", self.confidence_z, "must be a number in [0, 8] (default 3)")
-        self.confidence_z = float(self.confidence_z)
-        if not _real(self.learnable_ratio) or not 0 <= self.learnable_ratio <= 1:
-            raise bad("learnable_ratio", self.learnable_ratio, "must be in [0, 1] (default 0.25)")
-        self.learnable_ratio = float(self.learnable_ratio)
-        if (
-            not isinstance(self.min_periods, int)
-            or isinstance(self.min_periods, bool)
-            or self.min_periods < 3
-        ):
-            raise bad("min_periods", self.min_periods, "must be an int >= 3 (default 4)")
-        if self.lambda_rule not in ("ratio", "max_bound", "gate"):
-            raise bad("lambda_rule", self.lambda_rule, "must be 'ratio', 'max_bound' or 'gate'")
-        if not _real(self.repetitive_ratio) or not (
-            self.repetitive_ratio == 0 or self.repetitive_ratio >= 1
-        ):
-            raise bad(
+        rules = (  # (field, test, the rule a value that fails it breaks), checked in this order
+            ("reward", lambda v: v in REWARDS, f"is not one of {', '.join(REWARDS)}"),
+            ("eta", lambda v: _real(v) and v > 0, "must be a finite number > 0 (default 0.05)"),
+            ("discount", lambda v: _real(v) and 0 < v <= 1, "must be in (0, 1] (default 0.999)"),
+            ("share", _unit, "must be in [0, 1) (default 0.01)"),
+            ("warmup_steps", _int_from(0), "must be an int >= 0 (default 200)"),
+            ("ema_beta", _unit, "must be in [0, 1) (default 0.9)"),
+            ("epochs_discount", _flag, "must be true or false"),
+            ("center_progress", _flag, "must be true or false"),
+            ("progress_per_p", _flag, "must be true or false"),
+            ("easy_arm_ratio", _unit, "must be in [0, 1) (default 0 = off)"),
+            ("confidence_z", _closed(0, 8), "must be a number in [0, 8] (default 3)"),
+            ("learnable_ratio", _closed(0, 1), "must be in [0, 1] (default 0.25)"),
+            ("min_periods", _int_from(3), "must be an int >= 3 (default 4)"),
+            ("lambda_rule", lambda v: v in LAMBDA_RULES, "must be 'ratio', 'max_bound' or 'gate'"),
+            (
                 "repetitive_ratio",
-                self.repetitive_ratio,
+                lambda v: _real(v) and (v == 0 or v >= 1),
                 "must be 0 (off) or a ratio >= 1 (default 20)",
-            )
-        self.repetitive_ratio = float(self.repetitive_ratio)
-        self.eta, self.discount, self.share = (
-            float(self.eta),
-            float(self.discount),
-            float(self.share),
+            ),
         )
-        self.ema_beta = float(self.ema_beta)
+        for field, ok, rule in rules:
+            value = getattr(self, field)
+            if not ok(value):
+                raise BanditConfigError(f"bandit config: {field} = {value!r} {rule}")
+        for f in dataclasses.fields(self):
+            if f.type == "float":  # the annotation's text (postponed evaluation)
+                setattr(self, f.name, float(getattr(self, f.name)))
 
     def to_dict(self) -> dict:
         """JSON-safe field dict."""
@@ -361,12 +338,10 @@ class Bandit:
         `train_loss` feedback for an arm whose recorded p is missing or <= 0, are skipped.
         Rewards (docs/bandit.md#rewards): heldout_progress = previous probe - this probe per arm,
         full information (the first probe of a phase only sets the baseline), minus the mean
-        over the arms of that probe when `center_progress` (default): the update is invariant
-        to a shift common to every arm, so centring loses nothing, but without it the shared
-        trend (every arm's progress shrinks as training goes on) pushes late rewards below the
-        reservoir's 20th percentile, where all arms score -1 and the arms' differences are
-        lost (scripts/bench_mixture.py: 48 % of scaled rewards at -1 without, 13 % with); train_loss =
-        g_i = n_i s_i / (B p_i) with s_i the scaled train loss (0 for n_i == 0). Raw rewards
+        over the arms of that probe when `center_progress` (default; without it the trend
+        common to every arm pushes late rewards below the reservoir's 20th percentile, where
+        all arms score -1); train_loss = g_i = n_i s_i / (B p_i) with s_i the scaled train loss
+        (0 for n_i == 0). Raw rewards
         enter the QuantileScaler, then are scaled to [-1, 1]; the EMA sees the scaled value.
         Options (off by default): `progress_per_p` divides each arm's progress by its mean
         recorded p since the previous probe; `easy_arm_ratio` > 0 caps the scaled reward of an
@@ -479,12 +454,8 @@ class Bandit:
 
     def slopes(self) -> dict[str, tuple[float, float]]:
         """{arm: (b, se_b)} of every arm with a fit of at least 3 points (loss_trend.ArmFit.slope)."""
-        out = {}
-        for a in self.arms:
-            s = self.fits[a].slope()
-            if s is not None:
-                out[a] = (s[0], math.sqrt(s[1]))
-        return out
+        fits = {a: self.fits[a].slope() for a in self.arms}
+        return {a: (s[0], math.sqrt(s[1])) for a, s in fits.items() if s is not None}
 
     def explain(self) -> dict:
         """Why the posted mixture is what it is (docs/bandit.md#reading-the-policy), a JSON-ready
