@@ -54,14 +54,7 @@ class LineSums:
         self.syy += y * y
 
     def __add__(self, o: "LineSums") -> "LineSums":
-        return LineSums(
-            self.n + o.n,
-            self.sx + o.sx,
-            self.sxx + o.sxx,
-            self.sy + o.sy,
-            self.sxy + o.sxy,
-            self.syy + o.syy,
-        )
+        return LineSums(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(o))))
 
     def slope(self) -> tuple[float, float] | None:
         """(b, var_b): b = minus the least-squares slope of y on x (nats of loss per e-fold of
@@ -119,11 +112,7 @@ class ArmFit:
         return (self.previous + self.current).slope()
 
     def to_dict(self) -> dict:
-        return {
-            "block": self.block,
-            "current": self.current.to_dict(),
-            "previous": self.previous.to_dict(),
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "ArmFit":
@@ -228,8 +217,7 @@ def conservative_mixture(
     # a share the projection left at s_i (up to its rounding) has moved nowhere
     logs = {a: math.log(target[a] / stratified[a]) for a in free}
     logs = {a: 0.0 if abs(v) < 1e-12 else v for a, v in logs.items()}
-    gain = math.fsum(est[a][0] * logs[a] for a in free) / k
-    se = math.sqrt(math.fsum(logs[a] * logs[a] * est[a][1] for a in free)) / k
+    gain, se = _gain(est, logs, k)
     judged = tuple(sorted(a for a in free if a not in keep)) if learnable_ratio > 0 else ()
     if learnable_ratio > 0:  # the test is the gate; a target with nowhere to move is s itself
         lam = 1.0 if judged and any(logs.values()) else 0.0
@@ -244,6 +232,14 @@ def conservative_mixture(
     else:
         lam = max(0.0, 1.0 - z * se / gain)
     return Move(target, lam, gain, se, slopes, judged)
+
+
+def _gain(
+    est: Mapping[str, tuple[float, float]], logs: Mapping[str, float], k: int
+) -> tuple[float, float]:
+    """(G, SE) of `conservative_mixture` for the log-shares `logs` {arm: ln(p_i / s_i)}."""
+    g = math.fsum(est[a][0] * logs[a] for a in logs) / k
+    return g, math.sqrt(math.fsum(logs[a] * logs[a] * est[a][1] for a in logs)) / k
 
 
 def t_cdf(t: float, df: int) -> float:
@@ -346,8 +342,7 @@ def _max_bound_lam(
             a: math.log(((1.0 - lam) * stratified[a] + lam * target[a]) / stratified[a])
             for a in free
         }
-        g = math.fsum(est[a][0] * logs[a] for a in free) / k
-        se = math.sqrt(math.fsum(logs[a] * logs[a] * est[a][1] for a in free)) / k
+        g, se = _gain(est, logs, k)
         bound = g - z * se
         if bound > best:
             best, best_lam = bound, lam
