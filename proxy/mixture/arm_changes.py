@@ -266,17 +266,22 @@ def plan_arm_set(
     if not active:
         raise ConfigError("--arm: no arm would be left to train on; keep at least one")
     try:
-        resolve_bounds(
-            active,
-            {n: v for n, v in caps.items() if n in active},
-            {n: v for n, v in floors.items() if n in active},
-        )
+        _resolve_for(active, caps, floors)
     except BanditConfigError as e:
         raise ConfigError(
             f"--arm: with arms {', '.join(active)} the phase's bounds do not "
             f"work: {e}; keep more arms, or pivot to new caps/floors first"
         ) from None
     return plan
+
+
+def _resolve_for(names: list[str], caps: dict[str, float], floors: dict[str, float]) -> None:
+    """`resolve_bounds` of arms `names` under the bounds `caps`/`floors` given for them or more."""
+    resolve_bounds(
+        names,
+        {n: v for n, v in caps.items() if n in names},
+        {n: v for n, v in floors.items() if n in names},
+    )
 
 
 def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunConfig:
@@ -299,9 +304,7 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
                 (layout.data / f"{a.name}.done.json").unlink(missing_ok=True)
             raise
     d = read_arm_index_doc(layout)
-    for a in prepared:
-        entry = dataclasses.asdict(a)
-        d["arms"].append(entry)
+    d["arms"] += [dataclasses.asdict(a) for a in prepared]
     retired_now = {a["name"] for a in d["arms"] if a.get("retired")}
     leaving = [n for n in plan.removed if n not in retired_now]
     new = [(None, "add", a.name, "added to --arm on a restart") for a in prepared]
@@ -396,16 +399,12 @@ def find_zombies(layout: RunLayout, specs: list[ArmSpec]) -> dict[str, str]:
     """Active arms whose source is gone or changed: {name: reason}. Arms already retired are
     not checked again. Reads `data/arms.json` (ArmSourceError when it is missing)."""
     index = read_arm_index(layout, include_retired=True)
-    by_name = {s.name: s for s in specs}
-    out = {}
-    for name in sorted(index):
-        a = index[name]
-        if a.retired or name not in by_name:
-            continue
-        why = check_source(by_name[name], a.fingerprint, a.source_fingerprint)
-        if why:
-            out[name] = why
-    return out
+    checked = {
+        s.name: check_source(s, index[s.name].fingerprint, index[s.name].source_fingerprint)
+        for s in specs
+        if s.name in index and not index[s.name].retired
+    }
+    return {n: why for n, why in sorted(checked.items()) if why}
 
 
 def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) -> list[ArmChange]:
@@ -470,16 +469,10 @@ def restored_zombies(
             back.append(s.name)
     if not back:
         return back
-    phase = [ph for ph in read_phases(layout) if ph.start_step <= resume_step][-1:] or read_phases(
-        layout
-    )[:1]
-    names = sorted(active | set(back))
+    phases = read_phases(layout)
+    phase = ([ph for ph in phases if ph.start_step <= resume_step] or phases[:1])[-1]
     try:
-        resolve_bounds(
-            names,
-            {n: v for n, v in phase[0].caps.items() if n in names},
-            {n: v for n, v in phase[0].floors.items() if n in names},
-        )
+        _resolve_for(sorted(active | set(back)), phase.caps, phase.floors)
     except BanditConfigError as e:
         log.warning(
             "arm(s) %s: the source is back, but the phase's bounds cannot hold them "
