@@ -170,6 +170,11 @@ def _finite_or_none(x: Any) -> float | None:
     return float(x) if _real(x) else None
 
 
+def _positive(m: Mapping[str, Any] | None) -> dict[str, float]:
+    """The entries of `m` that are finite numbers > 0, as floats, sorted by arm."""
+    return {a: float(v) for a, v in sorted((m or {}).items()) if _real(v) and v > 0}
+
+
 class Bandit:
     """The mixture policy of one phase, keyed by arm name (docs/bandit.md).
 
@@ -227,9 +232,7 @@ class Bandit:
         self.p_n = 0  # records in that sum
         # the repetition guard (docs/bandit.md#the-repetition-guard): arms whose compression ratio
         # reaches config.repetitive_ratio; `held` their p when the warm-up ended (an upper bound)
-        self.compression = {
-            a: float(v) for a, v in sorted((compression or {}).items()) if _real(v) and v > 0
-        }  # 0: not measured
+        self.compression = _positive(compression)  # 0: not measured
         self.held: dict[str, float] = {}
         self.hold_decided = False
         # the default policy, train_slope (docs/bandit.md#the-default-policy): per-arm loss sums of
@@ -239,9 +242,7 @@ class Bandit:
                 f"period_steps = {period_steps!r} must be an int >= 1 (probe_every)"
             )
         self.period_steps = period_steps
-        self.epoch_size = {
-            a: float(v) for a, v in sorted((epoch_size or {}).items()) if _real(v) and v > 0
-        }  # sequences per epoch of each arm; 0: unknown
+        self.epoch_size = _positive(epoch_size)  # sequences per epoch of each arm; 0: unknown
         self.period_sum = {a: 0.0 for a in self.arms}
         self.period_n = {a: 0 for a in self.arms}
         self.fits = {a: ArmFit() for a in self.arms}
@@ -309,13 +310,6 @@ class Bandit:
         """The phase's caps, with each held arm's cap lowered to its held p."""
         return {a: min(c, self.held[a]) if a in self.held else c for a, c in self.caps.items()}
 
-    def _decide_hold(self) -> None:
-        """At the first record after the warm-up: hold every repetitive arm at the p it has now
-        (the prior's, the warm-up makes no update), so its share can only fall from here on."""
-        self.hold_decided = True
-        p = self.probabilities()
-        self.held = {a: p[a] for a in self.repetitive_arms()}
-
     @property
     def ema_reward(self) -> dict[str, float]:
         """Bias-corrected EMA of each arm's scaled reward, acc / (1 - beta^n); 0.0 before any."""
@@ -373,15 +367,20 @@ class Bandit:
             for a in self.arms:
                 self.p_acc[a] += float(p_rec[a])
             self.p_n += 1
-        if not self.hold_decided and step > self.phase_start_step + self.config.warmup_steps:
-            self._decide_hold()
+        warm = step > self.phase_start_step + self.config.warmup_steps  # the warm-up is over
+        if warm and not self.hold_decided:
+            # hold every repetitive arm at the p it has now (the prior's: the warm-up makes no
+            # update), so its share can only fall from here on
+            self.hold_decided = True
+            p = self.probabilities()
+            self.held = {a: p[a] for a in self.repetitive_arms()}
         if self.config.reward == "train_slope":
             return self._fold_trend(record, n, step)
         if self.config.reward == "heldout_progress":
             g = self._heldout_rewards(record)
         else:
             g = self._train_loss_rewards(record, n)
-        if not g or step <= self.phase_start_step + self.config.warmup_steps:
+        if not g or not warm:
             return False
         self._update(g)
         return True
@@ -690,7 +689,6 @@ class Bandit:
                 f"retiring arm {name!r} leaves infeasible bounds: {e}"
             ) from None
         p = self.probabilities()
-        lw = self.logw[name]
         self.retired[name] = {
             "reason": str(reason),
             "retired_at_step": self.step,
@@ -700,7 +698,7 @@ class Bandit:
             "ema_reward": self.ema_reward[name],
             "ema_n": self.ema_n[name],
             "p": p[name],
-            "logw": lw if math.isfinite(lw) else None,
+            "logw": _finite_or_none(self.logw[name]),
             "floor": self.floors[name],
             "cap": self.caps[name],
             "ema_acc": self.ema_acc[name],
@@ -788,7 +786,6 @@ class Bandit:
         ema = self.ema_reward
         arms = {}
         for a in self.arms:
-            lw = self.logw[a]
             arms[a] = {
                 "pulls": self.pulls[a],
                 "pulls_lifetime": self.pulls_lifetime[a],
@@ -796,7 +793,7 @@ class Bandit:
                 "ema_n": self.ema_n[a],
                 "ema_acc": self.ema_acc[a],
                 "p": p[a],
-                "logw": lw if math.isfinite(lw) else None,
+                "logw": _finite_or_none(self.logw[a]),
                 "prior": self.prior[a],
                 "last_probe": self.last_probe[a],
             }
