@@ -84,7 +84,7 @@ class MixtureController:
                 self.bandit.pulls_lifetime[a] = int(n)
         self.folded_through = phase.start_step
         self.policies: dict[int, dict[str, float]] = {}
-        self._next = phase.start_step // period
+        self.next_period = phase.start_step // period  # the first period not posted yet
         self.apply_changes(self.folded_through)
         self._post_ready()
 
@@ -119,10 +119,10 @@ class MixtureController:
         return done
 
     def _post_ready(self) -> None:
-        while (self._next - 1) * self.period <= self.folded_through:
-            self.policies[self._next] = self.bandit.probabilities()
-            self._next += 1
-        for v in [v for v in self.policies if v < self._next - KEEP_POLICIES]:
+        while (self.next_period - 1) * self.period <= self.folded_through:
+            self.policies[self.next_period] = self.bandit.probabilities()
+            self.next_period += 1
+        for v in [v for v in self.policies if v < self.next_period - KEEP_POLICIES]:
             del self.policies[v]  # only the periods a resume or the worker can still need
 
     def to_snapshot(self) -> dict:
@@ -133,7 +133,7 @@ class MixtureController:
             "step": self.folded_through,
             "phase_index": self.phase.index,
             "phase_start": self.phase.start_step,
-            "next": self._next,
+            "next": self.next_period,
             "policies": {str(v): p for v, p in self.policies.items()},
             "applied_changes": sorted(self.applied),
             "bandit": self.bandit.to_dict(),
@@ -147,7 +147,7 @@ class MixtureController:
         self.bandit.compression = compression
         self.bandit.epoch_size = epoch_size
         self.folded_through = int(snap["step"])
-        self._next = int(snap["next"])
+        self.next_period = int(snap["next"])
         self.policies = {int(v): p for v, p in snap["policies"].items()}
         if "applied_changes" in snap:
             self.applied = {int(i) for i in snap["applied_changes"]}
@@ -170,11 +170,6 @@ class MixtureController:
             self.bandit.observe(bandit_record(rec))
         self.folded_through = rec["step"]
         self._post_ready()
-
-    @property
-    def next_period(self) -> int:
-        """The first period whose policy is not posted yet (it changes as records are folded)."""
-        return self._next
 
     def next_phase(
         self, label: str, caps: dict[str, float], floors: dict[str, float], start_step: int
