@@ -42,14 +42,12 @@ def repetition_scores(text: str) -> dict:
     n = 1..4 of (count of the most frequent n-gram) * n / pieces, capped at 1."""
     pieces = _PIECE.findall(text)
     n = len(pieces)
-
-    def distinct(k: int) -> float:
-        grams = [tuple(pieces[i : i + k]) for i in range(n - k + 1)]
-        return len(set(grams)) / len(grams) if grams else 1.0
-
+    counts = {
+        k: collections.Counter(tuple(pieces[i : i + k]) for i in range(n - k + 1))
+        for k in range(1, 5)
+    }
     top_share, top = 0.0, ""
-    for k in range(1, 5):
-        grams = collections.Counter(tuple(pieces[i : i + k]) for i in range(n - k + 1))
+    for k, grams in counts.items():
         if not grams:
             continue
         g, c = grams.most_common(1)[0]
@@ -60,8 +58,8 @@ def repetition_scores(text: str) -> dict:
             top_share, top = share, " ".join(g)
     return {
         "pieces": n,
-        "distinct_1": distinct(1),
-        "distinct_2": distinct(2),
+        "distinct_1": len(counts[1]) / n if n else 1.0,
+        "distinct_2": len(counts[2]) / (n - 1) if n > 1 else 1.0,
         "top_ngram_share": top_share,
         "top_ngram": top,
     }
