@@ -57,10 +57,7 @@ def _encode(record, path) -> tuple[int, bytes]:
         step = operator.index(step)  # type: ignore[arg-type]  # None raises TypeError: caught
     except TypeError:
         raise ValueError(f'{path}: a history record needs an int "step", got {step!r}') from None
-    rec = {"step": step}
-    for key, value in record.items():
-        if key != "step":
-            rec[key] = jsonable(value)
+    rec = {"step": step, **{k: jsonable(v) for k, v in record.items() if k != "step"}}
     return step, json.dumps(rec, separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
@@ -306,9 +303,7 @@ def _plan(data, path, monotonic: bool) -> _Plan:
     dropped = sum(n for _, n, _ in notes)
     kinds: dict[str, list[int]] = {}
     for offset, _, kind in notes:
-        kinds.setdefault(
-            kind.split(" not after")[0] if kind.startswith("step ") else kind, []
-        ).append(offset)
+        kinds.setdefault(kind.split(" not after")[0], []).append(offset)  # steps: no numbers
     why = [
         f"{k} at byte {offs[0]}" + (f" (+{len(offs) - 1} more)" if len(offs) > 1 else "")
         for k, offs in kinds.items()
