@@ -610,7 +610,7 @@ def iter_records(path, skip_upto: int | None = None) -> Iterator[dict]:
             return
         start = 0 if skip_upto is None else _start_offset(f, skip_upto)
         f.seek(start)
-        prev_step, offset, damaged = None, start, 0
+        prev_step, offset, damaged = skip_upto, start, 0  # yield steps after prev_step only
         for line in f:
             if skip_upto is not None:
                 m = _LINE_STEP.match(line)
@@ -623,7 +623,6 @@ def iter_records(path, skip_upto: int | None = None) -> Iterator[dict]:
                     kind == "rec"
                     and _is_step(x.get("step"))
                     and not (prev_step is not None and x["step"] <= prev_step)
-                    and not (skip_upto is not None and x["step"] <= skip_upto)
                 ):
                     prev_step = x["step"]
                     yield x
