@@ -138,7 +138,7 @@ class BanditConfig:
             if not ok(value):
                 raise BanditConfigError(f"bandit config: {field} = {value!r} {rule}")
         for f in dataclasses.fields(self):
-            if f.type == "float":  # the annotation's text (postponed evaluation)
+            if f.type in ("float", float):  # text under postponed evaluation, else the type
                 setattr(self, f.name, float(getattr(self, f.name)))
 
     def to_dict(self) -> dict:
