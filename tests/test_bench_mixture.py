@@ -78,6 +78,25 @@ def test_arm_sets_are_local_and_different(bench, tmp_path):
         bench.arm_set("E", tmp_path)
 
 
+def test_unigram_baseline_counts_the_training_split_only(bench):
+    """`unigram_loss`: the add-one smoothed frequencies of the tokens outside the held-out ranges,
+    scored on the windows' targets (not their first token), in nats per token."""
+    import types
+
+    import numpy as np
+    import torch
+
+    train = np.tile(np.arange(4), 25)                      # 100 training tokens, 25 of each of 0-3
+    held = np.full(10, 7)                                  # a token seen only in the held-out range
+    sampler = types.SimpleNamespace(tokens={"a": np.concatenate([train, held])},
+                                    heldout={"a": [(100, 110)]})
+    vocab = 8
+    w = torch.tensor([[7, 0, 1], [7, 2, 3]])               # targets 0 1 2 3: the first token unscored
+    assert math.isclose(bench.unigram_loss(sampler, "a", w, vocab), -math.log(26 / 108), rel_tol=1e-12)
+    w7 = torch.tensor([[0, 7, 7]])                         # 7 never trained on: smoothing's 1 / 108
+    assert math.isclose(bench.unigram_loss(sampler, "a", w7, vocab), math.log(108), rel_tol=1e-12)
+
+
 def test_variant_parser_takes_run_and_bandit_knobs(bench):
     name, run, bandit = bench.parse_variant("x:warmup=0,probe_every=5,eta=0.5,progress_per_p=true")
     assert name == "x" and run == {"bandit_warmup": 0, "probe_every": 5}
