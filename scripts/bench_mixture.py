@@ -172,8 +172,9 @@ def write_shuffled(src: Path, path: Path, seed: int = 7, unit: str = "words") ->
     each line in a seeded random order. Words: a low-quality learnable arm, its words and
     spelling intact and their order gone (the kind of text that scrambled or machine-shuffled
     pages put into a corpus). Characters: scrambled text, its letter frequencies those of the
-    prose and nothing more to learn beyond them (about unigram entropy), unlike base64 noise
-    in the alphabet of the real arms."""
+    prose and little more to learn beyond them (where lines break, how much of a line is
+    indentation): andrea-test's loss on it is above its unigram baseline at 600 steps and just
+    below it at 3,000."""
     rng = np.random.default_rng(seed)
     lines = []
     for line in src.read_text(encoding="utf-8").splitlines():
@@ -278,8 +279,8 @@ def unigram_loss(sampler: ArmSampler, name: str, windows: torch.Tensor, vocab: i
     training split (every token outside its held-out ranges), add-one smoothed over `vocab`,
     scored on the targets of `windows` (int64 (n, block+1), as `heldout` scores the model). An
     arm counts as learnable, and in the mean the targets judge, only where stratified's model
-    beats this baseline: one that does not (base64 noise, characters shuffled within each line)
-    has taught nothing beyond its letters' frequencies."""
+    beats this baseline: one that does not has taught nothing beyond its letters' frequencies
+    (base64 noise at every horizon; set I's scrambled text at 600 steps, not at 3,000)."""
     toks = np.asarray(sampler.tokens[name], dtype=np.int64)
     counts = np.bincount(toks, minlength=vocab).astype(np.float64)
     for lo, hi in sampler.heldout[name]:
