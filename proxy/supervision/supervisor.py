@@ -77,7 +77,6 @@ from shared.run.layout import RunLayout
 from shared.run.loss_history import LossHistory, tail_records
 from shared.run.worker_options import WorkerOptions
 
-DEFERRED = object()  # what `Supervisor._pivot_move` returns when the request lock stayed held
 log = logging.getLogger("proxy")
 
 NODE_LOST_GRACE_S = 10.0  # a lost node's peers get this long to fail before they are killed
@@ -642,14 +641,10 @@ class Supervisor:
             return "done", 0
         if rc == EXIT_FATAL or self.stats.exit_code == EXIT_FATAL:
             return "fatal", rc  # (torchrun reports a rank's code 3 as its own 1)
-        if (
-            self.stop_requested
-            and stop_sent
-            and (
-                rc == -signal.SIGTERM
-                or (self.opts.launch.uses_torchrun and self.stats.worker is None)
-            )
-        ):
+        torchrun = self.opts.launch.uses_torchrun
+        if not (self.stop_requested and stop_sent):
+            return "crashed", rc
+        if rc == -signal.SIGTERM or (torchrun and self.stats.worker is None):
             if self.stats.worker is None:
                 log.info("worker stopped by SIGTERM before it was ready; nothing was lost")
             elif self.stats.exit_code is not None:  # it had stopped, checkpoint written
@@ -664,13 +659,7 @@ class Supervisor:
                     "after the newest checkpoint are trained again on resume",
                     rc,
                 )
-            return "done", 0
-        if (
-            self.stop_requested
-            and stop_sent
-            and self.opts.launch.uses_torchrun
-            and self.stats.exit_code == 0
-        ):
+        elif torchrun and self.stats.exit_code == 0:
             # a scheduler signalled every process (Slurm's pre-emption): rank 0 stopped cleanly
             # with its checkpoint, the agent's own code is that of the signal it got
             log.info(
@@ -679,8 +668,9 @@ class Supervisor:
                 self.stats.stop_why,
                 rc,
             )
-            return "done", 0
-        return "crashed", rc
+        else:
+            return "crashed", rc
+        return "done", 0
 
     def _watch(self, mix: MixtureController, history: LossHistory) -> tuple[str, int | None]:
         reader = ReportReader(self.layout)
@@ -706,10 +696,9 @@ class Supervisor:
                 last_report = time.monotonic()
             self._file_reports(reports)
             if self.pivot_step is not None and (history.last_step or 0) > self.pivot_step:
-                done = self._pivot_move(
+                if self._pivot_move(
                     mark_running, self.layout, self.pivot_step, self.proc.pid, self.pivot_step + 1
-                )
-                if done is not DEFERRED:
+                ):
                     self.pivot_step = None
             if not self.stop_requested:  # `proxy pivot` on this live run
                 self._pivot_move(
@@ -789,19 +778,20 @@ class Supervisor:
             if self._pivot_boundary() == r["step"]:
                 pivot_fault("during-checkpoint")  # crash test hook (docs/pivots.md)
 
-    def _pivot_move(self, move: Callable[..., Any], *args: Any) -> Any:
-        """Call a move of the pivot state machine (proxy/supervision/pivots.py); when another
-        process holds `.pivot.request.lock` past MOVE_LOCK_TIMEOUT_S (a `pivot` command
-        suspended inside it, say), return DEFERRED and warn at most every 30 s: the watch loop
-        goes on and the move is tried again (docs/pivots.md#withdrawing-a-pivot)."""
+    def _pivot_move(self, move: Callable[..., Any], *args: Any) -> bool:
+        """Call a move of the pivot state machine (proxy/supervision/pivots.py); True when it
+        ran. When another process holds `.pivot.request.lock` past MOVE_LOCK_TIMEOUT_S (a
+        `pivot` command suspended inside it, say), return False and warn at most every 30 s: the
+        watch loop goes on and the move is tried again (docs/pivots.md#withdrawing-a-pivot)."""
         try:
-            return move(*args)
+            move(*args)
+            return True
         except RequestLockTimeout as e:
             now = time.monotonic()
             if now - self._lock_warned_at > 30.0:
                 self._lock_warned_at = now
                 log.warning("pivot %s deferred: %s", move.__name__.replace("_", " "), e)
-            return DEFERRED
+            return False
 
     def _pivot_boundary(self) -> int | None:
         """B of a pivot request whose boundary is posted, else None."""
