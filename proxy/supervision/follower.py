@@ -70,8 +70,6 @@ class Follower:
         self.usr1 = 0
         self.proc: subprocess.Popen | None = None
         self.incarnation: int | None = None
-        self.ranks: list[int] = []
-        self._ranks_t = 0.0
         self._ended_at: float | None = None  # the owner ended our incarnation at (monotonic)
         self._stop_sent = False
         self._stop_at = math.inf
@@ -131,7 +129,7 @@ class Follower:
         argv = static_argv(sys.executable, args, job, self.rec.node_rank, self.rdzv_timeout)
         self.proc = spawn(argv, torchrun=True, multi_node=True)
         self.incarnation = job["incarnation"]
-        self._ended_at, self._stop_sent, self.ranks = None, False, []
+        self._ended_at, self._stop_sent = None, False
         self.rec.write(
             agent_pid=self.proc.pid, incarnation=self.incarnation, agent_exit=None, ranks=[]
         )
@@ -145,20 +143,11 @@ class Follower:
             job["port"],
         )
 
-    def _refresh_ranks(self) -> None:
-        if self.proc is not None and time.monotonic() - self._ranks_t > 0.5:
-            self._ranks_t = time.monotonic()
-            now = local_ranks(self.proc.pid, str(self.layout.root))
-            if now != self.ranks:
-                self.ranks = now
-                self.rec.write(ranks=now)
-
     def _signal_ranks(self, sig: int) -> bool:
         """`sig` to this node's ranks; before they exist, a stop goes to the agent (it stops
         everything, which is what a stop means) and SIGUSR1 waits. False: nothing sent."""
-        self._refresh_ranks()
-        if self.ranks:
-            signal_pids(self.ranks, sig)
+        if ranks := self.rec.refresh_ranks(self.proc.pid if self.proc else None):
+            signal_pids(ranks, sig)
             return True
         if sig == signal.SIGUSR1 or self.proc is None:
             return False
@@ -167,7 +156,9 @@ class Follower:
 
     def _kill_agent(self) -> None:
         assert self.proc is not None  # called only while an agent runs
-        kill_agent(self.proc.pid, self.ranks + local_ranks(self.proc.pid, str(self.layout.root)))
+        kill_agent(
+            self.proc.pid, self.rec.ranks + local_ranks(self.proc.pid, str(self.layout.root))
+        )
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -246,16 +237,16 @@ class Follower:
                     self._stop_at = time.monotonic()
             while self.usr1 and self._signal_ranks(signal.SIGUSR1):
                 self.usr1 -= 1
-                log.info("SIGUSR1 received: forwarded to this node's ranks %s", self.ranks)
-            self._refresh_ranks()
+                log.info("SIGUSR1 received: forwarded to this node's ranks %s", self.rec.ranks)
+            self.rec.refresh_ranks(self.proc.pid)
             rc = self.proc.poll()
             if rc is not None:
-                reap_leftover_ranks(self.ranks, str(self.layout.root))
+                reap_leftover_ranks(self.rec.ranks, str(self.layout.root))
                 log.info(
                     "incarnation %s: this node's agent exited with code %d", self.incarnation, rc
                 )
                 self.rec.write(agent_pid=None, agent_exit=rc, ranks=[])
-                self.proc, self.ranks = None, []
+                self.proc = None
                 if self.stop:
                     return EXIT_OK if rc == 0 or self._owner_ended_clean() else EXIT_FAILED
                 continue
@@ -286,7 +277,7 @@ class Follower:
                 log.error(
                     "this node's agent pid %d and ranks %s did not exit: killing them",
                     self.proc.pid,
-                    self.ranks,
+                    self.rec.ranks,
                 )
                 self._kill_agent()
                 self._ended_at = self._stop_at = math.inf

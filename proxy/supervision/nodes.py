@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from filelock import FileLock
 
+from proxy.supervision.launch import local_ranks
 from shared.atomic_io import atomic_write_json, read_json
 from shared.processes import alive
 from shared.run.layout import RunLayout
@@ -104,7 +105,7 @@ class NodeRecord:
             "agent_exit": None,
             "stop_request": None,
         }
-        self._t = 0.0
+        self._t = self._ranks_t = 0.0
         self._lock = threading.Lock()
         self._beating: threading.Event | None = None
 
@@ -127,6 +128,21 @@ class NodeRecord:
                 },
             )
             self._t = time.monotonic()
+
+    @property
+    def ranks(self) -> list[int]:
+        """This node's ranks' pids as the record holds them (pids mean nothing elsewhere)."""
+        return self.fields["ranks"]
+
+    def refresh_ranks(self, agent_pid: int | None, every: float = 0.5) -> list[int]:
+        """This node's ranks below the torchrun agent `agent_pid` (launch.local_ranks), looked
+        up at most every `every` seconds and written into the record when they changed."""
+        if agent_pid is not None and time.monotonic() - self._ranks_t > every:
+            self._ranks_t = time.monotonic()
+            ranks = local_ranks(agent_pid, str(self.layout.root))
+            if ranks != self.ranks:
+                self.write(ranks=ranks)
+        return self.ranks
 
     def start_heartbeat(self) -> None:
         """Rewrite the record every HEARTBEAT_S from a daemon thread, so that the other hosts

@@ -37,7 +37,6 @@ from proxy.supervision import proc_tree
 from proxy.supervision.launch import (
     agent_descendants,
     kill_agent,
-    local_ranks,
     rank_pids,
     reap_leftover_ranks,
     signal_pids,
@@ -129,8 +128,6 @@ class Supervisor:
         # several nodes (docs/architecture.md#several-nodes): this proxy is the owner
         self.node = node
         self.incarnation = 0
-        self.my_ranks: list[int] = []  # this node's ranks (pids mean nothing elsewhere)
-        self._ranks_t = 0.0
         self._nodes_t = 0.0
         self.followers: dict[int, dict] = {}  # node rank -> record, at this incarnation's launch
         self.node_lost: str | None = None  # why a follower counts as lost this incarnation
@@ -289,7 +286,7 @@ class Supervisor:
         if now - self._nodes_t < 0.25:
             return
         self._nodes_t = now
-        self._refresh_ranks()
+        self.node.refresh_ranks(self.proc.pid)
         self.node.heartbeat()
         self._poll_follower_stops()
         if self.node_lost is None:
@@ -321,23 +318,12 @@ class Supervisor:
             self._kill_group()
             self._lost_at = None
 
-    def _refresh_ranks(self) -> None:
-        now = time.monotonic()
-        if self.proc is not None and now - self._ranks_t > 0.5:
-            self._ranks_t = now
-            ranks = local_ranks(self.proc.pid, str(self.layout.root))
-            if ranks != self.my_ranks:
-                self.my_ranks = ranks
-                self.node.write(ranks=ranks)
-
     def _rank_pids(self) -> list[int]:
         """This node's ranks: the announced pids, or under several nodes the agent's own
         descendants (the handshake's pids mix every node's)."""
         if self.node is None:
             return rank_pids(self.layout)
-        self._ranks_t = 0.0
-        self._refresh_ranks()
-        return self.my_ranks
+        return self.node.refresh_ranks(self.proc.pid, every=0.0)
 
     def _replan(self, step: int) -> None:
         """--replan: the schedule re-planned at `step`, where this start resumes, to end at
@@ -719,13 +705,12 @@ class Supervisor:
                 history.flush()
                 if self.opts.launch.uses_torchrun:  # nothing may outlive the agent
                     reap_leftover_ranks(
-                        self.my_ranks if self.node is not None else rank_pids(self.layout),
+                        self.node.ranks if self.node is not None else rank_pids(self.layout),
                         str(self.layout.root),
                     )
                 if self.node is not None:  # followers give their ranks --stop-timeout, then kill
                     write_job(self.layout, {**self._job(), "state": "ended", "agent_exit": rc})
                     self.node.write(agent_pid=None, agent_exit=rc, ranks=[])
-                    self.my_ranks = []
                 return self._outcome(rc, hung, stop_sent_at is not None, history)
             now = time.monotonic()
             if stop_sent_at is not None and now - stop_sent_at > self.opts.stop_timeout:
