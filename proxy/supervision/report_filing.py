@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 from proxy.mixture.collapse_watch import CollapseWatch
 from proxy.mixture.controller import MixtureController
@@ -43,6 +44,7 @@ def print_seconds() -> float:
         return PRINT_SECONDS
 
 
+@dataclass
 class ReportFiler:
     """Files the reports of one incarnation into the history, the controller and the sidecars.
 
@@ -50,30 +52,23 @@ class ReportFiler:
     the phase's audit log; `pending_events`: events to attach to the next step record filed
     (one record per step stays; the list is emptied as they are attached)."""
 
-    def __init__(
-        self,
-        layout: RunLayout,
-        cfg: RunConfig,
-        history: LossHistory,
-        mix: MixtureController,
-        samples: SamplesLog,
-        stats: LiveStats,
-        max_steps: int,
-        print_every: int,
-        collapse: CollapseWatch,
-        pending_events: list[dict],
-        watch: RunWatch,
-    ) -> None:
-        self.layout, self.cfg, self.history = layout, cfg, history
-        self.mix, self.samples, self.stats = mix, samples, stats
-        self.max_steps, self.print_every = max_steps, print_every
-        self.pending_events = pending_events
-        self.watch = watch  # progress line, TensorBoard, summary
-        self.collapse = collapse  # the supervisor's: a hold outlives an incarnation
+    layout: RunLayout
+    cfg: RunConfig
+    history: LossHistory
+    mix: MixtureController
+    samples: SamplesLog
+    stats: LiveStats
+    max_steps: int
+    print_every: int
+    collapse: CollapseWatch  # the supervisor's: a hold outlives an incarnation
+    pending_events: list[dict]
+    watch: RunWatch  # progress line, TensorBoard, summary
+
+    def __post_init__(self) -> None:
         self.snapshots: dict[int, dict] = {}  # step -> controller snapshot, until durable
         self._printed_at: float | None = None  # monotonic time of the last progress line
         self.lag_s, self.lag_steps = 0.0, 0.0  # the most a step report waited to be filed
-        stats.policy = mix.bandit.explain()  # this incarnation's policy, before its first step
+        self.stats.policy = self.mix.bandit.explain()  # the policy before its first step
 
     def file(self, r: dict) -> None:
         """File one report (a dict with "type"); unknown types are ignored."""
