@@ -163,11 +163,7 @@ def find_resume_point(
 def _any_quarantined(layout: RunLayout) -> bool:
     """True if rejected/ holds a file: a checkpoint existed once, so a history without a valid
     one is not a run that never checkpointed."""
-    try:
-        with os.scandir(layout.rejected) as entries:
-            return any(True for _ in entries)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
+    return layout.rejected.is_dir() and any(layout.rejected.iterdir())
 
 
 def align_history(layout: RunLayout, history: LossHistory, step: int) -> None:
