@@ -190,10 +190,10 @@ class NodeRecord:
             self.node_rank = free[0]
             self.write()
 
-    def heartbeat(self, **changes) -> None:
-        """Rewrite the record if HEARTBEAT_S passed or something changed."""
-        if changes or time.monotonic() - self._t >= HEARTBEAT_S:
-            self.write(**changes)
+    def heartbeat(self) -> None:
+        """Rewrite the record if HEARTBEAT_S passed since it was last written."""
+        if time.monotonic() - self._t >= HEARTBEAT_S:
+            self.write()
 
     def forget(self) -> None:
         """Stop beating and remove the record (a refused or yielding owner: it never owned
