@@ -141,7 +141,7 @@ def spawn(argv: list[str], torchrun: bool, multi_node: bool) -> subprocess.Popen
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     if multi_node:
         env.setdefault("OMP_NUM_THREADS", "1")
-    with signals_blocked(not torchrun):
+    with contextlib.nullcontext() if torchrun else signals_blocked():
         return subprocess.Popen(
             argv,
             env=env,

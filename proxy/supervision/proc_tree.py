@@ -69,14 +69,11 @@ class EarlySignals:
 
 
 @contextlib.contextmanager
-def signals_blocked(enabled: bool = True):
+def signals_blocked():
     """Block SIGTERM/SIGINT/SIGHUP/SIGUSR1 in the proxy while it spawns the worker: the child
     inherits the mask across exec, so a signal sent to the worker during its interpreter
     start-up stays pending until `worker.signals.SignalFlags.install()` unblocks it (instead of
     the default action killing it). The proxy's own pending signals arrive when this exits."""
-    if not enabled:
-        yield
-        return
     old = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)
     try:
         yield
