@@ -140,13 +140,12 @@ class Supervisor:
         subreaper so orphans of the worker's tree are re-parented to it and reaped (PID 1 too)."""
 
         def on_stop(signum, frame):
-            if self.stop_requested is None:
-                self.stop_requested = signal.Signals(signum).name
+            self.stop_requested = self.stop_requested or signal.Signals(signum).name
 
         def on_usr1(signum, frame):
             self.usr1_pending += 1
 
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for s in proc_tree.STOP_SIGNALS:
             signal.signal(s, on_stop)
         signal.signal(signal.SIGUSR1, on_usr1)
         early_stop, early_usr1 = proc_tree.EarlySignals.take()
@@ -495,7 +494,7 @@ class Supervisor:
             plan = plan_resume(self.layout, self.cfg, history, self.opts.from_scratch)
         except ResumeError as e:
             raise SupervisorError(str(e), code=e.code) from None
-        step, point, mix = plan.step, plan, plan.mix
+        step, mix = plan.step, plan.mix
         if self.opts.replan and not self._replanned:
             self._replan(step)
         self.pivot_step = plan.pivot_step
@@ -533,10 +532,10 @@ class Supervisor:
         if self.node is not None and not self._gather_nodes():
             return "done", 0  # a stop came while the nodes gathered
         log.info(
-            "starting worker: %s", f"resume from {point.path.name}" if point.path else "fresh run"
+            "starting worker: %s", f"resume from {plan.path.name}" if plan.path else "fresh run"
         )
         self.stats.new_worker()  # hello and "stopped" are per worker, not per proxy
-        self.proc = self._spawn(point.path, point.verified)
+        self.proc = self._spawn(plan.path, plan.verified)
         log.debug(
             "start-up: worker %d spawned %.3f s after the proxy's launch",
             self.proc.pid,
