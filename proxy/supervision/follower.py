@@ -96,8 +96,7 @@ class Follower:
     # ------------------------------------------------------------------ the owner
     def _owner_alive(self) -> bool:
         """The owner's node record is alive (its pid on this host, its heartbeat elsewhere);
-        before it has one, its owner file's pid on this host, or the benefit of the doubt for
-        NODE_STALE_S seconds."""
+        before it has one, the benefit of the doubt for NODE_STALE_S seconds."""
         rec = read_node_record(self.layout, self.owner["host"], self.owner["pid"])
         if rec is not None:
             return record_alive(rec)

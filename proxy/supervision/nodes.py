@@ -177,17 +177,17 @@ class NodeRecord:
             for r in others
         ):
             return
-        held = {r.get("node_rank") for r in others}
-        free = [r for r in range(1, 1 << 16) if r not in held]
+        # the lowest rank no other holds: one of 1..len(others)+1 is free
+        free = min(set(range(1, len(others) + 2)) - {r.get("node_rank") for r in others})
         nnodes = int(self.fields.get("nnodes") or 0)
-        if free and (not nnodes or free[0] < nnodes):
+        if not nnodes or free < nnodes:
             log.warning(
                 "node rank %d was taken at the same moment by another node: this node is "
                 "node rank %d",
                 self.node_rank,
-                free[0],
+                free,
             )
-            self.node_rank = free[0]
+            self.node_rank = free
             self.write()
 
     def heartbeat(self) -> None:
