@@ -29,7 +29,7 @@ from proxy.run_files.pivot_request import (
     write_request,
 )
 from proxy.run_files.sidecars import SamplesLog, write_state
-from shared.atomic_io import fsync_dir
+from shared.atomic_io import atomic_write_bytes, fsync_dir
 from shared.run.config import RunConfig
 from shared.run.handshake import update_handshake
 from shared.run.layout import RunLayout
@@ -226,14 +226,10 @@ def archive_sidecars(layout: RunLayout, step: int, bandit: dict, phase: dict) ->
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     write_state(tmp / layout.state.name, bandit)
-    if layout.samples.exists():
-        shutil.copyfile(layout.samples, tmp / layout.samples.name)
+    if layout.samples.exists():  # every write here is durable: file and tmp/ fsynced
+        atomic_write_bytes(tmp / layout.samples.name, layout.samples.read_bytes())
     else:
         SamplesLog(tmp / layout.samples.name, phase).save()
-    for p in tmp.iterdir():
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
-    fsync_dir(tmp)
     tmp.replace(dest)
     fsync_dir(layout.archive)
     log.info("archived .samples.json and .state.json to %s", dest.relative_to(layout.root))
