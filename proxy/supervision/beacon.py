@@ -53,13 +53,9 @@ class Beacon:
 
 
 def _read_line(c: socket.socket) -> bytes:
-    data = b""
-    while not data.endswith(b"\n") and len(data) < 65536:
-        chunk = c.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
+    """One line from `c`, at most 64 KiB (what came before EOF, if it came first)."""
+    with c.makefile("rb") as f:
+        return f.readline(65536)
 
 
 def serve(endpoint: str | None, info: dict) -> Beacon | None:
