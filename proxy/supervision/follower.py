@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from proxy.run_files.run_lock import HEARTBEAT_S, RunLockError, owner_alive, read_owner
 from proxy.supervision import beacon, proc_tree
@@ -49,23 +50,20 @@ log = logging.getLogger("proxy")
 STALE_OWNER_WAIT_S = 20.0  # a held lock under a dead owner's record: wait for the new (seconds)
 
 
+@dataclass
 class Follower:
     """The follower loop of one node; `run()` returns the exit code."""
 
-    def __init__(
-        self,
-        layout: RunLayout,
-        record: NodeRecord,
-        owner: dict,
-        nnodes: int,
-        stop_timeout: float,
-        rdzv_timeout: float,
-        job_beacon: Beacon | None = None,
-        rdzv_id: str | None = None,
-    ) -> None:
-        self.layout, self.rec, self.owner = layout, record, owner
-        self.nnodes = nnodes
-        self.stop_timeout, self.rdzv_timeout = stop_timeout, rdzv_timeout
+    layout: RunLayout
+    rec: NodeRecord
+    owner: dict
+    nnodes: int
+    stop_timeout: float
+    rdzv_timeout: float
+    beacon: Beacon | None = None  # the job beacon this node serves, if any
+    rdzv_id: str | None = None
+
+    def __post_init__(self) -> None:
         self.stop: str | None = None
         self.usr1 = 0
         self.proc: subprocess.Popen | None = None
@@ -74,8 +72,6 @@ class Follower:
         self._stop_sent = False
         self._stop_at = math.inf
         self._started = time.monotonic()
-        self.beacon = job_beacon  # the job beacon this node serves, if any
-        self.rdzv_id = rdzv_id
 
     # ------------------------------------------------------------------ signals
     def install_signal_handlers(self) -> None:
@@ -402,7 +398,7 @@ def follow(
         job["nnodes"],
         stop_timeout,
         launch.rdzv_timeout,
-        job_beacon=served,
+        beacon=served,
         rdzv_id=job["rdzv_id"],
     )
     f.install_signal_handlers()
