@@ -62,11 +62,10 @@ def poll_pivot_request(
     layout: RunLayout, cfg: RunConfig, filed_step: int, max_steps: int
 ) -> int | None:
     """Called by the live proxy's watch loop. A request in state "requested" gets its boundary
-    B = the next multiple of the checkpoint cadence after `filed_step` + 1 (the worker may be a
-    step ahead of what is filed): handshake control stop_at_step = B (reason "pivot") is posted
-    and the request moves to state "boundary". Returns B, or None when there is nothing to do.
-    A request that can no longer be served (B would not be before `max_steps`) gets state
-    "failed" with the reason; nothing else changes."""
+    B (`next_boundary` after `filed_step`): handshake control stop_at_step = B (reason "pivot")
+    is posted and the request moves to state "boundary". Returns B, or None when there is
+    nothing to do. A request that can no longer be served (B would not be before `max_steps`)
+    gets state "failed" with the reason; nothing else changes."""
     req = read_request(layout)
     if not req or req.get("state") != "requested":
         return None
