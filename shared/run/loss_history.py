@@ -178,22 +178,11 @@ def _count(data, sub: bytes, start: int, end: int) -> int:
     return n
 
 
-def _find(data, sub: bytes, start: int, end: int) -> int:
-    """data.find(sub, start, end), _CHUNK bytes at a time so that a memory map's pages are let
-    go behind the search (see _release)."""
-    for i in range(start, end, _CHUNK):
-        at = data.find(sub, i, min(end, i + _CHUNK + len(sub) - 1))
-        _release(data, i)
-        if at >= 0:
-            return at
-    return -1
-
-
 def _prefix_ok(data, cut: int, monotonic: bool):
     """Number of records when data[:cut] is a canonical history prefix ("[\\n{..},\\n...{..}"),
     checked at C speed without parsing every record; None when it is not provably so. `data`
     is bytes or a memory map; memory stays within a few _CHUNKs whatever its size."""
-    if data[:3] != b"[\n{" or _find(data, b"\x00", 0, cut) >= 0 or _find(data, b"}{", 0, cut) >= 0:
+    if data[:3] != b"[\n{" or _count(data, b"\x00", 0, cut) or _count(data, b"}{", 0, cut):
         return None
     n = _count(data, b"\n", 0, cut)
     if _count(data, b"\n{", 0, cut) != n or _count(data, b"},\n", 0, cut) != n - 1:
@@ -236,10 +225,10 @@ class _Plan:
     """What opening a history found: the offset to cut at, the bytes to write there (None when
     healthy), the record count and last step afterwards, and the warnings."""
 
-    def __init__(self, kind, cut=0, tail=None, count=0, last_step=None, messages=()):
+    def __init__(self, kind, cut=0, tail=None, count=0, last_step=None, messages=(), damaged=False):
         self.kind, self.cut, self.tail = kind, cut, tail
         self.count, self.last_step, self.messages = count, last_step, list(messages)
-        self.damaged = False  # a hole: the rewritten region's bytes are kept aside first
+        self.damaged = damaged  # a hole: the rewritten region's bytes are kept aside first
 
 
 def _first_byte(data) -> bytes:
@@ -332,9 +321,8 @@ def _plan(data, path, monotonic: bool) -> _Plan:
         messages.append(f"{path}: dropped the record at byte {offset}: {kind}")
     if len(dups) > _MAX_LISTED:
         messages.append(f"{path}: dropped {len(dups) - _MAX_LISTED} more out-of-order records")
-    plan = _Plan("repair", chain_end, tail, count, last_step, messages)
-    plan.damaged = bool(holes)  # a torn tail (every kill) is not worth a copy; a hole is
-    return plan
+    # a torn tail (every kill) is not worth a copy; a hole is
+    return _Plan("repair", chain_end, tail, count, last_step, messages, damaged=bool(holes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,15 +533,6 @@ def _mapped(fd: int):
         m.close()
 
 
-def _line_step_at(f, pos: int, size: int) -> tuple[int, int] | None:
-    """(offset, step) of the first record line starting after byte `pos` (0 < pos < size),
-    looking at most _SEEK_WINDOW bytes ahead; None when none starts there (damage, the end)."""
-    f.seek(pos - 1)  # from the byte before: a "\n" right at pos-1
-    window = f.read(min(_SEEK_WINDOW, size - pos + 1))
-    m = _STEP_AT_LINE_START.search(window)
-    return None if m is None else (pos + m.start(), int(m.group(1)))
-
-
 def _start_offset(f, after_step: int) -> int:
     """A byte offset at a line start such that no record before it has a step > after_step:
     a binary search over the byte range on the steps at line starts (records are one per line
@@ -564,15 +543,15 @@ def _start_offset(f, after_step: int) -> int:
     lo, hi = 0, size
     while hi - lo > _SEEK_WINDOW:
         mid = (lo + hi) // 2
-        hit = _line_step_at(f, mid, size)
-        if hit is None:
+        f.seek(mid - 1)  # from the byte before: a "\n" right at mid-1
+        m = _STEP_AT_LINE_START.search(f.read(min(_SEEK_WINDOW, size - mid + 1)))
+        if m is None:
             if size - mid <= _SEEK_WINDOW:  # no record line in the last window: the end
                 hi = mid
                 continue
             return lo  # damage: read on from what is known
-        offset, step = hit
-        if step <= after_step:
-            lo = offset
+        if int(m.group(1)) <= after_step:
+            lo = mid + m.start()
         else:
             hi = mid
     return lo
