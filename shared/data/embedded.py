@@ -42,13 +42,9 @@ def _docstrings(source: str) -> list[str]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    docs = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            doc = ast.get_docstring(node)
-            if doc and len(doc) > 20:
-                docs.append(doc)
-    return docs
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docs = (ast.get_docstring(n) for n in ast.walk(tree) if isinstance(n, nodes))
+    return [d for d in docs if d and len(d) > 20]
 
 
 def _take(chunks, limit: int) -> str:
@@ -110,11 +106,6 @@ def _pydoc_topics():
     return t
 
 
-def _python_docs(limit: int) -> str:
-    topics = _pydoc_topics().topics
-    return _take((topics[k] for k in sorted(topics)), limit)
-
-
 def embedded_files(arm: ArmSpec) -> list[Path]:
     """The files an embedded default arm is built from (for its "of total" size)."""
     if arm.kind in ("python-docstrings", "python-code"):
@@ -140,7 +131,8 @@ def embedded_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
     elif arm.kind == "python-code":
         text = _python_code(limit)
     elif arm.kind == "python-docs":
-        text = _python_docs(limit)
+        topics = _pydoc_topics().topics
+        text = _take((topics[k] for k in sorted(topics)), limit)
     else:
         raise ArmSourceError(
             f"arm {arm.name}: kind {arm.kind!r} is not an embedded default; "

@@ -38,8 +38,5 @@ def compression_ratio(tokens: np.ndarray) -> float:
     # compressed as bytes, a BPE's as uint16, so the ratio does not count zero bytes
     dt = np.min_scalar_type(max(int(c.max()) for c in chunks))
     z = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-    ratios = []
-    for c in chunks:
-        raw = c.astype(dt).tobytes()
-        ratios.append(len(raw) / len(z.compress(raw)))
-    return round(float(np.mean(ratios)), 4)
+    raws = (c.astype(dt).tobytes() for c in chunks)
+    return round(float(np.mean([len(r) / len(z.compress(r)) for r in raws])), 4)

@@ -78,11 +78,6 @@ class BadRecords:
         return "; ".join(parts) or "no bad records"
 
 
-def undecodable_bytes(data: bytes) -> int:
-    """How many bytes of `data` are not valid UTF-8 (the bytes decode(errors="replace") drops)."""
-    return len(data) - len(data.decode("utf-8", errors="ignore").encode("utf-8"))
-
-
 def resolve_files(arm: ArmSpec) -> list[Path]:
     """The files of a PATH, DIR (recursive, sorted, hidden files skipped) or GLOB source.
 
@@ -195,16 +190,15 @@ class ArmReader:
     text: an empty file, record or row; skipped, they add no separator, and counted so the
     creation log says so), iterate with `pieces()`."""
 
+    _resolve = staticmethod(resolve_files)  # the arm's files
+
     def __init__(self, arm: ArmSpec) -> None:
         self.arm = arm
         self.bad = BadRecords()
         self.documents = 0
         self.empty = 0
-        self.files = self._files()
+        self.files = self._resolve(arm)
         self.total = sum(f.stat().st_size for f in self.files)
-
-    def _files(self) -> list[Path]:
-        return resolve_files(self.arm)
 
     def check(self) -> None:
         """Cheap up-front checks (before anything is written); raises ArmSourceError."""
@@ -246,7 +240,8 @@ class TextReader(ArmReader):
                         text = data.decode("utf-8")
                     except UnicodeDecodeError as e:
                         bad_line = line + data[: e.start].count(b"\n")
-                        self.bad.add_replaced(f"{f}:{bad_line}", undecodable_bytes(data))
+                        valid = data.decode("utf-8", errors="ignore").encode("utf-8")
+                        self.bad.add_replaced(f"{f}:{bad_line}", len(data) - len(valid))
                         text = data.decode("utf-8", errors="replace")
                     line += data.count(b"\n")
                     if first:
@@ -355,8 +350,7 @@ class EmbeddedReader(ArmReader):
     """The embedded defaults: their documented size (MAX_ARM_BYTES characters, built by
     `shared/data/embedded.py`), as one document; `total` is the size of the files read from."""
 
-    def _files(self) -> list[Path]:
-        return embedded_files(self.arm)
+    _resolve = staticmethod(embedded_files)
 
     def pieces(self) -> Iterator[Piece]:
         text = embedded_text(self.arm)  # MAX_ARM_BYTES characters
@@ -408,18 +402,16 @@ def sample_text(arm: ArmSpec, budget: int, piece: int = 1 << 16) -> list[str]:
     large compressed arm: the first stops at the budget); memory is bounded by `budget`. Raises
     ArmSourceError."""
     r = open_arm(arm)
-    if isinstance(r, EmbeddedReader):  # whole (the defaults are bounded already)
-        parts = list(iter_text(arm))
-        return ["".join(parts)] if parts else []
+    whole = isinstance(r, EmbeddedReader)  # the defaults are bounded already
     packed = isinstance(r, ParquetReader) or any(
         f.name.lower().endswith(_COMPRESSED) for f in r.files
     )
-    if packed or r.total <= budget:
+    if whole or packed or r.total <= budget:
         parts, n = [], 0
         for t in iter_text(arm):
             parts.append(t)
             n += len(t)
-            if n > budget:
+            if n > budget and not whole:
                 break
         else:
             return ["".join(parts)] if parts else []
