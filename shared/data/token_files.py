@@ -42,7 +42,6 @@ from shared.data.tokenization import (
     concat_token_files,
     progress_path,
     publish,
-    suffix_for,
     tokenize_stream,
 )
 from shared.data.tokenizer import RunTokenizer
@@ -229,7 +228,7 @@ def prepare_arm(
     if arm.kind == "tokens" and len(files) == 1:  # used where it lies
         path = str(files[0])
     else:
-        path = str(Path("data") / f"{arm.name}{suffix_for(dt)}")
+        path = str(Path("data") / f"{arm.name}{'.u32' if dt == np.uint32 else '.u16'}")
         final = layout.root / path
         tmp = final.with_name(final.name + ".tmp")
     try:

@@ -65,14 +65,6 @@ class ArmStats:
     bad: BadRecords = field(default_factory=BadRecords)
 
 
-def suffix_for(dtype) -> str:
-    return ".u32" if np.dtype(dtype) == np.uint32 else ".u16"
-
-
-def _write_all(fh, arr: np.ndarray) -> None:
-    fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
-
-
 MMAP_THRESHOLD = 128 * 1024  # bytes: glibc's default before it starts adjusting it
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
@@ -221,7 +213,7 @@ def _tokenize(arm, tok, tmp, max_tokens, key, resume, after_batch):
         if max_tokens and written + len(ids) >= max_tokens:
             ids = ids[: max_tokens - written]
             done_at_cap, stats.capped = at["done"], True
-        _write_all(fh, ids)
+        fh.write(memoryview(np.ascontiguousarray(ids)).cast("B"))  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy's stubs omit it
         written += len(ids)
         record(fh, at)
 
@@ -305,15 +297,14 @@ def publish(tmp: Path, final: Path) -> None:
 SUFFIX_DTYPES = {".u16": "uint16", ".uint16": "uint16", ".u32": "uint32", ".uint32": "uint32"}
 
 
-def token_dtype(arm: ArmSpec, tok: RunTokenizer, files: list[Path] | None = None) -> np.dtype:
-    """The dtype of a `tokens` arm's file(s) `files` (default: `token_files(arm)`): given
-    (`:u16`/`:u32`), else said by the files' suffix (`.u16`/`.u32`, see SUFFIX_DTYPES), else
-    inferred from the vocabulary (uint16 up to 65,536 tokens, else uint32; docs/data.md).
+def token_dtype(arm: ArmSpec, tok: RunTokenizer, files: list[Path]) -> np.dtype:
+    """The dtype of a `tokens` arm's file(s) `files`: given (`:u16`/`:u32`), else said by the
+    files' suffix (`.u16`/`.u32`, see SUFFIX_DTYPES), else inferred from the vocabulary (uint16
+    up to 65,536 tokens, else uint32; docs/data.md).
 
     Raises ArmSourceError when the files' suffixes disagree with each other or with a dtype
     given: a .u32 file read as uint16 would train on every id followed by a zero, with every id
     inside the vocabulary, so no later check could see it."""
-    files = token_files(arm) if files is None else files
     said = {f: SUFFIX_DTYPES[f.suffix.lower()] for f in files if f.suffix.lower() in SUFFIX_DTYPES}
     kinds = sorted(set(said.values()))
     if len(kinds) > 1:
@@ -356,8 +347,7 @@ def check_token_files(arm: ArmSpec, tok: RunTokenizer) -> tuple[list[Path], np.d
             for i in range(0, n, SCAN_TOKENS):
                 stop_request.check(f"the check of arm {arm.name}'s token file {f.name}")
                 chunk = ids[i : i + SCAN_TOKENS]
-                top = int(chunk.max())
-                if top >= tok.vocab_size:
+                if int(chunk.max()) >= tok.vocab_size:
                     at = i + int(np.argmax(chunk >= tok.vocab_size))
                     raise ArmSourceError(
                         f"arm {arm.name}: {f} holds token id {int(ids[at])} at token {at:,} but "
