@@ -389,7 +389,7 @@ class LossHistory:
             atomic_write_bytes(self.path, _EMPTY)
         fd = os.open(self.path, os.O_RDWR)
         try:
-            with _mapped(fd) as data:  # read through a map: memory flat in the size
+            with _mapped(self.path) as data:  # read through a map: memory flat in the size
                 plan = _plan(data, self.path, self.monotonic)
                 size, head = len(data), data[:16]
                 if plan.kind == "repair" and plan.damaged:
@@ -520,17 +520,15 @@ class LossHistory:
 
 
 @contextlib.contextmanager
-def _mapped(fd: int):
-    """A read-only memory map of the whole file `fd` (b"" when it is empty), closed on exit:
-    the page cache holds the bytes, not this process's heap."""
-    if os.fstat(fd).st_size == 0:
-        yield b""
-        return
-    m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    try:
-        yield m
-    finally:
-        m.close()
+def _mapped(path):
+    """A read-only memory map of the whole file at `path` (b"" when it is empty), closed on
+    exit: the page cache holds the bytes, not this process's heap."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            yield m
 
 
 def _start_offset(f, after_step: int) -> int:
@@ -659,11 +657,7 @@ def rewind(path, keep_upto_step: int, rewound_path, reason: str, *, repaired: bo
         repair(path)  # canonical layout from here on
     moved: list[dict] = []
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return 0
-    try:
-        with _mapped(fd) as data:  # only the rewound tail is read (memory flat in the history)
+        with _mapped(path) as data:  # only the rewound tail is read (memory flat in the history)
             if len(data) <= len(_EMPTY):
                 return 0
             end = len(data) - len(_CLOSE)  # end of the last record
@@ -683,8 +677,8 @@ def rewind(path, keep_upto_step: int, rewound_path, reason: str, *, repaired: bo
                     break
                 moved.append(record)
                 end = nl
-    finally:
-        os.close(fd)
+    except FileNotFoundError:
+        return 0
     if not moved:
         return 0
     moved.reverse()
@@ -719,15 +713,11 @@ def holes(path) -> list[tuple[int, int]]:
     A canonical file whose steps are 1..n is checked at C speed as opening checks it; any other
     is streamed record by record to find where."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return []
-    try:
-        with _mapped(fd) as data:  # the opening's own check: a canonical file, at C speed
+        with _mapped(path) as data:  # the opening's own check: a canonical file, at C speed
             trusted = _trusted_prefix(data, True) if len(data) else None
             first = _STEP_AT_LINE_START.search(bytes(data[:_CHUNK]))
-    finally:
-        os.close(fd)
+    except FileNotFoundError:
+        return []
     if trusted is not None and first is not None:
         _, n, last = trusted
         if int(first.group(1)) == 1 and last == n:
