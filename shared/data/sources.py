@@ -188,7 +188,7 @@ def corrupt_error(arm: ArmSpec, path: Path, e: Exception) -> ArmSourceError:
 class ArmReader:
     """Base: `files`, `total` (bytes on disk), `bad`, `documents`, `empty` (documents with no
     text: an empty file, record or row; skipped, they add no separator, and counted so the
-    creation log says so), iterate with `pieces()`."""
+    creation log says so), iterate with `pieces()` once `check()` passed (`open_arm`)."""
 
     _resolve = staticmethod(resolve_files)  # the arm's files
 
@@ -325,7 +325,6 @@ class ParquetReader(ArmReader):
     def pieces(self) -> Iterator[Piece]:
         import pyarrow.parquet as pq
 
-        self.check()
         base = 0
         for f in self.files:
             size = f.stat().st_size
