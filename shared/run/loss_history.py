@@ -256,9 +256,8 @@ def _ends_with(data, tail: bytes, at: int) -> bool:
 def _plan(data, path, monotonic: bool) -> _Plan:
     """What opening the history `data` (bytes or a read-only memory map of the file) must do."""
     if not _first_byte(data):
-        return _Plan(
-            "empty", messages=[f"{path}: empty file ({len(data)} bytes); starting a fresh history"]
-        )
+        note = f"{path}: empty file ({len(data)} bytes); starting a fresh history"
+        return _Plan("empty", 0, _EMPTY, messages=[note])
     if _first_byte(data) != b"[":
         return _Plan("garbage")
     trusted = _trusted_prefix(data, monotonic)
@@ -413,11 +412,7 @@ class LossHistory:
                         f"expected '['); moved aside to {aside} and started a fresh history"
                     ],
                 )
-            elif plan.kind == "empty":
-                os.ftruncate(fd, 0)
-                _pwrite_all(fd, _EMPTY, 0)
-                _sync(fd)
-            elif plan.kind == "repair":
+            elif plan.tail is not None:  # "empty" or "repair"
                 os.ftruncate(fd, plan.cut)  # truncate first: a crash now is a
                 _pwrite_all(fd, plan.tail, plan.cut)  # plain "no closing ]", still repairable
                 _sync(fd)
