@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from shared.atomic_io import atomic_write_json, read_json
+from shared.atomic_io import atomic_write_json, fsync_dir, read_json
 from shared.data.arms import (
     EMBEDDED_KINDS,
     ArmSourceError,
@@ -41,7 +42,6 @@ from shared.data.tokenization import (
     check_token_files,
     concat_token_files,
     progress_path,
-    publish,
     tokenize_stream,
 )
 from shared.data.tokenizer import RunTokenizer
@@ -260,7 +260,8 @@ def prepare_arm(
                 f"plus {hold:,} held-out tokens; {fix}"
             )
         if tmp is not None and final is not None:  # set together
-            publish(tmp, final)
+            os.replace(tmp, final)  # whole and fsynced: renamed atomically, durably
+            fsync_dir(final.parent)
             progress_path(tmp).unlink(missing_ok=True)
     except (StopRequested, KeyboardInterrupt):
         raise  # the partial token file and its progress record are what the next attempt resumes

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.atomic_io import atomic_write_json, fsync_dir, read_json
+from shared.atomic_io import atomic_write_json, read_json
 from shared.data.arms import ArmSourceError, token_files
 from shared.data.sources import SEPARATOR, BadRecords, open_arm
 from shared.data.tokenizer import RunTokenizer
@@ -90,15 +90,13 @@ def release_free_memory() -> bool:
         return False
 
 
-PROGRESS_SUFFIX = ".progress.json"
-
 _log = logging.getLogger("andrea.data")
 
 
 def progress_path(tmp: Path) -> Path:
     """The progress record of partial token file `tmp` (`data/<arm>.u16.tmp` ->
     `data/<arm>.u16.progress.json`): what part of it is whole (docs/data.md#crash-safe-creation)."""
-    return tmp.with_suffix(PROGRESS_SUFFIX)
+    return tmp.with_suffix(".progress.json")
 
 
 class _Diverged(Exception):
@@ -284,12 +282,6 @@ def _tokenize(arm, tok, tmp, max_tokens, key, resume, after_batch):
     stats.tokens = written
     stats.bytes_used = done_at_cap if done_at_cap is not None else reader.total
     return "sha256:" + h.hexdigest(), stats
-
-
-def publish(tmp: Path, final: Path) -> None:
-    """Rename the whole, fsynced `tmp` to `final` atomically and make the rename durable."""
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
 
 
 # A token file's name says its width when it ends in one of these (the run's own data/<arm>.u16
