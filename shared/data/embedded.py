@@ -89,10 +89,6 @@ def _python_docstrings(limit: int) -> str:
     return text
 
 
-def _python_code(limit: int) -> str:
-    return _take((f.read_text(encoding="utf-8", errors="replace") for f in stdlib_files()), limit)
-
-
 def _pydoc_topics():
     """The standard library's `pydoc_data.topics` module; ArmSourceError when this Python lacks
     it."""
@@ -129,7 +125,8 @@ def embedded_text(arm: ArmSpec, limit: int = MAX_ARM_BYTES) -> str:
     if arm.kind == "python-docstrings":
         text = _python_docstrings(limit)
     elif arm.kind == "python-code":
-        text = _python_code(limit)
+        files = stdlib_files()
+        text = _take((f.read_text(encoding="utf-8", errors="replace") for f in files), limit)
     elif arm.kind == "python-docs":
         topics = _pydoc_topics().topics
         text = _take((topics[k] for k in sorted(topics)), limit)
