@@ -6,6 +6,7 @@ What it is not: any file's reader or writer (each has its own module).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,14 +84,10 @@ def last_creation_error(root, nbytes: int = 1 << 16) -> str | None:
         return None
     for i in range(start, len(lines)):
         if " ERROR " in lines[i]:
-            msg = [lines[i].split(" ERROR ", 1)[1]]
             # a message of several lines (every bad arm on its own): the lines that follow
             # without a log record's timestamp belong to it
-            for line in lines[i + 1 : i + 21]:
-                if not line[:1].isspace():
-                    break
-                msg.append(line.strip())
-            return " ".join(msg)
+            more = itertools.takewhile(lambda x: x[:1].isspace(), lines[i + 1 : i + 21])
+            return " ".join([lines[i].split(" ERROR ", 1)[1], *(x.strip() for x in more)])
     return None
 
 
