@@ -244,8 +244,7 @@ class TextReader(ArmReader):
                         self.bad.add_replaced(f"{f}:{bad_line}", len(data) - len(valid))
                         text = data.decode("utf-8", errors="replace")
                     line += data.count(b"\n")
-                    if first:
-                        self.documents += 1
+                    self.documents += first
                     if text:
                         yield Piece(text, first, base + fh.tell() - len(carry))
                         first = False
@@ -331,8 +330,7 @@ class ParquetReader(ArmReader):
             pf = pq.ParquetFile(f)
             n_rows, row = max(1, pf.metadata.num_rows), 0
             for batch in pf.iter_batches(batch_size=PARQUET_BATCH, columns=[self.arm.field]):
-                col = batch.column(0)
-                for v in col.to_pylist():
+                for v in batch.column(0).to_pylist():
                     row += 1
                     if not isinstance(v, str):
                         self.bad.add(f"{f}:row {row}", f"column {self.arm.field!r} is not text")
