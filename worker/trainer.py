@@ -306,8 +306,7 @@ class Trainer:
             # adds across threads unless deterministic algorithms are on; then aten's serial
             # kernel: bit-identical runs and resumes on the CPU (tests/test_compile.py)
             torch.use_deterministic_algorithms(True, warn_only=True)
-        compiled = torch.compile(loss, dynamic=False, fullgraph=self._ddp is None)
-        return compiled  # type: ignore[return-value]  # called like the module
+        return torch.compile(loss, dynamic=False, fullgraph=self._ddp is None)  # type: ignore[return-value]
 
     def _resume(self, path: Path) -> None:
         """Read checkpoint `path` into the model and AdamW's state, checked against the
@@ -322,10 +321,18 @@ class Trainer:
             s = parse_checkpoint_name(path.name)
             checksum = entries[s].checksum if s in entries else None
         self.hooks.before_resume(path)
+        own = (self.model.flat, self.opt.m, self.opt.v)
+        # on the CPU (little-endian), read straight into them: no second buffer, no copy
+        direct = all(t.device.type == "cpu" for t in own) and sys.byteorder == "little"
+        out = (own[0].numpy(), own[1].numpy(), own[2].numpy()) if direct else None
         try:
-            step = self._read_checkpoint(path, checksum)
+            step, *arrays = load_checkpoint(path, self.model.n_params, checksum, out=out)
         except CheckpointError as e:
             raise ResumeLoadError(str(e), path=e.path or path, rule=e.rule) from e
+        if not direct:  # device memory (or a big-endian host): copy from the host
+            with torch.no_grad():
+                for t, a in zip(own, arrays):
+                    t.copy_(torch.from_numpy(a))
         # AdamW bias correction = the header step (docs/checkpoint-format.md)
         self.opt.set_step(step)
         self.step = self.resumed_from = step
@@ -338,24 +345,6 @@ class Trainer:
             if checksum
             else "not in the manifest: size, header and values checked",
         )
-
-    def _read_checkpoint(self, path: Path, checksum: str | None) -> int:
-        """Read `path` straight into model.flat, opt.m and opt.v; returns the header step."""
-        own = (self.model.flat, self.opt.m, self.opt.v)
-        if all(t.device.type == "cpu" for t in own) and sys.byteorder == "little":
-            # read straight into the weights and AdamW's state: no second buffer, no copy
-            step, *_ = load_checkpoint(
-                path,
-                self.model.n_params,
-                checksum,
-                out=(own[0].numpy(), own[1].numpy(), own[2].numpy()),
-            )
-        else:  # device memory (or a big-endian host): read to the host, then copy
-            step, w, m, v = load_checkpoint(path, self.model.n_params, checksum)
-            with torch.no_grad():
-                for t, a in zip(own, (w, m, v)):
-                    t.copy_(torch.from_numpy(a))
-        return step
 
     def announce(self) -> None:
         """Rank 0 announces the worker; every rank adds its pid to `worker.pids` under the lock
@@ -424,22 +413,6 @@ class Trainer:
         if self.device.type != "cuda":
             return t.to(self.device)
         return t.pin_memory().to(self.device, non_blocking=True)
-
-    def _micro_batches(self, tokens: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's slice of the update's batch, `tokens` int64 (rows, T + 1) on the device,
-        as `self.accum` consecutive (x, y) micro-batches of `self.micro` rows, in row order
-        (docs/configuration.md#batch-and-accumulation)."""
-        m = self.micro
-        return [
-            (tokens[i : i + m, :-1], tokens[i : i + m, 1:]) for i in range(0, tokens.size(0), m)
-        ]
-
-    def _grad_sync(self, last: bool):
-        """Context of one micro-batch's backward: DDP's `no_sync` (gradients accumulate locally)
-        on every micro-batch but the update's last, whose backward all-reduces them once."""
-        if self._ddp is None or last:
-            return contextlib.nullcontext()
-        return self._ddp.no_sync()
 
     def _queue_update(self, k: int, probs: dict) -> QueuedUpdate:
         """Queue optimizer update k (probabilities `probs` {arm: p}) on the device without
@@ -546,15 +519,19 @@ class Trainer:
 
     def _forward_backward(self, k: int, tokens: torch.Tensor) -> torch.Tensor:
         """Zeroed gradients, then forward and backward of this rank's slice of update k's batch
-        (`tokens` int64 (rows, T + 1) on the device) in `self.accum` micro-batches; returns the
+        (`tokens` int64 (rows, T + 1) on the device) in `self.accum` consecutive micro-batches
+        of `self.micro` rows (docs/configuration.md#batch-and-accumulation), every backward but
+        the last under DDP's `no_sync` (the last all-reduces the gradients once); returns the
         per-sequence losses, float32 (rows,), in row order (detached)."""
         self.model.train()
         self.opt.zero_grad()
-        seqs = []
-        for i, (x, y) in enumerate(self._micro_batches(tokens)):
+        seqs, m = [], self.micro
+        for i, r in enumerate(range(0, tokens.size(0), m)):
+            x, y = tokens[r : r + m, :-1], tokens[r : r + m, 1:]
             if self.cfg.dropout > 0:  # the masks follow from (seed, k, rank, i): exact resume
                 torch.manual_seed(dropout_seed(self.cfg.seed, k, self.rank, i))
-            with self._grad_sync(last=i == self.accum - 1):
+            ddp = self._ddp if i < self.accum - 1 else None  # gradients accumulate locally
+            with ddp.no_sync() if ddp is not None else contextlib.nullcontext():
                 seq = self.train_loss(x, y)
                 seq = self.hooks.on_loss(k, seq)
                 (seq.mean() * self.micro_scale).backward()  # sum = the slice's mean gradient
@@ -670,10 +647,9 @@ class Trainer:
         non-finite losses, a collapse alarm, the last step, the proxy's control request."""
         if not stop:
             return Boundary(tuple(reasons))
-        nan_storm = self.nonfinite_run >= self.opts.max_nonfinite
         why = self.flags.stop_reason or (
             "non-finite loss"
-            if nan_storm
+            if self.nonfinite_run >= self.opts.max_nonfinite
             else "collapse alarm from the proxy"
             if "alarm" in reasons
             else "max steps"
@@ -805,7 +781,6 @@ class Trainer:
         """The stop at boundary `b`: wait for the last checkpoint write, report "stopped", leave
         the process group; returns the exit code (docs/architecture.md#exit-codes)."""
         code = EXIT_OK
-        why = b.why
         r = self.ckpt.wait()
         if r is not None and r.error:
             code = EXIT_FATAL  # docs/checkpoint-format.md#disk: the stop path exits non-zero
@@ -813,7 +788,7 @@ class Trainer:
                 "stopping (%s) but the checkpoint of step %d (%s) FAILED: %s; "
                 "exiting with code %d: steps after the newest durable checkpoint "
                 "will be trained again on resume",
-                why,
+                b.why,
                 r.step,
                 r.reason,
                 r.error,
@@ -821,13 +796,13 @@ class Trainer:
             )
         if "alarm" in b.reasons:
             code = EXIT_FATAL
-        log.info("stopping at step %d (%s)", self.step, why)
+        log.info("stopping at step %d (%s)", self.step, b.why)
         self.reports.write(
             {
                 "type": "event",
                 "event": "stopped",
                 "step": self.step,
-                "why": why,
+                "why": b.why,
                 "exit_code": code,
                 "policy_waits": self.policy_waits,
                 "policy_wait_s": round(self.policy_wait_s, 6),
