@@ -282,20 +282,16 @@ class Checkpointer:
         _lower_thread_priority(self.writer_nice)  # this thread (and its crc thread) from here on
         self._write(step, reason)
 
-    def _free_bytes(self) -> int:
-        return shutil.disk_usage(self.run_dir).free
-
     def _write(self, step: int, reason: str) -> None:
         t0 = time.perf_counter()
         try:
             fault_injection.write_delay(self.run_dir, step)  # test hook; off unless set
-            need = self._bytes_needed()
-            if self._free_bytes() < need:
+            if shutil.disk_usage(self.run_dir).free < self._bytes_needed():
                 self.apply_retention()
-                need = self._bytes_needed()
-                if self._free_bytes() < need:
+                need, free = self._bytes_needed(), shutil.disk_usage(self.run_dir).free
+                if free < need:
                     raise CheckpointError(
-                        f"{self.run_dir}: {self._free_bytes():,} bytes free, a checkpoint needs "
+                        f"{self.run_dir}: {free:,} bytes free, a checkpoint needs "
                         f"{need:,} (with margin); not written, earlier checkpoints intact: "
                         f"free disk space (retention already applied); retried at the next "
                         f"cadence",

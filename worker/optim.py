@@ -25,8 +25,8 @@ from worker.model import GPT, is_view_at
 class _FusedAdamW:
     """The part of `torch.optim.AdamW(fused=True)` FlatAdamW uses, over the same state layout:
     `state` (parameter -> {"step": float32 scalar, "exp_avg", "exp_avg_sq"}), `param_groups`
-    (dicts with "params", "lr", "betas", "eps", "weight_decay", "fused"), `step()` and
-    `zero_grad()`. Parameters without a gradient are skipped, as torch does."""
+    (dicts with "params", "lr", "betas", "eps", "weight_decay", "fused") and `step()`.
+    Parameters without a gradient are skipped, as torch does."""
 
     def __init__(
         self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float
@@ -75,11 +75,6 @@ class _FusedAdamW:
                 grad_scale=None,
                 found_inf=found_inf,
             )
-
-    def zero_grad(self) -> None:
-        for g in self.param_groups:
-            for p in g["params"]:
-                p.grad = None
 
 
 class FlatAdamW:
@@ -180,4 +175,4 @@ class FlatAdamW:
         return {float(st["step"]) for st in self.opt.state.values()}
 
     def zero_grad(self) -> None:
-        self.opt.zero_grad()  # set_to_none=True, torch's default
+        self.model.zero_grad()  # every parameter's .grad = None (set_to_none, the default)
