@@ -80,10 +80,6 @@ class ArmSampler:
             n: _starts(_gaps(self.heldout[n], arms[n].n_tokens), block_size) for n in self.names
         }
 
-    def _train_start(self, name: str, g: np.random.Generator) -> int:
-        seg, cum = self._train[name]
-        return _nth_start(seg, cum, int(g.integers(0, int(cum[-1]))))
-
     def draw(
         self,
         seed: int,
@@ -100,21 +96,25 @@ class ArmSampler:
         arm_idx = g.choice(len(self.names), size=batch_size, p=p)
         starts = np.empty(batch_size, dtype=np.int64)
         for i, a in enumerate(arm_idx):  # one draw per row, in row order: independent of ranks
-            starts[i] = self._train_start(self.names[a], g)
+            seg, cum = self._train[self.names[a]]
+            starts[i] = _nth_start(seg, cum, int(g.integers(0, int(cum[-1]))))
         counts = {n: int((arm_idx == i).sum()) for i, n in enumerate(self.names)}
         per = batch_size // world_size
-        rows = range(rank * per, (rank + 1) * per)
+        mine = slice(rank * per, (rank + 1) * per)
+        names = [self.names[a] for a in arm_idx[mine]]
+        return Batch(self._windows(names, starts[mine].tolist()), arm_idx[mine], counts)
+
+    def _windows(self, names: list[str], starts: list[int]) -> torch.Tensor:
+        """int64 (rows, block+1): row i the window of arm `names[i]` at token `starts[i]`, its
+        ids checked (`_check_ids`)."""
         buf = np.stack(
             [
-                np.asarray(
-                    self.tokens[self.names[arm_idx[i]]][starts[i] : starts[i] + self.block + 1],
-                    dtype=np.int64,
-                )
-                for i in rows
+                np.asarray(self.tokens[n][s : s + self.block + 1], dtype=np.int64)
+                for n, s in zip(names, starts)
             ]
         )
-        self._check_ids(buf, [self.names[arm_idx[i]] for i in rows], [int(starts[i]) for i in rows])
-        return Batch(torch.from_numpy(buf), arm_idx[rank * per : (rank + 1) * per], counts)
+        self._check_ids(buf, names, starts)
+        return torch.from_numpy(buf)
 
     def _check_ids(self, buf: np.ndarray, names: list[str], starts: list[int]) -> None:
         """Raise ArmSourceError naming the arm, its file and the offset when a window of `buf`
@@ -142,10 +142,7 @@ class ArmSampler:
 
     def heldout_windows(self, name: str, n: int) -> torch.Tensor:
         """The fixed probe set of arm `name`: int64 (n, block+1) at `heldout_starts(name, n)`."""
-        toks, starts = self.tokens[name], self.heldout_starts(name, n)
-        buf = np.stack([np.asarray(toks[s : s + self.block + 1], dtype=np.int64) for s in starts])
-        self._check_ids(buf, [name] * len(starts), starts)
-        return torch.from_numpy(buf)
+        return self._windows([name] * n, self.heldout_starts(name, n))
 
     def prompt(self, name: str, n_tokens: int = AUDIT_PROMPT_TOKENS) -> np.ndarray:
         """Fixed audit prompt of arm `name`: the first tokens of its held-out split."""
