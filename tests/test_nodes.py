@@ -483,7 +483,7 @@ def stop_step(run, before) -> int:
     `sigterm` checkpoint, or, where the stop fell on a cadence step whose checkpoint was already
     written, that one: a rank that gets the signal while it waits in the boundary's collective
     acts on it at the start of the next update, which stops at the same step and writes no
-    second file (worker/trainer.py `_unless_a_rank_stops`). Either way it is the newest
+    second file (worker/trainer.py `_one_update`). Either way it is the newest
     checkpoint and the history ends there: no step lost."""
     new = stops(run, before)
     term = [s for s, w in new if w == "sigterm"]

@@ -88,10 +88,8 @@ class SignalFlags:
             "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
         ) and os.getppid() != parent_pid
 
-        def gone() -> bool:
-            if not via_agent:
-                return os.getppid() != parent_pid
-            return not alive(parent_pid)  # a zombie proxy is a dead one
+        def gone() -> bool:  # a zombie proxy is a dead one
+            return not alive(parent_pid) if via_agent else os.getppid() != parent_pid
 
         if gone():  # died before prctl took effect
             self.stop_reason = self.stop_reason or "parent-died"

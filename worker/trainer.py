@@ -510,12 +510,14 @@ class Trainer:
         its step report, with the probe when one is due (benchmarks and tests; the loop in
         `run` reads each update's values while the next one runs)."""
         q = self._queue_update(k, probs)
-        if self._probe_due(k):
-            q.probe = self.probe()
+        q.probe = self._probe(k)
         return self._read_update(q)
 
-    def _probe_due(self, k: int) -> bool:
-        return self.probe_plan.active and k % self.probe_plan.every == 0 and self.rank == 0
+    def _probe(self, k: int) -> dict[str, float] | None:
+        """Mean held-out loss per arm on the fixed probe set when update `k` probes (never
+        trained on; docs/bandit.md#rewards), else None."""
+        due = self.probe_plan.active and k % self.probe_plan.every == 0 and self.rank == 0
+        return self.heldout_losses(self.probe_plan.sequences) if due else None
 
     def _forward_backward(self, k: int, tokens: torch.Tensor) -> torch.Tensor:
         """Zeroed gradients, then forward and backward of this rank's slice of update k's batch
@@ -539,10 +541,6 @@ class Trainer:
             self.hooks.after_micro_batch(k, i + 1, self.reports.write)
         return torch.cat(seqs)
 
-    def probe(self) -> dict[str, float]:
-        """Mean held-out loss per arm on the fixed probe set (never trained on; docs/bandit.md#rewards)."""
-        return self.heldout_losses(self.probe_plan.sequences)
-
     @torch.no_grad()
     def heldout_losses(self, sequences: int) -> dict[str, float]:
         """Mean loss per arm, in nats, over the first `sequences` held-out windows of each arm
@@ -565,7 +563,7 @@ class Trainer:
     def sample_audit(self, k: int, probe: dict[str, float] | None) -> dict:
         """Text from a fixed prompt per arm (each arm its own seed; the arms generated as one
         batch), and held-out loss per arm (docs/architecture.md#the-worker)."""
-        probe = probe or self.probe()
+        probe = probe or self.heldout_losses(self.probe_plan.sequences)
         self.model.eval()
         names = self.sampler.names
         prompts = [self.sampler.prompt(n) for n in names]
@@ -611,9 +609,7 @@ class Trainer:
         at every boundary."""
         busy = self.ckpt.busy()  # several SIGUSR1 coalesce into one
         usr1_new = self.usr1.arrived(writing_usr1=busy and self._last_reason == "sigusr1")
-        ctl_ckpt = (
-            control.get("checkpoint_at_step") is not None and k == control["checkpoint_at_step"]
-        )
+        ctl_ckpt = k == control.get("checkpoint_at_step")
         events = [
             int(usr1_new),
             int(ctl_ckpt),
@@ -742,22 +738,16 @@ class Trainer:
         if self.flags.stop_reason and not self.dist.enabled:
             return self._boundary(["sigterm"], True, {})
         probs, control = self._policy_for(k)
-        probs = self._unless_a_rank_stops(probs)
+        stopping = probs is None or bool(self.flags.stop_reason)
+        # on several ranks, when any rank stops no rank starts the update, so none waits in DDP
+        # for one that never comes
+        if self.dist.enabled and wdist.agree(self.dist, [int(stopping)])[0]:
+            self.flags.stop_reason = self.flags.stop_reason or "SIGTERM (another rank)"
+            probs = None
         if probs is None:
             return self._boundary(["sigterm"], True, control)
         self._train_and_report(k, probs)
         return self._decide_boundary(k, control)
-
-    def _unless_a_rank_stops(self, probs: dict | None) -> dict | None:
-        """`probs`, or None when any rank is stopping (a collective on several ranks): then no
-        rank starts the update, so none waits in DDP for one that never comes."""
-        if (
-            self.dist.enabled
-            and wdist.agree(self.dist, [int(probs is None or bool(self.flags.stop_reason))])[0]
-        ):
-            self.flags.stop_reason = self.flags.stop_reason or "SIGTERM (another rank)"
-            return None
-        return probs
 
     def _train_and_report(self, k: int, probs: dict) -> None:
         """Queue update k, then write update k-1's report while k runs; k's own report is
@@ -767,8 +757,7 @@ class Trainer:
         self._write_pending()
         self.hooks.after_step(k, self.reports.write)
         self.step, self._pending = k, q
-        if self._probe_due(k):
-            q.probe = self.probe()
+        q.probe = self._probe(k)
         if self.cfg.eval_every and k % self.cfg.eval_every == 0 and self.rank == 0:
             q.eval = self.heldout_losses(self.cfg.eval_sequences)  # the validation curve
         audit = k % self.cfg.sample_every == 0 and self.rank == 0
