@@ -49,6 +49,7 @@ import os
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,34 +74,6 @@ def _sleep(secs: float, stopping: Callable[[], bool] | None, *release: Path) -> 
         if (stopping and stopping()) or any(r.exists() for r in release):
             return
         time.sleep(min(0.01, left))
-
-
-def _pause(
-    variable: str,
-    where: str,
-    event: dict,
-    report,
-    run_dir: Path,
-    stopping: Callable[[], bool] | None,
-) -> None:
-    """The pause of `variable` (comma-separated `where:secs` pairs) at `where`, once per run
-    directory (marker `.test-pause-<where>`): report `event` first, then sleep `secs` seconds,
-    until a stop (`stopping()`) or the file `.test-release-<where>` in `run_dir`; `hold`: until
-    that file only (a test signals inside the hold)."""
-    for part in filter(None, os.environ.get(variable, "").split(",")):
-        at, secs = part.split(":")
-        if at != where:
-            continue
-        marker = Path(run_dir) / f".test-pause-{where}"
-        if marker.exists():
-            return
-        marker.write_text(str(os.getpid()))
-        report({"type": "event", **event, "time": time.time()})
-        release = Path(run_dir) / f".test-release-{where}"
-        if secs == "hold":
-            _sleep(3600.0, None, release)
-        else:
-            _sleep(float(secs), stopping, release)
 
 
 def write_delay(run_dir: Path, step: int) -> None:
@@ -130,17 +103,14 @@ class HostReadCounter:
         from torch.overrides import TorchFunctionMode
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        counts: dict[str, int] = {}
+        counts: Counter[str] = Counter()
         self.counts = counts
-
-        def count(what: str) -> None:
-            counts[what] = counts.get(what, 0) + 1
 
         class Functions(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 name = getattr(func, "__name__", "")
                 if name in ("numpy", "tolist") and args and isinstance(args[0], torch.Tensor):
-                    count(f"Tensor.{name}")
+                    counts[f"Tensor.{name}"] += 1
                 return func(*args, **(kwargs or {}))
 
         class Dispatch(TorchDispatchMode):
@@ -148,11 +118,11 @@ class HostReadCounter:
                 out = func(*args, **(kwargs or {}))
                 name = str(func)
                 if name.startswith("aten._local_scalar_dense"):
-                    count(name)
+                    counts[name] += 1
                 elif name.startswith(("aten.copy_", "aten._to_copy")):
                     src = args[1] if name.startswith("aten.copy_") else args[0]
                     if out.device.type == "cpu" and src.device.type != "cpu":
-                        count(name)
+                        counts[name] += 1
                 return out
 
         self._modes = (Functions(), Dispatch())
@@ -211,20 +181,39 @@ class EnvHooks(NoHooks):
         if self.reads is not None:
             self.reads.start()
 
+    def _pause(self, variable: str, where: str, event: dict, report) -> None:
+        """The pause of `variable` (comma-separated `where:secs` pairs) at `where`, once per run
+        directory (marker `.test-pause-<where>`): report `event` first, then sleep `secs`
+        seconds, until a stop (`stopping()`) or the file `.test-release-<where>` in the run
+        directory; `hold`: until that file only (a test signals inside the hold)."""
+        for part in filter(None, os.environ.get(variable, "").split(",")):
+            at, secs = part.split(":")
+            if at != where:
+                continue
+            marker = self.run_dir / f".test-pause-{where}"
+            if marker.exists():
+                return
+            marker.write_text(str(os.getpid()))
+            report({"type": "event", **event, "time": time.time()})
+            release = self.run_dir / f".test-release-{where}"
+            if secs == "hold":
+                _sleep(3600.0, None, release)
+            else:
+                _sleep(float(secs), self.stopping, release)
+
     def on_loss(self, step: int, loss):
         return loss * float("nan") if step in self.nan_steps else loss
 
     def after_micro_batch(self, step: int, micro: int, report) -> None:
         event = {"event": "test-pause-micro", "step": step, "micro": micro}
-        where = f"{step}.{micro}"
-        _pause("ANDREA_TEST_PAUSE_AT_MICRO", where, event, report, self.run_dir, self.stopping)
+        self._pause("ANDREA_TEST_PAUSE_AT_MICRO", f"{step}.{micro}", event, report)
 
     def after_step(self, step: int, report) -> None:
         if self.reads is not None:
             reads = self.reads.take()
             report({"type": "event", "event": "test-host-reads", "step": step, "reads": reads})
         event = {"event": "test-pause", "step": step}
-        _pause("ANDREA_TEST_PAUSE_AT_STEP", str(step), event, report, self.run_dir, self.stopping)
+        self._pause("ANDREA_TEST_PAUSE_AT_STEP", str(step), event, report)
         hang = os.environ.get("ANDREA_TEST_HANG_AT_STEP")
         marker = self.run_dir / ".test-hang-done"
         if hang and int(hang) == step and not marker.exists():
