@@ -280,17 +280,18 @@ def _shrink_at(monkeypatch, end):
     real_open = cread._open_regular
 
     class Shrunk:
-        def __init__(self, f):
-            self.f = f
+        def __init__(self, opened):
+            self.opened = opened
 
         def __getattr__(self, name):
             return getattr(self.f, name)
 
         def __enter__(self):
+            self.f = self.opened.__enter__()
             return self
 
         def __exit__(self, *exc):
-            self.f.close()
+            return self.opened.__exit__(*exc)
 
         def readinto(self, view):
             return self.f.readinto(view[: max(0, end - self.f.tell())])
