@@ -37,17 +37,17 @@ from shared.checkpoint.file_format import (
 # ---------------------------------------------------------------------------- writing
 
 
-def _as_f32_vector(x, what: str, step: int) -> np.ndarray:
+def _as_f32_vector(x, what: str, final_name: str) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype != np.float32:
         raise CheckpointError(
-            f"{checkpoint_name(step)}: {what} has dtype {arr.dtype}, the format stores "
+            f"{final_name}: {what} has dtype {arr.dtype}, the format stores "
             f"float32: convert with .float() / .astype(np.float32) before saving",
             rule="dtype",
         )
     if arr.ndim != 1:
         raise CheckpointError(
-            f"{checkpoint_name(step)}: {what} has shape {arr.shape}, the format stores flat "
+            f"{final_name}: {what} has shape {arr.shape}, the format stores flat "
             f"1-D arrays: flatten the parameters in the model's order first",
             rule="shape",
         )
@@ -67,9 +67,9 @@ def write_checkpoint(
     lengths) before any file is touched.
     """
     final_name = checkpoint_name(step)  # raises for a bad step
-    step = int(step)
     arrays = [
-        _as_f32_vector(a, what, step) for a, what in ((weights, "weights"), (m, "m"), (v, "v"))
+        _as_f32_vector(a, what, final_name)
+        for a, what in ((weights, "weights"), (m, "m"), (v, "v"))
     ]
     n = arrays[0].shape[0]
     if arrays[1].shape[0] != n or arrays[2].shape[0] != n:
@@ -79,8 +79,7 @@ def write_checkpoint(
             f"parameters in the same order",
             rule="shape",
         )
-    check_int32_limits(step, n)
-    image = alloc_checkpoint_image(n)
+    image = alloc_checkpoint_image(n)  # raises for a bad n
     for dst, src in zip(image_arrays(image), arrays):
         dst[:] = src
     return write_checkpoint_image(directory, step, image, fsync=fsync, recycle=False)
@@ -91,9 +90,9 @@ def write_checkpoint(
 DIRECT_ALIGN = 4096  # bytes: O_DIRECT needs buffer address, file offset and length aligned
 
 
-def image_offset(address: int, align: int = DIRECT_ALIGN) -> int:
-    """Bytes to skip from ``address`` to the next multiple of ``align`` (0 if aligned)."""
-    return -address % align
+def image_offset(address: int) -> int:
+    """Bytes to skip from ``address`` to the next multiple of DIRECT_ALIGN (0 if aligned)."""
+    return -address % DIRECT_ALIGN
 
 
 def alloc_checkpoint_image(n_params: int) -> np.ndarray:
