@@ -28,16 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# ISA-L's crc32: zlib.crc32's values (the running value included) at about a quarter of the CPU,
+# which a background checkpoint takes from training (docs/checkpoint-format.md#writing-without-stalling)
+from isal.isal_zlib import crc32
+
 HEADER_BYTES = 8  # int32 step + int32 n_params
 INT32_MAX = 2**31 - 1  # largest step / n_params the header can hold
 CHECKSUM_CHUNK = 8 * 1024 * 1024  # bytes per crc32 call of a checksum read
-
-try:  # ISA-L's crc32: the same CRC-32 as zlib.crc32 (value for value, running value included),
-    # about 3.6x less CPU (0.016 s instead of 0.058 s per 154 MB andrea-12m checkpoint, thread
-    # CPU time), CPU a background checkpoint takes from training (docs/checkpoint-format.md#writing-without-stalling)
-    from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same checksums
-    from zlib import crc32
 HEADER = struct.Struct("<ii")  # little-endian step, n_params
 F32 = np.dtype("<f4")  # on-disk element type
 _NAME_RE = re.compile(r"step_([0-9]{6,})\.bin")  # ASCII digits only
