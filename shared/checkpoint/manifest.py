@@ -124,12 +124,6 @@ def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
     return entries
 
 
-def _write_manifest(directory: os.PathLike | str, entries: dict[int, ManifestEntry]) -> None:
-    path = RunLayout(directory).manifest
-    doc = {"format": MANIFEST_FORMAT, "checkpoints": [asdict(entries[s]) for s in sorted(entries)]}
-    atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
-
-
 @contextlib.contextmanager
 def editing_manifest(directory: os.PathLike | str) -> Iterator[dict[int, ManifestEntry]]:
     """Hold the manifest's lock and yield its entries ({step: ManifestEntry}) to change in
@@ -137,12 +131,15 @@ def editing_manifest(directory: os.PathLike | str) -> Iterator[dict[int, Manifes
     exception). The worker's writer thread records and retires checkpoints while the proxy may
     pin one (collapse watch), in two processes. Raises filelock.Timeout after 30 s, OSError if
     the manifest cannot be written (the old one stays intact)."""
-    with FileLock(str(RunLayout(directory).manifest_lock), timeout=30):
+    layout = RunLayout(directory)
+    with FileLock(str(layout.manifest_lock), timeout=30):
         entries = read_manifest(directory)
         before = copy.deepcopy(entries)
         yield entries
         if entries != before:
-            _write_manifest(directory, entries)
+            records = [asdict(entries[s]) for s in sorted(entries)]
+            doc = {"format": MANIFEST_FORMAT, "checkpoints": records}
+            atomic_write_bytes(layout.manifest, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
 
 
 def set_pinned(directory: os.PathLike | str, step: int, pinned: bool = True) -> bool | None:
@@ -159,10 +156,9 @@ def set_pinned(directory: os.PathLike | str, step: int, pinned: bool = True) -> 
 def record_checkpoint(directory: os.PathLike | str, entry: ManifestEntry) -> None:
     """Add or replace the entry for ``entry.step`` in the manifest, atomically (docs/checkpoint-format.md#atomic-write).
 
-    Read-modify-write under the lock (``editing_manifest``): write
-    ``.checkpoints.json.tmp-{pid}``, fsync, os.replace, fsync the directory. Call after the
-    checkpoint itself is durable. Raises OSError if the manifest cannot be written (the old
-    manifest stays intact).
+    Read-modify-write under the lock (``editing_manifest``), written with ``atomic_write_bytes``.
+    Call after the checkpoint itself is durable. Raises OSError if the manifest cannot be
+    written (the old manifest stays intact).
     """
     with editing_manifest(directory) as entries:
         entries[entry.step] = entry
