@@ -30,7 +30,7 @@ def plain_every() -> float:
 class Progress:
     """`update(done)` with `done` bytes of `total`; `close()` ends the bar.
 
-    stream: where the bar goes (stderr); a bar only when it is a TTY and tqdm is installed,
+    stream: where the bar goes (stderr); a bar (tqdm) only when it is a TTY,
     else one log line "<label>: X of Y MB (P %), R MB/s, ETA S s" every `every` seconds."""
 
     def __init__(self, label: str, total: int, stream=None, every: float | None = None) -> None:
@@ -40,30 +40,25 @@ class Progress:
         self.last = self.rate_t0 = time.monotonic()  # the rate counts from here (`restart_rate`)
         self.done = self.rate_from = 0
         self.bar = None
-        isatty = getattr(self.stream, "isatty", lambda: False)
-        if isatty():
-            try:
-                from tqdm import tqdm
+        if getattr(self.stream, "isatty", lambda: False)():
+            from tqdm import tqdm  # only a terminal needs it
 
-                self.bar = tqdm(
-                    total=self.total,
-                    desc=label,
-                    unit="B",
-                    unit_scale=True,
-                    unit_divisor=1000,
-                    file=self.stream,
-                    dynamic_ncols=True,
-                    mininterval=0.25,
-                )
-            except ImportError:
-                self.bar = None
+            self.bar = tqdm(
+                total=self.total,
+                desc=label,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1000,
+                file=self.stream,
+                dynamic_ncols=True,
+                mininterval=0.25,
+            )
 
     def line(self) -> str:
         dt = max(1e-9, time.monotonic() - self.rate_t0)
         rate = (self.done - self.rate_from) / dt
         pct = 100.0 * self.done / self.total if self.total else 100.0
-        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-        eta_s = f"{eta:,.0f} s" if eta != float("inf") else "?"
+        eta_s = f"{(self.total - self.done) / rate:,.0f} s" if rate > 0 else "?"
         return (
             f"{self.label}: {megabytes(self.done)} of {megabytes(self.total)} ({pct:.0f} %), "
             f"{rate / 1e6:,.1f} MB/s, ETA {eta_s}"
@@ -71,11 +66,10 @@ class Progress:
 
     def update(self, done: int) -> None:
         done = min(int(done), self.total) if self.total else int(done)
+        gained, self.done = done - self.done, done
         if self.bar is not None:
-            self.bar.update(max(0, done - self.done))
-            self.done = done
+            self.bar.update(max(0, gained))
             return
-        self.done = done
         now = time.monotonic()
         if now - self.last >= self.every:
             self.last = now
