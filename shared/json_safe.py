@@ -25,8 +25,7 @@ def jsonable(value):
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     if isinstance(value, float):  # float subclasses, e.g. numpy.float64
-        value = float(value)
-        return value if math.isfinite(value) else None
+        return jsonable(float(value))
     if isinstance(value, (int, str)):
         return value
     tolist = getattr(value, "tolist", None)

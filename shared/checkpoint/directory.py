@@ -79,8 +79,7 @@ def list_checkpoints(directory: os.PathLike | str) -> list[tuple[int, pathlib.Pa
         step = parse_checkpoint_name(entry.name)
         if step is not None and not entry.is_dir():
             found.append((step, directory / entry.name))
-    found.sort(key=lambda item: item[0])
-    return found
+    return sorted(found)  # one name per step: by step
 
 
 def scan_for_resume(
