@@ -9,6 +9,7 @@ checkpoint writer.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -73,13 +74,10 @@ def fsync_dir(path) -> None:
 def current_umask() -> int:
     """This process's umask, read without changing it (os.umask can only set it, which is not
     thread-safe): /proc/self/status's "Umask:" line on Linux, else 0o022."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     return 0o022
 
 
@@ -107,10 +105,8 @@ def atomic_write_bytes(path, data: bytes, durable: bool = True) -> None:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(e, OSError) and e.filename in (None, tmp):
             raise named(e, path) from e
         raise

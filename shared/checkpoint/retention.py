@@ -11,6 +11,7 @@ write engine (``shared/checkpoint/write.py``) or the writer thread (``worker/che
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
@@ -53,7 +54,7 @@ def apply_retention(
 
 
 def _retire(path: pathlib.Path, n_params: int, reuse: bool) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         st = os.lstat(path)  # a symlink is a link: removed, its target never reused
         if reuse and st.st_size == expected_size(n_params) and reusable(st):
             try:
@@ -66,5 +67,3 @@ def _retire(path: pathlib.Path, n_params: int, reuse: bool) -> None:
                 log.warning("retention: cannot retire %s (%s): deleted", path.name, exc)
         path.unlink()
         log.info("retention: deleted %s", path.name)
-    except FileNotFoundError:
-        pass

@@ -14,6 +14,7 @@ numpy and the standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pathlib
@@ -159,15 +160,13 @@ def _take_recycled(directory: pathlib.Path, tmp: pathlib.Path) -> bool:
     """Rename ``RECYCLED_NAME`` to ``tmp`` if it is ``reusable``; True when it was. Anything
     else found there is removed (a directory is left alone) and the write makes a new file."""
     src = directory / RECYCLED_NAME
-    try:
+    with contextlib.suppress(FileNotFoundError):
         st = os.lstat(src)
         if reusable(st):
             os.rename(src, tmp)
             return True
         if not stat.S_ISDIR(st.st_mode):
             os.unlink(src)  # a symlink goes, never its target
-    except FileNotFoundError:
-        pass
     return False
 
 
@@ -306,10 +305,8 @@ def write_checkpoint_image(
     except BaseException as exc:
         crc.close()
         if not renamed:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass  # gone already, or clean_stale_temporaries at the next start removes it
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # gone, or clean_stale_temporaries at the next start removes it
         if isinstance(exc, OSError):
             where = final if renamed else tmp
             raise CheckpointError(
