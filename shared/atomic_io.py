@@ -158,7 +158,17 @@ def read_json(
     try:
         with open(path, "rb") as f:
             raw = f.read()
-        value = _parse(path, raw)
+        try:
+            value = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise JSONFileError(
+                path, f"not UTF-8 at byte {e.start} ({len(raw)} bytes in file)"
+            ) from None
+        except json.JSONDecodeError as e:
+            offset = len(e.doc[: e.pos].encode("utf-8"))
+            raise JSONFileError(
+                path, f"invalid JSON at byte {offset} of {len(raw)} ({e.msg})"
+            ) from None
         if expect is not None and not isinstance(value, expect):
             raise JSONFileError(
                 path, f"a JSON {type(value).__name__}, not the {expect.__name__} expected"
@@ -193,22 +203,6 @@ def aside_name(path: str, kind: str) -> str:
         aside = f"{path}.{kind}-{stamp}.{k}"
         k += 1
     return aside
-
-
-def _parse(path: str, raw: bytes) -> Any:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise JSONFileError(
-            path, f"not UTF-8 at byte {e.start} ({len(raw)} bytes in file)"
-        ) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        offset = len(text[: e.pos].encode("utf-8"))
-        raise JSONFileError(
-            path, f"invalid JSON at byte {offset} of {len(raw)} ({e.msg})"
-        ) from None
 
 
 _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")  # tempfile.mkstemp in atomic_write_bytes
