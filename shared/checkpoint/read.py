@@ -167,18 +167,6 @@ def _check_structure(f, path: pathlib.Path, n_params: int | None) -> CheckpointI
     return CheckpointInfo(path=path, step=step, n_params=n, nbytes=size)
 
 
-def _normalise_checksum(checksum: str, path: pathlib.Path) -> str:
-    want = str(checksum).strip().lower()
-    if re.fullmatch(r"crc32:[0-9a-f]{8}", want) is None:
-        raise CheckpointError(
-            f"{path.name}: expected checksum {checksum!r} is not of the form crc32:xxxxxxxx: "
-            f"the manifest entry is damaged; drop it to load the file unchecked",
-            path=path,
-            rule="checksum",
-        )
-    return want
-
-
 def _check_crc(path: pathlib.Path, crc: int, want: str | None) -> str:
     """The file's "crc32:%08x" from its running crc32; CheckpointError (rule "checksum") when it
     is not `want` (None: nothing to compare with)."""
@@ -200,7 +188,14 @@ def _opened(path: os.PathLike | str, n_params: int | None, checksum: str | None)
     for the loaders' shared preamble; an OSError inside becomes CheckpointError (rule "io")."""
     path = pathlib.Path(path)
     n_params = check_n_params(n_params)
-    want = _normalise_checksum(checksum, path) if checksum is not None else None
+    want = None if checksum is None else str(checksum).strip().lower()
+    if want is not None and re.fullmatch(r"crc32:[0-9a-f]{8}", want) is None:
+        raise CheckpointError(
+            f"{path.name}: expected checksum {checksum!r} is not of the form crc32:xxxxxxxx: "
+            f"the manifest entry is damaged; drop it to load the file unchecked",
+            path=path,
+            rule="checksum",
+        )
     with _open_regular(path) as f:
         yield f, _check_structure(f, path, n_params), want
 
