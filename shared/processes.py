@@ -42,10 +42,8 @@ def process_state(pid) -> str | None:
     """The one-letter state of `pid` (R, S, D, T, t, Z, X, I; another of psutil's names as it
     is), or None when it does not exist or `pid` is not a positive int. Never raises."""
     p = _process(pid)
-    if p is None:
-        return None
     try:
-        status = p.status()
+        status = None if p is None else p.status()
     except psutil.Error:
         return None
     return _LETTER.get(status, status)
