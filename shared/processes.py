@@ -1,10 +1,8 @@
 """Whether a process runs, and what it is: the project's one answer, from psutil.
 
-What it is: `process_state` (one letter of proc(5), or None when the process is gone), `alive`
-(exists, not a zombie, and optionally not younger than a record of it: a reused pid is not the
-process the record names), `group_members` and `seconds_since_start`, for the proxy's
-process-tree duties, the run lock, `status`, the worker's parent watch and the tests. What it
-is not: signalling or waiting (proxy/supervision/proc_tree.py).
+What it is: `process_state`, `alive`, `group_members` and `seconds_since_start`, for the
+proxy's process-tree duties, the run lock, `status`, the worker's parent watch and the tests.
+What it is not: signalling or waiting (proxy/supervision/proc_tree.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The run directory's checkpoints: listing, stale temporaries, the newest valid file,
 quarantine (docs/checkpoint-format.md#validity, #atomic-write).
 
-What it is: the policy over a directory of ``step_NNNNNN.bin`` files: list them by integer
-step, remove stale temporaries at start, walk newest-first to the first file that validates
-(each rejection with its rule), and move a rejected file into ``rejected/`` where neither
-training nor retention can touch it.
+What it is: the policy over a directory of ``step_NNNNNN.bin`` files, one function for each of
+the four duties above.
 
 What it is not: the layout or validation of one file (``shared/checkpoint/file_format.py``), writing
 one (``shared/checkpoint/write.py``), the manifest or retention (``shared/checkpoint/manifest.py``).

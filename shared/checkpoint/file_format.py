@@ -9,10 +9,7 @@ write).
 What it is not: reading and validating a file (``shared/checkpoint/read.py``), writing one
 (``shared/checkpoint/write.py``), the run directory's policy (``shared/checkpoint/directory.py``),
 the manifest (``shared/checkpoint/manifest.py``), the background writer thread or the torch side
-(``worker/``). numpy and the standard library only, so the proxy can import it without torch.
-
-Every error is a ``CheckpointError`` whose message names the file, the offending value, the
-rule and what to do next; it is meant to be printed to an operator as is.
+(``worker/``). numpy, isal and the standard library only: the proxy imports it without torch.
 """
 
 from __future__ import annotations

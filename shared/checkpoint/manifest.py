@@ -6,9 +6,7 @@ file name, byte size, checksum, why it was written and whether it is pinned; plu
 function that decides which checkpoints retention may delete.
 
 What it is not: the checkpoint format (``shared/checkpoint/file_format.py``); the ``.bin`` stays
-byte-exact and a ``.bin`` without an entry still loads. It deletes no checkpoint itself. Every
-read-modify-write, by the worker's writer or the proxy's collapse watch, holds the manifest's
-lock (``editing_manifest``), so a pin is never lost (docs/checkpoint-format.md#manifest).
+byte-exact and a ``.bin`` without an entry still loads. It deletes no checkpoint itself.
 """
 
 from __future__ import annotations

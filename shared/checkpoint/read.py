@@ -3,9 +3,6 @@
 
 What it is: ``read_header``, ``validate_checkpoint`` (rules 1-8), ``load_checkpoint`` (weights, m
 and v, read once straight into the caller's arrays) and ``load_weights`` (the weights only).
-Every byte goes through one loop (``_read_exact``), which fills a buffer over short reads and,
-where a checksum is wanted, feeds each piece to a crc32 while the next is read.
-A FIFO or device named like a checkpoint is refused before a read could block.
 
 What it is not: the layout and names (``shared/checkpoint/file_format.py``), the directory's
 policy (``shared/checkpoint/directory.py``: listing, the newest valid file, quarantine).

@@ -1,10 +1,8 @@
 """Writing a checkpoint file atomically: the write engine (docs/checkpoint-format.md#atomic-write).
 
-What it is: ``write_checkpoint_image`` (one preallocated, 4096-byte-aligned file image,
-``alloc_checkpoint_image``, written with O_DIRECT where the filesystem allows): a temporary in
-the same directory, the crc32 computed in a helper thread (``BackgroundCrc``) while the bytes
-are written and fsynced, rename over the final name, directory fsync; and ``write_checkpoint``,
-which copies three arrays into an image and writes that.
+What it is: ``write_checkpoint_image``, which writes a preallocated file image
+(``alloc_checkpoint_image``) to a temporary and renames it over the final name, and
+``write_checkpoint``, which copies three arrays into an image and writes that.
 
 What it is not: the layout, its validation or loading (``shared/checkpoint/file_format.py``), the
 run directory's policy (``shared/checkpoint/directory.py``), the manifest or retention
@@ -290,8 +288,6 @@ def write_checkpoint_image(
                 os.unlink(tmp)
         _write_image(tmp, view, aligned, fsync)
 
-    # the protocol (docs/checkpoint-format.md#atomic-write): on any exception the temporary is
-    # removed, the crc thread stopped, and an OSError becomes a CheckpointError (rule "io")
     final = directory / final_name
     tmp = directory / f".{final_name}.tmp-{os.getpid()}"
     renamed = False
