@@ -190,9 +190,5 @@ def plan_retention(
     if keep_every < 0:
         raise ValueError(f"keep_every = {keep_every}: must be >= 0 (0 disables it)")
     ordered = sorted(set(steps))
-    newest = set(ordered[-keep_last:])
-    return [
-        s
-        for s in ordered
-        if s not in newest and s not in pinned and not (keep_every > 0 and s % keep_every == 0)
-    ]
+    kept = set(ordered[-keep_last:]) | set(pinned)
+    return [s for s in ordered if s not in kept and not (keep_every > 0 and s % keep_every == 0)]

@@ -42,10 +42,9 @@ def apply_retention(
     """
     directory = pathlib.Path(directory)
     with editing_manifest(directory) as entries:  # a pin made meanwhile waits, or is seen
-        present = {s for s, _ in list_checkpoints(directory)}
-        known = [s for s in present if s in entries]
+        known = [s for s, _ in list_checkpoints(directory) if s in entries]
         pinned = {s for s, e in entries.items() if e.pinned}
-        doomed = sorted(plan_retention(known, pinned, keep_last, keep_every))
+        doomed = plan_retention(known, pinned, keep_last, keep_every)  # ascending
         for i, s in enumerate(doomed):
             _retire(directory / entries[s].file, n_params, reuse=i == 0)
         for s in doomed:
