@@ -19,24 +19,22 @@ def megabytes(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
-def plain_every() -> float:
-    """Seconds between plain progress lines: $ANDREA_PROGRESS_SECONDS, else 5."""
-    try:
-        return max(0.0, float(os.environ.get("ANDREA_PROGRESS_SECONDS", "5")))
-    except ValueError:
-        return 5.0
-
-
 class Progress:
     """`update(done)` with `done` bytes of `total`; `close()` ends the bar.
 
     stream: where the bar goes (stderr); a bar (tqdm) only when it is a TTY,
-    else one log line "<label>: X of Y MB (P %), R MB/s, ETA S s" every `every` seconds."""
+    else one log line "<label>: X of Y MB (P %), R MB/s, ETA S s" every `every` seconds
+    (None: $ANDREA_PROGRESS_SECONDS, else 5)."""
 
     def __init__(self, label: str, total: int, stream=None, every: float | None = None) -> None:
         self.label, self.total = label, max(0, int(total))
         self.stream = sys.stderr if stream is None else stream
-        self.every = plain_every() if every is None else every
+        if every is None:
+            try:
+                every = max(0.0, float(os.environ.get("ANDREA_PROGRESS_SECONDS", "5")))
+            except ValueError:
+                every = 5.0
+        self.every = every
         self.last = self.rate_t0 = time.monotonic()  # the rate counts from here (`restart_rate`)
         self.done = self.rate_from = 0
         self.bar = None
