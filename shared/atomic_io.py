@@ -227,7 +227,7 @@ def clean_stale_writes(
     for e in entries:
         if not _TEMP_NAME.match(e.name) or not e.is_file(follow_symlinks=False):
             continue
-        try:
+        with contextlib.suppress(FileNotFoundError):
             if (
                 older_than_s <= 0
                 or e.name[1:-13] in targets  # "." NAME ".XXXXXXXX.tmp"
@@ -235,6 +235,4 @@ def clean_stale_writes(
             ):
                 os.unlink(e.path)
                 out.append(e.name)
-        except FileNotFoundError:
-            continue
     return sorted(out)

@@ -7,6 +7,7 @@ What it is not: signalling or waiting (proxy/supervision/proc_tree.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -65,11 +66,9 @@ def group_members(pgid: int) -> list[int]:
     """Pids whose process group is `pgid`, ascending (processes may exit while they are read)."""
     out = []
     for p in psutil.process_iter():
-        try:
+        with contextlib.suppress(OSError, psutil.Error):
             if os.getpgid(p.pid) == pgid:
                 out.append(p.pid)
-        except (OSError, psutil.Error):
-            continue
     return sorted(out)
 
 

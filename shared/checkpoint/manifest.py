@@ -115,10 +115,9 @@ def read_manifest(directory: os.PathLike | str) -> dict[int, ManifestEntry]:
             if not isinstance(record, dict):
                 raise ValueError(f"expected an object, got {type(record).__name__}")
             entry = ManifestEntry(**{k: record[k] for k in ManifestEntry.__dataclass_fields__})
+            entries[entry.step] = entry
         except (KeyError, TypeError, ValueError) as exc:
             warnings.warn(f"{path}: entry {index} skipped ({exc!s})", stacklevel=2)
-            continue
-        entries[entry.step] = entry
     return entries
 
 
