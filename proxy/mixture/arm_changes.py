@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from proxy.fault_injection import tokenize_pause
 from proxy.mixture.bandit import BanditConfigError, resolve_bounds
-from proxy.run_files.phases import read_phases
+from proxy.run_files.phases import phase_at
 from shared.atomic_io import atomic_write_json
 from shared.data.arms import ArmSourceError, content_fingerprint, source_fingerprint
 from shared.data.checks import check_arms
@@ -183,16 +183,14 @@ class ArmSetPlan:
         return bool(self.added or self.rejoining or self.removed)
 
 
-def _norm_source(spec: ArmSpec) -> str:
-    if not spec.source:
-        return ""
-    return os.path.abspath(os.path.expanduser(spec.source))
+def _norm_source(source: str) -> str:
+    return os.path.abspath(os.path.expanduser(source)) if source else ""
 
 
 def _same_source(a: ArmSpec, kind: str, source: str, field: str) -> bool:
     return (
         a.kind == kind
-        and _norm_source(a) == _norm_source(ArmSpec(a.name, kind, source))
+        and _norm_source(a.source) == _norm_source(source)
         and (a.kind != "jsonl" or a.field == field)
     )
 
@@ -219,12 +217,8 @@ def plan_arm_set(
     old = {s.name: s for s in cfg.arms}
     index = read_arm_index(layout, include_retired=True)
     for s in new_specs:
-        if (
-            s.name in old
-            and old[s.name] != s
-            and not _same_source(s, old[s.name].kind, old[s.name].source, old[s.name].field)
-        ):
-            o = old[s.name]
+        o = old.get(s.name)
+        if o is not None and o != s and not _same_source(s, o.kind, o.source, o.field):
             raise ConfigError(
                 f"--arm {s.name}={s.kind}:{s.source}: {layout.run_json} has arm {s.name} as "
                 f"{o.kind}:{o.source or '(embedded)'}; an arm's statistics belong to its source, "
@@ -310,8 +304,6 @@ def commit_arm_set(layout: RunLayout, cfg: RunConfig, plan: ArmSetPlan) -> RunCo
     new = [(None, "add", a.name, "added to --arm on a restart") for a in prepared]
     new += [(None, "add", n, "listed in --arm again on a restart") for n in plan.rejoining]
     new += [(None, "retire", n, "left out of --arm on a restart") for n in leaving]
-    if "changes" not in d:
-        _store(d, _changes_of(d))
     append_changes(layout, new, d)
     for a in prepared:
         log.info(
@@ -395,25 +387,20 @@ def check_source(spec: ArmSpec, fingerprint: str, source_fp: str) -> str | None:
     return None
 
 
-def find_zombies(layout: RunLayout, specs: list[ArmSpec]) -> dict[str, str]:
-    """Active arms whose source is gone or changed: {name: reason}. Arms already retired are
-    not checked again. Reads `data/arms.json` (ArmSourceError when it is missing)."""
+def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) -> list[ArmChange]:
+    """The start-of-incarnation check: stamp pending arm changes with `resume_step`, find new
+    zombies (active arms whose source is gone or changed; retired ones are not checked again),
+    report each by name (a warning), retire them at `resume_step` (proxy/mixture/arm_changes.py
+    log); returns the whole arm-change log for the MixtureController. Raises ArmSourceError when
+    `data/arms.json` is missing."""
+    changes = stamp_changes(layout, resume_step)
     index = read_arm_index(layout, include_retired=True)
     checked = {
         s.name: check_source(s, index[s.name].fingerprint, index[s.name].source_fingerprint)
         for s in specs
         if s.name in index and not index[s.name].retired
     }
-    return {n: why for n, why in sorted(checked.items()) if why}
-
-
-def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) -> list[ArmChange]:
-    """The start-of-incarnation check: stamp pending arm changes with `resume_step`, find new
-    zombies, report each by name (a warning), retire them at `resume_step` (proxy/mixture/arm_changes.py
-    log); returns the whole arm-change log for the MixtureController."""
-    changes = stamp_changes(layout, resume_step)
-    zombies = find_zombies(layout, specs)
-    index = read_arm_index(layout, include_retired=True)
+    zombies = {n: why for n, why in sorted(checked.items()) if why}
     left = sorted(n for n, a in index.items() if not a.retired and n not in zombies)
     if zombies and not left:
         raise ConfigError(
@@ -469,8 +456,7 @@ def restored_zombies(
             back.append(s.name)
     if not back:
         return back
-    phases = read_phases(layout)
-    phase = ([ph for ph in phases if ph.start_step <= resume_step] or phases[:1])[-1]
+    phase = phase_at(layout, resume_step)
     try:
         _resolve_for(sorted(active | set(back)), phase.caps, phase.floors)
     except BanditConfigError as e:

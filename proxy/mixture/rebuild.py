@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 from proxy.mixture.arm_changes import ArmChange, read_changes
 from proxy.mixture.controller import MixtureController
-from proxy.run_files.phases import Phase, read_phases
+from proxy.run_files.phases import Phase, phase_at, read_phases
 from proxy.run_files.state_snapshots import find_snapshot
 from shared.data.token_files import ArmData, arm_compression, read_arm_index
 from shared.run.config import RunConfig
@@ -38,13 +38,6 @@ class Rebuilt:
     snapshot_step: int | None  # the snapshot it started from; None = from the phase start
     replayed: int  # history records folded on top
     seconds: float
-
-
-def phase_at(layout: RunLayout, step: int) -> Phase:
-    """The phase in force after update `step`: the last one of phases.json starting at or
-    before it (the first phase when none does)."""
-    phases = read_phases(layout)
-    return ([p for p in phases if p.start_step <= step] or phases[:1])[-1]
 
 
 def new_controller(

@@ -52,6 +52,13 @@ def read_phases(layout: RunLayout) -> list[Phase]:
         ) from e
 
 
+def phase_at(layout: RunLayout, step: int) -> Phase:
+    """The phase in force after update `step`: the last one of phases.json starting at or
+    before it (the first phase when none does). Raises ConfigError as `read_phases` does."""
+    phases = read_phases(layout)
+    return ([p for p in phases if p.start_step <= step] or phases[:1])[-1]
+
+
 def write_phases(layout: RunLayout, phases: list[Phase]) -> None:
     atomic_write_json(layout.phases, {"phases": [dataclasses.asdict(p) for p in phases]})
 
