@@ -10,7 +10,9 @@ What it is not: the projection onto the box (proxy/mixture/box_projection.py) or
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, TypeGuard
+from typing import Iterable, Mapping
+
+from proxy.run_files.loss_ema import finite_number as is_real  # bools are not numbers here
 
 BOUND_SLACK = 1e-9  # tolerance on sum(floors) <= 1 <= sum(caps)
 
@@ -41,11 +43,6 @@ def check_arm_names(arm_names: Iterable[str]) -> list[str]:
     if dup:
         raise BanditConfigError(f"arm name(s) {', '.join(dup)} listed more than once")
     return sorted(names)
-
-
-def is_real(x: Any) -> TypeGuard[float]:
-    """True for a finite int or float (bools are not numbers here)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def parse_arm_values(text: str, arm_names: list[str], what: str) -> dict[str, float]:
