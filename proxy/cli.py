@@ -14,7 +14,7 @@ import importlib
 import logging
 import signal
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from proxy.commands.run_config_file import parse_run_args
 from shared.exit_codes import EXIT_USAGE
@@ -39,12 +39,6 @@ COMMANDS = (  # name, one line of help; each command's options are defined by it
 )
 
 
-def _command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable]:
-    """(add_args, cmd) of command `name`, importing its module (and only it) now."""
-    m = importlib.import_module(f"proxy.commands.{name}")
-    return getattr(m, f"add_{name}_args"), getattr(m, f"cmd_{name}")
-
-
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
     """The `python -m proxy` parser: one sub-command per COMMANDS entry. The sub-commands named
     in `commands` (default: all) get their options and `func`, importing their modules; the
@@ -59,10 +53,10 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     wanted = set(dict(COMMANDS) if commands is None else commands)
     for name, help_line in COMMANDS:
         p = sub.add_parser(name, help=help_line, description=help_line)
-        if name in wanted:
-            add_args, func = _command(name)
-            add_args(p)
-            p.set_defaults(func=func)
+        if name in wanted:  # import its module (and only it) now
+            m = importlib.import_module(f"proxy.commands.{name}")
+            getattr(m, f"add_{name}_args")(p)
+            p.set_defaults(func=getattr(m, f"cmd_{name}"))
     return ap
 
 
