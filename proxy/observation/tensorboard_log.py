@@ -174,23 +174,17 @@ class TensorBoardLog:
             if f != kept_path:
                 f.unlink()
 
-    def logged_ranges(self) -> tuple[list[list[int]], list[list[int]]]:
-        """(steps holding `train/loss`, steps holding an `audit/samples` text) in the event
-        files, each as sorted disjoint [first, last] ranges."""
-        steps: list[list[int]] = []
-        audits: list[list[int]] = []
+    def _backfill(self, step: int, loss_path: Path, samples_path: Path | None) -> bool:
+        """Write the records and audits up to `step` that the event files lack; True when one
+        of them lies before a step the files hold (they then need sorting)."""
+        steps: list[list[int]] = []  # the steps holding `train/loss` in the event files
+        audits: list[list[int]] = []  # those holding an `audit/samples` text; both as ranges
         for ev in self._events():
             tags = {v.tag for v in ev.summary.value}
             if "train/loss" in tags:
                 _add_step(steps, ev.step)
             if AUDIT_TAG in tags:
                 _add_step(audits, ev.step)
-        return steps, audits
-
-    def _backfill(self, step: int, loss_path: Path, samples_path: Path | None) -> bool:
-        """Write the records and audits up to `step` that the event files lack; True when one
-        of them lies before a step the files hold (they then need sorting)."""
-        steps, audits = self.logged_ranges()
         # read only: a garbage file is the run's to handle (proxy/run_files/sidecars.py)
         got = read_audits(Path(samples_path), garbage="default") if samples_path else []
         n_steps, n_audits, first_new = replay_history(
@@ -355,14 +349,10 @@ def step_scalars(rec: dict, ema: float | None) -> dict:
         "perf/mfu": rec.get("mfu") if (rec.get("mfu") or 0) <= 1 else None,
         "train/tokens": rec.get("tokens"),
     }
-    for arm, p in (rec.get("p") or {}).items():
-        out[f"arms/p/{arm}"] = p
-    for arm, v in (rec.get("arm_loss") or {}).items():
-        out[f"arms/train_loss/{arm}"] = v
-    for arm, v in (rec.get("probe") or {}).items():
-        out[f"heldout/{arm}"] = v
-    for arm, v in (rec.get("eval") or {}).items():
-        out[f"eval/{arm}"] = v  # the validation curve
+    per_arm = {"p": "arms/p", "arm_loss": "arms/train_loss", "probe": "heldout", "eval": "eval"}
+    for field, tag in per_arm.items():  # eval: the validation curve
+        for arm, v in (rec.get(field) or {}).items():
+            out[f"{tag}/{arm}"] = v
     return out
 
 

@@ -71,19 +71,11 @@ def transaction_records(path: Path) -> Iterator[Any]:
         chunk, i = data[i + 7 : i + 7 + n], i + 7 + n
         if i > len(data):
             return
-        if kind == _FULL:
-            parts, whole = b"", chunk
-        elif kind == _FIRST:
-            parts = chunk
+        parts = (b"" if kind in (_FULL, _FIRST) else parts) + chunk
+        if kind in (_FIRST, _MIDDLE):
             continue
-        elif kind == _MIDDLE:
-            parts += chunk
-            continue
-        else:
-            whole, parts = parts + chunk, b""
-        r = pb.Record()  # type: ignore[attr-defined]  # protobuf-generated, no stubs
-        r.ParseFromString(whole)
-        yield r
+        yield pb.Record.FromString(parts)  # type: ignore[attr-defined]  # protobuf, no stubs
+        parts = b""
 
 
 def history_steps(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
