@@ -124,8 +124,7 @@ class TensorBoardLog:
         (SessionLog START at step + 1). Returns the events purged."""
         from tensorboard.compat.proto import event_pb2  # optional extra
 
-        if self._writer is not None:
-            self._writer.close()
+        self.close()  # the previous incarnation's live file
         events = list(self._events())
         kept = [ev for ev in events if ev.step <= step]
         purged = len(events) - len(kept)

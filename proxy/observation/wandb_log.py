@@ -149,20 +149,18 @@ class WandbLog:
         """The newest step in this run's transaction logs under RUN/wandb/ (0: none): the
         newest folder that holds a history row decides, as steps only go up across starts."""
         started = re.compile(rf"(?:offline-)?run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}$")
-        folders = (
-            sorted(
-                (p for p in self.dir.iterdir() if started.match(p.name) and not p.is_symlink()),
-                key=lambda p: started.match(p.name).group(1),  # type: ignore[union-attr]
-                reverse=True,
-            )
-            if self.dir.is_dir()
-            else []
+        if not self.dir.is_dir():
+            return 0
+        folders = sorted(
+            (p for p in self.dir.iterdir() if started.match(p.name) and not p.is_symlink()),
+            key=lambda p: started.match(p.name).group(1),  # type: ignore[union-attr]
+            reverse=True,
         )
         for folder in folders:
-            newest = 0
             try:
-                for step, _ in history_steps(folder / f"run-{run_id}.wandb"):
-                    newest = max(newest, step)
+                newest = max(
+                    (s for s, _ in history_steps(folder / f"run-{run_id}.wandb")), default=0
+                )
             except (OSError, ValueError) as e:
                 log.warning("wandb: %s unreadable (%s); looking at the start before it", folder, e)
                 continue

@@ -17,9 +17,8 @@ from shared.atomic_io import atomic_write_bytes, named
 from shared.checkpoint.directory import list_checkpoints
 from shared.run.layout import RunLayout
 
-# the snapshot layout: 4 since the default policy's fits hold the last two doublings of the step
-# and its judgement of slow arms (docs/bandit.md#state); only snapshots of this format are used,
-# older ones are replayed instead
+# the snapshot layout (docs/bandit.md#state); only snapshots of this format are used, older
+# ones are replayed instead
 SNAPSHOT_FORMAT = 4
 
 
