@@ -217,17 +217,10 @@ def plot_run(
             alpha=0.8,
         )
         ax3.legend(loc="upper right", fontsize="small")
+    side = dict(xycoords=("data", "axes fraction"), rotation=90, ha="right", fontsize="small")
     for step, opened in gates:
         ax3.axvline(step, color="green" if opened else "gray", ls=":", lw=1.2)
-        ax3.annotate(
-            "gate open" if opened else "gate closed",
-            (step, 0.02),
-            xycoords=("data", "axes fraction"),
-            rotation=90,
-            va="bottom",
-            ha="right",
-            fontsize="small",
-        )
+        ax3.annotate("gate open" if opened else "gate closed", (step, 0.02), va="bottom", **side)
     ax3.set_ylim(0, 1)
     ax3.set_ylabel("arm mixture p")
     ax3.set_xlabel("step")
@@ -238,11 +231,8 @@ def plot_run(
             ax1.annotate(
                 f"pivot {ph.get('index')}: {ph.get('label')}",
                 (ph["start_step"], 1.0),
-                xycoords=("data", "axes fraction"),
-                rotation=90,
                 va="top",
-                ha="right",
-                fontsize="small",
+                **side,
             )
     fig.suptitle(f"{layout.root.name}: {s['count']:,} steps, {len(phases)} phase(s)")
     fig.tight_layout()

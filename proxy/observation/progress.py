@@ -163,15 +163,10 @@ def _heldout(layout) -> tuple[int | None, dict]:
             break
     audits = read_audits(layout.samples)
     if audits and isinstance(audits[-1], dict) and audits[-1].get("step", -1) > (best[0] or -1):
-        a = audits[-1]
-        best = (
-            a["step"],
-            {
-                n: v["loss"]
-                for n, v in a.get("arms", {}).items()
-                if isinstance(v.get("loss"), (int, float))
-            },
-        )
+        arms = audits[-1].get("arms", {})
+        return audits[-1]["step"], {
+            n: v["loss"] for n, v in arms.items() if isinstance(v.get("loss"), (int, float))
+        }
     return best
 
 
