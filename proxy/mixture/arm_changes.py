@@ -141,10 +141,8 @@ def stamp_changes(layout: RunLayout, resume_step: int) -> list[ArmChange]:
     ]
     if fixed != changes or "changes" not in d:
         for a in d["arms"]:
-            if a.get("retired") and (
-                a["retired"]["step"] is None or a["retired"]["step"] > resume_step
-            ):
-                a["retired"]["step"] = resume_step
+            if (r := a.get("retired")) and (r["step"] is None or r["step"] > resume_step):
+                r["step"] = resume_step
         _store(d, fixed)
         write_arm_index_doc(layout, d)
     return fixed
@@ -255,7 +253,6 @@ def plan_arm_set(
     # what is left out: the configured arms, and any arm active in the index that run.json does
     # not list (a proxy killed between the two writes of commit_arm_set)
     removed = [n for n in list(old) + sorted(active_now - set(old)) if n not in set(names)]
-    plan = ArmSetPlan(list(new_specs), added, rejoining, removed)
     active = sorted((active_now - set(removed)) | {s.name for s in added} | set(rejoining))
     if not active:
         raise ConfigError("--arm: no arm would be left to train on; keep at least one")
@@ -266,7 +263,7 @@ def plan_arm_set(
             f"--arm: with arms {', '.join(active)} the phase's bounds do not "
             f"work: {e}; keep more arms, or pivot to new caps/floors first"
         ) from None
-    return plan
+    return ArmSetPlan(list(new_specs), added, rejoining, removed)
 
 
 def _resolve_for(names: list[str], caps: dict[str, float], floors: dict[str, float]) -> None:
