@@ -76,20 +76,6 @@ def add_export_args(p) -> None:
     )
 
 
-def read_weights(path: Path, cfg: RunConfig):
-    """(step, weights float32 (n_params,)) of a checkpoint validated against `cfg` (with the
-    manifest checksum when the manifest has an entry), or None after printing the rule it
-    broke (docs/checkpoint-format.md#validity). The file is read once and only its weights kept
-    (m and v pass through the checksum in pieces): memory is 4 x n_params bytes, not 12."""
-    entry = manifest_entry(path)
-    try:
-        step, w = load_weights(path, cfg.n_params, entry.checksum if entry else None)
-    except CheckpointError as e:
-        print(f"INVALID    (rule: {e.rule}) {e}")
-        return None
-    return step, w
-
-
 def _bad_output(to: str, fmt: str) -> str | None:
     """Why `--to` cannot be the output of format `fmt` (a sentence with the fix), else None:
     a safetensors export is one file (a name ending in '/' or an existing folder is not), an
@@ -148,14 +134,26 @@ def cmd_export(a) -> int:
         )
         return EXIT_USAGE
     if a.format == "hf":
-        return _export_hf(a, path, cfg, where, out)
-    if out.exists() and not a.force:
+        if out.exists() and (not out.is_dir() or any(out.iterdir())) and not a.force:
+            print(
+                f"export: {out} exists"
+                + (" and is not empty" if out.is_dir() else "")
+                + "; pass --force to replace it"
+            )
+            return EXIT_USAGE
+    elif out.exists() and not a.force:
         print(f"export: {out} exists; pass --force to overwrite it")
         return EXIT_USAGE
-    got = read_weights(path, cfg)
-    if got is None:
+    # the file is read once and only its weights kept (m and v pass through the checksum in
+    # pieces): memory is 4 x n_params bytes, not 12 (docs/checkpoint-format.md#validity)
+    entry = manifest_entry(path)
+    try:
+        step, w = load_weights(path, cfg.n_params, entry.checksum if entry else None)
+    except CheckpointError as e:
+        print(f"INVALID    (rule: {e.rule}) {e}")
         return EXIT_INVALID
-    step, w = got
+    if a.format == "hf":
+        return _export_hf(path, cfg, where, out, step, w)
     tensors = named_tensors(cfg, w)  # views: contiguous, no copy
     meta = {
         "format": "pt",
@@ -178,23 +176,12 @@ def cmd_export(a) -> int:
     return 0
 
 
-def _export_hf(a, path: Path, cfg: RunConfig, where: str, out: Path) -> int:
-    """`export --format hf`: validate the checkpoint (manifest checksum when known), then
-    `write_hf_dir`. Returns 0, 1 for a bad checkpoint, 2 for an output in the way."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not a.force:
-        print(
-            f"export: {out} exists"
-            + (" and is not empty" if out.is_dir() else "")
-            + "; pass --force to replace it"
-        )
-        return EXIT_USAGE
-    got = read_weights(path, cfg)
-    if got is None:
-        return EXIT_INVALID
-    step, w = got
+def _export_hf(path: Path, cfg: RunConfig, where: str, out: Path, step: int, w) -> int:
+    """`export --format hf` of the validated weights `w` of checkpoint `path` at `step`:
+    `write_hf_dir`. Returns 0, or 2 when the output cannot be written."""
     run = RunLayout(Path(where).parent)  # the folder whose run.json described the checkpoint
     try:
-        names = write_hf_dir(out, cfg, run.tokenizer, step, w, path.name, a.force)
+        names = write_hf_dir(out, cfg, run.tokenizer, step, w, path.name)
     except (HFExportError, OSError) as e:
         print(f"export: {e}")
         return EXIT_USAGE
