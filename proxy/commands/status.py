@@ -69,8 +69,9 @@ def collect_status(run_dir) -> dict:
     d["validation"] = _validation(cfg, recs)
     d["history_holes"] = holes(layout.loss)  # steps a repair of .loss.json dropped
     d.update(_checkpoints(layout, now))
-    d["arms"] = _arms(layout, recs[-1] if recs else None)
-    d["policy"] = _policy(layout, st)
+    state = read_state(layout.state, garbage="default")
+    d["arms"] = _arms(state, recs[-1] if recs else None)
+    d["policy"] = _policy(state, st)
     d.update(_phase_and_pivot(layout))
     proxy_alive = _proxy_alive(owner, layout.root)
     d["target_steps"] = d["start_max_steps"] if proxy_alive else d["max_steps"]
@@ -133,10 +134,8 @@ def _progress(cfg, recs: list[dict], now: float) -> dict:
 def _validation(cfg, recs: list[dict]) -> dict:
     """The newest validation in the history's tail: {"every": steps (0: none), "step": its step
     or None, "arms": {arm: held-out loss}} (docs/history.md#record, the `eval` field)."""
-    for r in reversed(recs):
-        if isinstance(r.get("eval"), dict) and r["eval"]:
-            return {"every": cfg.eval_every, "step": r["step"], "arms": r["eval"]}
-    return {"every": cfg.eval_every, "step": None, "arms": {}}
+    r: dict = next((r for r in reversed(recs) if isinstance(r.get("eval"), dict) and r["eval"]), {})
+    return {"every": cfg.eval_every, "step": r.get("step"), "arms": r.get("eval", {})}
 
 
 def _checkpoints(layout: RunLayout, now: float) -> dict:
@@ -161,11 +160,10 @@ def _checkpoints(layout: RunLayout, now: float) -> dict:
     }
 
 
-def _arms(layout: RunLayout, last: dict | None) -> dict:
-    """Each arm's probability, pulls and repetition hold, from `.state.json`; else the newest
-    record's probabilities; else nothing."""
-    state = read_state(layout.state, garbage="default") or {}
-    if state.get("arms"):
+def _arms(state: dict | None, last: dict | None) -> dict:
+    """Each arm's probability, pulls and repetition hold, from `.state.json`'s `state`; else the
+    newest record's probabilities; else nothing."""
+    if state and state.get("arms"):
         held = (state.get("repetition") or {}).get("held") or {}
         return {
             n: {"p": a.get("p"), "pulls": a.get("pulls"), "held": held.get(n)}
@@ -176,10 +174,10 @@ def _arms(layout: RunLayout, last: dict | None) -> dict:
     return {}
 
 
-def _policy(layout: RunLayout, st: dict) -> dict | None:
+def _policy(state: dict | None, st: dict) -> dict | None:
     """Why the mixture is what it is (the bandit's `explain()`, docs/bandit.md#reading-the-policy):
-    the live proxy's from `.status.json`, or, when that is missing or older than `.state.json`
-    (a stopped run since pivoted, say), the one `.state.json`'s bandit gives. A file of the
+    the live proxy's from `.status.json` `st`, or, when that is missing or older than
+    `.state.json`'s `state` (a stopped run since pivoted, say), the one its bandit gives. A file of the
     wrong shape is passed over, as a garbage one is (the proxy rebuilds it)."""
 
     def at(d: dict, phase) -> tuple[int, int]:
@@ -189,7 +187,6 @@ def _policy(layout: RunLayout, st: dict) -> dict | None:
     live = st.get("policy") if isinstance(st.get("policy"), dict) else None
     if live is not None and not isinstance(live.get("arms"), dict):
         live = None
-    state = read_state(layout.state, garbage="default")
     if isinstance(state, dict) and state:
         phase = state.get("phase")
         index = phase.get("index") if isinstance(phase, dict) else None
