@@ -521,9 +521,8 @@ def config_from_args(a, notes: list[str] | None = None) -> RunConfig:
         was = cfg.warmup_steps
         cfg.warmup_steps = cfg.lr_decay_steps // 10
         if from_file:  # the start-up table says where the value came from
-            for d in (cfg.sources, getattr(a, "sources", None)):
-                if d is not None:
-                    d["warmup_steps"] = "file, shortened to a tenth of max steps"
+            for d in (cfg.sources, a.sources):  # from_file: `a` has sources, copied above
+                d["warmup_steps"] = "file, shortened to a tenth of max steps"
         said.append(
             f"a {cfg.max_steps}-step run: learning-rate warm-up shortened to "
             f"{cfg.warmup_steps} steps"
@@ -557,9 +556,8 @@ def check_resume_args(a, cfg: RunConfig, layout: RunLayout, notes: list[str]) ->
             "cannot change on resume; use a new --run-dir (or `fork`)"
         )
     for name in CREATION_ONLY[1:]:
-        v = getattr(a, name, None)
-        if v is not None and v != getattr(cfg, name):
-            was = getattr(cfg, name)
+        v, was = getattr(a, name, None), getattr(cfg, name)
+        if v is not None and v != was:
             shown = "no cap (0)" if name == "arm_max_tokens" and not was else was
             notes.append(
                 f"--{name.replace('_', '-')} {v} ignored: this run was created with {shown} "
@@ -589,9 +587,7 @@ def _check_same_bounds(a, cfg: RunConfig, layout: RunLayout) -> None:
         shown = bounds_text(have)
         if got == have:
             continue
-        if phase.index > 0 and got == created:
-            # the creating command run again (a systemd unit's ExecStart, a requeued job, the
-            # README's "run the same command again") after a pivot: the pivot's bounds rule
+        if phase.index > 0 and got == created:  # the creating command again, after a pivot
             log.info(
                 "%s %s is the creating command's; the phase in force, %d '%s', has %s %s "
                 "and keeps it (docs/pivots.md)",
@@ -618,16 +614,12 @@ def launch_options(a) -> LaunchOptions:
 
 
 def proxy_options(a, cfg: RunConfig) -> ProxyOptions:
-    """The per-start options of namespace `a` for the run `cfg`. Raises ConfigError when the
-    world size is malformed or does not divide the run's global batch (each rank takes an equal
-    slice) or the micro-batch does not divide a rank's slice (shared/run/config.py
-    `accumulation_steps`)."""
+    """The per-start options of namespace `a` (checked by `check_run_options`) for the run
+    `cfg`. Raises ConfigError when the world size does not divide the run's global batch (each
+    rank takes an equal slice) or the micro-batch does not divide a rank's slice
+    (shared/run/config.py `accumulation_steps`)."""
     lo = launch_options(a)
-    try:
-        world = lo.world_size()
-    except ValueError:
-        raise ConfigError(f"--nnodes {lo.nnodes!r}: give N or MIN:MAX (integers)") from None
-    accumulation_steps(cfg.batch_size, a.micro_batch_size or cfg.micro_batch_size, world)
+    accumulation_steps(cfg.batch_size, a.micro_batch_size or cfg.micro_batch_size, lo.world_size())
     if a.micro_batch_size is not None and a.micro_batch_size != cfg.micro_batch_size:
         log.warning(
             "--micro-batch-size %d: run.json says %s; the data and the mean gradient are "
