@@ -144,8 +144,7 @@ def cmd_export(a) -> int:
     elif out.exists() and not a.force:
         print(f"export: {out} exists; pass --force to overwrite it")
         return EXIT_USAGE
-    # the file is read once and only its weights kept (m and v pass through the checksum in
-    # pieces): memory is 4 x n_params bytes, not 12 (docs/checkpoint-format.md#validity)
+    # read once, only the weights kept: memory is 4 x n_params bytes, not 12 (load_weights)
     entry = manifest_entry(path)
     try:
         step, w = load_weights(path, cfg.n_params, entry.checksum if entry else None)

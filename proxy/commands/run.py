@@ -65,18 +65,13 @@ LOG_BYTES = 16 * 2**20  # logs/proxy.log rotates at this size ...
 LOG_BACKUPS = 4  # ... keeping this many older files (proxy.log.1 .. .4)
 
 
-def log_level() -> int:
-    """INFO, or the level named by ANDREA_LOG_LEVEL (e.g. DEBUG: the start-up stage times,
-    docs/operations.md#benchmarks), which the worker inherits and reads too."""
-    name = os.environ.get("ANDREA_LOG_LEVEL", "INFO").upper()
-    level = logging.getLevelName(name)
-    return level if isinstance(level, int) else logging.INFO
-
-
 def setup_logging(layout: RunLayout | None) -> None:
     fmt = logging.Formatter("%(asctime)s proxy[%(process)d] %(levelname)s %(message)s")
     root = logging.getLogger()
-    root.setLevel(log_level())
+    # INFO, or the level named by ANDREA_LOG_LEVEL (e.g. DEBUG: the start-up stage times,
+    # docs/operations.md#benchmarks), which the worker inherits and reads too
+    level = logging.getLevelName(os.environ.get("ANDREA_LOG_LEVEL", "INFO").upper())
+    root.setLevel(level if isinstance(level, int) else logging.INFO)
     logging.getLogger("filelock").setLevel(max(logging.INFO, root.level))  # one line per lock
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(fmt)
@@ -180,9 +175,8 @@ def cmd_run(a) -> int:
 
     setup_logging(None)
     layout = RunLayout(a.run_dir)
-    refused = _prepare_directory(a, layout)
-    if refused is not None:
-        return refused
+    if _prepare_directory(a, layout) is not None:
+        return EXIT_USAGE
     made = _missing_dirs(layout.root)  # what a refusal below removes again
     before = _entries(layout.root)  # (in a directory that exists: what it held)
     if _make_directory(layout) is not None:
@@ -365,9 +359,7 @@ def _print_settings(cfg: RunConfig, a, resumed: bool, layout: RunLayout) -> None
         return "run.json" if resumed and got == "default" and from_run_json else got
 
     micro_src = kept("micro_batch_size", not a.micro_batch_size and bool(cfg.micro_batch_size))
-    arms_src = src("arm", per_start=True)  # --arm on a resume is the run's new arm list
-    if resumed and arms_src == "default":
-        arms_src = "run.json"
+    arms_src = kept("arm", True)  # --arm on a resume is the run's new arm list
     warm_src = src("warmup_steps")
     if not resumed and warm_src == "default" and cfg.warmup_steps != RunConfig.warmup_steps:
         warm_src = "shortened to a tenth of max steps"  # a short run (config_from_args)
