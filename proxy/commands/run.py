@@ -8,6 +8,7 @@ or the supervision (proxy/supervision/supervisor.py).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import logging.handlers
 import os
@@ -116,11 +117,8 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout, notes: list[str]) -> R
 def _missing_dirs(root: Path) -> list[Path]:
     """`root` and its ancestors that do not exist yet, deepest first (what `mkdir(parents=True)`
     creates)."""
-    out, p = [], Path(root).absolute()
-    while not p.exists() and p != p.parent:
-        out.append(p)
-        p = p.parent
-    return out
+    p = Path(root).absolute()
+    return list(itertools.takewhile(lambda d: not d.exists(), [p, *p.parents]))
 
 
 def _entries(root: Path) -> set[str] | None:
