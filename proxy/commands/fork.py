@@ -100,9 +100,8 @@ def fork_run(src_dir: Path, step: int | None, new_dir: Path) -> int:
     try:
         validate_checkpoint(ck, cfg.n_params, checks.get(step))
     except CheckpointError as e:
-        have = sorted(entries)
         raise ForkError(
-            f"--from {src_dir}:{step}: {e}; checkpoints in the manifest: {have}"
+            f"--from {src_dir}:{step}: {e}; checkpoints in the manifest: {sorted(entries)}"
         ) from None
     try:
         arms = arms_as_of(read_arm_index_doc(src), step)  # the arms of STEP

@@ -180,9 +180,8 @@ def _policy(state: dict | None, st: dict) -> dict | None:
     `.state.json`'s `state` (a stopped run since pivoted, say), the one its bandit gives. A file of the
     wrong shape is passed over, as a garbage one is (the proxy rebuilds it)."""
 
-    def at(d: dict, phase) -> tuple[int, int]:
-        key = (phase, d.get("step"))
-        return tuple(k if isinstance(k, int) else -1 for k in key)  # type: ignore[return-value]
+    def at(d: dict, phase) -> tuple[int, ...]:
+        return tuple(k if isinstance(k, int) else -1 for k in (phase, d.get("step")))
 
     live = st.get("policy") if isinstance(st.get("policy"), dict) else None
     if live is not None and not isinstance(live.get("arms"), dict):
