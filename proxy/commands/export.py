@@ -152,7 +152,7 @@ def cmd_export(a) -> int:
         print(f"INVALID    (rule: {e.rule}) {e}")
         return EXIT_INVALID
     if a.format == "hf":
-        return _export_hf(path, cfg, where, out, step, w)
+        return _export_hf(path, cfg, where, out, step, w, a.force)
     tensors = named_tensors(cfg, w)  # views: contiguous, no copy
     meta = {
         "format": "pt",
@@ -175,12 +175,12 @@ def cmd_export(a) -> int:
     return 0
 
 
-def _export_hf(path: Path, cfg: RunConfig, where: str, out: Path, step: int, w) -> int:
+def _export_hf(path: Path, cfg: RunConfig, where: str, out: Path, step: int, w, force: bool) -> int:
     """`export --format hf` of the validated weights `w` of checkpoint `path` at `step`:
     `write_hf_dir`. Returns 0, or 2 when the output cannot be written."""
     run = RunLayout(Path(where).parent)  # the folder whose run.json described the checkpoint
     try:
-        names = write_hf_dir(out, cfg, run.tokenizer, step, w, path.name)
+        names = write_hf_dir(out, cfg, run.tokenizer, step, w, path.name, force)
     except (HFExportError, OSError) as e:
         print(f"export: {e}")
         return EXIT_USAGE

@@ -71,12 +71,16 @@ def named_tensors(cfg: RunConfig, weights: np.ndarray) -> dict[str, np.ndarray]:
 def hf_tensors(cfg: RunConfig, weights: np.ndarray) -> dict[str, np.ndarray]:
     """GPT2LMHeadModel's state dict from the checkpoint's flat weights.
 
-    weights: float32 (n_params,) in `shared.run.config.parameter_table` order (its length
-    checked by the checkpoint's reader, shared/checkpoint/read.py `load_weights`). Returns name
-    -> float32 C-contiguous array; the four Conv1D weights are (in, out), the rest keep the
+    weights: float32 (n_params,) in `shared.run.config.parameter_table` order. Returns name ->
+    float32 C-contiguous array; the four Conv1D weights are (in, out), the rest keep the
     project's shapes (`lm_head.weight` (vocab, n_embd) is its own tensor, never tied to
-    `transformer.wte.weight`).
+    `transformer.wte.weight`). Raises ValueError when `weights` has the wrong length.
     """
+    if weights.shape != (cfg.n_params,):
+        raise ValueError(
+            f"weights have shape {weights.shape}, expected ({cfg.n_params},) for "
+            f"{cfg.preset} with vocabulary {cfg.vocab_size}"
+        )
     return {
         name: np.ascontiguousarray(a.T if name.endswith(CONV1D_SUFFIXES) else a, dtype=np.float32)
         for name, a in named_tensors(cfg, weights).items()
@@ -189,18 +193,21 @@ def write_hf_dir(
     step: int,
     weights: np.ndarray,
     source: str,
+    force: bool = False,
 ) -> list[str]:
     """Write the HF model directory `out` atomically; returns the file names written.
 
     Everything is written to a temporary folder beside `out`, fsynced, then renamed to `out`
-    (an existing folder is replaced: `export` refuses a non-empty one without --force), so a
-    kill leaves either the old folder or the complete new one. run_tokenizer: the run's
-    tokenizer.json (BPE: copied; bytes: replaced by `bytes_tokenizer_json`). Raises
-    HFExportError when `out` is a file.
+    (an existing `out` is replaced only with `force`; an empty one always), so a kill leaves
+    either the old folder or the complete new one. run_tokenizer: the run's tokenizer.json
+    (BPE: copied; bytes: replaced by `bytes_tokenizer_json`). Raises HFExportError when `out`
+    is a non-empty folder without `force`, or a file.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HFExportError(f"{out} is a file; --format hf writes a folder: give a new path")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise HFExportError(f"{out} exists and is not empty; pass --force to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
