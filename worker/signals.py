@@ -124,19 +124,12 @@ class Usr1Requests:
     def arrived(self, writing_usr1: bool = False) -> bool:
         """True if a SIGUSR1 received since the last call starts a new request (this rank's
         view). `writing_usr1`: a SIGUSR1 checkpoint is being written right now."""
-        times = self.flags.usr1_times
+        fresh = self.flags.usr1_times[self.seen :]
+        self.seen += len(fresh)
         new = False
-        while self.seen < len(times):
-            t = times[self.seen]
-            self.seen += 1
-            joins = (
-                new
-                or self.target is not None
-                or writing_usr1
-                or (self.last_t is not None and t - self.last_t <= USR1_BURST_S)
-            )
-            if not joins:
-                new = True
+        for t in fresh:
+            burst = self.last_t is not None and t - self.last_t <= USR1_BURST_S
+            new = new or not (self.target is not None or writing_usr1 or burst)
             self.last_t = t
         return new
 
