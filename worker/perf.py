@@ -12,6 +12,7 @@ What it is not: the timing of steps (worker/trainer.py) or the progress line (pr
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -97,14 +98,11 @@ def _matmul_source(how: str, peak: float) -> str:
 
 
 def _cpu_cache_key() -> str:
-    model = "unknown-cpu"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        found = re.search(r"^model name[^:\n]*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
     except OSError:
-        pass
+        found = None
+    model = found.group(1).strip() if found else "unknown-cpu"
     return f"{model}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
