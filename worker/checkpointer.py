@@ -13,6 +13,7 @@ What it is not: the format (shared/checkpoint/file_format.py), the write engine
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -50,18 +51,6 @@ DISK_MARGIN_BYTES = 64 << 20
 WRITER_NICE = 10  # the writer's (and its checksum thread's) nice value once the copy is done
 _MADV_FREE = 8  # linux/mman.h (Linux 4.5+): pages freed lazily, only under memory pressure
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _lower_thread_priority(nice: int) -> None:
-    """Give the calling thread (Linux: nice is per thread, inherited by the threads it starts)
-    the nice value `nice`, so that on a machine whose cores torch's intra-op threads keep busy
-    the checksum and the write run in the gaps instead of taking a core from a parallel
-    region that then waits for it. A no-op where it is not supported or not permitted."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
-    except (AttributeError, OSError):
-        pass
 
 
 _LIBC: ctypes.CDLL | None
@@ -146,12 +135,9 @@ class Checkpointer:
     are never deleted, nor files without a manifest entry. pin_memory: page-locked host buffer
     (CUDA). on_done(WriteResult) is called from the writer thread after each attempt; a failed
     write never raises into training: it is logged, reported and retried at the next cadence.
-    Host memory: one float32 buffer of 3 * n_params (12 bytes per parameter). On CPU it is
-    marked free after each write (madvise MADV_FREE): the kernel takes its pages back when it
-    needs memory, and until then the next copy reuses them without a fault (not MADV_DONTNEED:
-    docs/checkpoint-format.md#writing-without-stalling). A pinned (CUDA) buffer is kept as is.
-    writer_nice: the nice value of the writer thread after its copy
-    (docs/checkpoint-format.md#writing-without-stalling).
+    Host memory: one float32 buffer of 3 * n_params (12 bytes per parameter), marked free after
+    each write on CPU (MADV_FREE), kept as is when pinned; after its copy the writer thread runs
+    at nice `writer_nice` (docs/checkpoint-format.md#writing-without-stalling).
     """
 
     def __init__(
@@ -162,7 +148,6 @@ class Checkpointer:
         keep_every: int = DEFAULT_KEEP_EVERY,
         pin_memory: bool = False,
         on_done: Callable[[WriteResult], None] | None = None,
-        writer_nice: int = WRITER_NICE,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.n = n_params
@@ -181,7 +166,7 @@ class Checkpointer:
         self._copied.set()
         self._on_done = on_done or (lambda r: None)
         self.last_result: WriteResult | None = None
-        self.writer_nice = writer_nice
+        self.writer_nice = WRITER_NICE
         self.release_after_write = not pin_memory
         self._cuda: _CudaCopy | None = None  # the side stream's copy (CUDA), made on first use
 
@@ -279,7 +264,12 @@ class Checkpointer:
                 self._copy(*arrays)
         finally:
             self._copied.set()  # never leave training blocked, even if the copy failed
-        _lower_thread_priority(self.writer_nice)  # this thread (and its crc thread) from here on
+        # this thread, and the crc thread it starts (Linux: nice is per thread, inherited), from
+        # here on: the checksum and the write take the gaps torch's intra-op threads leave
+        with contextlib.suppress(AttributeError, OSError):  # unsupported or not permitted
+            tid = threading.get_native_id()
+            nice = max(self.writer_nice, os.getpriority(os.PRIO_PROCESS, tid))
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
         self._write(step, reason)
 
     def _write(self, step: int, reason: str) -> None:
