@@ -98,7 +98,6 @@ class FlatAdamW:
             {"params": decay, "weight_decay": cfg.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        # fused: one kernel for all parameters (CUDA and CPU); else foreach
         self.opt: _FusedAdamW | torch.optim.AdamW
         if fused:
             self.opt = _FusedAdamW(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps)
@@ -108,19 +107,15 @@ class FlatAdamW:
             )
         self.fused = bool(fused)
         if self.fused and flat.device.type not in ("cuda", "cpu"):
-            # torch checks this only when it creates the state itself, which _bind_state pre-empts
+            # torch checks this only when it creates the state, which the loop below does
             raise RuntimeError(f"fused AdamW is not available on {flat.device.type}")
         # fused kernels read `step` on the parameters' device; foreach keeps it on the host
         self.step_device = flat.device if self.fused else torch.device("cpu")
-        self._bind_state(0)
-
-    def _bind_state(self, step: int) -> None:
-        for p, (_, _, table_off) in zip(self.model.parameters(), self.model.table):
-            n = p.numel()
+        for p, (_, _, off) in zip(model.parameters(), model.table):
             self.opt.state[p] = {
-                "step": torch.tensor(float(step), dtype=torch.float32, device=self.step_device),
-                "exp_avg": self.m[table_off : table_off + n].view_as(p),
-                "exp_avg_sq": self.v[table_off : table_off + n].view_as(p),
+                "step": torch.tensor(0.0, dtype=torch.float32, device=self.step_device),
+                "exp_avg": self.m[off : off + p.numel()].view_as(p),
+                "exp_avg_sq": self.v[off : off + p.numel()].view_as(p),
             }
 
     def set_step(self, step: int) -> None:
