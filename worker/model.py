@@ -121,12 +121,6 @@ class GPT(nn.Module):
             )
             self.lm_head = nn.Linear(shape.n_embd, vocab_size, bias=False)
         self.table = parameter_table(shape, vocab_size)
-        self._check_order()
-        self.flat = self._materialize()
-        if init_weights:
-            self._init_weights(seed)
-
-    def _check_order(self) -> None:
         got = [(n, tuple(p.shape)) for n, p in self.named_parameters()]
         want = [(n, s) for n, s, _ in self.table]
         if got != want:  # a programming error: the file order would silently change
@@ -134,6 +128,9 @@ class GPT(nn.Module):
                 f"parameter order differs from shared.run.config.parameter_table: "
                 f"{got[:3]}... vs {want[:3]}..."
             )
+        self.flat = self._materialize()
+        if init_weights:
+            self._init_weights(seed)
 
     def _init_weights(self, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
@@ -151,16 +148,13 @@ class GPT(nn.Module):
 
     def _materialize(self) -> torch.Tensor:
         """Allocate `flat` (float32, uninitialised, on the CPU) and replace every meta parameter
-        with a view of it at its checkpoint offset (shared.run.config.parameter_table)."""
-        offsets = {name: off for name, _, off in self.table}
+        with a view of it at its checkpoint offset (shared.run.config.parameter_table, whose
+        order __init__ checked)."""
         flat = torch.empty(sum(math.prod(s) for _, s, _ in self.table), dtype=torch.float32)
-        for mod_name, mod in self.named_modules():
-            for name, p in list(mod._parameters.items()):
-                if p is None:
-                    continue
-                off = offsets[f"{mod_name}.{name}" if mod_name else name]
-                view = flat[off : off + p.numel()].view(p.shape)
-                mod._parameters[name] = nn.Parameter(view, requires_grad=p.requires_grad)
+        for (name, p), (_, _, off) in zip(list(self.named_parameters()), self.table):
+            mod_name, _, attr = name.rpartition(".")
+            view = nn.Parameter(flat[off : off + p.numel()].view(p.shape), p.requires_grad)
+            self.get_submodule(mod_name)._parameters[attr] = view
         if any(b.is_meta for b in self.buffers()):  # none today; a new one must be materialised
             raise RuntimeError("GPT has a buffer on the meta device: materialise it in __init__")
         return flat
