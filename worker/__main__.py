@@ -6,6 +6,7 @@ is honoured (after the first step), never fatal.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -74,7 +75,7 @@ def _fatal(run_dir, e: Exception) -> int:
     cannot help: under torchrun the agent reports a rank's 3 as its own 1, so the code alone
     would read as a crash and be restarted --max-restarts times (docs/signals.md#hangs-and-crashes)."""
     logging.getLogger("worker").error("%s", e)
-    try:
+    with contextlib.suppress(OSError):  # the exit code still says it where no agent stands between
         w = ReportWriter(RunLayout(run_dir))
         w.write(
             {
@@ -87,8 +88,6 @@ def _fatal(run_dir, e: Exception) -> int:
             }
         )
         w.close()
-    except OSError:
-        pass  # the exit code still says it where no agent stands between
     return EXIT_FATAL
 
 

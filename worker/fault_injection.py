@@ -77,9 +77,7 @@ def _sleep(secs: float, stopping: Callable[[], bool] | None, *release: Path) -> 
 
 
 def write_delay(run_dir: Path, step: int) -> None:
-    """Sleep ANDREA_TEST_WRITE_DELAY seconds before the write of `step` (called by the
-    checkpoint writer thread); `hold`: until `.test-release-write-<step>` or
-    `.test-release-writes` exists in `run_dir`."""
+    """ANDREA_TEST_WRITE_DELAY before the write of `step` (in the checkpoint writer thread)."""
     secs = os.environ.get("ANDREA_TEST_WRITE_DELAY")
     if secs == "hold":
         run_dir = Path(run_dir)
@@ -182,10 +180,8 @@ class EnvHooks(NoHooks):
             self.reads.start()
 
     def _pause(self, variable: str, where: str, event: dict, report) -> None:
-        """The pause of `variable` (comma-separated `where:secs` pairs) at `where`, once per run
-        directory (marker `.test-pause-<where>`): report `event` first, then sleep `secs`
-        seconds, until a stop (`stopping()`) or the file `.test-release-<where>` in the run
-        directory; `hold`: until that file only (a test signals inside the hold)."""
+        """The pause of `variable` (ANDREA_TEST_PAUSE_AT_*, the module docstring) at `where`,
+        reporting `event` first; marker `.test-pause-<where>`, release `.test-release-<where>`."""
         for part in filter(None, os.environ.get(variable, "").split(",")):
             at, secs = part.split(":")
             if at != where:

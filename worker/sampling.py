@@ -7,8 +7,8 @@ output head over the LAST position only, which on a small model is most of the w
 the head is the widest matmul, (T, n_embd) x (n_embd, vocab)).
 
 The training loop's sample audit (worker/trainer.py) generates with it too, its arms as one batch.
-What it is not: a KV cache:
-the whole window is recomputed per token, which keeps the code the model's own forward.
+What it is not: a KV cache: the whole window is recomputed per token, which keeps the code the
+model's own forward.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ def load_weights_only(
 
     The file is opened once, checked (name, header, size, n_params, and with `checksum`, the
     manifest's "crc32:%08x" for it, over the whole file: docs/checkpoint-format.md#validity;
-    not rule 8: a diverged model's samples are the operator's to see) and its weights region (4 x n_params bytes
-    after the 8-byte header) read straight into the model's flat weights
-    (``shared.checkpoint.file_format.load_weights``): the checksum covers the bytes used, even when
-    the run retires or replaces the file meanwhile. Raises CheckpointError."""
+    not rule 8: a diverged model's samples are the operator's to see) and its weights region
+    (4 x n_params bytes after the 8-byte header) read straight into the model's flat weights
+    (``shared.checkpoint.read.load_weights``): the checksum covers the bytes used, even when the
+    run retires or replaces the file meanwhile. Raises CheckpointError."""
     model = GPT(cfg.model, cfg.vocab_size, init_weights=False)  # filled at once below
     flat = model.flat.detach()
     if flat.device.type == "cpu" and flat.dtype == torch.float32 and sys.byteorder == "little":
@@ -63,10 +63,8 @@ def generate_batched(
     gives the same text on any device: one generator for the batch, or a list of B, one per
     row (the sample audit: each arm's text depends only on its prompt and its own seed).
     Raises ValueError when the list's length is not B."""
-    rows = generator if isinstance(generator, list) else None
-    one = None if isinstance(generator, list) else generator
-    if rows is not None and len(rows) != idx.size(0):
-        raise ValueError(f"generate_batched: {len(rows)} generators for {idx.size(0)} rows")
+    if isinstance(generator, list) and len(generator) != idx.size(0):
+        raise ValueError(f"generate_batched: {len(generator)} generators for {idx.size(0)} rows")
     t = model.transformer
     block = model.shape.block_size
     B, T0 = idx.shape
@@ -83,11 +81,11 @@ def generate_batched(
             v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
             logits[logits < v[:, [-1]]] = -float("inf")
         probs = F.softmax(logits, dim=-1).cpu()
-        if rows is None:
-            nxt = torch.multinomial(probs, 1, generator=one)
-        else:
+        if isinstance(generator, list):
             nxt = torch.cat(
-                [torch.multinomial(probs[r : r + 1], 1, generator=g) for r, g in enumerate(rows)]
+                [torch.multinomial(p, 1, generator=g) for p, g in zip(probs.split(1), generator)]
             )
+        else:
+            nxt = torch.multinomial(probs, 1, generator=generator)
         out[:, i] = nxt.view(-1).to(idx.device)
     return out
