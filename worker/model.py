@@ -130,21 +130,18 @@ class GPT(nn.Module):
             )
         self.flat = self._materialize()
         if init_weights:
-            self._init_weights(seed)
-
-    def _init_weights(self, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        std_proj = 0.02 / math.sqrt(2 * self.shape.n_layer)  # GPT-2 scaled residual init
-        for name, p in self.named_parameters():
+            g = torch.Generator().manual_seed(seed)
+            std_proj = 0.02 / math.sqrt(2 * shape.n_layer)  # GPT-2 scaled residual init
             with torch.no_grad():
-                if name.endswith("c_proj.weight"):
-                    p.normal_(0.0, std_proj, generator=g)
-                elif p.dim() == 2:
-                    p.normal_(0.0, 0.02, generator=g)
-                elif "ln_" in name and name.endswith("weight"):
-                    p.fill_(1.0)
-                else:
-                    p.zero_()
+                for name, p in self.named_parameters():
+                    if name.endswith("c_proj.weight"):
+                        p.normal_(0.0, std_proj, generator=g)
+                    elif p.dim() == 2:
+                        p.normal_(0.0, 0.02, generator=g)
+                    elif "ln_" in name and name.endswith("weight"):
+                        p.fill_(1.0)
+                    else:
+                        p.zero_()
 
     def _materialize(self) -> torch.Tensor:
         """Allocate `flat` (float32, uninitialised, on the CPU) and replace every meta parameter
