@@ -550,10 +550,9 @@ class Trainer:
         self.model.eval()
         means = []
         for n in self.sampler.names:
-            key = (n, sequences)
-            if key not in self._heldout_cache:
-                self._heldout_cache[key] = self.sampler.heldout_windows(n, sequences)
-            w = self._heldout_cache[key]  # the unwrapped model: eager, no collective
+            if (n, sequences) not in self._heldout_cache:
+                self._heldout_cache[n, sequences] = self.sampler.heldout_windows(n, sequences)
+            w = self._heldout_cache[n, sequences]  # the unwrapped model: eager, no collective
             x, y = w[:, :-1].to(self.device, non_blocking=True), w[:, 1:].to(self.device)
             means.append(self.eval_loss(x, y).mean())
         self.model.train()
@@ -686,10 +685,19 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
         """Train until max_steps or a stop; returns the process exit code. Each update's report
-        is read and written while the next update runs, and at once at every checkpoint,
-        stop, probe, audit, late policy and after a non-finite update
-        (docs/architecture.md#the-step-loop)."""
-        self._start()
+        is written while the next update runs, or at once where something needs it
+        (`_train_and_report`, `_policy_for`, docs/architecture.md#the-step-loop)."""
+        self.announce()
+        self.hooks.at_start()  # a test may replace a signal handler here
+        if lost := self.flags.verify_and_repair():  # after library start-up (NCCL takes SIGUSR1)
+            self.reports.write(
+                {
+                    "type": "event",
+                    "event": "signal-handlers-replaced",
+                    "signals": lost,
+                    "time": time.time(),
+                }
+            )
         while True:
             b = self._one_update()
             if b.reasons or b.stop:
@@ -715,21 +723,6 @@ class Trainer:
             )
         self.reports.write(rec)
 
-    def _start(self) -> None:
-        """Announce the worker, then check that its signal handlers survived library start-up."""
-        self.announce()
-        self.hooks.at_start()  # a test may replace a signal handler here
-        lost = self.flags.verify_and_repair()  # after library start-up (NCCL takes SIGUSR1)
-        if lost:
-            self.reports.write(
-                {
-                    "type": "event",
-                    "event": "signal-handlers-replaced",
-                    "signals": lost,
-                    "time": time.time(),
-                }
-            )
-
     def _one_update(self) -> Boundary:
         """Update k = step + 1 unless the run is over or stopping, then the boundary decision."""
         k = self.step + 1
@@ -750,8 +743,8 @@ class Trainer:
         return self._decide_boundary(k, control)
 
     def _train_and_report(self, k: int, probs: dict) -> None:
-        """Queue update k, then write update k-1's report while k runs; k's own report is
-        written at once when its probe, validation or audit is due, or while updates are not finite (the
+        """Queue update k, then write update k-1's report while k runs; k's own report is written
+        at once when its probe, validation or audit is due, or while updates are not finite (the
         stop after `max_nonfinite` of them needs their values), else with update k+1."""
         q = self._queue_update(k, probs)
         self._write_pending()
