@@ -13,16 +13,13 @@ and supervision tests are deterministic instead of racing a 10 ms step:
                                      once a stop signal (SIGTERM, SIGINT, SIGHUP, parent death)
                                      has arrived or the test creates `.test-release-N` (`-K.I`)
                                      in the run directory; SECS `hold`: only that file ends it
-                                     (at most an hour). So a test pauses for longer than any
-                                     loaded machine needs without waiting that long on a fast
-                                     one, and a test that signals there never races the clock.
+                                     (at most an hour)
   ANDREA_TEST_STEAL_SIGNAL=SIGUSR1   a "library" resets that handler before the worker's check
   ANDREA_TEST_WRITE_DELAY=SECS       every checkpoint write sleeps SECS seconds before writing
                                      (a window to signal "during a write"); `hold`: the write
                                      of step N waits until the test creates
                                      `.test-release-write-N` or `.test-release-writes` (every
-                                     write from then on) in the run directory (at most an
-                                     hour), so a signal "during a write" never races the clock
+                                     write from then on) in the run directory (at most an hour)
   ANDREA_TEST_HOLD_RESUME=1          before it reads the checkpoint it resumes from, the worker
                                      writes `.test-resume-held` in the run directory and waits
                                      until the test creates `.test-release-resume` (at most an
@@ -80,7 +77,6 @@ def write_delay(run_dir: Path, step: int) -> None:
     """ANDREA_TEST_WRITE_DELAY before the write of `step` (in the checkpoint writer thread)."""
     secs = os.environ.get("ANDREA_TEST_WRITE_DELAY")
     if secs == "hold":
-        run_dir = Path(run_dir)
         _sleep(
             3600.0, None, run_dir / f".test-release-write-{step}", run_dir / ".test-release-writes"
         )
@@ -101,8 +97,7 @@ class HostReadCounter:
         from torch.overrides import TorchFunctionMode
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        counts: Counter[str] = Counter()
-        self.counts = counts
+        self.counts = counts = Counter[str]()
 
         class Functions(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):

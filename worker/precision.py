@@ -16,15 +16,15 @@ the parameters it casts are temporary bf16 copies, the gradients land in the fp3
 training forward, the held-out probes (which feed the bandit) and nothing else (sample audits
 generate in fp32). `resolve_precision` is the one place `auto` is decided.
 
-The AdamW kernel (`use_fused_adamw`): torch's fused kernel on CUDA and on CPU (one pass over
-all parameters; on CPU 0.010 s per andrea-12m update where foreach takes 0.049 s), foreach on
-any other device.
+The AdamW kernel (`use_fused_adamw`): torch's fused one on CUDA and CPU (one pass over all
+parameters; on CPU 0.010 s per andrea-12m update, foreach 0.049 s), foreach on other devices.
 
 What it is not: the model (worker/model.py) or the optimizer's flat buffers (worker/optim.py).
 """
 
 from __future__ import annotations
 
+import psutil
 import torch
 
 from shared.run.worker_options import PRECISIONS
@@ -70,8 +70,6 @@ def device_memory_bytes(device: torch.device) -> int | None:
         if device.type == "cuda":
             return int(torch.cuda.get_device_properties(device).total_memory)
         if device.type == "cpu":
-            import psutil
-
             return int(psutil.virtual_memory().total)
     except Exception:  # noqa: BLE001 - unknown is not an error; nothing is checked then
         return None
