@@ -7,8 +7,7 @@ retention, deleting only after the new file is durable. One write is in flight a
 snapshot first waits for the previous write. `wait()` is what SIGTERM and the end of a run call.
 
 What it is not: the format (shared/checkpoint/file_format.py), the write engine
-(shared/checkpoint/write.py) or the decision of when to write
-(worker/trainer.py).
+(shared/checkpoint/write.py) or the decision of when to write (worker/trainer.py).
 """
 
 from __future__ import annotations
@@ -210,13 +209,11 @@ class Checkpointer:
         seconds training was held (the wait for a previous write still in flight, plus the
         copy); after it returns the caller may change w, m, v freely.
 
-        defer_copy: the copy overlaps the next forward and backward pass,
-        which only read the weights; the caller must call `wait_copied()` before anything
-        changes w, m or v (the optimizer step). CPU tensors: the writer thread copies. CUDA
-        tensors: the copy is queued on a side stream after the work queued so far (`_CudaCopy`)
-        and the writer thread waits for it; `wait_copied()` then makes the caller's stream wait
-        on the device, without blocking the host. The held time is then the wait for a
-        previous write and the queueing."""
+        defer_copy: the copy overlaps the next forward and backward pass, which only read the
+        weights; the caller must call `wait_copied()` before anything changes w, m or v (the
+        optimizer step). CPU tensors: the writer thread copies; CUDA tensors: a side stream
+        does (`_CudaCopy`), and `wait_copied()` waits for it on the device, not the host. The
+        held time is then the wait for a previous write and the queueing."""
         t0 = time.perf_counter()
         self.wait()
         on_cuda = defer_copy and w.is_cuda

@@ -6,10 +6,8 @@ window starts. Rank r takes rows [r*B/W, (r+1)*B/W). So the batch is a pure func
 p), the same for any world size, and a resumed run draws exactly what the uninterrupted run drew.
 
 Held-out probe windows are fixed per arm (evenly spaced over the held-out ranges, never trained
-on). Training windows start anywhere a whole window fits inside one train segment (the gaps
-between the held-out ranges, docs/data.md#the-held-out-split); with one tail range (older runs,
-small arms) this is exactly the draw `integers(0, heldout_start - block - 1)` it always was, so
-resumes stay bit-exact. Token files are uint16 or uint32 (ArmData.dtype).
+on); training windows start anywhere a whole window fits inside one train segment, a gap between
+held-out ranges (docs/data.md#the-held-out-split). Token files: uint16 or uint32 (ArmData.dtype).
 """
 
 from __future__ import annotations

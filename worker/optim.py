@@ -81,10 +81,9 @@ class FlatAdamW:
     """AdamW whose m and v are the flat buffers `m` and `v` (float32, (n_params,)).
 
     `set_step(S)` sets every parameter's AdamW step to S (the resumed checkpoint's header step).
-    `fused=True` (the trainer passes worker.precision.use_fused_adamw: CUDA and CPU) uses torch's
-    fused AdamW kernel (called directly, see the module docstring), whose step tensors live on
-    the parameters' device; otherwise torch.optim.AdamW with foreach, step on the host
-    (`step_device`). Both kernels work on CPU (tests/test_optim_fused.py).
+    `fused=True` (worker.precision.use_fused_adamw) calls torch's fused kernel directly (the module
+    docstring), its step tensors on the parameters' device; else torch.optim.AdamW with foreach,
+    steps on the host (`step_device`). Both work on CPU (tests/test_optim_fused.py).
     """
 
     def __init__(self, model: GPT, cfg: RunConfig, fused: bool | None = None) -> None:

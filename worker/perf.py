@@ -60,8 +60,7 @@ def measure_cpu_matmul_peak(
     ramp-up), rounds of `per_round` matmuls are timed for about `seconds`; the peak is the
     best round's rate, the median of its matmuls being what a round measures (a single
     matmul's timer jitter cannot inflate it, a busy moment only lowers that round). A peak
-    still measured too low (the whole window contended) gives an MFU above 1, which the
-    proxy leaves out of the progress line instead of printing (proxy/observation/progress.py)."""
+    still measured too low (the whole window contended) gives an MFU above 1 (see `mfu`)."""
     g = torch.Generator().manual_seed(0)  # leave the global RNG untouched
     a = torch.randn(n, n, generator=g)
     b = torch.randn(n, n, generator=g)
