@@ -150,12 +150,11 @@ class FlatAdamW:
         kernel reads it there). Cheap: a loop over the parameters, no data read."""
         for p, (name, _, off) in zip(self.model.parameters(), self.model.table):
             st = self.opt.state[p]
-            for key, buf in (("exp_avg", self.m), ("exp_avg_sq", self.v)):
+            for key, flat, buf in (("exp_avg", "m", self.m), ("exp_avg_sq", "v", self.v)):
                 t = st[key]
                 if not is_view_at(t, buf, off) or t.shape != p.shape:
                     raise RuntimeError(
-                        f"AdamW replaced {key} of {name}; the flat "
-                        f"{'m' if key == 'exp_avg' else 'v'} buffer is stale"
+                        f"AdamW replaced {key} of {name}; the flat {flat} buffer is stale"
                     )
             s = st["step"]
             if s.device != self.step_device or s.dtype != torch.float32 or s.dim() != 0:
