@@ -11,6 +11,7 @@ Standard library only (and the format module).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 
@@ -55,11 +56,9 @@ def clean_stale_temporaries(directory: os.PathLike | str) -> list[pathlib.Path]:
     for entry in _scan(directory):
         if not is_temporary_name(entry.name) or entry.is_dir(follow_symlinks=False):
             continue
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(entry.path)
-        except FileNotFoundError:
-            continue
-        removed.append(directory / entry.name)
+            removed.append(directory / entry.name)
     return sorted(removed)
 
 

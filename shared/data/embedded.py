@@ -13,6 +13,7 @@ What it is not: user arms (shared/data/sources.py), fingerprints and the `--arm`
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import os
 import sysconfig
@@ -75,17 +76,13 @@ def _python_docstrings(limit: int) -> str:
     files = stdlib_files()
     key = hashlib.sha256(f"{stat_digest(files, sys.version)}\0{limit}".encode()).hexdigest()[:24]
     cached = cache_dir() / f"python-docstrings-{key}.txt"
-    try:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
         return cached.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        pass
     docs = (d for f in files for d in _docstrings(f.read_text(encoding="utf-8", errors="replace")))
     text = _take(docs, limit)
-    try:
+    with contextlib.suppress(OSError):
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(cached, text.encode("utf-8"))
-    except OSError:
-        pass
     return text
 
 

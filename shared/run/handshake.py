@@ -9,6 +9,7 @@ docs/handshake.md#policy-periods-and-the-lag. What it is not: what either side d
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -162,9 +163,6 @@ class ReportReader:
         self._partial = lines.pop()
         out = []
         for line in lines:
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass  # a torn line from a killed writer: nothing whole was in it
+            with contextlib.suppress(ValueError):  # a blank line, or one torn by a killed writer
+                out.append(json.loads(line))
         return out

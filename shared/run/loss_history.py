@@ -114,10 +114,8 @@ def _tokens(line: bytes, base: int):
             except ValueError:
                 obj = None
             if isinstance(obj, dict):
-                try:  # re-read from bytes so non-ASCII text decodes as UTF-8
+                with contextlib.suppress(ValueError):  # from bytes: non-ASCII text as UTF-8
                     obj = json.loads(line[i:j])
-                except ValueError:
-                    pass
                 yield "rec", base + i, base + j, obj
                 i = j
                 continue
@@ -465,11 +463,9 @@ class LossHistory:
             _pwrite_all(self._fd, buf, offset)
         except BaseException as e:
             # e.g. disk full mid-write: put the closing bracket back so the file stays valid
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._end)
                 _pwrite_all(self._fd, _CLOSE, self._end)
-            except OSError:
-                pass
             if isinstance(e, OSError):
                 raise named(e, self.path) from e
             raise
