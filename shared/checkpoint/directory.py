@@ -116,12 +116,9 @@ def scan_for_resume(
 
 def quarantine_checkpoint(path: os.PathLike | str) -> pathlib.Path:
     """Move a rejected checkpoint into its run directory's ``rejected/`` (shared/run/layout.py),
-    keeping it (docs/checkpoint-format.md#validity).
-
-    Why: a rejected ``step_000300.bin`` left in place would be overwritten when training
-    reaches step 300 again, or deleted by retention; in the quarantine folder it is out of
-    reach of both, and of ``list_checkpoints``. The name is kept; if the folder already holds
-    that name, ``.1``, ``.2``, ... is appended. Same filesystem, so it is a rename (no copy);
+    out of reach of the next write of its step, of retention and of ``list_checkpoints``
+    (docs/checkpoint-format.md#validity). The name is kept; if the folder already holds that
+    name, ``.1``, ``.2``, ... is appended. Same filesystem, so it is a rename (no copy);
     the directories are fsynced. Returns the new path.
     Raises CheckpointError (rule "io") if the folder cannot be created or the rename fails
     (the file then stays where it was).

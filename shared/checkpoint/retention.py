@@ -1,9 +1,7 @@
 """Applying retention to a run directory (docs/checkpoint-format.md#retention).
 
-What it is: ``apply_retention``, which retires the checkpoints ``plan_retention`` dooms: the
-oldest is renamed to the file the next write overwrites in place (``recycle_checkpoint``), the
-others are deleted, then their manifest entries are dropped. The worker's writer calls it after
-each durable checkpoint; the kill -9 test's writer child runs the same function.
+What it is: ``apply_retention``, which retires the checkpoints ``plan_retention`` dooms. The
+worker's writer calls it after each durable checkpoint; the kill -9 test's writer child too.
 
 What it is not: the plan (``shared.checkpoint.manifest.plan_retention``, a pure function), the
 write engine (``shared/checkpoint/write.py``) or the writer thread (``worker/checkpointer.py``).
@@ -32,13 +30,13 @@ def apply_retention(
 
     n_params: the run's parameter count (a doomed file of exactly ``8 + 12 * n_params`` bytes
     can be reused). keep_last, keep_every: as ``plan_retention``. The oldest doomed file, if a
-    regular file with no other name (``reusable``: never a symlink's target, never an
-    operator's hard link), is renamed to
-    ``RECYCLED_NAME``, overwritten in place by the next write (on a virtual disk that costs
-    training less than a new file plus a delete); the others are deleted; then their entries
-    leave the manifest. A kill at any point leaves each doomed file under its name, retired, or
-    gone, and an entry without a file is ignored by every reader. Returns the doomed steps,
-    ascending. Raises OSError (other than a file already gone) from the rename or delete.
+    regular file with no other name (``reusable``: never a symlink's target, never an operator's
+    hard link), is renamed to ``RECYCLED_NAME``, overwritten in place by the next write (on a
+    virtual disk that costs training less than a new file plus a delete); the others are
+    deleted; then their entries leave the manifest. A kill at any point leaves each doomed file
+    under its name, retired, or gone, and an entry without a file is ignored by every reader.
+    Returns the doomed steps, ascending. Raises OSError (other than a file already gone) from
+    the rename or delete.
     """
     directory = pathlib.Path(directory)
     with editing_manifest(directory) as entries:  # a pin made meanwhile waits, or is seen

@@ -1,14 +1,9 @@
-"""Data sources (arms): the `--arm` option, each arm's text and fingerprints
-(docs/architecture.md#arms).
+"""Data sources (arms): the `--arm` option, a `tokens` arm's files and the fingerprints of an
+arm's source and content (docs/architecture.md#arms, docs/data.md#sources).
 
-The embedded defaults need nothing downloaded (shared/data/embedded.py: repo-docstrings,
-repo-code, python-docs, built from the running Python installation's own files). Users add arms
-from text files/directories/globs, JSON Lines (a text field; .gz/.zst), Parquet (a text column)
-or pre-tokenized uint16/uint32 token files (nanoGPT's format); user arms are always read whole
-(the streaming readers are `shared/data/sources.py`), the defaults keep their documented size
-(shared/data/embedded.py MAX_ARM_BYTES) and the creation log says how much of how much was used.
-
-What it is not: tokenization and batching (`shared/data/tokenization.py`, `worker/data.py`).
+What it is not: reading an arm's text (`shared/data/sources.py`; the embedded defaults,
+`shared/data/embedded.py`), tokenization and batching (`shared/data/tokenization.py`,
+`worker/data.py`).
 """
 
 from __future__ import annotations

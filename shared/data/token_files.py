@@ -1,21 +1,18 @@
 """Tokenized arm data in the run directory, and its index `data/arms.json` (docs/architecture.md#arms,
 docs/data.md).
 
-At run creation every arm is streamed whole through the run's tokenizer into `data/<arm>.u16`
-(flat uint16, nanoGPT style; `.u32` above 65,536 tokens) by `shared/data/tokenization.py`; a `tokens`
-arm of one file points at its own file instead. A fixed held-out split, spread over the whole
-arm in up to `probe_sequences` ranges (docs/data.md#the-held-out-split), is never trained on: it
-feeds the bandit's probes and the sample audits.
+What it is: `prepare_arm`, which makes an arm's token file and its completion record
+(`data/<arm>.done.json`, docs/data.md#crash-safe-creation), the fixed held-out split
+(`heldout_ranges`: never trained on; it feeds the bandit's probes and the sample audits) and the
+index.
 
 An index entry per arm holds the fields of `ArmData`; the top-level "changes" list is the proxy's
 arm-change log (proxy/mixture/arm_changes.py); arms added on a restart are appended to "arms".
 This module is the file's only reader and writer: the change log is kept by editing the content
 `read_arm_index_doc` returns and storing it with `write_arm_index_doc`.
 
-Completion: each tokenized arm gets `data/<arm>.done.json` (its entry plus the key it was made
-with: spec, source fingerprint, tokenizer sha256, cap, context) once its token file is whole
-under its final name; an interrupted creation or arm addition re-run keeps every arm whose key
-still matches and redoes only the rest (docs/data.md#crash-safe-creation).
+What it is not: the tokenization itself (`shared/data/tokenization.py`) or the readers of the
+sources (`shared/data/sources.py`).
 """
 
 from __future__ import annotations

@@ -35,14 +35,10 @@ def policy_period(step: int, period: int) -> int:
 
 
 def control_stops_at(control: dict, step: int, checkpoint_every: int) -> bool:
-    """Whether the control request `control` stops the worker at update `step` (1-based).
-
-    `stop_at_step` = S stops at the first update >= S; with reason "pivot" only at a checkpoint
-    boundary (a multiple of `checkpoint_every`), so a worker that was already past S when the
-    request reached it stops at the next boundary instead of an arbitrary step, and the proxy
-    takes that step as the pivot's B (docs/pivots.md#the-boundary); a pivot asked for with
-    `pivot --now` (control "now": true) stops at the first update >= S like any other reason
-    ("alarm"), which stops at once. Pure; raises nothing."""
+    """Whether the control request `control` stops the worker at update `step` (1-based):
+    `stop_at_step` = S stops at the first update >= S, except that reason "pivot" without "now"
+    stops only at a multiple of `checkpoint_every` (docs/pivots.md#the-boundary). Pure; raises
+    nothing."""
     at = control.get("stop_at_step")
     if at is None or step < at:
         return False

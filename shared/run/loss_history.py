@@ -156,10 +156,8 @@ def _walk(data: bytes, pos: int, prev_step, monotonic: bool, notes: list):
 
 
 def _release(data, upto: int) -> None:
-    """Let go of the pages of a memory map below byte `upto` (a no-op for bytes). A scan has
-    read them and will not come back; without this, every page a whole-file scan touched
-    stays mapped into this process until the map is closed, so its resident memory would
-    grow with the history (docs/history.md#cost) although the heap does not."""
+    """Let go of the pages of a memory map below byte `upto`, which a scan has read and will not
+    come back to (a no-op for bytes): resident memory stays flat (docs/history.md#cost)."""
     if isinstance(data, mmap.mmap) and _MADV_DONTNEED is not None:
         upto -= upto % mmap.PAGESIZE
         if upto > 0:
@@ -547,12 +545,9 @@ def _start_offset(f, after_step: int) -> int:
 
 
 def iter_records_after(path, after_step: int, end_step: int | None = None) -> Iterator[dict]:
-    """Records with after_step < step <= end_step, one at a time, in file order.
-
-    Finds where step after_step ends by a binary search over the file (O(log n) reads of
-    _SEEK_WINDOW bytes), then streams forward line by line like `iter_records`: time is the
-    records returned, memory is one line, whatever the history's length (docs/history.md#cost).
-    Tolerant like `iter_records`; a missing file yields nothing."""
+    """Records with after_step < step <= end_step, one at a time, in file order: those of
+    `iter_records(path, skip_upto=after_step)` up to end_step, so time is the records returned
+    and memory one line, whatever the history's length (docs/history.md#cost)."""
     hi = math.inf if end_step is None else end_step
     for rec in iter_records(path, skip_upto=after_step):
         if rec["step"] > hi:
