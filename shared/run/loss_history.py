@@ -13,9 +13,9 @@ nor a general JSON library. Stdlib only; never imports torch, proxy or worker.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
-import math
 import mmap
 import operator
 import os
@@ -548,11 +548,8 @@ def iter_records_after(path, after_step: int, end_step: int | None = None) -> It
     """Records with after_step < step <= end_step, one at a time, in file order: those of
     `iter_records(path, skip_upto=after_step)` up to end_step, so time is the records returned
     and memory one line, whatever the history's length (docs/history.md#cost)."""
-    hi = math.inf if end_step is None else end_step
-    for rec in iter_records(path, skip_upto=after_step):
-        if rec["step"] > hi:
-            break
-        yield rec
+    records = iter_records(path, skip_upto=after_step)
+    yield from itertools.takewhile(lambda r: end_step is None or r["step"] <= end_step, records)
 
 
 def iter_records(path, skip_upto: int | None = None) -> Iterator[dict]:
