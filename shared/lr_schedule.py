@@ -19,9 +19,8 @@ def learning_rate(step: int, cfg: RunConfig) -> float:
     `lr_decay_steps` by a cosine (`schedule` "cosine") or, for "wsd" (warmup-stable-decay,
     MiniCPM, Hu et al. 2024), at the peak until the last `decay_fraction` of the plan and
     linearly down from there; flat at the floor after. A re-plan at step S (`replans`, in order:
-    `run --replan`) keeps every rate up to S and continues from lr(S): a cosine from lr(S) to
-    the floor at the new end, or for wsd lr(S) held until the decay's start (`decay_at`, else the
-    new plan's last `decay_fraction`, never before S) and linear from there to the new end."""
+    `run --replan`) keeps every rate up to S and continues from lr(S) to the new end (the docs'
+    "Re-planning"); a wsd decay never starts before S."""
     floor = cfg.lr * cfg.min_lr_ratio
     for r in reversed(cfg.replans):
         if step > r["at"]:

@@ -247,17 +247,16 @@ def write_checkpoint_image(
 ) -> tuple[pathlib.Path, int, str]:
     """Write a file image (``alloc_checkpoint_image``) as ``step_NNNNNN.bin``, atomically.
 
-    The fast path of the background writer (scripts/bench_checkpoint.py): the image already holds the
-    file's bytes, so the write is ONE sequential write of one buffer; when the image is
-    4096-aligned and the filesystem supports it, with O_DIRECT (the kernel reads the buffer
-    directly, no copy into the page cache), then fsync. Where retention left a retired
-    checkpoint (``RECYCLED_NAME``, ``recycle_checkpoint``) it is renamed to the temporary and
-    overwritten in place instead of a new file being created (``recycle=False``: never). Sets
-    the header bytes image[0:8] to (step, n_params); weights, m, v must already be in place and
-    must not change during the call. Writes ``.{final_name}.tmp-{pid}`` in the same directory,
-    computes crc32 over exactly the bytes written (in a helper thread, overlapping the write and
-    the fsync), fsyncs (if ``fsync``), renames over the final name with os.replace and fsyncs
-    the directory. An existing file for the same step is replaced atomically.
+    The fast path of the background writer (scripts/bench_checkpoint.py): the image already
+    holds the file's bytes, so the write is ONE sequential write of one buffer (O_DIRECT where
+    it can: ``_write_image``), then fsync. Where retention left a retired checkpoint
+    (``RECYCLED_NAME``, ``recycle_checkpoint``) it is renamed to the temporary and overwritten
+    in place instead of a new file being created (``recycle=False``: never). Sets the header
+    bytes image[0:8] to (step, n_params); weights, m, v must already be in place and must not
+    change during the call. Writes ``.{final_name}.tmp-{pid}`` in the same directory, computes
+    crc32 over exactly the bytes written (in a helper thread, overlapping the write and the
+    fsync), fsyncs (if ``fsync``), renames over the final name with os.replace and fsyncs the
+    directory. An existing file for the same step is replaced atomically.
     Returns (final_path, nbytes, "crc32:%08x"), nbytes = 8 + 12*n_params.
     Raises CheckpointError for a bad step or image (rules "limits", "shape", before any file
     is touched) and for any OSError (rule "io", errno text in the message, the OSError as
