@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -196,13 +197,9 @@ def read_json(
 def aside_name(path: str, kind: str) -> str:
     """`<path>.<kind>-<unix time>`, with `.1`, `.2`, ... appended while that name exists, so a
     second file moved aside in the same second never overwrites the first one's bytes."""
-    stamp = int(time.time())
-    aside = f"{path}.{kind}-{stamp}"
-    k = 1
-    while os.path.exists(aside):
-        aside = f"{path}.{kind}-{stamp}.{k}"
-        k += 1
-    return aside
+    base = f"{path}.{kind}-{int(time.time())}"
+    names = itertools.chain([base], (f"{base}.{k}" for k in itertools.count(1)))
+    return next(name for name in names if not os.path.exists(name))
 
 
 _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")  # tempfile.mkstemp in atomic_write_bytes

@@ -76,7 +76,6 @@ def seconds_since_start(pid: int | None = None) -> float | None:
     """Seconds since process `pid` (default: this one) started, what a start-up log line reports
     as "since launch" (resolution: one clock tick, 10 ms). None when it cannot be told."""
     try:
-        p = psutil.Process(pid)
-        return time.time() - p.create_time()
+        return time.time() - psutil.Process(pid).create_time()
     except (psutil.Error, ValueError):
         return None
