@@ -44,10 +44,9 @@ def _scan(directory: pathlib.Path):
 def clean_stale_temporaries(directory: os.PathLike | str) -> list[pathlib.Path]:
     """Delete leftover checkpoint temporaries (``.step_*.bin.tmp-*``) in ``directory``.
 
-    Call at start, before this process's writer runs (docs/checkpoint-format.md#atomic-write:
-    "Stale temporaries are cleaned at start"; one owner per run directory,
-    docs/architecture.md#one-proxy-per-run-directory). Only regular files and links whose name
-    matches are removed; ``step_*.bin`` files are never touched.
+    Call at start, before this process's writer runs (docs/checkpoint-format.md#atomic-write;
+    one owner per run directory, docs/architecture.md#one-proxy-per-run-directory). Only regular
+    files and links whose name matches are removed; ``step_*.bin`` files are never touched.
     Returns the removed paths, sorted. Raises CheckpointError (rule "io") if the directory
     cannot be listed; a temporary that vanished meanwhile is ignored.
     """

@@ -1,12 +1,9 @@
 """How repetitive an arm's token stream is: its zstd compression ratio (docs/bandit.md#the-repetition-guard).
 
-What it is: `compression_ratio(tokens)`, a number measured once per arm when the run is made (and
-on demand for runs made before it), which the bandit's repetition guard compares with
-`BanditConfig.repetitive_ratio`. Trivially predictable sources (generated lists, one line
-repeated with small changes) compress far better than prose, code or markup, and they are the
-sources whose loss falls for no real gain (the collapse this guard exists for).
+What it is: `compression_ratio(tokens)`, measured once per arm when the run is made (and on
+demand for runs made before it), which the bandit's repetition guard compares with
+`BanditConfig.repetitive_ratio` (typical values: docs/data.md#compression-ratio).
 What it is not: a quality filter (nothing is dropped) or the guard itself (proxy/mixture/bandit.py).
-Typical values: docs/data.md#compression-ratio.
 """
 
 from __future__ import annotations

@@ -344,9 +344,8 @@ def write_arm_index(layout: RunLayout, arms: list[ArmData]) -> None:
 
 
 def write_arm_index_doc(layout: RunLayout, d: dict) -> None:
-    """Replace `data/arms.json` with `d` (its whole content: "arms" and the proxy's "changes"),
-    atomically (shared/atomic_io.py). The only writer of the file: the arm-change log
-    (proxy/mixture/arm_changes.py) and the audit fork edit a copy read by `read_arm_index_doc`."""
+    """Replace `data/arms.json` with `d` (its whole content: "arms" and the proxy's "changes",
+    edited from `read_arm_index_doc`: see the module docstring), atomically (shared/atomic_io.py)."""
     atomic_write_json(layout.arms_index, d)
 
 
@@ -359,8 +358,8 @@ def read_arm_index_doc(layout: RunLayout) -> dict:
 
 def read_arm_index(layout: RunLayout, include_retired: bool = False) -> dict[str, ArmData]:
     """The run's arms by name; retired (zombie) arms only with `include_retired` (the worker
-    never loads them, docs/architecture.md#arms). Raises ArmSourceError naming the file when missing or
-    garbage."""
+    never loads them, docs/architecture.md#arms). Raises ArmSourceError naming the file when
+    missing or garbage."""
     arms = _read_index(layout)[1]
     return arms if include_retired else {n: a for n, a in arms.items() if not a.retired}
 

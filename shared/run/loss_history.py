@@ -2,9 +2,7 @@
 
 What it is: the format (docs/history.md#on-disk-format), the O(1) appender `LossHistory`, whose
 opening repairs a torn tail (docs/history.md#torn-tail-repair), the tolerant readers and
-`rewind`. Opening and rewinding read the file through a read-only memory map, in chunks of
-_CHUNK bytes where they scan it whole, so their memory does not grow with the history
-(docs/history.md#cost).
+`rewind`, all in memory that does not grow with the history (docs/history.md#cost).
 
 What it is not: safe for two writers at once (the proxy's run-directory lock guarantees one),
 nor a general JSON library. Stdlib only; never imports torch, proxy or worker.
