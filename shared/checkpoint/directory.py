@@ -12,6 +12,7 @@ Standard library only (and the format module).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pathlib
 
@@ -126,10 +127,8 @@ def quarantine_checkpoint(path: os.PathLike | str) -> pathlib.Path:
     dest_dir = RunLayout(path.parent).rejected
     try:
         dest_dir.mkdir(exist_ok=True)
-        dest, k = dest_dir / path.name, 0
-        while dest.exists():
-            k += 1
-            dest = dest_dir / f"{path.name}.{k}"
+        names = itertools.chain([path.name], (f"{path.name}.{k}" for k in itertools.count(1)))
+        dest = next(dest_dir / name for name in names if not (dest_dir / name).exists())
         os.rename(path, dest)
         fsync_dir(dest_dir)
         fsync_dir(path.parent)

@@ -168,12 +168,9 @@ def _key(arm: ArmSpec, sfp: str, layout: RunLayout, cfg: RunConfig) -> dict:
 def _completed(arm: ArmSpec, key: dict, layout: RunLayout) -> ArmData | None:
     try:
         d = read_json(done_marker(layout, arm.name), expect=dict, missing_ok=False)
-        if d.get("key") != key:
-            return None
         a = ArmData(**d["arm"])
-        if a.token_path(layout.root).stat().st_size < a.n_tokens * np.dtype(a.dtype).itemsize:
-            return None
-        return a
+        whole = a.token_path(layout.root).stat().st_size >= a.n_tokens * np.dtype(a.dtype).itemsize
+        return a if d.get("key") == key and whole else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
