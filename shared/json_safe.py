@@ -1,9 +1,8 @@
 """Values made safe for strict JSON: the one helper every writer of a JSON record uses.
 
-What it is: `jsonable(value)`, which replaces every non-finite float (NaN, +-inf, at any depth)
-by null and turns numpy/torch scalars and arrays into Python values, adding and renaming
-nothing, so `json.dumps(..., allow_nan=False)` never fails on a loss that went NaN. Used by
-`.loss.json` (shared/run/loss_history.py) and the worker's step reports (shared/run/handshake.py).
+What it is: `jsonable(value)`, so that `json.dumps(..., allow_nan=False)` never fails on a loss
+that went NaN. Used by `.loss.json` (shared/run/loss_history.py) and the worker's step reports
+(shared/run/handshake.py).
 What it is not: an encoder (callers choose separators and key order). Standard library only.
 """
 

@@ -1,13 +1,11 @@
 """Streaming readers of arm sources (docs/data.md#sources): text, JSON Lines (plain, .gz, .zst),
 Parquet and the embedded defaults, as a sequence of text pieces read in bounded chunks.
 
-Every reader yields `Piece(text, new_doc, done)`: a piece of one document (`new_doc` is true on
-its first piece) and `done`, the source bytes consumed so far (compressed bytes for .gz/.zst,
-file bytes for Parquet), against `total` (the sum of the files' sizes on disk): the progress bar
-and the "used X of Y" log line count in those units. A document is one text file, one JSON Lines
-record or one Parquet row; documents are joined with SEPARATOR (docs/data.md#the-token-stream).
-Bad records (invalid JSON, a missing or non-text field, undecodable bytes) are counted in
-`reader.bad` with the first `file:line`; they never abort the read.
+Every reader yields `Piece`s; `done` counts the source bytes consumed (compressed bytes for
+.gz/.zst, file bytes for Parquet) against `total` (the files' sizes on disk), the units of the
+progress bar and the "used X of Y" log line. A document is one text file, one JSON Lines record
+or one Parquet row; documents are joined with SEPARATOR (docs/data.md#the-token-stream). Bad
+records are counted in `reader.bad` (`BadRecords`); they never abort the read.
 
 What it is not: tokenization (`shared/data/tokenization.py`), pre-tokenized `tokens` arms (read
 directly as memory maps there), or the cheap checks of an arm before any work
