@@ -71,12 +71,11 @@ def list_checkpoints(directory: os.PathLike | str) -> list[tuple[int, pathlib.Pa
     Raises CheckpointError (rule "io") if the directory cannot be listed.
     """
     directory = pathlib.Path(directory)
-    found = []
-    for entry in _scan(directory):
-        step = parse_checkpoint_name(entry.name)
-        if step is not None and not entry.is_dir():
-            found.append((step, directory / entry.name))
-    return sorted(found)  # one name per step: by step
+    return sorted(  # one name per step: by step
+        (step, directory / entry.name)
+        for entry in _scan(directory)
+        if (step := parse_checkpoint_name(entry.name)) is not None and not entry.is_dir()
+    )
 
 
 def scan_for_resume(

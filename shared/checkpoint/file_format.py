@@ -89,9 +89,9 @@ def _as_int(value, what: str) -> int:
 def check_int32_limits(step: int, n_params: int) -> None:
     """Refuse a step or parameter count the int32 header cannot hold (docs/checkpoint-format.md#limits).
 
-    step: int in [0, INT32_MAX]; n_params: int in [1, INT32_MAX] (numpy integers accepted,
-    bools and floats refused). Returns None.
-    Raises CheckpointError (rule "limits") naming the value; call it before training starts.
+    step: int in [0, INT32_MAX]; n_params: int in [1, INT32_MAX] (numpy integers accepted, bools
+    and floats refused). Raises CheckpointError (rule "limits") naming the value; call it before
+    training starts.
     """
     step = _as_int(step, "step")
     n_params = _as_int(n_params, "n_params")

@@ -175,11 +175,10 @@ def plan_retention(
 ) -> list[int]:
     """Steps retention may delete, ascending (docs/checkpoint-format.md#retention). Pure: touches no file.
 
-    steps: the checkpoints present (duplicates ignored). Keeps the newest ``keep_last``
-    (>= 2: the newest may still be being written), every step with
-    ``step % keep_every == 0`` when keep_every > 0 (0 disables), and every pinned step;
-    returns all the others.
-    Raises ValueError if keep_last < 2 or keep_every < 0.
+    steps: the checkpoints present (duplicates ignored). Keeps the newest ``keep_last`` (>= 2:
+    the newest may still be being written), every step with ``step % keep_every == 0`` when
+    keep_every > 0 (0 disables), and every pinned step; returns all the others. Raises
+    ValueError if keep_last < 2 or keep_every < 0.
     """
     if keep_last < 2:
         raise ValueError(
