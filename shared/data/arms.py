@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -84,8 +85,6 @@ def source_fingerprint(arm: ArmSpec) -> str:
     text; a mismatch is confirmed with the content fingerprint before an arm is retired.
     Raises ArmSourceError (a ConfigError) when the source is gone or matches no file.
     """
-    import sys
-
     if arm.kind in ("python-docstrings", "python-code"):
         files = stdlib_files()
         if not files:

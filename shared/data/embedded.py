@@ -16,6 +16,7 @@ import ast
 import contextlib
 import hashlib
 import os
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -71,8 +72,6 @@ def _python_docstrings(limit: int) -> str:
     """Docstrings of the standard library. Parsing every module takes seconds, so the text is
     cached per installation, keyed by the modules' names, sizes and mtimes (a changed stdlib
     misses the cache and is parsed again); an unwritable cache is simply skipped."""
-    import sys
-
     files = stdlib_files()
     key = hashlib.sha256(f"{stat_digest(files, sys.version)}\0{limit}".encode()).hexdigest()[:24]
     cached = cache_dir() / f"python-docstrings-{key}.txt"

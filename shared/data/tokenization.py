@@ -37,10 +37,9 @@ def encoder_threads() -> int:
     given = os.environ.get("RAYON_NUM_THREADS", "").strip()
     if given.isdigit() and int(given) > 0:
         return int(given)
-    try:
+    if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return os.cpu_count() or 1  # not on Linux
 
 
 def batch_items() -> int:
