@@ -7,6 +7,7 @@ What it is not: any file's reader or writer (each has its own module).
 from __future__ import annotations
 
 import itertools
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +18,6 @@ from shared.processes import alive
 def creating_proxy(root) -> int | None:
     """The pid of the live proxy on this host that owns `root` (its `.proxy.owner.json`), else
     None. Read-only: it never takes the run lock, so it cannot get in a starting proxy's way."""
-    import socket
-
     try:
         owner = read_json(RunLayout(root).proxy_owner, expect=dict, missing_ok=False)
         pid = int(owner["pid"])
