@@ -145,7 +145,6 @@ def conservative_mixture(
     repeated: set[str] | frozenset[str],
     z: float,
     min_periods: int,
-    min_share: float = MIN_SHARE,
     rule: str = "ratio",
     learnable_ratio: float = 0.0,
     slow: Set[str] = frozenset(),
@@ -157,7 +156,7 @@ def conservative_mixture(
     stratified share s_i. Over the evidence arms, with M their stratified mass,
 
         pi   = M * project_to_box(b+ / sum b+, floors' / M, caps' / M)
-               floors'_i = max(floor_i, min_share s_i); caps'_i = min(cap_i, s_i) for `repeated` arms
+               floors'_i = max(floor_i, MIN_SHARE s_i); caps'_i = min(cap_i, s_i) for `repeated` arms
         G    = (1/K) sum_i b_i ln(pi_i / s_i)                           the log-linear model's gain, nats
         SE   = (1/K) sqrt(sum_i ln(pi_i / s_i)^2 var(b_i))              arms taken as independent
         lam  = max(0, 1 - z SE / G) when G > 0, else 0                  rule "ratio": lam G = G - z SE
@@ -166,8 +165,8 @@ def conservative_mixture(
                G(lam), SE(lam): G and SE at p(lam) = (1 - lam) s + lam pi instead of pi
         lam  = 1 when some evidence arm is slow and pi != s, else 0    learnable_ratio > 0 (any rule)
 
-    b+ = max(b, 0). floors' keep every arm at min_share (a tenth) of its stratified share or
-    more, so no arm is starved and ln(pi_i / s_i) >= ln(min_share). All b+ zero, or fewer than
+    b+ = max(b, 0). floors' keep every arm at MIN_SHARE (a tenth) of its stratified share or
+    more, so no arm is starved and ln(pi_i / s_i) >= ln(MIN_SHARE). All b+ zero, or fewer than
     two evidence arms, gives pi = s and lam = 0.
     pi maximises sum_i b_i ln pi_i in the box (its KKT conditions are exactly the KL
     projection of b / sum b), the mean-optimal mixture of the log-linear model. `stratified`
@@ -186,13 +185,8 @@ def conservative_mixture(
     their caps; G and SE are still reported). Returns a Move; its `gain` and `gain_se` are those
     of pi, its `slow` the arms judged slow now."""
     k = len(arms)
-    est = {}
-    for a in arms:
-        f = fits.get(a)
-        if f is not None and f.n >= min_periods:
-            s = f.slope()
-            if s is not None:
-                est[a] = s
+    fitted = {a: fits[a].slope() for a in arms if a in fits and fits[a].n >= min_periods}
+    est = {a: s for a, s in fitted.items() if s is not None}
     target = {a: stratified[a] for a in arms}
     slopes = {a: (b, math.sqrt(v)) for a, (b, v) in est.items()}
     none = Move(target, 0.0, 0.0, 0.0, slopes, tuple(sorted(set(slow) & set(arms))))
@@ -205,7 +199,7 @@ def conservative_mixture(
     cap = {a: (min(caps[a], stratified[a]) if a in repeated else caps[a]) for a in free}
     keep = learnable_arms(slopes, {a: fits[a].n for a in free}, z, learnable_ratio, slow, held)
     low = {
-        a: stratified[a] if a in keep else max(floors[a], min_share * stratified[a]) for a in free
+        a: stratified[a] if a in keep else max(floors[a], MIN_SHARE * stratified[a]) for a in free
     }
     sub = project_to_box(
         {a: plus[a] / total for a in free},
@@ -246,18 +240,14 @@ def t_cdf(t: float, df: int) -> float:
     """P(T <= t) for Student's t with `df` >= 1 degrees of freedom: the exact finite series of
     Abramowitz & Stegun 26.7.3-4 (df / 2 terms), to about 1e-15 absolute; clamped to [0, 1]."""
     th = math.atan(t / math.sqrt(df))
-    c2, term = math.cos(th) ** 2, 1.0
-    if df % 2 == 0:
-        total = 1.0
-        for k in range(2, df - 1, 2):
-            term *= c2 * (k - 1) / k
-            total += term
+    c2, even = math.cos(th) ** 2, df % 2 == 0
+    term = total = 1.0 if even else math.cos(th)
+    for k in range(2 if even else 3, df - 1, 2):
+        term *= c2 * (k - 1) / k
+        total += term
+    if even:
         two_sided = math.sin(abs(th)) * total
     else:
-        term = total = math.cos(th)
-        for k in range(3, df - 1, 2):
-            term *= c2 * (k - 1) / k
-            total += term
         two_sided = 2 / math.pi * (abs(th) + (math.sin(abs(th)) * total if df > 1 else 0.0))
     return min(1.0, max(0.0, 0.5 + math.copysign(two_sided / 2, t)))
 
