@@ -9,6 +9,7 @@ bit for bit on every run.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Mapping
 
@@ -35,20 +36,14 @@ def _solve_box(q: list[float], lo: list[float], hi: list[float], target: float) 
 
     # f is continuous, piecewise linear and non-decreasing, f(0) = sum lo < target < f(inf).
     bps = sorted({0.0, *lb, *ub})
-    prev, b = bps[0], bps[-1]
-    for cand in bps[1:]:
-        if f(cand) >= target:
-            b = cand
-            break
-        prev = cand
+    j = bisect.bisect_left(bps, target, key=f)  # the first breakpoint reaching target; j >= 1
+    prev, b = bps[j - 1], bps[min(j, len(bps) - 1)]
     # Within [prev, b] the free set is fixed, so c solves one linear equation exactly:
     # c = rest / sum(q_free). Written as p_i = rest * q_i / sum(q_free) so tiny q cannot overflow c.
     at_floor = [i for i in range(k) if lb[i] >= b]
     at_cap = [i for i in range(k) if ub[i] <= prev]
     free = [i for i in range(k) if lb[i] < b and ub[i] > prev]
-    p = list(lo)
-    for i in at_cap:
-        p[i] = hi[i]
+    p = [hi[i] if ub[i] <= prev else lo[i] for i in range(k)]
     sq = math.fsum(q[i] for i in free)
     if sq > 0:
         rest = target - math.fsum(lo[i] for i in at_floor) - math.fsum(hi[i] for i in at_cap)
