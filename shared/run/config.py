@@ -194,10 +194,9 @@ class RunConfig:
     bandit_warmup: int = 200  # steps on the prior before the first bandit update
     config_file: str | None = None  # the --config FILE.toml the run was created with
     sources: dict[str, str] = field(default_factory=dict)  # option -> file/command line/default
-    probe_budget: float = (
-        0.015  # held-out probes' forward FLOPs / training FLOPs, at most (probe_plan);
-    )
-    # with the audits' AUDIT_BUDGET, POLICY_BUDGET in all
+    # held-out probes' forward FLOPs / training FLOPs, at most (probe_plan); with the audits'
+    # AUDIT_BUDGET, POLICY_BUDGET in all
+    probe_budget: float = 0.015
 
     @property
     def n_params(self) -> int:
@@ -258,9 +257,7 @@ class RunConfig:
         if self.eval_sequences < 1:
             raise _bad("eval_sequences", self.eval_sequences, "must be >= 1")
         if not (isinstance(self.probe_budget, (int, float)) and 0 < self.probe_budget <= 1):
-            raise ConfigError(
-                f"probe_budget={self.probe_budget!r} must be in (0, 1] (default 0.015)"
-            )
+            raise _bad("probe_budget", repr(self.probe_budget), "must be in (0, 1] (default 0.015)")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigError(
                 f"tokenizer={self.tokenizer!r}: choose 'bpe', 'bytes' or the path "
@@ -294,11 +291,8 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, d: dict) -> "RunConfig":
-        d = dict(d)
-        d.pop("n_params", None)
-        d.pop("checkpoint_bytes", None)
         known = {f.name for f in dataclasses.fields(cls)}
-        d = {k: v for k, v in d.items() if k in known}
+        d = {k: v for k, v in d.items() if k in known}  # to_json's n_params, checkpoint_bytes too
         _check_json_types(cls, d, "")
         _check_json_types(ModelShape, d["model"], "model.")
         for i, a in enumerate(d.get("arms", [])):
@@ -310,8 +304,7 @@ class RunConfig:
 
 def _check_json_types(cls, d: Any, prefix: str) -> None:
     """Raise TypeError naming the key and value when a JSON value does not have the type of
-    dataclass `cls`'s field (int, float, str, bool, their `| None`; other fields unchecked): a
-    hand-edited run.json with "batch_size": "sixteen" failed deep inside a later computation."""
+    dataclass `cls`'s field (int, float, str, bool, their `| None`; other fields unchecked)."""
     if not isinstance(d, dict):
         raise TypeError(f"{prefix.rstrip('.') or 'the file'} is {type(d).__name__}, not an object")
     hints = typing.get_type_hints(cls)
