@@ -53,8 +53,8 @@ class MixtureController:
         for the default policy's repetition rule (docs/bandit.md#repetition); `compression`: each
         arm's compression ratio (shared/data/token_files.py `arm_compression`), for the repetition guard
         (docs/bandit.md#the-repetition-guard). The bandit starts with the arms present at the
-        phase start (`arms_present_at`)
-        and the changes up to the phase start applied. Raises BanditConfigError (bounds)."""
+        phase start (`arms_present_at`) and the changes up to the phase start applied. Raises
+        BanditConfigError (bounds)."""
         self.phase = phase
         self.period = period
         present = arms_present_at(arm_names, list(changes or []), phase.start_step)
@@ -141,11 +141,9 @@ class MixtureController:
 
     def restore(self, snap: dict) -> None:
         """Continue from `to_snapshot()` output of the same phase (exact: Bandit.from_dict)."""
-        compression = self.bandit.compression  # a property of the arms' data, not of the history:
-        epoch_size = self.bandit.epoch_size
-        self.bandit = Bandit.from_dict(snap["bandit"])  # arms added since the snapshot have theirs
-        self.bandit.compression = compression
-        self.bandit.epoch_size = epoch_size
+        old, self.bandit = self.bandit, Bandit.from_dict(snap["bandit"])
+        # properties of the arms' data, not of the history: arms added since the snapshot have theirs
+        self.bandit.compression, self.bandit.epoch_size = old.compression, old.epoch_size
         self.folded_through = int(snap["step"])
         self.next_period = int(snap["next"])
         self.policies = {int(v): p for v, p in snap["policies"].items()}
