@@ -14,7 +14,6 @@ import math
 from typing import Any, Mapping
 
 from proxy.mixture.arm_bounds import BanditConfigError, is_real
-from proxy.mixture.box_projection import clip
 
 SCALER_CAPACITY = 1000  # raw rewards kept by QuantileScaler (the last N, no sampling)
 
@@ -80,7 +79,7 @@ class QuantileScaler:
             return -1.0
         if r >= q80:
             return 1.0
-        return clip(-1.0 + 2.0 * (r - q20) / (q80 - q20), -1.0, 1.0)
+        return -1.0 + 2.0 * (r - q20) / (q80 - q20)  # in [-1, 1]: q20 < r < q80
 
     def to_dict(self) -> dict:
         """JSON-safe state: capacity, quantiles and the reservoir in arrival order."""
