@@ -567,12 +567,10 @@ class Bandit:
         for a in sorted(raw):
             self.scaler.add(raw[a])
         b = self.config.ema_beta
-        scaled = {}
-        for a in sorted(raw):
-            s = self.scaler.scale(raw[a])
+        scaled = {a: self.scaler.scale(raw[a]) for a in sorted(raw)}
+        for a, s in scaled.items():
             self.ema_acc[a] = b * self.ema_acc[a] + (1.0 - b) * s
             self.ema_n[a] += 1
-            scaled[a] = s
         return scaled
 
     def _heldout_rewards(self, record: Mapping[str, Any]) -> dict[str, float]:
@@ -638,12 +636,11 @@ class Bandit:
         if k > 1 and alpha > 0:
             top = max(lw.values())
             w = {a: math.exp(lw[a] - top) for a in self.arms}
-            mixed = {}
+            lw = {}
             for a in self.arms:
                 others = math.fsum(w[b] for b in self.arms if b != a)
                 m = (1.0 - alpha) * w[a] + alpha / (k - 1) * others
-                mixed[a] = math.log(m) + top if m > 0 else -math.inf
-            lw = mixed
+                lw[a] = math.log(m) + top if m > 0 else -math.inf
         top = max(lw.values())
         self.logw = {a: lw[a] - top for a in self.arms}
         self.updates += 1
