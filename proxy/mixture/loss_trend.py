@@ -35,7 +35,7 @@ MIN_SHARE = 0.1  # the target keeps every arm at this fraction of its stratified
 @dataclasses.dataclass
 class LineSums:
     """Running sums of points (x = ln step, y = mean training loss in nats) for the least-squares
-    line y = a - b x. All fields plain numbers; `to_dict`/`from_dict` exact."""
+    line y = a - b x. All fields plain numbers; `from_dict` inverts `dataclasses.asdict` exactly."""
 
     n: int = 0
     sx: float = 0.0
@@ -70,9 +70,6 @@ class LineSums:
         beta = sxy / sxx
         resid = max(0.0, syy - beta * sxy) / (self.n - 2)
         return -beta, resid / sxx
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "LineSums":
@@ -206,8 +203,7 @@ def conservative_mixture(
         {a: min(1.0, low[a] / mass) for a in free},
         {a: min(1.0, cap[a] / mass) for a in free},
     )
-    for a in free:
-        target[a] = mass * sub[a]
+    target.update({a: mass * sub[a] for a in free})
     # a share the projection left at s_i (up to its rounding) has moved nowhere
     logs = {a: math.log(target[a] / stratified[a]) for a in free}
     logs = {a: 0.0 if abs(v) < 1e-12 else v for a, v in logs.items()}
