@@ -318,13 +318,10 @@ def _check_json_types(cls, d: Any, prefix: str) -> None:
         base = (rest[0] if len(rest) == 1 else None) if union else hint
         if base not in simple or (optional and v is None):
             continue
-        ok = (
-            isinstance(v, bool)
-            if base is bool
-            else isinstance(v, (int, float)) and not isinstance(v, bool)
-            if base is float
-            else isinstance(v, base) and not isinstance(v, bool)
-        )
+        if base is bool:
+            ok = isinstance(v, bool)
+        else:  # an int is a number; a bool is neither
+            ok = isinstance(v, (int, float) if base is float else base) and not isinstance(v, bool)
         if not ok:
             raise TypeError(
                 f"key {prefix}{k} = {v!r} must be {simple[base]}" + (" or null" if optional else "")
