@@ -76,7 +76,7 @@ def boxes(draw):
     return dict(zip(names, q)), dict(zip(names, floors)), dict(zip(names, caps))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(boxes())
 def test_projection_always_inside_box_and_sums_to_one(box):
     q, floors, caps = box
