@@ -232,13 +232,9 @@ def pivot_in_progress(layout: RunLayout) -> dict | None:
 
 
 def withdraw(layout: RunLayout) -> int:
-    """`pivot --withdraw`: remove the pending request before its new phase is recorded
-    (docs/pivots.md#withdrawing-a-pivot). Under `.pivot.request.lock`, so the live proxy sees the
-    request whole or not at all. State "requested": the file goes. State "boundary": the stop the
-    proxy posted in the handshake is taken back first, then the file goes; a worker that had
-    already begun stopping there exits, and the proxy starts a new one from step_B.bin in the
-    same phase. Later states (archived, recorded) are the phase change itself: refused (exit 2),
-    saying how to go back. 0 withdrawn; 2 nothing to withdraw or too late."""
+    """`pivot --withdraw`: remove the pending request, in state "requested" or "boundary", under
+    `.pivot.request.lock` (docs/pivots.md#withdrawing-a-pivot). 0 withdrawn; 2 nothing to
+    withdraw or too late (a later state: the phase change itself)."""
     with request_lock(layout):
         req = pending_request(layout)
         if req is None:
@@ -280,12 +276,12 @@ def _wait(
         req = read_request(layout)
         if req is None and b is not None:  # moved into the archive: running
             req = read_archived_request(layout, b)
-        state = (req or {}).get("state")
         if req is None:
             return _fail(
                 "pivot: the request was withdrawn (`pivot --withdraw`); nothing changed, the "
                 "phase in force runs on"
             )
+        state = req.get("state")
         if state == "failed":
             print(
                 f"pivot failed: {req.get('error')}; nothing changed, the old phase runs on",
@@ -294,7 +290,7 @@ def _wait(
             with request_lock(layout):
                 remove_request(layout)
             return EXIT_FAILED
-        if req and req.get("step") is not None:
+        if req.get("step") is not None:
             if b is not None and req["step"] != b:
                 _say(
                     f"the worker was past step {b} when the request reached it; the "
@@ -306,10 +302,9 @@ def _wait(
         reached = order.index(state) if state in order else -1
         if reached >= 0 and "boundary" not in told:
             told.add("boundary")
-            if reached > 0 or (
-                b is not None and _last_filed(layout) >= b
-            ):  # the proxy was quicker than this poll:
-                _say(f"boundary step {b} reached")  # still name the step
+            # the proxy may have been quicker than this poll: still name the step
+            if reached > 0 or (b is not None and _last_filed(layout) >= b):
+                _say(f"boundary step {b} reached")
                 told.add("at-boundary")
         if reached == 0 and b is not None and "at-boundary" not in told:
             last = _last_filed(layout)
@@ -334,7 +329,7 @@ def _wait(
             )
             told.add("recorded")
             _say("waiting for the new worker's first step")
-        if req is not None and reached == 3:
+        if reached == 3:
             _say(
                 f"new worker pid {req.get('worker_pid')} filed step "
                 f"{req.get('first_step')}; the new phase is in force"
