@@ -43,25 +43,21 @@ def cmd_inspect(a) -> int:
     if problem is not None:
         print(f"inspect: {problem[1]}")
         return problem[0]
-    try:
+    try:  # the header, then the whole file: either may fail a rule
         step, n = read_header(path)
-    except CheckpointError as e:
-        print(f"INVALID    (rule: {e.rule}) {e}")
-        return EXIT_INVALID
-    size = path.stat().st_size
-    want_size = expected_size(max(n, 0))
-    print(f"file       {path}\nheader     step {step:,}, n_params {n:,}")
-    print(
-        f"size       {size:,} bytes, expected {want_size:,} (8 + 12 x n_params): "
-        + ("ok" if size == want_size else "MISMATCH")
-    )
-    cfg, where = find_config(path, a.run_dir)
-    print(
-        f"config     {where if cfg else 'none: ' + where}"
-        + (f" ({cfg.preset}, {cfg.n_params:,} parameters)" if cfg else "")
-    )
-    entry = manifest_entry(path)
-    try:
+        size = path.stat().st_size
+        want_size = expected_size(max(n, 0))
+        print(f"file       {path}\nheader     step {step:,}, n_params {n:,}")
+        print(
+            f"size       {size:,} bytes, expected {want_size:,} (8 + 12 x n_params): "
+            + ("ok" if size == want_size else "MISMATCH")
+        )
+        cfg, where = find_config(path, a.run_dir)
+        print(
+            f"config     {where if cfg else 'none: ' + where}"
+            + (f" ({cfg.preset}, {cfg.n_params:,} parameters)" if cfg else "")
+        )
+        entry = manifest_entry(path)
         # rule 8 (values) is reported below, with the non-finite counts, not refused
         step, w, m, v = load_checkpoint(path, cfg.n_params if cfg else None, values=False)
     except CheckpointError as e:
