@@ -58,16 +58,13 @@ def tool_threads(requested: int | None = None) -> int:
     return int(env) if env.isdigit() and int(env) >= 1 else 1
 
 
-def limit_threads(requested: int | None = None) -> int:
+def limit_threads(requested: int | None) -> None:
     """Set every library thread pool's size to `tool_threads(requested)` through the environment
-    (call before numpy or torch is imported), and in torch when it is already imported. Returns
-    the number."""
+    (call before numpy or torch is imported), and in torch when it is already imported."""
     n = tool_threads(requested)
-    for var in POOL_VARS:
-        os.environ[var] = str(n)
+    os.environ.update(dict.fromkeys(POOL_VARS, str(n)))
     if sys.modules.get("torch") is not None:
         set_torch_threads(n)
-    return n
 
 
 def set_torch_threads(n: int) -> None:
