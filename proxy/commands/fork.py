@@ -5,11 +5,10 @@ one) with that run's history up to it, so two configurations can be compared fro
 weights. Copied: run.json, tokenizer.json, data/ (hard links where the file system allows, else
 copies; `tokens` arms keep pointing at their own source file; `data/arms.json` and run.json's
 arm list as they were at STEP: arms added later are left out, arms removed later are active),
-phases.json (the phases that
-started at or before STEP), the checkpoint file and its manifest entry (pinned), and the
-`.loss.json` records 1..STEP. `.state.json` is not copied: the new run's proxy rebuilds the bandit
-by replaying the copied history (docs/bandit.md#determinism). `python -m proxy run --run-dir
-NEW_DIR` (optionally after `pivot`) then resumes from the checkpoint.
+phases.json (the phases that started at or before STEP), the checkpoint file and its manifest
+entry (pinned), and the `.loss.json` records 1..STEP. `.state.json` is not copied: the new run's
+proxy rebuilds the bandit by replaying the copied history (docs/bandit.md#determinism). Then
+`python -m proxy run --run-dir NEW_DIR` (optionally after `pivot`) resumes from the checkpoint.
 
 The source run may be live: every file copied is written atomically there (or, for `.loss.json`,
 read tolerantly up to STEP), so a fork never sees a torn file.

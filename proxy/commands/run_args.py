@@ -456,10 +456,9 @@ def _check_nnodes(nnodes: str | None) -> None:
 
 def check_cuda_device(device: str) -> str | None:
     """Why `--device cuda[:N]` cannot run here (a sentence with the fix), or None when it can.
-    Imports torch (a second or two), which the proxy otherwise never does, only for a CUDA
-    device: no other check tells a CPU-only torch build or a missing GPU apart from a working
-    one."""
-    import torch  # heavy (a second or two): only a CUDA --device needs it, so it is imported here
+    Imports torch (a second or two), which the proxy otherwise never does: no other check tells
+    a CPU-only torch build or a missing GPU apart from a working one."""
+    import torch
 
     if not torch.cuda.is_available():
         why = (
@@ -489,10 +488,8 @@ def _check_batch_split(a) -> None:
 def config_from_args(a, notes: list[str] | None = None) -> RunConfig:
     """The RunConfig of a new run from the parsed options `a` (defaults from shared/run/config.py).
     Raises ConfigError (a warm-up not below --max-steps) and BanditConfigError (bad bounds).
-
-    A setting derived for the run (a warm-up shortened to fit it) is said in a warning that is
-    appended to `notes` when given, for the caller to log once the configuration is known to be
-    valid (a warning before a refusal only misleads), and logged at once otherwise."""
+    A warning about a derived setting (a warm-up shortened to fit the run) is appended to
+    `notes` when given, for the caller to log once the configuration is valid, else logged."""
     said: list[str] = [] if notes is None else notes
     cfg = RunConfig()
     if a.preset:
@@ -508,9 +505,8 @@ def config_from_args(a, notes: list[str] | None = None) -> RunConfig:
     cfg.config_file = a.config
     cfg.sources = dict(getattr(a, "sources", {}))  # where each resolved value came from
     if cfg.warmup_steps >= cfg.lr_decay_steps:
-        # an explicit warm-up too long for the run is an error, unless it came from a --config
-        # file whose run length the command line shortened: then it is shortened like the
-        # default's, so a config file behaves as the run it describes (configs/tiny-cpu.toml)
+        # an error when given, unless a --config file's met the command line's shorter run
+        # (docs/configuration.md#the-config-file)
         src = cfg.sources.get("warmup_steps")
         from_file = src == "file" and cfg.sources.get("max_steps") == "command line"
         if a.warmup_steps is not None and not from_file:

@@ -32,9 +32,7 @@ from shared.run.layout import RunLayout
 
 def add_sample_args(p) -> None:
     """`sample [PATH] [--run-dir DIR] [--prompt TEXT] [--tokens N] [--samples N]
-    [--temperature T] [--top-k K] [--seed S]`: continue a prompt with a checkpoint's weights,
-    all samples in one batch, printed with the prompt and the continuation apart, then the time
-    taken."""
+    [--temperature T] [--top-k K] [--seed S]`."""
     p.add_argument(
         "path",
         nargs="?",
