@@ -60,13 +60,6 @@ def when(layout: RunLayout, togo: int) -> str:
     return f", about {fmt_duration(togo * spu)} at the recent {spu:.1f} s per update"
 
 
-def _planned_steps(layout: RunLayout, cfg: RunConfig) -> int:
-    try:
-        return int(read_status(layout)["max_steps"])
-    except (KeyError, TypeError, ValueError):
-        return cfg.max_steps
-
-
 def _refuse(msg: str) -> int:
     print(f"pivot refused: {msg}", file=sys.stderr)
     return EXIT_USAGE
@@ -177,7 +170,11 @@ def _request(
             "this stopped run; wait for it to finish (then `status` shows the phase) and ask "
             "again"
         )
-    planned, last = _planned_steps(layout, cfg), _last_filed(layout)
+    try:  # the live proxy's --max-steps for this start
+        planned = int(read_status(layout)["max_steps"])
+    except (KeyError, TypeError, ValueError):
+        planned = cfg.max_steps
+    last = _last_filed(layout)
     if last >= planned:
         return _refuse(
             f"{layout.root} already finished at step {last:,} (max steps {planned:,}); "
