@@ -28,7 +28,6 @@ from shared.checkpoint.file_format import CheckpointError
 from shared.checkpoint.read import load_weights
 from shared.exit_codes import EXIT_FAILED as EXIT_INVALID  # the checkpoint fails a rule
 from shared.exit_codes import EXIT_USAGE  # bad arguments: no config for export, output in the way
-from shared.run.config import RunConfig
 from shared.run.layout import RunLayout
 
 
@@ -152,7 +151,19 @@ def cmd_export(a) -> int:
         print(f"INVALID    (rule: {e.rule}) {e}")
         return EXIT_INVALID
     if a.format == "hf":
-        return _export_hf(path, cfg, where, out, step, w, a.force)
+        run = RunLayout(Path(where).parent)  # the folder whose run.json described the checkpoint
+        try:
+            names = write_hf_dir(out, cfg, run.tokenizer, step, w, path.name, a.force)
+        except (HFExportError, OSError) as e:
+            print(f"export: {e}")
+            return EXIT_USAGE
+        print(
+            f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, {cfg.preset}, "
+            f"{cfg.tokenizer} tokenizer) as a Hugging Face GPT-2 folder {out}: "
+            f"{', '.join(names)}\nload it with: AutoModelForCausalLM.from_pretrained("
+            f"{str(out)!r}) and AutoTokenizer.from_pretrained({str(out)!r})"
+        )
+        return 0
     tensors = named_tensors(cfg, w)  # views: contiguous, no copy
     meta = {
         "format": "pt",
@@ -171,23 +182,5 @@ def cmd_export(a) -> int:
     print(
         f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, "
         f"{len(tensors)} tensors) to {out}"
-    )
-    return 0
-
-
-def _export_hf(path: Path, cfg: RunConfig, where: str, out: Path, step: int, w, force: bool) -> int:
-    """`export --format hf` of the validated weights `w` of checkpoint `path` at `step`:
-    `write_hf_dir`. Returns 0, or 2 when the output cannot be written."""
-    run = RunLayout(Path(where).parent)  # the folder whose run.json described the checkpoint
-    try:
-        names = write_hf_dir(out, cfg, run.tokenizer, step, w, path.name, force)
-    except (HFExportError, OSError) as e:
-        print(f"export: {e}")
-        return EXIT_USAGE
-    print(
-        f"exported {path.name} (step {step:,}, {cfg.n_params:,} parameters, {cfg.preset}, "
-        f"{cfg.tokenizer} tokenizer) as a Hugging Face GPT-2 folder {out}: {', '.join(names)}\n"
-        f"load it with: AutoModelForCausalLM.from_pretrained({str(out)!r}) and "
-        f"AutoTokenizer.from_pretrained({str(out)!r})"
     )
     return 0
