@@ -88,13 +88,12 @@ def setup_logging(layout: RunLayout | None) -> None:
 
 
 def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout, notes: list[str]) -> RunConfig:
-    """`--arm ...` on a restart is the run's new arm list, matched by name: new names
-    are tokenized and join at the resume step, names left out are retired there, names listed
-    again after a removal re-join with their statistics (proxy/mixture/arm_changes.py). Without --arm
-    the arms stay as they are. Raises ConfigError (nothing written) for a changed source under
-    an old name or bounds the arms left cannot meet. `notes` (warnings about the options) are
-    logged once the new arm list is known to be valid, before anything is tokenized; without
-    --arm they, and an ignored --default-arms, are left in `notes` for the caller to log."""
+    """`--arm ...` on a restart is the run's new arm list, matched by name
+    (docs/operations.md#changing-the-arms); without --arm the arms stay. Raises ConfigError
+    (nothing written) for a changed source under an old name or bounds the arms left cannot meet.
+    `notes` (warnings about the options) are logged once the new arm list is valid, before
+    anything is tokenized; without --arm they, and an ignored --default-arms, are left in `notes`
+    for the caller to log."""
     if not a.arm:
         if a.default_arms:
             notes.append(
@@ -133,8 +132,8 @@ def _remove_refused(layout: RunLayout, made: list[Path], before: set[str] | None
     """A start refused before it wrote any data leaves nothing it created: the run directory
     and the parents made for it are removed; in a directory that already existed (`before`: its
     names then), what this start added (its lock and owner file) but logs/, whose log `status`
-    quotes. A directory that holds a tokenizer or token files (work a rerun keeps) is left as
-    it is."""
+    quotes (shared/run/layout.py `last_creation_error`). A directory that holds a tokenizer or
+    token files (work a rerun keeps) is left as it is."""
     if layout.tokenizer.exists() or (layout.data.is_dir() and any(layout.data.iterdir())):
         return
     for h in list(logging.getLogger().handlers):  # the log file inside it
@@ -150,8 +149,6 @@ def _remove_refused(layout: RunLayout, made: list[Path], before: set[str] | None
                 break
         log.info("%s removed: this refused start had created it", made[-1])
         return
-    # logs/ stays: `status` names the refusal from the attempt's log (shared/run/layout.py
-    # `last_creation_error`) in a directory the user made for the run
     added = sorted((_entries(layout.root) or set()) - (before or set()) - {layout.logs.name})
     for name in added:
         p = layout.root / name

@@ -1,11 +1,7 @@
-"""`python -m proxy run --config FILE.toml`: a run's options in a TOML file (docs/configuration.md#the-config-file).
-
-The file holds any `run` option under its long name, with `_` or `-` (`batch_size` or
-`batch-size`, both accepted), at the top level: `preset = "andrea-12m"`, `max_steps = 50000`,
-`compile = true`, `arm = ["code=text:src/*.py"]`. Precedence: the command line, then the file,
-then the built-in default; `sources(...)` says which one each value came from, for the start-up
-table and run.json. Every key and value is checked against the `run` parser itself (its dest
-names, types, choices), so the file cannot accept anything the command line would refuse.
+"""`python -m proxy run --config FILE.toml`: a run's options in a TOML file, its keys the `run`
+options' long names with `_` or `-`, checked against the `run` parser itself; command line >
+file > default (docs/configuration.md#the-config-file). The namespace's `sources` says where each
+value came from, for the start-up table and run.json.
 
 What it is not: the options' definitions (proxy/commands/run_args.py) or their meaning (run.json,
 shared/run/config.py).
