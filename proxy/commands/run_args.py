@@ -1,12 +1,8 @@
 """Every option of `python -m proxy run`, in one place: definition, help, checks, and what each
 becomes (docs/operations.md#start-and-resume). The command layer's: the argparse Namespace
 stops here, and what goes below is typed (`RunConfig`, `ProxyOptions`, `LaunchOptions`).
-
-Options split in two kinds:
-- creation options define the run and are written once into `run.json` (`config_from_args`);
-  on a resume they must match it (`check_resume_args`);
-- per-start options (`ProxyOptions`) may differ at every start: supervision numbers, retention,
-  the device, the launcher, precision.
+Creation options (`config_from_args`, `check_resume_args`) and per-start options
+(`ProxyOptions`): docs/configuration.md.
 
 What it is not: the run's creation (proxy/supervision/run_setup.py), the arms' parsing (shared/data/arms.py), the
 bounds' rules (proxy/mixture/arm_bounds.py) or the supervision itself (proxy/supervision/supervisor.py).
@@ -428,14 +424,19 @@ def check_run_options(a) -> None:
             f"--decay-at {a.decay_at} goes with --replan (it re-plans the schedule's decay); "
             "at creation the decay is set by --decay-fraction"
         )
-    _check_nnodes(a.nnodes)
+    _check_nnodes(a.nnodes)  # well-formed before launch_options below reads it
     if str(device).startswith("cuda") and (why := check_cuda_device(str(device))):
         raise ConfigError(why)  # before anything is created: the worker would exit 3 later
     if a.tensorboard and (why := check_tensorboard()):  # before anything is created
         raise ConfigError(why)
     if a.wandb and (why := check_wandb()):
         raise ConfigError(why)
-    _check_batch_split(a)
+    # the batch / ranks / micro-batch split: the options', else run.json's, else the defaults
+    layout = RunLayout(a.run_dir)
+    cfg = load_run_config(layout.run_json) if layout.run_json.exists() else RunConfig()
+    batch = cfg.batch_size if layout.run_json.exists() else (a.batch_size or cfg.batch_size)
+    world = launch_options(a).world_size()
+    accumulation_steps(batch, a.micro_batch_size or cfg.micro_batch_size, world)
 
 
 def _check_nnodes(nnodes: str | None) -> None:
@@ -473,16 +474,6 @@ def check_cuda_device(device: str) -> str | None:
     if ":" in device and int(device.split(":")[1]) >= n:
         return f"--device {device}: only {n} CUDA device(s) here (cuda:0 .. cuda:{n - 1})"
     return None
-
-
-def _check_batch_split(a) -> None:
-    """The batch / ranks / micro-batch split, checked before anything is created or written:
-    the batch and micro-batch from the options, else the existing run.json, else the defaults."""
-    layout = RunLayout(a.run_dir)
-    cfg = load_run_config(layout.run_json) if layout.run_json.exists() else RunConfig()
-    world = launch_options(a).world_size()  # --nnodes is well-formed (`_check_nnodes`)
-    batch = cfg.batch_size if layout.run_json.exists() else (a.batch_size or cfg.batch_size)
-    accumulation_steps(batch, a.micro_batch_size or cfg.micro_batch_size, world)
 
 
 def config_from_args(a, notes: list[str] | None = None) -> RunConfig:
