@@ -1,10 +1,10 @@
 """`python -m proxy sample PATH|--run-dir DIR`: text from a checkpoint (docs/architecture.md#processes).
 
-Loads the run's config and tokenizer and the checkpoint's weights only (structure validated;
-m and v are not read, the checksum is not computed: `inspect` checks it) into a GPT with no
-optimizer, generates all `--samples` in one batch (worker/sampling.py), and prints each with
-the prompt and the continuation apart (proxy/observation/sample_format.py, as in the run's log), then the
-time it took. torch is imported here, lazily: the proxy's hot path never imports it.
+Loads the run's config and tokenizer and the checkpoint's weights only (worker/sampling.py
+`load_weights_only`) into a GPT with no optimizer, generates all `--samples` in one batch, and
+prints each with the prompt and the continuation apart (proxy/observation/sample_format.py, as in
+the run's log), then the time it took. torch is imported here, lazily: the proxy's hot path never
+imports it.
 """
 
 from __future__ import annotations

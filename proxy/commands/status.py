@@ -175,10 +175,9 @@ def _arms(state: dict | None, last: dict | None) -> dict:
 
 
 def _policy(state: dict | None, st: dict) -> dict | None:
-    """Why the mixture is what it is (the bandit's `explain()`, docs/bandit.md#reading-the-policy):
-    the live proxy's from `.status.json` `st`, or, when that is missing or older than
-    `.state.json`'s `state` (a stopped run since pivoted, say), the one its bandit gives. A file of the
-    wrong shape is passed over, as a garbage one is (the proxy rebuilds it)."""
+    """Why the mixture is what it is (`Bandit.explain()`, docs/bandit.md#reading-the-policy): the
+    live proxy's from `.status.json` `st`, or the one `.state.json`'s `state` gives when that is
+    missing or older (a stopped run since pivoted, say); a file of the wrong shape is skipped."""
 
     def at(d: dict, phase) -> tuple[int, ...]:
         return tuple(k if isinstance(k, int) else -1 for k in (phase, d.get("step")))
@@ -290,9 +289,8 @@ def _nodes(layout: RunLayout, owner: dict | None) -> list[dict]:
 
 def _batch_and_eta(cfg, worker: dict, recent: list[dict], step: int, max_steps: int) -> dict:
     """Tokens per update, micro-batches per update (docs/configuration.md#batch-and-accumulation:
-    the running worker's figures, else run.json's) and the projected seconds to `max_steps`
-    at the wall time per update of the last 50 steps, checkpoints and audits included
-    (`proxy/observation/progress.py` `wall_seconds_per_update`; None before 3 steps)."""
+    the running worker's figures, else run.json's) and the projected seconds to `max_steps` at
+    `wall_seconds_per_update` (proxy/observation/progress.py; None before 3 steps)."""
     world = worker.get("world_size") or 1
     accum = worker.get("accumulation_steps")
     micro = worker.get("micro_batch_size")
