@@ -76,10 +76,8 @@ def add_export_args(p) -> None:
 
 
 def _bad_output(to: str, fmt: str) -> str | None:
-    """Why `--to` cannot be the output of format `fmt` (a sentence with the fix), else None:
-    a safetensors export is one file (a name ending in '/' or an existing folder is not), an
-    hf export a folder (a name ending in .safetensors is not: a tool looking for the file would
-    find a directory)."""
+    """Why `--to` cannot be the output of format `fmt` (a sentence with the fix), else None: a
+    safetensors export is one file, an hf export a folder."""
     p = Path(to)
     if fmt == "safetensors" and (to.endswith("/") or p.is_dir()):
         return (

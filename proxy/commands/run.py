@@ -113,13 +113,6 @@ def _apply_arm_list(a, cfg: RunConfig, layout: RunLayout, notes: list[str]) -> R
     return commit_arm_set(layout, cfg, plan)
 
 
-def _missing_dirs(root: Path) -> list[Path]:
-    """`root` and its ancestors that do not exist yet, deepest first (what `mkdir(parents=True)`
-    creates)."""
-    p = Path(root).absolute()
-    return list(itertools.takewhile(lambda d: not d.exists(), [p, *p.parents]))
-
-
 def _entries(root: Path) -> set[str] | None:
     """The names in `root` when it is a directory (what a refused start leaves), else None."""
     try:
@@ -172,7 +165,9 @@ def cmd_run(a) -> int:
     layout = RunLayout(a.run_dir)
     if _prepare_directory(a, layout) is not None:
         return EXIT_USAGE
-    made = _missing_dirs(layout.root)  # what a refusal below removes again
+    # what a refusal below removes again: the directories mkdir(parents=True) creates, deepest first
+    root = layout.root.absolute()
+    made = list(itertools.takewhile(lambda d: not d.exists(), [root, *root.parents]))
     before = _entries(layout.root)  # (in a directory that exists: what it held)
     if _make_directory(layout) is not None:
         return EXIT_USAGE
