@@ -1,21 +1,10 @@
-"""Watching for collapse (docs/bandit.md#watching-for-collapse).
+"""Watching for collapse: each sample audit scored per arm for repetition, the checkpoint before
+a bad audit held (pinned), the alarm raised on two bad audits in a row, and the run stopped with
+`--stop-on-collapse`. The scores, thresholds and holds are docs/bandit.md#watching-for-collapse.
+The supervisor keeps one watch for all its incarnations, so a worker's restart keeps the hold.
 
-Each sample audit is scored per arm for repetition: distinct-1 and distinct-2 (unique unigrams /
-bigrams over all of them) and the share of the most repeated n-gram (occurrences x n / pieces,
-the largest over n = 1..4, capped at 1). A sample is degenerate when distinct-2 < `min_distinct2`
-or the top n-gram share > `max_top_share`; an audit is bad when at least half its arms'
-samples are. A bad audit holds the last checkpoint before it: pinned in `checkpoints.json` at
-once, since the worker's retention goes on while the next audit is awaited and would otherwise
-retire it (with the defaults, two audits are three checkpoints apart, and retention keeps three);
-a good audit releases the hold. Two bad audits in a row raise the alarm: the held checkpoint
-stays pinned, an alarm is written into the log and into the history (the next `.loss.json`
-record carries it under "alarm"), and with `--stop-on-collapse` the run stops (the worker
-checkpoints with reason "alarm"). A checkpoint pinned before the watch held it is never
-released by the watch; one held when the proxy is killed stays pinned (kept, never lost). The
-supervisor keeps one watch for all its incarnations, so a worker's restart keeps the hold.
-
-Pieces are words and punctuation marks (regex `\\w+|[^\\w\\s]`), so "region region region" has
-distinct-1 = 1/3 and a top share of 1.0, while ordinary prose scores near distinct-2 = 0.9.
+What it is not: the audit itself (worker/trainer.py `sample_audit`) or the manifest's pins
+(shared/checkpoint/manifest.py `set_pinned`).
 """
 
 from __future__ import annotations
@@ -33,6 +22,8 @@ log = logging.getLogger("proxy.collapse")
 
 _PIECE = re.compile(r"\w+|[^\w\s]")
 MIN_PIECES = 6  # shorter samples are not judged (too little text to tell)
+MIN_DISTINCT2 = 0.3  # a sample is degenerate below this distinct-2 (a ratio in [0, 1]) ...
+MAX_TOP_SHARE = 0.6  # ... or above this top n-gram share
 
 
 def repetition_scores(text: str) -> dict:
@@ -48,14 +39,9 @@ def repetition_scores(text: str) -> dict:
     }
     top_share, top = 0.0, ""
     for k, grams in counts.items():
-        if not grams:
-            continue
-        g, c = grams.most_common(1)[0]
-        if c < 2:
-            continue
-        share = min(1.0, c * k / n)
-        if share > top_share:
-            top_share, top = share, " ".join(g)
+        for g, c in grams.most_common(1):  # none when there are no k-grams
+            if c > 1 and (share := min(1.0, c * k / n)) > top_share:
+                top_share, top = share, " ".join(g)
     return {
         "pieces": n,
         "distinct_1": len(counts[1]) / n if n else 1.0,
@@ -66,22 +52,14 @@ def repetition_scores(text: str) -> dict:
 
 
 class CollapseWatch:
-    """Scores audits and raises the collapse alarm (see the module docstring).
+    """Scores audits and raises the collapse alarm (docs/bandit.md#watching-for-collapse).
 
-    min_distinct2, max_top_share: the degeneration thresholds (unitless ratios in [0, 1]).
     stop_on_collapse: the caller stops the run when `on_audit` returns an alarm and this is set.
     """
 
-    def __init__(
-        self,
-        layout: RunLayout,
-        stop_on_collapse: bool = False,
-        min_distinct2: float = 0.3,
-        max_top_share: float = 0.6,
-    ) -> None:
+    def __init__(self, layout: RunLayout, stop_on_collapse: bool = False) -> None:
         self.layout = layout
         self.stop_on_collapse = stop_on_collapse
-        self.min_distinct2, self.max_top_share = min_distinct2, max_top_share
         self.bad_in_a_row = 0
         self.first_bad_step: int | None = None
         self.held: str | None = None  # the checkpoint pinned for the first bad audit
@@ -91,7 +69,7 @@ class CollapseWatch:
 
     def degenerate(self, s: dict) -> bool:
         return s["pieces"] >= MIN_PIECES and (
-            s["distinct_2"] < self.min_distinct2 or s["top_ngram_share"] > self.max_top_share
+            s["distinct_2"] < MIN_DISTINCT2 or s["top_ngram_share"] > MAX_TOP_SHARE
         )
 
     def score(self, audit: dict) -> dict:
