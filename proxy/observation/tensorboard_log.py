@@ -7,17 +7,12 @@ proxy as it files records (`step_scalars`, `policy_scalars`, checkpoint events, 
 It also holds what proxy/observation/wandb_log.py shares: the finite-value filter, the package
 check and the backfill from the history (`replay_history`).
 
-Resume: when the proxy resumes from step S but the event files hold steps past S (a crash, or
-a resume from an older checkpoint), those abandoned steps are purged: the files are rewritten
-without them (kept events first, old files removed after the new one is closed and fsynced),
-and the live file starts with a SessionLog START at S + 1, TensorBoard's own "restarted here"
-marker. Every reader (the Python loader and the Rust data server) then shows each step once.
-
-Backfill: `start(step, loss_path, samples_path)` writes every step record of `.loss.json` and
-every audit of `.samples.json` up to the resume step that the event files do not hold yet (the
-loss EMA recomputed, the record's own wall time). What the files hold is read first as step
-ranges (memory does not grow with the history), so no step is written twice, however often
-TensorBoard was switched on and off.
+Resume (`start`): steps the event files hold past the resume step S (a crash, or a resume from
+an older checkpoint) are purged by rewriting the files without them (`_write_only`), and the live
+file starts with a SessionLog START at S + 1, TensorBoard's own "restarted here" marker, so every
+reader (the Python loader and the Rust data server) shows each step once. The backfill reads what
+the files hold as step ranges (memory does not grow with the history), so no step is written
+twice, however often TensorBoard was switched on and off.
 
 What it is not: the history (.loss.json stays the audit trail; the event files can be deleted
 and are rebuilt from it by the backfill) or `plot` (proxy/observation/plot.py).
@@ -120,8 +115,9 @@ class TensorBoardLog:
     ) -> int:
         """A worker resumes from `step`: purge logged steps > `step`, open a fresh event file,
         backfill what `loss_path` (.loss.json) and `samples_path` (.samples.json) hold up to
-        `step` that no event file has yet (see the module's docstring), and mark the restart
-        (SessionLog START at step + 1). Returns the events purged."""
+        `step` that no event file has yet (`replay_history`: the loss EMA recomputed, each
+        record's own wall time), and mark the restart (SessionLog START at step + 1). Returns
+        the events purged."""
         from tensorboard.compat.proto import event_pb2  # optional extra
 
         self.close()  # the previous incarnation's live file
@@ -204,14 +200,14 @@ class TensorBoardLog:
                 n_audits,
                 step,
             )
-        held = [r[1] for r in steps + audits]
-        return first_new is not None and bool(held) and first_new < max(held)
+        return first_new is not None and first_new < max(
+            (r[1] for r in steps + audits), default=first_new
+        )
 
     def audit(self, a: dict) -> None:
         """One sample audit (`{"step", "arms": {name: {"prompt", "text", "loss", ...}}}`): the
         held-out losses as `heldout/<arm>` scalars and the samples as one text summary."""
-        from tensorboard.compat.proto import event_pb2
-        from tensorboard.plugins.text.summary_v2 import text_pb
+        from tensorboard.plugins.text.summary_v2 import text_pb  # optional extra
 
         arms = {n: v for n, v in (a.get("arms") or {}).items() if isinstance(v, dict)}
         self.scalars(
@@ -224,33 +220,29 @@ class TensorBoardLog:
             + str(v.get("text", "")).replace("\n", "\n            ")
             for n, v in arms.items()
         )
-        if self._writer is not None and md:
-            self._writer.add_event(
-                event_pb2.Event(
-                    wall_time=a.get("time") or time.time(),
-                    step=a["step"],
-                    summary=text_pb(AUDIT_TAG, md),
-                )
-            )
+        if md:
+            self._add(a["step"], text_pb(AUDIT_TAG, md), a.get("time"))
 
     def scalars(self, step: int, values: dict, wall_time: float | None = None) -> None:
         """One Summary event at `step` holding every finite number in `values` (tag -> value);
         others (None, NaN, strings) are skipped."""
-        from tensorboard.compat.proto import event_pb2, summary_pb2  # optional extra
+        from tensorboard.compat.proto import summary_pb2  # optional extra
 
         vals = [
             summary_pb2.Summary.Value(tag=t, simple_value=v)
             for t, v in finite_scalars(values).items()
         ]
-        if not vals or self._writer is None:
-            return
-        self._writer.add_event(
-            event_pb2.Event(
-                wall_time=wall_time or time.time(),
-                step=step,
-                summary=summary_pb2.Summary(value=vals),
+        if vals:
+            self._add(step, summary_pb2.Summary(value=vals), wall_time)
+
+    def _add(self, step: int, summary: Any, wall_time: float | None) -> None:
+        """One Summary event at `step` into the live file (none while no file is open)."""
+        from tensorboard.compat.proto import event_pb2  # optional extra
+
+        if self._writer is not None:
+            self._writer.add_event(
+                event_pb2.Event(wall_time=wall_time or time.time(), step=step, summary=summary)
             )
-        )
 
     def close(self) -> None:
         """Flush and close the live event file."""

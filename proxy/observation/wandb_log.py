@@ -4,9 +4,8 @@ start, each step once (docs/operations.md#watching, which says how).
 A logger built on the `wandb` package (the `[wandb]` extra), fed by the proxy as it files
 records, with the same scalars as TensorBoard (proxy/observation/tensorboard_log.py
 `step_scalars`) plus checkpoint events and each sample audit as a table (`audit/samples`: arm,
-prompt, continuation, held-out loss). `wandb.init(id=..., resume="allow", dir=RUN)` at every
-start; `logged_through` reads the last step W&B holds from this run's transaction logs
-`RUN/wandb/*-run-*-<id>/run-<id>.wandb`.
+prompt, continuation, held-out loss), resumed and backfilled at every start from the last step
+W&B holds (`logged_through`).
 
 What it is not: the history (`.loss.json` stays the audit trail), nor a reason to stop training.
 """
@@ -127,13 +126,11 @@ class WandbLog:
         def writers() -> list[int]:
             out = []
             for p in psutil.process_iter(["name"]):
-                if p.info["name"] != "wandb-core":
-                    continue
-                try:
-                    if any(Path(f.path).is_relative_to(self.dir) for f in p.open_files()):
+                with contextlib.suppress(psutil.Error, OSError):
+                    if p.info["name"] == "wandb-core" and any(
+                        Path(f.path).is_relative_to(self.dir) for f in p.open_files()
+                    ):
                         out.append(p.pid)
-                except (psutil.Error, OSError):
-                    continue
             return out
 
         deadline = time.monotonic() + timeout
@@ -171,9 +168,7 @@ class WandbLog:
     def start(self, step: int, loss_path: Path, samples_path: Path) -> None:
         """A worker resumes from `step`: open (or resume) the W&B run on the first call, then log
         the history's records and audits after the last step W&B holds, up to `step`."""
-        if self._failed:
-            return
-        if self._run is None and not self._open():
+        if self._failed or (self._run is None and not self._open()):
             return
 
         def new(s: int) -> bool:  # read as rows are logged: `logged` grows meanwhile
