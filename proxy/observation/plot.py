@@ -90,9 +90,7 @@ def _mix_add(b: list, p: dict) -> None:
 
 
 def _mix_merge(a: list, b: list) -> list:
-    out = dict(a[2])
-    _mix_add([None, None, out], b[2])
-    return [out]
+    return [{k: a[2].get(k, 0.0) + b[2].get(k, 0.0) for k in a[2] | b[2]}]
 
 
 def series(records: Iterable[dict], max_points: int = MAX_POINTS) -> dict:
@@ -101,11 +99,10 @@ def series(records: Iterable[dict], max_points: int = MAX_POINTS) -> dict:
     extremes), ema (the bias-corrected EMA at each bucket's last step), count (finite losses
     seen), width (finite losses per loss bucket but the last; 1: every loss drawn), probe
     {arm: (steps, mean losses)}, eval (the validation curve) and arm_loss (each arm's training
-    loss) of the same shape, mix_steps,
-    mix {arm: [mean p]}, alarms [step].
-    Each series holds at most `max_points` buckets (`Buckets`); with fewer points than that
-    every value is the record's own. Non-finite losses are left out of the loss line; an arm
-    missing from a record's p counts as 0 there."""
+    loss) of the same shape, mix_steps, mix {arm: [mean p]}, alarms [step]. Each series holds
+    at most `max_points` buckets (`Buckets`); with fewer points than that every value is the
+    record's own. Non-finite losses are left out of the loss line; an arm missing from a
+    record's p counts as 0 there."""
     e = LossEma()
     loss = Buckets(_loss_start, _loss_add, _loss_merge, max_points)
     per_arm: dict[str, dict[str, Buckets]] = {"probe": {}, "eval": {}, "arm_loss": {}}
@@ -236,7 +233,7 @@ def plot_run(
             )
     fig.suptitle(f"{layout.root.name}: {s['count']:,} steps, {len(phases)} phase(s)")
     fig.tight_layout()
-    Path(out).parent.mkdir(parents=True, exist_ok=True)  # --out into a folder not made yet
+    out.parent.mkdir(parents=True, exist_ok=True)  # --out into a folder not made yet
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out

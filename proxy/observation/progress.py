@@ -5,10 +5,8 @@
 
 Elapsed time counts from this proxy's start; the ETA to `--max-steps` uses the workers' own
 record times over the last `RATE_WINDOW` steps (so checkpoints, probes and audits are in it).
-MFU is the worker's per-step figure (worker/perf.py) rescaled to the line's windowed tokens/s,
-so one slow or fast step does not swing it; a value above 100 % means the peak it was measured
-against is wrong (on CPU: a matmul timed while the machine was busy) and is left out, with one
-warning that says so, never printed.
+MFU is the worker's per-step figure (worker/perf.py) rescaled to the line's windowed tokens/s
+(`rescaled_mfu`), and left out above 100 % (`credible_mfu`, with one warning).
 
 The summary (`format_summary`) is logged when the run stops (docs/operations.md#watching).
 
@@ -40,11 +38,8 @@ def python_command() -> str:
     """The interpreter to put in a printed command: the one running now, relative to the
     working directory when it lies under it (`.venv/bin/python`), else its absolute path; a
     bare `python` may be another interpreter without this project installed."""
-    exe = Path(sys.executable or "python")
-    try:
-        return str(exe.relative_to(Path.cwd()))
-    except ValueError:
-        return str(exe)
+    exe, cwd = Path(sys.executable or "python"), Path.cwd()
+    return str(exe.relative_to(cwd) if exe.is_relative_to(cwd) else exe)
 
 
 def fmt_duration(seconds: float | None) -> str:

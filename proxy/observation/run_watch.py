@@ -1,10 +1,11 @@
-"""What a person watching a run sees, fed from the supervisor's call sites: the
-progress line (proxy/observation/progress.py), live TensorBoard scalars (proxy/observation/tensorboard_log.py, with
-`--tensorboard`), Weights & Biases (proxy/observation/wandb_log.py, with `--wandb`) and the summary
-logged when the run stops.
+"""What a person watching a run sees, fed from the supervisor's call sites: the progress line
+(proxy/observation/progress.py), live TensorBoard scalars (proxy/observation/tensorboard_log.py,
+with `--tensorboard`), Weights & Biases (proxy/observation/wandb_log.py, with `--wandb`) and the
+summary logged when the run stops.
 
-What it is not: supervision. The supervisor (proxy/supervision/supervisor.py) calls `on_incarnation`,
-`on_report`, `progress_line` and `close`, one line each; nothing here changes what it files.
+What it is not: supervision. The supervisor (proxy/supervision/supervisor.py) calls
+`on_incarnation`, `on_report`, `progress_line` and `close`, one line each; nothing here changes
+what it files.
 """
 
 from __future__ import annotations

@@ -26,9 +26,8 @@ def _printable(line: str) -> str:
 
 
 def _block(label: str, text: str, indent: str, max_lines: int | None) -> list[str]:
-    lines = text.split("\n")
-    keep = len(lines) if max_lines is None else max_lines
-    shown, more = lines[:keep], len(lines) - keep
+    shown = text.split("\n")[:max_lines]
+    more = text.count("\n") + 1 - len(shown)
     out = []
     for i, line in enumerate(shown):
         head = label if i == 0 else ""
