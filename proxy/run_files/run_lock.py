@@ -124,8 +124,7 @@ class RunLock:
             "command": self.command,
         }
         if self.job is not None:
-            self._record["job"] = self.job
-            self._record["heartbeat"] = time.time()
+            self._record |= {"job": self.job, "heartbeat": time.time()}
         atomic_write_json(self.layout.proxy_owner, self._record)
         if self.job is not None:
             self._start_heartbeat()

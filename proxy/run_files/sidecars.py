@@ -52,7 +52,7 @@ def read_state(path: Path, garbage: Garbage = "aside") -> dict | None:
     (the proxy rebuilds the state from the history: docs/history.md#torn-tail-repair), or with
     `garbage="default"` left alone (a reader that must not disturb a live run: `status`)."""
     d = read_json(path, None, garbage=garbage)
-    return d if isinstance(d, dict) or d is None else None
+    return d if isinstance(d, dict) else None
 
 
 def read_audits(path: Path, garbage: Garbage = "aside") -> list[dict]:

@@ -17,9 +17,7 @@ from shared.atomic_io import atomic_write_bytes, named
 from shared.checkpoint.directory import list_checkpoints
 from shared.run.layout import RunLayout
 
-# the snapshot layout (docs/bandit.md#state); only snapshots of this format are used, older
-# ones are replayed instead
-SNAPSHOT_FORMAT = 4
+SNAPSHOT_FORMAT = 4  # the snapshot layout (docs/bandit.md#state); `find_snapshot` skips others
 
 
 def _append(layout: RunLayout, obj: dict) -> None:
@@ -37,9 +35,8 @@ COMPACT_AT = 64  # lines; past this the file is compacted to the checkpoints sti
 
 
 def append_snapshot(layout: RunLayout, snap: dict) -> None:
-    """Record the controller state of a durable checkpoint (MixtureController.to_snapshot()).
-    The file stays bounded: past COMPACT_AT lines it is rewritten (atomically) with only the
-    valid snapshots of checkpoints still on disk, so its size follows retention, not steps."""
+    """Record the controller state of a durable checkpoint (MixtureController.to_snapshot()), then
+    `compact` the file past COMPACT_AT lines, so its size follows retention, not steps."""
     _append(layout, snap)
     compact(layout)
 
@@ -95,9 +92,8 @@ def find_snapshot(
     layout: RunLayout, phase_index: int, phase_start: int, upto_step: int
 ) -> dict | None:
     """The newest valid snapshot of this phase with phase_start <= step <= upto_step, or None.
-    Torn or garbage lines (a kill mid-append) are skipped, and so are snapshots of another
-    format than SNAPSHOT_FORMAT (written by an older version, whose bandit
-    state lacks fields this one keeps): the history is replayed over them instead."""
+    Torn or garbage lines (a kill mid-append) are skipped, and so are snapshots of another format
+    than SNAPSHOT_FORMAT (an older version's): the history is replayed over them instead."""
     for obj, _ in _newest_first(_lines(layout), upto_step):
         try:
             if (
