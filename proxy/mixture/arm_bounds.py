@@ -51,15 +51,13 @@ def parse_arm_values(text: str, arm_names: list[str], what: str) -> dict[str, fl
     `what` names the setting in messages (e.g. ``"--caps"``). Empty or blank text gives ``{}``;
     empty entries between commas are skipped. Values are probabilities (unitless, in [0, 1]).
     Raises BanditConfigError for an entry without ``=``, an unknown arm (the message lists the
-    known arms), a duplicate arm, a value that is not a number, NaN, or outside [0, 1].
-    Source: docs/architecture.md#bad-input-and-faults ("caps/floors infeasible, unknown arm names, bad numbers: refused
-    before anything starts").
+    known arms), a duplicate arm, a value that is not a number, NaN, or outside [0, 1]. Source:
+    docs/architecture.md#bad-input-and-faults ("caps/floors infeasible, unknown arm names, bad
+    numbers: refused before anything starts").
     """
     known = check_arm_names(arm_names)
     out: dict[str, float] = {}
-    if text is None or not text.strip():
-        return out
-    for raw in text.split(","):
+    for raw in (text or "").split(","):  # blank text gives {}
         item = raw.strip()
         if not item:
             continue

@@ -1,19 +1,11 @@
 """Changes to a run's set of arms: the log in `data/arms.json` and `run --arm ...` on a restart.
 
-Arms are keyed by NAME, never by position (docs/architecture.md#arms), so a restart may list the arms in
-any order, leave some out, or name new ones, and every arm keeps its own statistics:
-  reordered  nothing changes (everything iterates names in sorted order);
-  removed    the arm is retired from the resume step on: never pulled, its statistics kept in
-             `.state.json` under "retired";
-  added      a new name is tokenized with the run's tokenizer into `data/` and joins the bandit
-             at the resume step with no statistics; a name retired earlier re-joins with its
-             statistics restored (Bandit.add_arm).
-Zombie arms (docs/architecture.md#arms) are retired through the same log: at the start of every
-incarnation each active arm of `data/arms.json` is matched to its configured source by NAME and
-fingerprint. The cheap `source_fingerprint` (file list, sizes, mtimes) is compared first; when
-it differs, the content fingerprint decides, so a touched-but-identical source is not a zombie.
-A zombie is reported by name and retired from the resume step on (`handle_zombies`): never
-pulled again, its statistics kept under "retired".
+Arms are keyed by NAME, never by position (docs/architecture.md#arms): a restart may list them in
+any order (nothing changes), leave some out (retired from the resume step on, their statistics
+kept in `.state.json` under "retired") or name new ones (tokenized into `data/` and joining with
+no statistics, or re-joining with them: Bandit.add_arm). Zombie arms, whose source is gone or
+changed (`check_source`), are retired through the same log at the start of every incarnation
+(`handle_zombies`).
 
 The log: `data/arms.json` key "changes", a list of {"id", "step", "action": "add"|"retire",
 "arm", "reason"} in the order they were made. `step` is the checkpoint step S the change takes
@@ -151,9 +143,7 @@ def stamp_changes(layout: RunLayout, resume_step: int) -> list[ArmChange]:
 def arms_present_at(index_names: list[str], changes: list[ArmChange], step: int) -> list[str]:
     """Arms a bandit built at `step` starts with, before the changes up to `step` are applied:
     every arm of the index except those whose first change is an "add" after `step`."""
-    first: dict[str, ArmChange] = {}
-    for c in changes:
-        first.setdefault(c.arm, c)
+    first = {c.arm: c for c in reversed(changes)}  # each arm's first change
     return sorted(
         n
         for n in index_names
@@ -356,8 +346,7 @@ def specs_of(d: dict, configured: list[ArmSpec]) -> list[ArmSpec]:
     `configured` no longer has them."""
     active = {a["name"]: a for a in d["arms"] if not a.get("retired")}
     out = [s for s in configured if s.name in active]
-    have = {s.name for s in out}
-    for n in sorted(set(active) - have):
+    for n in sorted(set(active) - {s.name for s in out}):
         a = active[n]
         out.append(ArmSpec(n, a["kind"], a.get("source", ""), a.get("field", "text")))
     return out
@@ -387,9 +376,8 @@ def check_source(spec: ArmSpec, fingerprint: str, source_fp: str) -> str | None:
 def handle_zombies(layout: RunLayout, specs: list[ArmSpec], resume_step: int) -> list[ArmChange]:
     """The start-of-incarnation check: stamp pending arm changes with `resume_step`, find new
     zombies (active arms whose source is gone or changed; retired ones are not checked again),
-    report each by name (a warning), retire them at `resume_step` (proxy/mixture/arm_changes.py
-    log); returns the whole arm-change log for the MixtureController. Raises ArmSourceError when
-    `data/arms.json` is missing."""
+    report each by name (a warning), retire them at `resume_step`; returns the whole arm-change
+    log for the MixtureController. Raises ArmSourceError when `data/arms.json` is missing."""
     changes = stamp_changes(layout, resume_step)
     index = read_arm_index(layout, include_retired=True)
     checked = {

@@ -2,12 +2,13 @@
 
 A resume from checkpoint S needs the controller exactly as it was after update S: the bandit of
 the phase in force at S, every policy it posted, and the arm changes up to S applied. This module
-builds it, from the newest controller snapshot at or before S plus the history's records after
-it (proxy/run_files/state_snapshots.py), or by replaying `.loss.json` from the phase start. The resume,
-the pivot and the tests that check `replay == .state.json` all call `rebuild_mixture`.
+builds it, from the newest controller snapshot at or before S plus the history's records after it
+(proxy/run_files/state_snapshots.py), or by replaying `.loss.json` from the phase start. The
+resume, the pivot and the tests that check `replay == .state.json` all call `rebuild_mixture`.
 
-What it is not: the controller's arithmetic (proxy/mixture/controller.py, proxy/mixture/bandit.py), the choice of
-the resume step (proxy/supervision/resume_planning.py) or phases.json (proxy/supervision/run_setup.py).
+What it is not: the controller's arithmetic (proxy/mixture/controller.py, proxy/mixture/bandit.py),
+the choice of the resume step (proxy/supervision/resume_planning.py) or phases.json
+(proxy/supervision/run_setup.py).
 """
 
 from __future__ import annotations
@@ -82,10 +83,8 @@ def rebuild_mixture(
     way, bit for bit. `watch(step, controller)`, when given, is called after each record is
     folded. Raises BanditConfigError (bounds) and OSError (unreadable history)."""
     t0 = time.perf_counter()
-    if changes is None:
-        changes = read_changes(layout)
-    if phase is None:
-        phase = phase_at(layout, step)
+    changes = read_changes(layout) if changes is None else changes
+    phase = phase_at(layout, step) if phase is None else phase
     mix = new_controller(layout, cfg, phase, changes)
     snap = find_snapshot(layout, phase.index, phase.start_step, step) if use_snapshots else None
     n = 0
