@@ -61,23 +61,12 @@ class ResumeError(RuntimeError):
         self.code = code
 
 
-@dataclass
-class ResumePoint:
-    """Where an incarnation starts: after update `step`, from `path` (None: step 0, fresh)."""
-
-    step: int
-    path: Path | None
-    verified: str | None = None  # the checksum the scan verified the file against, if any
-
-
 def _clean_killed_writes(layout: RunLayout) -> list[tuple[Path, str]]:
     """Remove the temporaries of atomic writes cut by a kill -9: (directory, name) of each. Called
-    with the run lock held. data/ and archive/ are written by the lock holder alone, so every one
-    there is dead, a half-made pivot archive `archive/pivot-<B>.tmp/` included (a pivot due now
-    makes it again; one withdrawn or moved to another step never would); so is one of the root's
+    with the run lock held: every one in data/ and archive/ is dead (a half-made
+    `archive/pivot-<B>.tmp/` too: a pivot due now makes it again), and so is one of the root's
     own files (`RunLayout.own_files`) once the request lock is held too (a `pivot` command writes
-    the request under it). Anything else in the root (an export into the run directory, say) is
-    removed only when older than STALE_WRITE_S."""
+    the request under it); anything else in the root only when older than STALE_WRITE_S."""
     out = [(d, n) for d in (layout.data, layout.archive) for n in clean_stale_writes(d, 0.0)]
     for tmp in sorted(layout.archive.glob(layout.pivot_archive_tmp("*").name)):
         if tmp.is_dir() and not tmp.is_symlink():
@@ -93,13 +82,14 @@ def _clean_killed_writes(layout: RunLayout) -> list[tuple[Path, str]]:
 
 def find_resume_point(
     layout: RunLayout, cfg: RunConfig, history: LossHistory, from_scratch: bool
-) -> ResumePoint:
-    """The newest valid checkpoint (docs/checkpoint-format.md#validity). Stale temporaries are
-    removed; each rejected file is logged with its rule and, when training will pass its step
-    again, moved to rejected/ (never deleted). A run stopped before its first checkpoint starts
-    again from step 0 with a warning (the rule: docs/history.md#rewind, "Before the first
-    checkpoint"). Raises ResumeError when the history has records but no checkpoint is valid otherwise,
-    unless `from_scratch`."""
+) -> tuple[int, Path | None, str | None]:
+    """The newest valid checkpoint (docs/checkpoint-format.md#validity) as (step, path, the
+    checksum the scan verified it against or None); (0, None, None): start fresh. Stale
+    temporaries are removed; each rejected file is logged with its rule and, when training will
+    pass its step again, moved to rejected/ (never deleted). A run stopped before its first
+    checkpoint starts again from step 0 with a warning (docs/history.md#rewind, "Before the
+    first checkpoint"). Raises ResumeError when the history has records but no checkpoint is
+    valid otherwise, unless `from_scratch`."""
     root = layout.root
     for p in clean_stale_temporaries(root):
         log.info("removed stale temporary %s", p.name)
@@ -127,11 +117,11 @@ def find_resume_point(
             and not from_scratch
             and not rejected
             and not manifest
-            and not _any_quarantined(layout)
+            and not (layout.rejected.is_dir() and any(layout.rejected.iterdir()))
             and history.last_step <= 2 * cfg.checkpoint_every
         ):
-            # stopped by kill -9, a crash or OOM before its first checkpoint landed: there is
-            # nothing to lose by starting again, and nothing to restore (docs/history.md#rewind)
+            # stopped by kill -9, a crash or OOM before its first checkpoint landed (rejected/
+            # empty: none ever existed): nothing to lose or restore (docs/history.md#rewind)
             log.warning(
                 "%s: no checkpoint was ever written (the history ends at step %d, before "
                 "the first cadence checkpoint at step %d was sure to be on disk): starting "
@@ -142,7 +132,7 @@ def find_resume_point(
                 len(history),
                 layout.loss_rewound.name,
             )
-            return ResumePoint(0, None)
+            return 0, None, None
         if history.last_step and not from_scratch:
             raise ResumeError(
                 f"{root}: the history holds {len(history):,} records (to step "
@@ -152,18 +142,12 @@ def find_resume_point(
                 "(the history past 0 is then moved to .loss.rewound.json); rejected files "
                 "stay where they are"
             )
-        return ResumePoint(0, None)
+        return 0, None, None
     if rejected:
         log.warning("resuming from %s instead", info.path.name)
     # a file without a manifest entry was read whole for rule 8: its checksum, computed then,
     # lets the worker check that it reads the same bytes (docs/checkpoint-format.md#validity)
-    return ResumePoint(info.step, info.path, checks.get(info.step) or info.checksum)
-
-
-def _any_quarantined(layout: RunLayout) -> bool:
-    """True if rejected/ holds a file: a checkpoint existed once, so a history without a valid
-    one is not a run that never checkpointed."""
-    return layout.rejected.is_dir() and any(layout.rejected.iterdir())
+    return info.step, info.path, checks.get(info.step) or info.checksum
 
 
 def align_history(layout: RunLayout, history: LossHistory, step: int) -> None:
@@ -284,13 +268,12 @@ def plan_resume(
     request to pivot at the resume step (`pivot` on a stopped run). Raises ResumeError (no
     checkpoint; a stopped pivot without one) and BanditConfigError (bounds)."""
     t0 = time.perf_counter()
-    point = find_resume_point(layout, cfg, history, from_scratch)
+    step, path, verified = find_resume_point(layout, cfg, history, from_scratch)
     t_scan = time.perf_counter()
-    step = point.step
     align_history(layout, history, step)
     t_history = time.perf_counter()
     if stopped_pivot is not None:
-        if point.path is None:
+        if path is None:
             raise ResumeError(
                 f"{layout.root} has no valid checkpoint to pivot at; train at "
                 "least one checkpoint cadence first",
@@ -313,7 +296,7 @@ def plan_resume(
         t_mix - t_arms,
         time.perf_counter() - t_mix,
     )
-    plan = ResumePlan(step, point.path, mix, verified=point.verified)
+    plan = ResumePlan(step, path, mix, verified=verified)
     try:
         with request_lock(layout):  # the `pivot` command withdraws under it (docs/pivots.md)
             _serve_pivot_request(layout, cfg, plan, changes)
@@ -364,10 +347,10 @@ def start_pivot_phase(
     step: int,
     changes: list[ArmChange],
 ) -> MixtureController:
-    """The pivot at `step` (docs/pivots.md#the-sequence): archive the two
-    sidecars (complete or absent), record the new phase in phases.json (the commit point),
-    then reset `.state.json`/`.samples.json` for it. Returns the new phase's controller.
-    `.loss.json` is not touched. Raises BanditConfigError (bounds)."""
+    """The pivot at `step` (docs/pivots.md#the-sequence): archive the two sidecars (complete or
+    absent), record the new phase in phases.json (the commit point), then reset
+    `.state.json`/`.samples.json` for it. Returns the new phase's controller. `.loss.json` is
+    not touched. Raises BanditConfigError (bounds)."""
     new = mix.next_phase(req["label"], req["caps"], req["floors"], step)
     new_mix = new_controller(layout, cfg, new, changes)  # bounds checked before any change
     old = {"label": mix.phase.label, "index": mix.phase.index}
@@ -391,11 +374,10 @@ def start_pivot_phase(
 def finish_pivot(
     layout: RunLayout, cfg: RunConfig, mix: MixtureController, req: dict, step: int
 ) -> None:
-    """After the phase is recorded: the final learning-rate decay from `step` when the request
-    asks for it (`pivot --decay`: a re-plan at `step` with decay_at = `step`, ending at the
-    request's `decay_to`; docs/pivots.md#a-decay-at-the-pivot), `.state.json` = the fresh bandit
-    at `step`, `.samples.json` = an empty log of the new phase, request state "recorded".
-    Idempotent."""
+    """After the phase is recorded: the final learning-rate decay from `step` to the request's
+    `decay_to` when it asks for one (docs/pivots.md#a-decay-at-the-pivot), `.state.json` = the
+    fresh bandit at `step`, `.samples.json` = an empty log of the new phase, request state
+    "recorded". Idempotent."""
     end = req.get("decay_to")
     if isinstance(end, int) and end > step:
         entry = replan(layout, cfg, step, end, decay_at=step)
