@@ -29,22 +29,6 @@ from shared.run.layout import RunLayout
 log = logging.getLogger("proxy.supervision.run_setup")
 
 
-def _recipe(cfg: RunConfig, text_arms: list) -> dict:
-    """What the tokenizer is a function of; a stored tokenizer with the same recipe is reused."""
-    src = cfg.tokenizer
-    if cfg.tokenizer not in ("bpe", "bytes"):
-        src = str(Path(cfg.tokenizer).expanduser().resolve())
-    return {
-        "tokenizer": src,
-        "vocab_size": cfg.vocab_size,
-        "bpe_sample_bytes": cfg.bpe_sample_bytes,
-        "arms": [
-            [a.name, a.kind, a.source, a.field, source_fingerprint(a)]
-            for a in sorted(text_arms, key=lambda a: a.name)
-        ],
-    }
-
-
 def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
     """The run's tokenizer, saved as `tokenizer.json` (docs/data.md#the-tokenizer): bytes, a
     copy of the given tokenizer.json, or a BPE trained on a deterministic sample of at most
@@ -54,7 +38,18 @@ def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
     text_arms = [a for a in cfg.arms if a.kind != "tokens"]
     for a in text_arms:
         open_arm(a)  # missing files, a Parquet file without the column: refused before any work
-    recipe = _recipe(cfg, text_arms)
+    given = cfg.tokenizer
+    if cfg.tokenizer not in ("bpe", "bytes"):
+        given = str(Path(cfg.tokenizer).expanduser().resolve())
+    recipe = {  # what the tokenizer is a function of
+        "tokenizer": given,
+        "vocab_size": cfg.vocab_size,
+        "bpe_sample_bytes": cfg.bpe_sample_bytes,
+        "arms": [
+            [a.name, a.kind, a.source, a.field, source_fingerprint(a)]
+            for a in sorted(text_arms, key=lambda a: a.name)
+        ],
+    }
     recipe_file = layout.data / "tokenizer.recipe.json"
     if layout.tokenizer.exists() and read_json(recipe_file) == recipe:
         tok = RunTokenizer.load(layout.tokenizer)
@@ -84,11 +79,10 @@ def make_tokenizer(layout: RunLayout, cfg: RunConfig) -> RunTokenizer:
         for a in sorted(text_arms, key=lambda a: a.name):
             stop_request.check(f"the BPE sample of arm {a.name}")
             texts += sample_text(a, share)
-        n = sum(len(t) for t in texts)
         log.info(
             "BPE sample: %s characters from %d arms (at most %s per arm, drawn from across "
             "each arm; --bpe-sample-bytes %s) in %.1f s",
-            f"{n:,}",
+            f"{sum(len(t) for t in texts):,}",
             len(text_arms),
             f"{share:,}",
             f"{cfg.bpe_sample_bytes:,}",
@@ -113,8 +107,7 @@ def check_new_run(cfg: RunConfig) -> list[str]:
     """Every check of a new run's configuration that needs no writing: the numbers, the
     caps/floors box, each arm's source (all problems in one ArmSourceError,
     docs/data.md#checks-before-any-work). Raises ConfigError; returns the warnings about a valid
-    configuration (two arms reading one source), for the caller to log: none is said before a
-    refusal."""
+    configuration (two arms reading one source), for the caller to log once all checks passed."""
     cfg.validate()
     names = [a.name for a in cfg.arms]
     resolve_bounds(names, cfg.caps, cfg.floors)  # infeasible boxes refused before any work
@@ -128,8 +121,7 @@ def check_new_run(cfg: RunConfig) -> list[str]:
     warnings: list[str] = []
     seen: dict[tuple, str] = {}
     for a in cfg.arms:
-        fp = source_fingerprint(a)  # every missing source refused before anything is written
-        key = (a.kind, a.field, fp)
+        key = (a.kind, a.field, source_fingerprint(a))  # a missing source raises: none written
         if key in seen:
             warnings.append(
                 f"arms {seen[key]} and {a.name} read the same source ({a.kind} "
@@ -147,9 +139,8 @@ def create_run(layout: RunLayout, cfg: RunConfig, notes: Iterable[str] = ()) -> 
     has passed, with its own warnings, so none comes before a refusal.
 
     Raises ConfigError (bad numbers, infeasible caps/floors, missing, corrupt or tiny arm
-    sources) before the run directory holds a run.json; arms already complete are kept. Every
-    arm is checked before anything is written (shared/data/checks.check_arms): all problems in
-    one ArmSourceError (docs/data.md#checks-before-any-work)."""
+    sources; see `check_new_run`) before the run directory holds a run.json; arms already
+    complete are kept."""
     for message in [*notes, *check_new_run(cfg)]:
         log.warning("%s", message)
     pin_mmap_threshold()  # before BPE training too: peak memory that does not grow with the corpus
