@@ -278,9 +278,8 @@ class Supervisor:
 
     def _nodes_tick(self) -> None:
         """While an incarnation runs (about 4 times a second): heartbeat, this node's ranks,
-        stop requests from followers, and followers lost (proxy gone, or their agent exited
-        non-zero): this node's ranks then get NODE_LOST_GRACE_S to fail on their own (a
-        collective with a dead peer raises) before they are killed, and the job restarts."""
+        stop requests from followers, and followers lost (proxy gone, or agent exited non-zero;
+        docs/architecture.md#several-nodes, "A node lost")."""
         now = time.monotonic()
         if now - self._nodes_t < 0.25:
             return
@@ -325,9 +324,8 @@ class Supervisor:
         return self.node.refresh_ranks(self.proc.pid, every=0.0)
 
     def _replan(self, step: int) -> None:
-        """--replan: the schedule re-planned at `step`, where this start resumes, to end at
-        --max-steps (proxy/supervision/run_setup.py `replan`); logged and recorded in the
-        next history record as an event. Once per proxy: a restart resumes in the new plan."""
+        """--replan at `step`, where this start resumes (proxy/supervision/run_setup.py
+        `replan`), logged and recorded as an event; once per proxy (a restart keeps the plan)."""
         self._replanned = True
         before = learning_rate(step + 1, self.cfg) if step else None
         entry = replan(self.layout, self.cfg, step, self.max_steps, self.opts.decay_at)
@@ -527,10 +525,8 @@ class Supervisor:
         if step >= self.max_steps:
             log.info("step %d already reaches --max-steps %d: nothing to do", step, self.max_steps)
             return "done", 0
-        if self.stop_requested:
-            return "done", 0
-        if self.node is not None and not self._gather_nodes():
-            return "done", 0  # a stop came while the nodes gathered
+        if self.stop_requested or (self.node is not None and not self._gather_nodes()):
+            return "done", 0  # a stop came before or while the nodes gathered
         log.info(
             "starting worker: %s", f"resume from {plan.path.name}" if plan.path else "fresh run"
         )
@@ -545,8 +541,8 @@ class Supervisor:
 
     # ------------------------------------------------------------------ watching
     def _signal_worker(self, sig: int) -> bool:
-        """Signal the worker; under torchrun the ranks directly (proxy/supervision/launch.py), never the
-        agent once they are known. Returns False when a SIGUSR1 has no rank to go to yet."""
+        """Signal the worker; under torchrun the ranks directly (proxy/supervision/launch.py),
+        never the agent once they are known. False when a SIGUSR1 has no rank to go to yet."""
         if self.opts.launch.uses_torchrun:
             pids = self._rank_pids()
             if pids:
@@ -558,8 +554,7 @@ class Supervisor:
         return True
 
     def _signal_tree(self, sig: int) -> None:
-        """`sig` to the worker's whole process group (its own session), or to the ranks under
-        torchrun."""
+        """`sig` to the worker's process group (its own session), or to the ranks under torchrun."""
         if self.opts.launch.uses_torchrun:
             self._signal_worker(sig)
         else:
@@ -581,10 +576,9 @@ class Supervisor:
         kill_agent(self.proc.pid, ranks)
 
     def _forward_usr1(self) -> None:
-        """Forward pending SIGUSR1s to the worker. A single worker starts with SIGUSR1 blocked
-        (proc_tree.signals_blocked) and unblocks it once its handler is in: forward at once, so
-        signals sent during start-up coalesce in the kernel into one request. torchrun's agent
-        would treat SIGUSR1 as "stop all": held until the ranks announce their pids."""
+        """Forward pending SIGUSR1s to the worker: a single one at once (blocked until its
+        handler is in, they coalesce: docs/signals.md#coalescing); under torchrun, held until
+        the ranks announce their pids (the agent would take SIGUSR1 as "stop all")."""
         while self.usr1_pending and (
             not self.opts.launch.uses_torchrun or self.stats.worker is not None
         ):
@@ -597,9 +591,9 @@ class Supervisor:
         self, rc: int, hung: bool, stop_sent: bool, history: LossHistory
     ) -> tuple[str, int | None]:
         """What the worker's exit with code `rc` means: "hung", "pivot" (stopped at a pivot's
-        boundary B: the new phase starts in this proxy), "withdrawn" (stopped for a pivot that
-        was withdrawn meanwhile: a new worker goes on in the same phase), "done", "fatal" (do not restart) or
-        "crashed" (restart from the newest valid checkpoint)."""
+        boundary B: the new phase starts in this proxy), "withdrawn" (stopped for a pivot
+        withdrawn meanwhile: a new worker goes on in the same phase), "done", "fatal" (do not
+        restart) or "crashed" (restart from the newest valid checkpoint)."""
         if hung:
             return "hung", rc
         if rc == 0:
@@ -721,10 +715,7 @@ class Supervisor:
                 )
                 self._kill_group()
                 stop_sent_at = math.inf
-            ready = self.stats.worker is not None
-            limit = (
-                self.opts.hang_timeout if ready else max(self.opts.hang_timeout, STARTUP_GRACE_S)
-            )
+            limit = max(self.opts.hang_timeout, STARTUP_GRACE_S if self.stats.worker is None else 0)
             if not hung and stop_sent_at is None and now - last_report > limit:
                 log.error(
                     "worker sent no report for %.0f s (hung?): %s; stopping its process "
