@@ -78,10 +78,9 @@ def _agent_argv(python: str, nproc_per_node: int) -> list[str]:
 
 
 def torchrun_argv(python: str, worker_args: list[str], opts: LaunchOptions) -> list[str]:
-    """argv that runs `python -m worker worker_args` under torchrun with `opts`.
-
-    Single node without a rendezvous endpoint: `--standalone` (a private store on a free port,
-    so several runs on one box never collide)."""
+    """argv that runs `python -m worker worker_args` under torchrun with `opts`; a single node
+    without a rendezvous endpoint gets `--standalone` (a private store on a free port, so several
+    runs on one box never collide)."""
     argv = _agent_argv(python, opts.nproc_per_node)
     if opts.rdzv_endpoint is None and opts.nnodes in (None, "1", "1:1"):
         argv.append("--standalone")
@@ -103,9 +102,8 @@ def static_argv(
 ) -> list[str]:
     """argv of torchrun with the static rendezvous (docs/architecture.md#several-nodes) for the
     incarnation `job` posts (.nodes/job.json: nproc_per_node, nnodes, the store's addr and port,
-    served by node rank 0's agent, and run_id): node `node_rank`, so the global rank of local
-    rank l is node_rank x nproc_per_node + l; `timeout` seconds for every node's agent to reach
-    the store."""
+    served by node rank 0's agent, and run_id) as node `node_rank`; `timeout` seconds for every
+    node's agent to reach the store."""
     return [
         *_agent_argv(python, job["nproc_per_node"]),
         "--nnodes",
@@ -130,13 +128,10 @@ def static_argv(
 
 def spawn(argv: list[str], torchrun: bool, multi_node: bool) -> subprocess.Popen:
     """Start `argv` (the worker, or torchrun's agent) in its own session, with PROJECT_ROOT on
-    PYTHONPATH. The agent dies with the proxy, even by SIGKILL, also while it waits for a
-    rendezvous (`die_with_parent`), and a multi-node one gets OMP_NUM_THREADS=1 unless the user
-    set it, as torchrun itself sets for more than one rank per node: a rank's intra-op threads,
-    and with them the float rounding of its CPU kernels, then do not depend on how the ranks are
-    spread over nodes (two nodes x one rank train bit for bit like one node x two ranks,
-    docs/architecture.md#several-nodes). A lone worker starts with its signals blocked
-    (proc_tree.signals_blocked: it unblocks them itself)."""
+    PYTHONPATH. The agent dies with the proxy (`die_with_parent`), and a multi-node one gets
+    OMP_NUM_THREADS=1 unless the user set it, so that a rank's CPU rounding does not depend on
+    how the ranks are spread over nodes (docs/architecture.md#several-nodes, "One mixture"). A
+    lone worker starts with its signals blocked (proc_tree.signals_blocked: it unblocks them)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     if multi_node:
@@ -155,10 +150,9 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """preexec_fn of the torchrun agent: prctl(PR_SET_PDEATHSIG, SIGTERM), so the agent gets
-    SIGTERM when the proxy dies, even by SIGKILL; it then stops its ranks (they checkpoint)
-    and exits, also while it still waits for a rendezvous (docs/signals.md#parent-death).
-    The kernel sends it when the spawning thread exits: the proxy spawns from its main thread."""
+    """preexec_fn of the torchrun agent: prctl(PR_SET_PDEATHSIG, SIGTERM), so the agent stops
+    its ranks and exits when the proxy dies, even by SIGKILL (docs/signals.md#parent-death). The
+    kernel sends it when the spawning thread exits: the proxy spawns from its main thread."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):
@@ -187,8 +181,7 @@ def signal_pids(pids: list[int], sig: int) -> None:
 
 
 def kill_agent(pgid: int, ranks: list[int]) -> None:
-    """SIGKILL the process group `pgid` (a lone worker's, or torchrun's agent's) and `ranks`
-    (`kill_ranks`: torchrun starts each rank in its own session)."""
+    """SIGKILL the process group `pgid` (a lone worker's, or torchrun's agent's) and `ranks`."""
     signal_group(pgid, signal.SIGKILL)
     kill_ranks(ranks)
 
@@ -221,11 +214,10 @@ def _is_our_rank(pid: int, run_dir: str) -> bool:
 
 
 def wait_for_earlier_workers(layout: RunLayout, grace: float) -> None:
-    """A proxy killed by SIGKILL leaves its worker running: it notices the parent's death,
-    checkpoints and exits by itself (docs/signals.md#kill--9), which can take a while on a busy
-    machine. A new proxy must not plan its resume while that worker may still write a checkpoint
-    or reports. Waits up to `grace` seconds for every worker the handshake names (this run's
-    only, checked by command line), then SIGKILLs what is left."""
+    """Wait up to `grace` seconds for every worker the handshake names (this run's only, checked
+    by command line), then SIGKILL what is left: a proxy killed by SIGKILL leaves its worker
+    checkpointing and exiting by itself (docs/signals.md#kill--9), and a new proxy must not plan
+    its resume while that worker may still write."""
     ours = [p for p in rank_pids(layout) if p != os.getpid() and _is_our_rank(p, str(layout.root))]
     if not ours:
         return

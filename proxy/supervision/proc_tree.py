@@ -37,12 +37,9 @@ STATES = {
 
 
 class EarlySignals:
-    """Signals that reach the proxy before the supervisor's handlers exist (run creation, arm
-    tokenization, lock, config checks). Installed first thing in `python -m proxy`'s main():
-    a stop signal is remembered (the supervisor then starts no worker and exits 0) and SIGUSR1s
-    are counted (forwarded once a worker is up), instead of the default action killing the
-    proxy. As PID 1 in a container, default actions do nothing at all, so explicit handlers
-    are what makes `docker stop` work."""
+    """Signals that reach the proxy before the supervisor's handlers exist, installed first
+    thing in `python -m proxy`'s main(): a stop signal is remembered and SIGUSR1s are counted
+    (docs/signals.md#start-up, docs/signals.md#containers-and-pid-1)."""
 
     stop: str | None = None
     usr1 = 0
@@ -70,10 +67,9 @@ class EarlySignals:
 
 @contextlib.contextmanager
 def signals_blocked():
-    """Block SIGTERM/SIGINT/SIGHUP/SIGUSR1 in the proxy while it spawns the worker: the child
-    inherits the mask across exec, so a signal sent to the worker during its interpreter
-    start-up stays pending until `worker.signals.SignalFlags.install()` unblocks it (instead of
-    the default action killing it). The proxy's own pending signals arrive when this exits."""
+    """Block SIGTERM/SIGINT/SIGHUP/SIGUSR1 in the proxy while it spawns the worker, which
+    inherits the mask until `worker.signals.SignalFlags.install()` unblocks it
+    (docs/signals.md#start-up). The proxy's own pending signals arrive when this exits."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)
     try:
         yield
@@ -85,8 +81,7 @@ def become_subreaper() -> bool:
     """prctl(PR_SET_CHILD_SUBREAPER): orphans of the worker's tree are re-parented to the proxy
     (not to init), so the proxy can reap them and none outlives the run. False if unsupported."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
