@@ -43,13 +43,12 @@ class Beacon:
                 c, _ = self.sock.accept()
             except OSError:
                 return
-            with c:
-                with contextlib.suppress(OSError, ValueError):
-                    c.settimeout(1.0)
-                    c.sendall((json.dumps(self.info) + "\n").encode())
-                    d = json.loads(_read_line(c) or b"null")
-                    if isinstance(d, dict):
-                        self.reports.append(d)
+            with c, contextlib.suppress(OSError, ValueError):
+                c.settimeout(1.0)
+                c.sendall((json.dumps(self.info) + "\n").encode())
+                d = json.loads(_read_line(c) or b"null")
+                if isinstance(d, dict):
+                    self.reports.append(d)
 
 
 def _read_line(c: socket.socket) -> bytes:

@@ -43,12 +43,10 @@ class OwnedJob:
 def gather_job(
     layout: RunLayout, lock: RunLock, job: dict, launch: LaunchOptions, owned: OwnedJob
 ) -> int | None:
-    """Own a several-node job (docs/architecture.md#several-nodes): write this node's record,
-    check that no other owner answers for the job, and wait for the other nodes before
-    anything of the run is written. Sets `owned.node` while the record is ours. Returns an exit
-    code when the start ends here (refused or stopped), else None. Raises Yielded, with the
-    lock released and nothing of ours left, when an earlier claim of the directory won: the
-    caller follows it (proxy/supervision/follower.py)."""
+    """Own a several-node job, as the module docstring says; sets `owned.node` while the record
+    is ours. Returns an exit code when the start ends here (refused or stopped), else None.
+    Raises Yielded, with the lock released and nothing of ours left, when an earlier claim of
+    the directory won: the caller follows it (proxy/supervision/follower.py)."""
     # the record first: an owner that asks the beacon tells "same directory" from
     # "another directory" by the records it finds here (proxy/supervision/beacon.py)
     node = owned.node = NodeRecord(layout, "owner", 0, job["token"], launch.nproc_per_node)

@@ -73,14 +73,12 @@ def record_alive(rec: dict) -> bool:
 
 def node_records(layout: RunLayout) -> list[dict]:
     """Every node record in `.nodes/` (live or not), sorted by node rank."""
-    out: list[dict] = []
-    for p in sorted(layout.nodes.glob("*.json")):  # none when .nodes/ does not exist
-        if p.name == layout.nodes_job.name:
-            continue
-        rec = read_json(p, garbage="default", expect=dict)
-        if rec is not None:
-            rec["file"] = p.name
-            out.append(rec)
+    out = [
+        {**rec, "file": p.name}
+        for p in sorted(layout.nodes.glob("*.json"))  # none when .nodes/ does not exist
+        if p.name != layout.nodes_job.name
+        and (rec := read_json(p, garbage="default", expect=dict)) is not None
+    ]
     return sorted(out, key=lambda r: (r.get("node_rank") is None, r.get("node_rank") or 0))
 
 
@@ -165,10 +163,9 @@ class NodeRecord:
         threading.Thread(target=beat, name="node-heartbeat", daemon=True).start()
 
     def _yield_taken_rank(self) -> None:
-        """Where `.nodes/.lock` is not shared between hosts, two followers may take one node
-        rank at once: the later joiner (joined_at, then file name) moves to the lowest rank no
-        live follower holds, before it ever launched an agent (the owner gathers only distinct
-        ranks). Left as it is when no rank is free (the owner's deadline names the nodes)."""
+        """Two followers that took one node rank at once (docs/architecture.md#several-nodes):
+        the later joiner (joined_at, then file name) moves to the lowest rank no live follower
+        holds, before it ever launched an agent; as it is when no rank is free."""
         me = (self.fields["joined_at"], self.path.name)
         others = [r for r in live_followers(self.layout, self.token) if r["file"] != self.path.name]
         if not any(
@@ -253,9 +250,9 @@ def wait_for_followers(
     idle=lambda: None,
 ) -> list[dict] | None:
     """Wait until nnodes-1 live followers of job `token` have joined and none still runs an
-    agent of an earlier incarnation. Returns their records, or None when
-    `stopping()` turned true. Raises NodeSetupError after `timeout` seconds, naming the node
-    ranks that are missing and the ones present. `idle()` is called between polls."""
+    agent of an earlier incarnation. Returns their records, or None when `stopping()` turned
+    true. Raises NodeSetupError after `timeout` seconds, naming the node ranks that are missing
+    and the ones present. `idle()` is called between polls."""
     end = time.monotonic() + timeout
     said = 0.0
     while True:
@@ -302,9 +299,8 @@ def wait_for_followers(
 
 def store_address(rdzv_endpoint: str | None) -> str:
     """The address the owner's agent serves the static rendezvous store on: the host of
-    `--rdzv-endpoint` when it is an address of this machine (127.0.0.1 in the tests, the first
-    node's name under Slurm when the owner runs there), else this machine's host name, which
-    the other nodes must be able to resolve (the case on any cluster)."""
+    `--rdzv-endpoint` when it is an address of this machine, else this machine's host name
+    (docs/architecture.md#several-nodes)."""
     host = (rdzv_endpoint or "").rpartition(":")[0].strip("[]")
     if host:
         with contextlib.suppress(OSError):
