@@ -44,10 +44,9 @@ def _under_request_lock(
     move: Callable[Concatenate[RunLayout, P], R],
 ) -> Callable[Concatenate[RunLayout, P], R]:
     """Run a move of the state machine under `.pivot.request.lock` (its read, decision and write
-    are one step for the `pivot` command, which withdraws or writes under the same lock). The
-    lock is held for milliseconds; one still held after MOVE_LOCK_TIMEOUT_S raises
-    RequestLockTimeout, and the live proxy tries the move again at its next poll
-    (proxy/supervision/supervisor.py `_pivot_move`) rather than stall its watch loop."""
+    are one step for the `pivot` command, which withdraws or writes under the same lock). A
+    lock still held after MOVE_LOCK_TIMEOUT_S raises RequestLockTimeout (see `_pivot_move` in
+    proxy/supervision/supervisor.py)."""
 
     @functools.wraps(move)
     def locked(layout: RunLayout, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -61,11 +60,10 @@ def _under_request_lock(
 def poll_pivot_request(
     layout: RunLayout, cfg: RunConfig, filed_step: int, max_steps: int
 ) -> int | None:
-    """Called by the live proxy's watch loop. A request in state "requested" gets its boundary
-    B (`next_boundary` after `filed_step`): handshake control stop_at_step = B (reason "pivot")
-    is posted and the request moves to state "boundary". Returns B, or None when there is
-    nothing to do. A request that can no longer be served (B would not be before `max_steps`)
-    gets state "failed" with the reason; nothing else changes."""
+    """A request in state "requested" gets its boundary B (`next_boundary` after `filed_step`):
+    handshake control stop_at_step = B (reason "pivot") is posted and the request moves to state
+    "boundary". Returns B, or None when there is nothing to do. A request that can no longer be
+    served (B would not be before `max_steps`) gets state "failed"; nothing else changes."""
     req = read_request(layout)
     if not req or req.get("state") != "requested":
         return None
@@ -137,11 +135,9 @@ def take_back_pivot_stop(control: dict, b: int | None) -> None:
 
 @_under_request_lock
 def follow_worker_boundary(layout: RunLayout, step: int) -> None:
-    """The worker started its pivot checkpoint at `step`. B was chosen from the last step the
-    proxy had filed, and the worker may already have been past it when the control request
-    reached it; it then stops at its next checkpoint boundary instead (shared/run/handshake.py
-    `control_stops_at`). The request's B becomes that step, so the pivot happens where the
-    worker really stopped (docs/pivots.md#the-boundary)."""
+    """The worker started its pivot checkpoint at `step`, past the B posted (it was past B when
+    the request reached it: shared/run/handshake.py `control_stops_at`): the request's B becomes
+    that step, where the worker really stopped (docs/pivots.md#the-boundary)."""
     req = read_request(layout)
     if not req or req.get("state") != "boundary" or req.get("step") == step:
         return
@@ -215,9 +211,8 @@ def archive_sidecars(layout: RunLayout, step: int, bandit: dict, phase: dict) ->
     """Archive the old phase at `step` into archive/pivot-<step>/ via pivot-<step>.tmp/ and one
     rename, so the archive is complete or absent (docs/pivots.md#crash-safety): `.state.json` =
     `bandit` (the old phase's bandit at `step`, replayed from the history) and `.samples.json`
-    copied, or an empty audit log of `phase` when no audit was filed. Either sidecar may be
-    missing (a proxy killed before it filed the checkpoint or audit that writes it). The
-    originals stay until the phase is recorded. Idempotent: an existing archive is kept."""
+    copied, or an empty audit log of `phase` when no audit was filed (either may be missing).
+    The originals stay until the phase is recorded. Idempotent: an existing archive is kept."""
     dest = layout.pivot_archive(step)
     if dest.exists():
         return
