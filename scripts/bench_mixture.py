@@ -111,7 +111,7 @@ POLICY_SOURCE = hashlib.sha256(b"".join(
                                       "proxy/mixture/reward_scaler.py",
                                       "proxy/mixture/loss_trend.py",
                                       "proxy/mixture/box_projection.py", "shared/run/config.py",
-                                      "scripts/bench_mixture.py"))).hexdigest()[:16]
+                                      "scripts/bench_mixture.py", "worker/data.py"))).hexdigest()[:16]
 PRESET_KEY: list[str] = []  # the model, in the cache keys of every model but andrea-test
 # (policies run as the real system runs them: with the worker's probe)
 
@@ -301,7 +301,7 @@ def train(kind: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
     torch.manual_seed(seed)
     cfg.seed = seed
     index = read_arm_index(layout)
-    sampler = ArmSampler(layout.root, index, cfg.model.block_size)
+    sampler = ArmSampler(layout.root, index, cfg.model.block_size, cfg.vocab_size)
     names = sampler.names
     floors, caps = box(names)
     plan = probe_plan(dataclasses.replace(cfg, reward="heldout_progress"), len(names))
@@ -343,9 +343,11 @@ def train(kind: str, seed: int, cfg: RunConfig, layout: RunLayout, steps: int,
         opt.step(learning_rate(k, cfg))
         if mix:
             s = seq.detach().numpy()
+            drawn = [(i, n) for i, n in enumerate(names) if (b.arm_index == i).any()]
             rec = {"step": k, "arms": b.counts, "p": dict(p), "phase": {"index": 0, "label": "bench"},
-                   "arm_loss": {n: float(s[b.arm_index == i].mean()) for i, n in enumerate(names)
-                                if (b.arm_index == i).any()}}
+                   "arm_loss": {n: float(s[b.arm_index == i].mean()) for i, n in drawn},
+                   "arm_unigram_loss": {n: float(b.unigram_loss[b.arm_index == i].mean())
+                                        for i, n in drawn}}
             t_pol = time.perf_counter()   # the policy's own time: the probe (if any) and the fold
             if k % plan.every == 0 and mix.bandit.config.reward == "heldout_progress":
                 rec["probe"] = heldout(model, probes)

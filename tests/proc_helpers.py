@@ -266,7 +266,8 @@ def cleaned_up(proc, run_dir: Path):
 
 
 def compare_keys(records: list[dict]) -> list[dict]:
-    keys = ("step", "loss", "lr", "tokens", "arms", "p", "arm_loss", "probe", "period")
+    keys = ("step", "loss", "lr", "tokens", "arms", "p", "arm_loss", "arm_unigram_loss", "probe",
+            "period")
     return [{k: r.get(k) for k in keys} for r in records]
 
 

@@ -63,7 +63,9 @@ def test_16_sequences_as_4_micro_batches_of_4_train_like_one_batch_of_16(run_dir
     assert sum(rec4[0]["arms"].values()) == 16
     np.testing.assert_allclose([r["loss"] for r in rec4], [r["loss"] for r in rec1], rtol=1e-5)
     for a, b in zip(rec1, rec4):
-        assert a["arm_loss"].keys() == b["arm_loss"].keys()
+        assert a["arm_loss"].keys() == b["arm_loss"].keys() == b["arm_unigram_loss"].keys()
+        np.testing.assert_allclose(list(b["arm_unigram_loss"].values()),
+                                   list(a["arm_unigram_loss"].values()), rtol=1e-12)
         np.testing.assert_allclose(list(b["arm_loss"].values()), list(a["arm_loss"].values()),
                                    rtol=1e-5)
         assert a["tokens"] == b["tokens"]  # every micro-batch's tokens count

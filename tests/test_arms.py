@@ -11,7 +11,7 @@ from proxy.mixture.rebuild import replay_run
 from shared.data.token_files import heldout_ranges, heldout_size, read_arm_index
 from shared.run.config import load_run_config, probe_plan
 from shared.run.layout import RunLayout
-from worker.data import ArmSampler
+from worker.data import UNIGRAM_SAMPLE_TOKENS, ArmSampler, unigram_table
 
 PROSE = ("It was a bright cold day in April, and the clocks were striking thirteen. "
          "Winston Smith slipped quickly through the glass doors of Victory Mansions. ")
@@ -29,6 +29,50 @@ def make_sources(d):
     n = 20_000
     toks = np.random.default_rng(0).integers(0, 200, n).astype(np.uint16)
     return toks
+
+
+def test_the_unigram_table_counts_the_train_split_only_and_a_bounded_sample_of_a_large_arm(tmp_path):
+    """docs/bandit.md#the-control-variate: -ln((c_t + 1) / (N + V)) over the train segments;
+    held-out tokens are not counted; an arm past UNIGRAM_SAMPLE_TOKENS is counted on evenly
+    spaced chunks (the same table every time, close to the whole arm's)."""
+    toks = np.array([0, 1, 1, 2, 7, 7, 7, 2, 2, 2], dtype=np.uint16)
+    got = unigram_table(toks, [(0, 4), (7, 10)], 8)      # tokens 4..6 (the 7s) held out
+    c = np.array([1, 2, 4, 0, 0, 0, 0, 0], dtype=np.float64)
+    np.testing.assert_array_equal(got, -np.log((c + 1) / (7 + 8)))
+    assert unigram_table(toks, [(0, 10)], None).shape == (8,)  # V from the largest id
+    n = UNIGRAM_SAMPLE_TOKENS * 3
+    big = np.lib.format.open_memmap(tmp_path / "big.npy", "w+", np.uint16, (n,))
+    rng = np.random.default_rng(0)
+    big[:] = rng.choice(200, n, p=np.arange(1, 201) / np.arange(1, 201).sum())
+    segments = [(0, n // 2), (n // 2 + 1000, n)]
+    sampled = unigram_table(big, segments, 256)
+    np.testing.assert_array_equal(sampled, unigram_table(big, segments, 256))
+    whole = np.bincount(np.concatenate([big[a:b] for a, b in segments]), minlength=256)
+    exact = -np.log((whole + 1.0) / (whole.sum() + 256))
+    freq = whole / whole.sum()  # the mean unigram loss of the arm's tokens, sampled vs whole
+    assert float(freq @ sampled) == pytest.approx(float(freq @ exact), abs=1e-3)
+    assert np.abs(sampled[:200] - exact[:200]).max() > 0, "the large arm must be sampled"
+
+
+def test_each_rows_unigram_loss_is_its_targets_mean_under_its_own_arms_table(tmp_path):
+    """Batch.unigram_loss: row i's mean of its arm's table over its targets y (not its first
+    input token), per arm, for every rank's rows."""
+    from shared.data.token_files import ArmData
+    rng = np.random.default_rng(1)
+    index = {}
+    for name, hi in (("low", 10), ("high", 200)):
+        t = rng.integers(0, hi, 5000).astype(np.uint16)
+        t.tofile(tmp_path / f"{name}.bin")
+        index[name] = ArmData(name, "tokens", "", "", f"{name}.bin", 5000, 4000,
+                              heldout=[[4000, 5000]])
+    sampler = ArmSampler(tmp_path, index, 16, 256)
+    tables = {n: unigram_table(sampler.tokens[n], [(0, 4000)], 256) for n in ("high", "low")}
+    for rank in (0, 1):
+        b = sampler.draw(3, 7, {"low": 0.5, "high": 0.5}, 8, rank, 2)
+        for i, row in enumerate(b.tokens.numpy()):
+            n = sampler.names[b.arm_index[i]]
+            assert b.unigram_loss[i] == pytest.approx(tables[n][row[1:]].mean(), rel=1e-12)
+    assert len(set(b.arm_index)) == 2
 
 
 @pytest.mark.slow

@@ -1330,3 +1330,77 @@ def test_an_exp3_reward_explains_its_weights_and_status_shows_them():
     lines = _policy_lines({"policy": e})
     assert lines[0].startswith("policy      train_loss at step 200: EXP3") and "log-weight" in lines[1]
     assert len(lines) == 2 + len(arms) and all(f"{b.logw[a]:.4f}" in lines[2 + i] for i, a in enumerate(arms))
+
+
+def content_records(steps: int, slopes: dict, content_sd: float = 0.5, seed: int = 0,
+                    unigram: bool = True):
+    """trend_records whose arm losses also carry each batch's content: a term u that the rows'
+    unigram loss (`arm_unigram_loss`) measures exactly, as the worker reports it."""
+    rng = random.Random(seed)
+    out = []
+    for r in trend_records(steps, slopes, sigma=0.01, seed=seed):
+        u = {a: 3.0 + rng.gauss(0, content_sd) for a in r["arm_loss"]}
+        r = dict(r, arm_loss={a: v + u[a] for a, v in r["arm_loss"].items()})
+        if unigram:
+            r["arm_unigram_loss"] = u
+        out.append(r)
+    return out
+
+
+def test_the_control_variate_removes_the_rows_content_from_the_fit():
+    """docs/bandit.md#the-control-variate: the fit sees each arm's loss minus its rows' unigram
+    loss, so batch-to-batch content (here sd 0.5 nats, the unigram loss measuring it exactly)
+    leaves the slope's standard error where the content-free losses put it, and the unlearnable
+    arm is found; without the field the same content hides it."""
+    arms = ["a", "b", "noise"]
+    box = {n: 0.1 for n in arms}, {n: 0.6 for n in arms}
+    slopes = {"a": 0.2, "b": 0.2, "noise": 0.0}
+    cfg = BanditConfig(warmup_steps=50)
+    with_cv, without = (Bandit(arms, *box, cfg, period_steps=10) for _ in range(2))
+    for r in content_records(300, slopes):
+        with_cv.observe(r)
+        without.observe({k: v for k, v in r.items() if k != "arm_unigram_loss"})
+    assert with_cv.control_variate is True and without.control_variate is False
+    clean = Bandit(arms, *box, cfg, period_steps=10)
+    for r in trend_records(300, slopes, sigma=0.01, seed=0):
+        clean.observe(r)
+    for a in arms:
+        assert with_cv.slopes()[a] == pytest.approx(clean.slopes()[a], abs=1e-9)
+        assert without.slopes()[a][1] > 10 * with_cv.slopes()[a][1]
+    assert with_cv.lam == 1.0 and with_cv.target["noise"] == pytest.approx(0.1)
+    assert without.lam == 0.0
+
+
+def test_a_phase_begun_without_the_unigram_loss_never_mixes_it_in():
+    """A history written before `arm_unigram_loss` existed, resumed by a worker that reports it:
+    the phase's first record decides, so its fits keep the plain losses (a jump of the unigram
+    level would read as a fall of several nats), in the live bandit, a replay and a snapshot
+    written before the field (which has no `control_variate` key) alike."""
+    arms = ["a", "b", "noise"]
+    box = {n: 0.1 for n in arms}, {n: 0.6 for n in arms}
+    recs = content_records(300, {"a": 0.2, "b": 0.2, "noise": 0.0}, content_sd=0.0)
+    old = [{k: v for k, v in r.items() if k != "arm_unigram_loss"} for r in recs[:150]]
+    mixed = old + recs[150:]
+    cfg = BanditConfig(warmup_steps=50)
+    b = Bandit(arms, *box, cfg, period_steps=10)
+    plain = Bandit(arms, *box, cfg, period_steps=10)
+    for r in mixed:
+        b.observe(r)
+    for r in content_records(300, {"a": 0.2, "b": 0.2, "noise": 0.0}, content_sd=0.0, unigram=False):
+        plain.observe(r)
+    assert b.control_variate is False and b.to_dict()["trend"] == plain.to_dict()["trend"]
+    # a snapshot from before the field, with records folded: the plain losses go on
+    half = Bandit(arms, *box, cfg, period_steps=10)
+    for r in old:
+        half.observe(r)
+    snap = json.loads(json.dumps(half.to_dict()))
+    del snap["trend"]["control_variate"]
+    resumed = Bandit.from_dict(snap)
+    for r in recs[150:]:
+        resumed.observe(r)
+    assert resumed.control_variate is False and resumed.to_dict() == b.to_dict()
+    # a fresh phase decides anew, and its snapshot keeps the decision
+    fresh = Bandit(arms, *box, cfg, period_steps=10)
+    assert Bandit.from_dict(json.loads(json.dumps(fresh.to_dict()))).control_variate is None
+    fresh.observe(recs[0])
+    assert Bandit.from_dict(json.loads(json.dumps(fresh.to_dict()))).control_variate is True

@@ -186,7 +186,9 @@ def test_two_ranks_and_one_rank_with_the_same_global_batch_end_with_matching_che
     assert [r["arms"] for r in l1] == [r["arms"] for r in l2], "different global batches"
     np.testing.assert_allclose([r["loss"] for r in l2], [r["loss"] for r in l1], rtol=1e-5)
     for a, b in zip(l1, l2):
-        assert a["arm_loss"].keys() == b["arm_loss"].keys()
+        assert a["arm_loss"].keys() == b["arm_loss"].keys() == b["arm_unigram_loss"].keys()
+        np.testing.assert_allclose(list(b["arm_unigram_loss"].values()),
+                                   list(a["arm_unigram_loss"].values()), rtol=1e-12)
         np.testing.assert_allclose(list(b["arm_loss"].values()), list(a["arm_loss"].values()),
                                    rtol=1e-5)
 

@@ -84,6 +84,6 @@ def test_resume_after_sigterm_gives_byte_identical_checkpoint_and_the_same_histo
     assert (a / final).read_bytes() == (b / final).read_bytes()
     ra, rb = loss_records(a), loss_records(b)
     assert [r["step"] for r in rb] == list(range(1, 301))
-    keys = ("loss", "lr", "tokens", "arms", "p", "arm_loss", "probe")
+    keys = ("loss", "lr", "tokens", "arms", "p", "arm_loss", "arm_unigram_loss", "probe")
     assert [{k: r.get(k) for k in keys} for r in ra] == [{k: r.get(k) for k in keys} for r in rb]
     assert len({json.dumps(r["p"], sort_keys=True) for r in ra}) > 1, "the bandit never moved"

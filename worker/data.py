@@ -45,6 +45,7 @@ class Batch:
     tokens: torch.Tensor  # int64 (b, T + 1) windows of this rank: inputs x, then targets y
     arm_index: np.ndarray  # int (b,) index into the sorted arm names, this rank's rows
     counts: dict[str, int]  # sequences per arm in the GLOBAL batch
+    unigram_loss: np.ndarray  # float64 (b,): each row's mean unigram loss of its targets, nats
 
     @property
     def x(self) -> torch.Tensor:
@@ -74,9 +75,11 @@ class ArmSampler:
         self.tokens = {n: arms[n].tokens(run_dir) for n in self.names}
         self.train_end = {n: arms[n].heldout_start for n in self.names}
         self.heldout = {n: arms[n].heldout_ranges() for n in self.names}
+        self.n_tokens = {n: arms[n].n_tokens for n in self.names}
         self._train = {
             n: _starts(_gaps(self.heldout[n], arms[n].n_tokens), block_size) for n in self.names
         }
+        self._unigram: dict[str, np.ndarray] = {}  # made on an arm's first draw
 
     def draw(
         self,
@@ -100,9 +103,28 @@ class ArmSampler:
         per = batch_size // world_size
         mine = slice(rank * per, (rank + 1) * per)
         names = [self.names[a] for a in arm_idx[mine]]
-        return Batch(self._windows(names, starts[mine].tolist()), arm_idx[mine], counts)
+        buf = self._window_array(names, starts[mine].tolist())
+        unigram = self.unigram_losses(buf, arm_idx[mine])
+        return Batch(torch.from_numpy(buf), arm_idx[mine], counts, unigram)
 
-    def _windows(self, names: list[str], starts: list[int]) -> torch.Tensor:
+    def unigram_losses(self, windows: np.ndarray, arm_index: np.ndarray) -> np.ndarray:
+        """float64 (rows,): row i's mean loss, in nats, of its targets `windows[i, 1:]` (int64
+        (rows, T + 1)) under arm `arm_index[i]`'s unigram model (`unigram_table`). A fixed
+        function of the row, so an arm's mean of it does not change over a run: the default
+        policy subtracts it from each row's training loss as a control variate
+        (docs/bandit.md#the-control-variate)."""
+        y = windows[:, 1:]
+        out = np.empty(len(y), dtype=np.float64)
+        for i in np.unique(arm_index):
+            n = self.names[int(i)]
+            if n not in self._unigram:
+                segments = _gaps(self.heldout[n], self.n_tokens[n])
+                self._unigram[n] = unigram_table(self.tokens[n], segments, self.vocab_size)
+            rows = arm_index == i
+            out[rows] = self._unigram[n][y[rows]].mean(axis=1)
+        return out
+
+    def _window_array(self, names: list[str], starts: list[int]) -> np.ndarray:
         """int64 (rows, block+1): row i the window of arm `names[i]` at token `starts[i]`, its
         ids checked (`_check_ids`)."""
         buf = np.stack(
@@ -112,7 +134,7 @@ class ArmSampler:
             ]
         )
         self._check_ids(buf, names, starts)
-        return torch.from_numpy(buf)
+        return buf
 
     def _check_ids(self, buf: np.ndarray, names: list[str], starts: list[int]) -> None:
         """Raise ArmSourceError naming the arm, its file and the offset when a window of `buf`
@@ -140,7 +162,7 @@ class ArmSampler:
 
     def heldout_windows(self, name: str, n: int) -> torch.Tensor:
         """The fixed probe set of arm `name`: int64 (n, block+1) at `heldout_starts(name, n)`."""
-        return self._windows([name] * n, self.heldout_starts(name, n))
+        return torch.from_numpy(self._window_array([name] * n, self.heldout_starts(name, n)))
 
     def prompt(self, name: str, n_tokens: int = AUDIT_PROMPT_TOKENS) -> np.ndarray:
         """Fixed audit prompt of arm `name`: the first tokens of its held-out split."""
@@ -148,6 +170,41 @@ class ArmSampler:
         out = np.asarray(self.tokens[name][s : s + n_tokens], dtype=np.int64)
         self._check_ids(out.reshape(1, -1), [name], [s])
         return out
+
+
+UNIGRAM_SAMPLE_TOKENS = 1 << 22  # tokens counted for an arm's unigram model, at most
+UNIGRAM_CHUNK_TOKENS = 1 << 16  # in chunks of this many, evenly spaced over its train split
+
+
+def unigram_table(
+    tokens: np.ndarray, segments: list[tuple[int, int]], vocab_size: int | None
+) -> np.ndarray:
+    """float64 (V,): the loss, in nats, of each token id under the add-one smoothed unigram
+    model, -ln((c_t + 1) / (N + V)), with counts c_t over the train `segments` [a, b) of
+    `tokens` (1-D integer array or memmap). A split longer than UNIGRAM_SAMPLE_TOKENS is
+    counted on chunks of UNIGRAM_CHUNK_TOKENS evenly spaced over it, so it reads at most 4 Mi
+    tokens whatever the arm's size; the same tokens give the same table. V is `vocab_size`,
+    or 1 + the largest id counted when None."""
+    total = sum(b - a for a, b in segments)
+    if total <= UNIGRAM_SAMPLE_TOKENS:
+        pieces = [(a, b) for a, b in segments]
+    else:  # chunk starts in the train split's own coordinate, mapped back to token offsets
+        w = UNIGRAM_CHUNK_TOKENS
+        seg_start = np.cumsum([0] + [b - a for a, b in segments])
+        pieces = []
+        for u in np.linspace(0, total - w, UNIGRAM_SAMPLE_TOKENS // w).round().astype(np.int64):
+            j = int(np.searchsorted(seg_start, u, side="right")) - 1
+            a, b = segments[j]
+            lo = a + int(u - seg_start[j])
+            pieces.append((lo, min(b, lo + w)))
+    c = np.zeros(vocab_size or 0, dtype=np.float64)
+    for a, b in pieces:
+        counts = np.bincount(np.asarray(tokens[a:b], dtype=np.int64))
+        if len(counts) > len(c) and vocab_size is None:
+            c = np.concatenate([c, np.zeros(len(counts) - len(c))])
+        n = min(len(c), len(counts))  # ids >= vocab_size: `_check_ids` refuses their windows
+        c[:n] += counts[:n]
+    return -np.log((c + 1.0) / (c.sum() + len(c)))
 
 
 def _gaps(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:

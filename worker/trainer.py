@@ -122,9 +122,9 @@ class Boundary:
 class QueuedUpdate:
     """Update k queued on the device, its values not yet read (docs/architecture.md#the-step-loop).
 
-    values: float64 (2 + arms + 1,) on the host, page-locked on CUDA: [loss sum over the global
-    batch, per-arm loss sums (sorted arm names), gradient norm, 1.0 if not applied (non-finite)
-    else 0.0]; valid once `events[1]` has completed (CUDA; None elsewhere: valid at once).
+    values: float64 (3 + 2 arms,) on the host, page-locked on CUDA: [loss sum over the global
+    batch, per-arm loss sums (sorted arm names), per-arm unigram loss sums, gradient norm, 1.0 if
+    not applied (non-finite) else 0.0]; valid once `events[1]` has completed (CUDA; None elsewhere: valid at once).
     events: the update's start and end timing events (CUDA). t0: perf_counter at its start;
     queued_s: host seconds to queue it (its whole time on the CPU, where work is synchronous);
     step_s: wall seconds from the end of queueing the previous update (the first of a worker:
@@ -437,7 +437,9 @@ class Trainer:
         gnorm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), clip if clip > 0 else float("inf")
         )
-        sums = weights_d @ seq.double()  # (1 + arms,), this rank's rows
+        unigram = np.bincount(batch.arm_index, weights=batch.unigram_loss, minlength=a)
+        # (1 + 2 arms,), this rank's rows: the loss sum, each arm's, each arm's unigram loss
+        sums = torch.cat([weights_d @ seq.double(), self._to_device(unigram)])
         wdist.sum_(self.dist, sums)  # over the ranks: every rank sees the same values
         gnorm = gnorm.double().reshape(1)
         bad = (~(torch.isfinite(sums[:1]) & torch.isfinite(gnorm))).double()
@@ -468,8 +470,9 @@ class Trainer:
         names = self.sampler.names
         a = len(names)
         cfg = self.cfg
-        loss_v, gnorm_v, bad = values[0] / cfg.batch_size, values[1 + a], values[2 + a]
+        loss_v, gnorm_v, bad = values[0] / cfg.batch_size, values[1 + 2 * a], values[2 + 2 * a]
         arm_loss = {n: values[1 + i] / q.counts[n] for i, n in enumerate(names) if q.counts[n]}
+        unigram = {n: values[1 + a + i] / q.counts[n] for i, n in enumerate(names) if q.counts[n]}
         rec = {
             "type": "step",
             "step": q.k,
@@ -481,6 +484,7 @@ class Trainer:
             "period": policy_period(q.k, cfg.probe_every),
             "grad_norm": gnorm_v,
             "arm_loss": arm_loss,
+            "arm_unigram_loss": unigram,
         }
         if bad:  # docs/architecture.md#bad-input-and-faults: not applied, and recorded
             self.nonfinite_run += 1

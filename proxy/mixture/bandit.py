@@ -246,6 +246,9 @@ class Bandit:
         self.period_sum = {a: 0.0 for a in self.arms}
         self.period_n = {a: 0 for a in self.arms}
         self.fits = {a: ArmFit() for a in self.arms}
+        # fit each row's loss minus its unigram loss (docs/bandit.md#the-control-variate)? Set
+        # by the phase's first record: a history without the field never mixes the two signals
+        self.control_variate: bool | None = None
         self.slow: set[str] = set()  # arms judged not learnable at the last refit
         self.repeated: dict[str, int] = {}  # arm -> step at which its epochs passed 1
         self.lam = 0.0
@@ -325,7 +328,8 @@ class Bandit:
 
         Record fields: "step" (int), "phase_index" (int; or "phase": {"index": int}), "arms"
         {arm: sequences drawn}, "p" {arm: probability recorded when the batch was drawn},
-        "arm_loss" {arm: mean train loss, nats}, "probe" {arm: held-out probe loss, nats} or
+        "arm_loss" {arm: mean train loss, nats}, "arm_unigram_loss" {arm: mean unigram loss of
+        its rows, nats} (train_slope's control variate), "probe" {arm: held-out probe loss, nats} or
         None, "batch_size" (int; defaults to the sum of "arms"), optional "epochs" {arm: epochs}.
         Records of another phase (or untagged) and records with step <= self.step are ignored
         (False). Arms not in `self.arms` (retired, unknown) are ignored. Non-finite losses, and
@@ -406,8 +410,14 @@ class Bandit:
             self.repeated = dict(sorted(self.repeated.items()))
             self._refit()
         losses = record.get("arm_loss") or {}
+        unigram = record.get("arm_unigram_loss") or {}
+        if self.control_variate is None:
+            self.control_variate = bool(unigram)
         for a in self.arms:
             v = _finite_or_none(losses.get(a))
+            if v is not None and self.control_variate:
+                u = _finite_or_none(unigram.get(a))
+                v = None if u is None else v - u
             if a in self.repeated or v is None or n[a] <= 0:
                 continue
             self.period_sum[a] += v * n[a]
@@ -822,6 +832,7 @@ class Bandit:
                 "epoch_size": dict(self.epoch_size),
                 "period_sum": dict(self.period_sum),
                 "period_n": dict(self.period_n),
+                "control_variate": self.control_variate,
                 "fits": {a: f.to_dict() for a, f in self.fits.items()},
                 "repeated": dict(self.repeated),
                 "lambda": self.lam,
@@ -871,6 +882,9 @@ class Bandit:
             b.version = int(d["version"])
             b.updates = int(ph.get("updates", 0))
             b.steps = int(ph.get("steps", 0))
+            # a snapshot written before the control variate folded records without it
+            cv = tr.get("control_variate", False if b.steps else None)
+            b.control_variate = None if cv is None else bool(cv)
             b.scaler = QuantileScaler.from_dict(d["scaler"])
             b.retired = copy.deepcopy(dict(d.get("retired") or {}))
             b.added = copy.deepcopy(dict(d.get("added") or {}))

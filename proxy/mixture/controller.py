@@ -23,6 +23,7 @@ def bandit_record(rec: dict) -> dict:
         "arms": rec.get("arms", {}),
         "p": rec.get("p", {}),
         "arm_loss": rec.get("arm_loss", {}),
+        "arm_unigram_loss": rec.get("arm_unigram_loss", {}),
         "probe": rec.get("probe"),
         "batch_size": sum(rec.get("arms", {}).values()) or 1,
     }
