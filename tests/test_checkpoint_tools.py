@@ -145,3 +145,28 @@ def test_export_makes_the_folder_of_its_output_file(run_with_checkpoint, tmp_pat
     (tmp_path / "afile").write_text("x")
     r = _proxy("export", str(path), "--to", str(tmp_path / "afile" / "m.safetensors"))
     assert r.returncode == 2 and "cannot make its folder" in r.stdout, r.stdout + r.stderr
+
+
+def test_export_and_sample_from_a_run_say_which_newer_checkpoint_they_passed_over(
+        run_with_checkpoint, tmp_path):
+    """--from-run / --run-dir take the newest valid checkpoint; a newer one that fails a rule
+    is named with its rule, not silently skipped (docs/checkpoint-format.md#validity)."""
+    from shared.data.tokenizer import RunTokenizer
+    run, model, path = run_with_checkpoint
+    RunTokenizer.bytes().save(run / "tokenizer.json")
+    flat = model.flat.detach().numpy()
+    newer, nbytes, checksum = cw.write_checkpoint(run, 9, flat, flat, flat * flat)
+    cm.record_checkpoint(run, cm.ManifestEntry(step=9, file=newer.name, nbytes=nbytes,
+                                               checksum=checksum, reason="cadence",
+                                               pinned=False, time=0.0))
+    data = bytearray(newer.read_bytes())
+    data[5000] ^= 0x01
+    newer.write_bytes(bytes(data))
+    r = _proxy("export", "--from-run", str(run), "--to", str(tmp_path / "w.safetensors"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "skipped step_000009.bin, newer but invalid (rule checksum)" in r.stdout, r.stdout
+    assert path.name in r.stdout
+    r = _proxy("sample", "--run-dir", str(run), "--prompt", "ab", "--tokens", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "skipped step_000009.bin, newer but invalid (rule checksum)" in r.stderr, r.stderr
+    assert r.stdout.startswith(f"# {path.name} (step 7)")

@@ -115,7 +115,9 @@ def cmd_export(a) -> int:
         print(f"export: {problem[1]}")
         return problem[0]
     if a.from_run is not None:
-        path = newest_valid(Path(a.from_run))
+        path, skipped = newest_valid(Path(a.from_run))
+        for line in skipped:
+            print(f"export: {line}")
         if path is None:
             code, message = no_checkpoint_problem(Path(a.from_run))
             print(f"export: {message}")

@@ -118,7 +118,9 @@ def cmd_sample(a) -> int:
     try:
         cfg = load_run_config(layout.run_json)
         tok = RunTokenizer.load(layout.tokenizer)
-        path = Path(a.path) if a.path else newest_valid(run_dir)  # checksums checked
+        path, skipped = (Path(a.path), []) if a.path else newest_valid(run_dir)  # checksummed
+        for line in skipped:
+            print(f"sample: {line}", file=sys.stderr)
         if path is None:
             code, message = no_checkpoint_problem(run_dir)
             print(f"sample: {message}", file=sys.stderr)

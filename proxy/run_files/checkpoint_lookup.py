@@ -115,13 +115,19 @@ def manifest_entry(path: Path) -> ManifestEntry | None:
     return None
 
 
-def newest_valid(run_dir: Path) -> Path | None:
-    """The newest valid checkpoint of `run_dir` (manifest checksums checked), or None."""
+def newest_valid(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """(the newest valid checkpoint of `run_dir` (manifest checksums checked) or None, one
+    line per newer checkpoint passed over, newest first: "skipped NAME, newer but invalid
+    (rule R): why"), so a command that uses an older file says which it did not use and why."""
     cfg, _ = find_config(RunLayout(run_dir).run_json, str(run_dir))
     try:
-        info, _ = scan_for_resume(
+        info, rejected = scan_for_resume(
             run_dir, cfg.n_params if cfg else None, manifest_checksums(read_manifest(run_dir))
         )
     except CheckpointError:
-        return None
-    return info.path if info else None
+        return None, []
+    skipped = [
+        f"skipped {Path(e.path).name if e.path else '?'}, newer but invalid (rule {e.rule}): {e}"
+        for e in rejected
+    ]
+    return (info.path if info else None), skipped
