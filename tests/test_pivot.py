@@ -222,6 +222,29 @@ def test_pivot_names_the_boundary_even_when_the_proxy_passed_it_before_the_first
     assert out.index("boundary step 40") < out.index("archived to")
 
 
+def test_pivot_now_says_the_boundary_is_reached_only_once_the_worker_wrote_it(tmp_path, capsys):
+    """`pivot --now` posts B = the last filed step; the worker may already be past it and stop at
+    its next step. Filed steps past B are no sign that B was reached: the line comes with the
+    worker's boundary checkpoint (its manifest entry), never before."""
+    from proxy.commands.pivot import _wait
+    from proxy.run_files.pivot_request import write_request
+    from shared.checkpoint import manifest as cm
+    from shared.run.loss_history import LossHistory
+    layout = RunLayout(tmp_path)
+    with LossHistory(layout.loss) as h:
+        h.append_many({"step": k, "loss": 3.0} for k in range(1, 154))
+    write_request(layout, {"label": "now", "caps": {}, "floors": {}, "state": "boundary",
+                           "step": 151})
+    assert _wait(layout, None, timeout=0.3) != 0
+    out = capsys.readouterr().out
+    assert "reached" not in out and "waiting for the worker's boundary checkpoint" in out, out
+    cm.record_checkpoint(tmp_path, cm.ManifestEntry(step=151, file="step_000151.bin", nbytes=8,
+                                                    checksum="crc32:00000000", reason="pivot",
+                                                    pinned=True, time=0.0))
+    assert _wait(layout, None, timeout=0.3) != 0
+    assert "boundary step 151 reached; the worker wrote step_000151.bin" in capsys.readouterr().out
+
+
 def test_a_waiting_pivot_repeats_its_waiting_line_at_most_every_interval_and_when_the_boundary_moves(
         tmp_path, capsys):
     """A worker filing a step every few ms while the command waits for a far boundary: the

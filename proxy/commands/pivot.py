@@ -35,6 +35,7 @@ from proxy.supervision.pivots import next_boundary, take_back_pivot_stop
 from proxy.supervision.report_salvage import salvage_step_reports
 from proxy.supervision.resume_planning import ResumeError, plan_resume
 from proxy.supervision.run_options import ProxyOptions
+from shared.checkpoint.manifest import read_manifest
 from shared.exit_codes import EXIT_FAILED, EXIT_USAGE
 from shared.processes import alive
 from shared.run.config import ConfigError, RunConfig, load_run_config
@@ -43,6 +44,14 @@ from shared.run.layout import RunLayout
 from shared.run.loss_history import LossHistory, tail_records
 
 WAIT_LINE_EVERY_S = 30.0  # a waiting `pivot` repeats its "waiting for boundary" line (seconds)
+
+
+def _boundary_written(layout: RunLayout, b: int) -> bool:
+    """Whether the worker wrote its boundary checkpoint at step `b` (the manifest's entry for
+    `b` was written for a pivot or as the run's final one): filed steps past `b` alone do not
+    say so, since a worker past `b` when the request reached it stops at its next step."""
+    entry = read_manifest(layout.root).get(b)
+    return entry is not None and entry.reason in ("pivot", "final")
 
 
 def _last_filed(layout: RunLayout) -> int:
@@ -300,20 +309,22 @@ def _wait(
         if reached >= 0 and "boundary" not in told:
             told.add("boundary")
             # the proxy may have been quicker than this poll: still name the step
-            if reached > 0 or (b is not None and _last_filed(layout) >= b):
+            if reached > 0:
                 _say(f"boundary step {b} reached")
                 told.add("at-boundary")
         if reached == 0 and b is not None and "at-boundary" not in told:
-            last = _last_filed(layout)
-            if last >= b:
-                _say(f"boundary step {b} reached; the worker writes step_{b:06d}.bin and exits")
+            if _boundary_written(layout, b):
+                _say(f"boundary step {b} reached; the worker wrote step_{b:06d}.bin and exits")
                 told.add("at-boundary")
             elif b != waited_for or time.monotonic() - waited_at >= line_every:
-                last_togo = b - last
+                togo = b - _last_filed(layout)
                 waited_for, waited_at = b, time.monotonic()
                 _say(
-                    f"waiting for boundary step {b} ({last_togo} step"
-                    f"{'' if last_togo == 1 else 's'} to go{when(layout, last_togo)})"
+                    f"waiting for boundary step {b} ({togo} step"
+                    f"{'' if togo == 1 else 's'} to go{when(layout, togo)})"
+                    if togo > 0  # else the worker was past B: its next checkpoint is the boundary
+                    else f"waiting for the worker's boundary checkpoint (step {b} or, if it "
+                    f"was past it, its next step)"
                 )
         if reached >= 1 and "archived" not in told:
             _say(f"archived to archive/pivot-{b}")
