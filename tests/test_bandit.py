@@ -1375,7 +1375,7 @@ def test_a_phase_begun_without_the_unigram_loss_never_mixes_it_in():
     """A history written before `arm_unigram_loss` existed, resumed by a worker that reports it:
     the phase's first record decides, so its fits keep the plain losses (a jump of the unigram
     level would read as a fall of several nats), in the live bandit, a replay and a snapshot
-    written before the field (which has no `control_variate` key) alike."""
+    alike."""
     arms = ["a", "b", "noise"]
     box = {n: 0.1 for n in arms}, {n: 0.6 for n in arms}
     recs = content_records(300, {"a": 0.2, "b": 0.2, "noise": 0.0}, content_sd=0.0)
@@ -1389,16 +1389,20 @@ def test_a_phase_begun_without_the_unigram_loss_never_mixes_it_in():
     for r in content_records(300, {"a": 0.2, "b": 0.2, "noise": 0.0}, content_sd=0.0, unigram=False):
         plain.observe(r)
     assert b.control_variate is False and b.to_dict()["trend"] == plain.to_dict()["trend"]
-    # a snapshot from before the field, with records folded: the plain losses go on
+    # a snapshot of the state resumes exactly; one from before the field (no key) cannot say
+    # which signal its fits hold, so it is refused (the rebuild replays the phase instead:
+    # tests/test_state_snapshots.py)
     half = Bandit(arms, *box, cfg, period_steps=10)
     for r in old:
         half.observe(r)
     snap = json.loads(json.dumps(half.to_dict()))
-    del snap["trend"]["control_variate"]
     resumed = Bandit.from_dict(snap)
     for r in recs[150:]:
         resumed.observe(r)
     assert resumed.control_variate is False and resumed.to_dict() == b.to_dict()
+    del snap["trend"]["control_variate"]
+    with pytest.raises(ValueError, match="control_variate"):
+        Bandit.from_dict(snap)
     # a fresh phase decides anew, and its snapshot keeps the decision
     fresh = Bandit(arms, *box, cfg, period_steps=10)
     assert Bandit.from_dict(json.loads(json.dumps(fresh.to_dict()))).control_variate is None

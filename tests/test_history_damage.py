@@ -69,3 +69,35 @@ def test_status_shows_the_holes_of_a_damaged_history(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert s.returncode == 0, s.stderr
     assert "steps missing from .loss.json" in s.stdout, s.stdout
+
+
+@pytest.mark.slow
+def test_a_record_the_policy_cannot_fold_stops_the_resume_with_its_file_step_and_field(tmp_path):
+    """A hand edit that gives a record's `arm_unigram_loss` the wrong type: the resume's replay
+    stops with exit 1 and a message naming `.loss.json`, the step and the field (no traceback);
+    deleting the line, as the message says, lets the same command go on."""
+    import json
+
+    from tests.proc_helpers import drop_manifest_entries
+    run = tmp_path / "run"
+    r = run_proxy(run, "--max-steps", "30", "--checkpoint-every", "10")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (run / "step_000030.bin").unlink()
+    drop_manifest_entries(run, [30])
+    (run / ".state.snapshots.jsonl").unlink()  # the resume at 20 replays steps 1..20
+    lines = (run / ".loss.json").read_text().splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if '"step": 15,' in ln or '"step":15,' in ln)
+    rec = json.loads(lines[at].rstrip().rstrip(","))
+    rec["arm_unigram_loss"] = [1, 2]
+    edited = json.dumps(rec) + ("," if lines[at].rstrip().endswith(",") else "") + "\n"
+    (run / ".loss.json").write_text("".join(lines[:at] + [edited] + lines[at + 1:]))
+    r = run_proxy(run, "--max-steps", "40", "--checkpoint-every", "10")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert ".loss.json" in out and "step 15" in out and "arm_unigram_loss" in out, out[-3000:]
+    text = (run / ".loss.json").read_text()
+    lines = text.splitlines(keepends=True)
+    (run / ".loss.json").write_text("".join(ln for ln in lines if '"arm_unigram_loss": [1, 2]' not in ln))
+    r = run_proxy(run, "--max-steps", "40", "--checkpoint-every", "10")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

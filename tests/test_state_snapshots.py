@@ -1,5 +1,6 @@
 """Fast resume of the bandit: a snapshot at a checkpoint plus the history's tail gives
 exactly the state a replay from the phase start gives, and a rewind invalidates later snapshots."""
+
 import json
 import random
 
@@ -19,9 +20,14 @@ def _record(k, rng):
     counts = {x: 0 for x in ARMS}
     for _ in range(8):
         counts[rng.choice(ARMS)] += 1
-    r = {"step": k, "loss": 3.0 + rng.random(), "arms": counts, "p": {x: 1 / 3 for x in ARMS},
-         "arm_loss": {x: 3 + rng.random() for x in ARMS if counts[x]},
-         "phase": {"label": "initial", "index": 0}}
+    r = {
+        "step": k,
+        "loss": 3.0 + rng.random(),
+        "arms": counts,
+        "p": {x: 1 / 3 for x in ARMS},
+        "arm_loss": {x: 3 + rng.random() for x in ARMS if counts[x]},
+        "phase": {"label": "initial", "index": 0},
+    }
     if k % 5 == 0:
         r["probe"] = {x: 3.0 - k * 1e-3 * (i + 1) + rng.random() * 0.01 for i, x in enumerate(ARMS)}
     return r
@@ -30,8 +36,14 @@ def _record(k, rng):
 def _controller():
     """As proxy/mixture/rebuild.py new_controller builds it for _run_layout's arms (900 training
     tokens each, blocks of the default preset's 128)."""
-    return MixtureController(ARMS, Phase(0, "initial", 0), "heldout_progress", 20, 5,
-                             epoch_size={x: 900 / 128 for x in ARMS})
+    return MixtureController(
+        ARMS,
+        Phase(0, "initial", 0),
+        "heldout_progress",
+        20,
+        5,
+        epoch_size={x: 900 / 128 for x in ARMS},
+    )
 
 
 def _run_layout(tmp_path) -> RunLayout:
@@ -39,9 +51,21 @@ def _run_layout(tmp_path) -> RunLayout:
     layout = RunLayout(tmp_path)
     layout.arms_index.parent.mkdir(parents=True, exist_ok=True)
     write_phases(layout, [Phase(0, "initial", 0)])
-    write_arm_index(layout, [ArmData(name=x, kind="tokens", source=f"{x}.u16", fingerprint="",
-                                     path=f"data/{x}.u16", n_tokens=1000, heldout_start=900)
-                             for x in ARMS])
+    write_arm_index(
+        layout,
+        [
+            ArmData(
+                name=x,
+                kind="tokens",
+                source=f"{x}.u16",
+                fingerprint="",
+                path=f"data/{x}.u16",
+                n_tokens=1000,
+                heldout_start=900,
+            )
+            for x in ARMS
+        ],
+    )
     return layout
 
 
@@ -107,11 +131,16 @@ def test_snapshots_of_an_older_format_are_replayed_over_not_restored(tmp_path):
     assert find_snapshot(layout, 0, 0, 100) is None
     fast = rebuild_mixture(layout, cfg, 100, [])
     assert fast.snapshot_step is None and fast.replayed == 100
-    assert fast.mix.bandit.to_dict() == rebuild_mixture(layout, cfg, 100, [], use_snapshots=False).mix.bandit.to_dict()
+    assert (
+        fast.mix.bandit.to_dict()
+        == rebuild_mixture(layout, cfg, 100, [], use_snapshots=False).mix.bandit.to_dict()
+    )
     # format 3: fits over the whole phase ({"n", "sx", ...}), no judgement of slow arms
     three = live.to_snapshot()
     three["format"] = 3
-    three["bandit"]["trend"]["fits"] = {a: f["current"] for a, f in three["bandit"]["trend"]["fits"].items()}
+    three["bandit"]["trend"]["fits"] = {
+        a: f["current"] for a, f in three["bandit"]["trend"]["fits"].items()
+    }
     del three["bandit"]["trend"]["slow"]
     append_snapshot(layout, three)
     assert find_snapshot(layout, 0, 0, 100) is None
@@ -136,6 +165,7 @@ def test_snapshot_file_stays_bounded_by_the_checkpoints_on_disk(tmp_path):
     a resume from a kept checkpoint still finds its own snapshot."""
     from proxy.run_files.state_snapshots import COMPACT_AT, compact
     from shared.checkpoint.file_format import checkpoint_name
+
     layout = RunLayout(tmp_path)
     c = _controller()
     kept = {1000, 2000, 2900, 3000}
@@ -145,15 +175,74 @@ def test_snapshot_file_stays_bounded_by_the_checkpoints_on_disk(tmp_path):
             (tmp_path / checkpoint_name(step)).write_bytes(b"")  # names are what retention keeps
         append_snapshot(layout, c.to_snapshot())
         if step == 2500:
-            mark_rewound(layout, 2400)   # snapshots 2410..2500 no longer describe the run
+            mark_rewound(layout, 2400)  # snapshots 2410..2500 no longer describe the run
         lines = RunLayout(tmp_path).state_snapshots.read_bytes().count(b"\n")
         assert lines <= COMPACT_AT + 1, (step, lines)
-    compact(layout, at=0)             # what the next compaction leaves
+    compact(layout, at=0)  # what the next compaction leaves
     assert find_snapshot(layout, 0, 0, 3000)["step"] == 3000
     assert find_snapshot(layout, 0, 0, 2999)["step"] == 2900
     assert find_snapshot(layout, 0, 0, 2000)["step"] == 2000
     assert find_snapshot(layout, 0, 0, 1999)["step"] == 1000
-    steps = [json.loads(x)["step"] for x in RunLayout(tmp_path).state_snapshots.read_text().splitlines()
-             if "rewound_to" not in x]
-    assert not any(2400 < s <= 2500 for s in steps)   # the marker's effect survived compaction
+    steps = [
+        json.loads(x)["step"]
+        for x in RunLayout(tmp_path).state_snapshots.read_text().splitlines()
+        if "rewound_to" not in x
+    ]
+    assert not any(2400 < s <= 2500 for s in steps)  # the marker's effect survived compaction
     assert steps == [1000, 2000, 2900, 3000]
+
+
+def test_a_format_4_snapshot_without_the_control_variate_flag_is_replayed_over(tmp_path):
+    """Format 4 snapshots predate `trend.control_variate`: restoring one could not know whether
+    the phase's fits use the unigram difference, and guessing made a resume differ from a
+    replay. They are skipped (the phase replayed), and a current-format line whose flag is
+    missing or not a bool is passed over with a warning, never restored: the result is the
+    replay's exactly."""
+    layout, cfg, live = _live_run(tmp_path, 3, 100)
+    replay = rebuild_mixture(layout, cfg, 100, [], use_snapshots=False).mix.bandit.to_dict()
+    old = live.to_snapshot()
+    old["format"] = 4
+    del old["bandit"]["trend"]["control_variate"]
+    append_snapshot(layout, old)
+    assert rebuild_mixture(layout, cfg, 100, []).snapshot_step is None
+    for bad in ("missing", "false", {"x": 1}, 0):
+        snap = live.to_snapshot()
+        if bad == "missing":
+            del snap["bandit"]["trend"]["control_variate"]
+        else:
+            snap["bandit"]["trend"]["control_variate"] = bad
+        append_snapshot(layout, snap)
+        fast = rebuild_mixture(layout, cfg, 100, [])
+        assert fast.snapshot_step is None and fast.replayed == 100, bad
+        assert fast.mix.bandit.to_dict() == replay, bad
+
+
+def test_a_record_with_a_per_arm_field_of_the_wrong_type_names_the_file_and_step(tmp_path):
+    """A hand-edited `.loss.json` record whose arm_loss, arm_unigram_loss, p, arms or probe is
+    not a mapping {arm: number}, or whose phase has no integer index: the rebuild
+    raises HistoryRecordError naming the file, the step and the field, never an
+    AttributeError from deep in the bandit."""
+    import pytest
+
+    from proxy.mixture.rebuild import HistoryRecordError
+
+    for field, value in [
+        ("arm_unigram_loss", [1, 2]),
+        ("arm_loss", "3.0"),
+        ("p", 0.5),
+        ("arms", [3, 5]),
+        ("probe", [2.0]),
+        ("phase", {"index": "zero"}),
+    ]:
+        d = tmp_path / field
+        layout, cfg, _ = _live_run(d, 4, 60)
+        recs = list(iter_records(layout.loss))
+        recs[39][field] = value
+        layout.loss.unlink()
+        with LossHistory(layout.loss) as h:
+            h.append_many(recs)
+        with pytest.raises(HistoryRecordError) as e:
+            rebuild_mixture(layout, cfg, 60, [], use_snapshots=False)
+        msg = str(e.value)
+        assert str(layout.loss) in msg and "step 40" in msg, msg
+        assert field in msg, msg

@@ -157,6 +157,9 @@ class BanditConfig:
         return cls(**dict(d))
 
 
+ARM_MAPS = ("arms", "p", "arm_loss", "arm_unigram_loss", "probe", "epochs")  # {arm: number} or None
+
+
 def _record_phase(record: Mapping[str, Any]) -> int | None:
     if "phase_index" in record:
         return int(record["phase_index"])
@@ -345,8 +348,9 @@ class Bandit:
         recorded p since the previous probe; `easy_arm_ratio` > 0 caps the scaled reward of an
         easy arm (`easy_arms`) at the worst arm's (docs/bandit.md#the-easy-arm-guard).
         No log-weight update during warm-up (step <= phase start + warmup_steps) or when the
-        record carries no reward. Raises ValueError for a record without a usable "step" or
-        with negative or non-integer counts (nothing is changed then).
+        record carries no reward. Raises ValueError for a record without a usable "step", with
+        a per-arm field (`ARM_MAPS`) that is not a mapping or with negative or non-integer counts
+        (nothing is changed then).
         """
         try:
             step = int(record["step"])
@@ -354,6 +358,12 @@ class Bandit:
             raise ValueError(f"bandit record without an integer 'step': {record!r:.200}") from None
         if _record_phase(record) != self.phase_index or step <= self.step:
             return False
+        for key in ARM_MAPS:
+            v = record.get(key)
+            if v is not None and not isinstance(v, Mapping):
+                raise ValueError(
+                    f"step {step}: {key!r} is {v!r:.60}, not a mapping {{arm: number}}"
+                )
         counts = record.get("arms") or {}
         n: dict[str, int] = {}
         for a in self.arms:
@@ -882,9 +892,10 @@ class Bandit:
             b.version = int(d["version"])
             b.updates = int(ph.get("updates", 0))
             b.steps = int(ph.get("steps", 0))
-            # a snapshot written before the control variate folded records without it
-            cv = tr.get("control_variate", False if b.steps else None)
-            b.control_variate = None if cv is None else bool(cv)
+            cv = tr["control_variate"]
+            if cv is not None and not isinstance(cv, bool):
+                raise TypeError(f"trend.control_variate {cv!r:.40} is not true, false or null")
+            b.control_variate = cv
             b.scaler = QuantileScaler.from_dict(d["scaler"])
             b.retired = copy.deepcopy(dict(d.get("retired") or {}))
             b.added = copy.deepcopy(dict(d.get("added") or {}))

@@ -17,15 +17,16 @@ from proxy.run_files.state_snapshots import SNAPSHOT_FORMAT
 
 def bandit_record(rec: dict) -> dict:
     """The fields of a `.loss.json` record that the bandit folds (docs/bandit.md#drawing-a-batch)."""
+    arms = rec.get("arms", {})  # not a mapping: Bandit.observe names the field
     return {
         "step": rec["step"],
         "phase_index": rec["phase"]["index"],
-        "arms": rec.get("arms", {}),
+        "arms": arms,
         "p": rec.get("p", {}),
         "arm_loss": rec.get("arm_loss", {}),
         "arm_unigram_loss": rec.get("arm_unigram_loss", {}),
         "probe": rec.get("probe"),
-        "batch_size": sum(rec.get("arms", {}).values()) or 1,
+        "batch_size": (sum(arms.values()) if isinstance(arms, dict) else 0) or 1,
     }
 
 
@@ -160,12 +161,19 @@ class MixtureController:
             }
 
     def observe(self, rec: dict) -> None:
-        """Fold one `.loss.json` record (in step order) and post any policy that became ready."""
+        """Fold one `.loss.json` record (in step order) and post any policy that became ready.
+        Raises ValueError for a record without an integer phase index or with a per-arm field
+        that is not a mapping (Bandit.observe)."""
         if rec["step"] <= self.folded_through:
             return
+        index = rec.get("phase", {}).get("index") if isinstance(rec.get("phase"), dict) else None
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise ValueError(
+                f"step {rec['step']}: phase {rec.get('phase')!r:.60} has no integer index"
+            )
         if len(self.applied) < len(self.changes):
             self.apply_changes(rec["step"] - 1)
-        if rec["phase"]["index"] == self.phase.index:
+        if index == self.phase.index:
             self.bandit.observe(bandit_record(rec))
         self.folded_through = rec["step"]
         self._post_ready()

@@ -30,6 +30,12 @@ from shared.run.loss_history import iter_records, iter_records_after
 log = logging.getLogger("proxy")
 
 
+class HistoryRecordError(ValueError):
+    """A `.loss.json` record the controller cannot fold (a field of the wrong type: a hand edit
+    or damage, since the proxy writes every record itself); the message names the file, the
+    step and the field."""
+
+
 @dataclass
 class Rebuilt:
     """What `rebuild_mixture` returns: the controller and how it was made."""
@@ -81,7 +87,9 @@ def rebuild_mixture(
     data/arms.json's). `use_snapshots=False` replays the phase from its start even when a
     snapshot exists (what tests compare `.state.json` against). The result is the same either
     way, bit for bit. `watch(step, controller)`, when given, is called after each record is
-    folded. Raises BanditConfigError (bounds) and OSError (unreadable history)."""
+    folded. A snapshot that does not restore is passed over with a warning (the phase is
+    replayed from its start). Raises BanditConfigError (bounds), HistoryRecordError (a record
+    it cannot fold) and OSError (unreadable history)."""
     t0 = time.perf_counter()
     changes = read_changes(layout) if changes is None else changes
     phase = phase_at(layout, step) if phase is None else phase
@@ -89,7 +97,18 @@ def rebuild_mixture(
     snap = find_snapshot(layout, phase.index, phase.start_step, step) if use_snapshots else None
     n = 0
     if snap is not None:
-        mix.restore(snap)
+        try:
+            mix.restore(snap)
+        except ValueError as e:  # a damaged line: the phase's own records say the same
+            log.warning(
+                "%s: the snapshot at step %s is unusable (%s); replaying phase %d from its start",
+                layout.state_snapshots,
+                snap["step"],
+                e,
+                phase.index,
+            )
+            mix, snap = new_controller(layout, cfg, phase, changes), None
+    if snap is not None:
         records: Iterable[dict] = iter_records_after(layout.loss, snap["step"], step)  # streamed
     else:
         records = iter_records(layout.loss)  # streamed: memory flat in the history's length
@@ -97,7 +116,14 @@ def rebuild_mixture(
         if r["step"] > step:
             break  # records are in step order
         if r["step"] > phase.start_step:
-            mix.observe(r)
+            try:
+                mix.observe(r)
+            except (KeyError, TypeError, ValueError) as e:
+                raise HistoryRecordError(
+                    f"{layout.loss}: the record of step {r['step']} cannot be folded ({e}); "
+                    "correct or delete that line (the policy skips a missing step), then run the "
+                    "same command again"
+                ) from None
             n += 1
             if watch is not None:
                 watch(r["step"], mix)
