@@ -74,8 +74,9 @@ def test_status_shows_the_holes_of_a_damaged_history(tmp_path):
 @pytest.mark.slow
 def test_a_record_the_policy_cannot_fold_stops_the_resume_with_its_file_step_and_field(tmp_path):
     """A hand edit that gives a record's `arm_unigram_loss` the wrong type: the resume's replay
-    stops with exit 1 and a message naming `.loss.json`, the step and the field (no traceback);
-    deleting the line, as the message says, lets the same command go on."""
+    stops with exit 1 and a message naming `.loss.json`, the step and the field (no traceback), and
+    so does `pivot` on the stopped run; deleting the line, as the message says, lets the same
+    command go on."""
     import json
 
     from tests.proc_helpers import drop_manifest_entries
@@ -96,6 +97,14 @@ def test_a_record_the_policy_cannot_fold_stops_the_resume_with_its_file_step_and
     assert r.returncode == 1, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     assert ".loss.json" in out and "step 15" in out and "arm_unigram_loss" in out, out[-3000:]
+    # `pivot` on the stopped run replays the same records: refused alike, and its request gone
+    p = subprocess.run([sys.executable, "-m", "proxy", "pivot", "--run-dir", str(run), "--caps",
+                        "repo-code=0.5", "--max-steps", "40"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and "Traceback" not in out, out[-3000:]
+    assert "step 15" in out and "arm_unigram_loss" in out, out[-3000:]
+    assert not (run / ".pivot.request.json").exists()
     text = (run / ".loss.json").read_text()
     lines = text.splitlines(keepends=True)
     (run / ".loss.json").write_text("".join(ln for ln in lines if '"arm_unigram_loss": [1, 2]' not in ln))

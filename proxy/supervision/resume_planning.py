@@ -23,7 +23,7 @@ from pathlib import Path
 from proxy.fault_injection import pivot_fault
 from proxy.mixture.arm_changes import ArmChange, handle_zombies
 from proxy.mixture.controller import MixtureController
-from proxy.mixture.rebuild import new_controller, rebuild_mixture
+from proxy.mixture.rebuild import HistoryRecordError, new_controller, rebuild_mixture
 from proxy.run_files.phases import read_phases, write_phases
 from proxy.run_files.pivot_request import (
     RequestLockTimeout,
@@ -266,7 +266,8 @@ def plan_resume(
     """Make the run directory describe one checkpoint and build its controller; then carry out,
     finish or roll back a pivot request (docs/pivots.md#crash-safety). `stopped_pivot`: a
     request to pivot at the resume step (`pivot` on a stopped run). Raises ResumeError (no
-    checkpoint; a stopped pivot without one) and BanditConfigError (bounds)."""
+    checkpoint; a stopped pivot without one; a history record the controller cannot fold) and
+    BanditConfigError (bounds)."""
     t0 = time.perf_counter()
     step, path, verified = find_resume_point(layout, cfg, history, from_scratch)
     t_scan = time.perf_counter()
@@ -283,7 +284,10 @@ def plan_resume(
         write_request(layout, stopped_pivot)
     changes = handle_zombies(layout, cfg.arms, step)
     t_arms = time.perf_counter()
-    mix, changed = prepare_mixture(layout, cfg, step, changes)
+    try:
+        mix, changed = prepare_mixture(layout, cfg, step, changes)
+    except HistoryRecordError as e:
+        raise ResumeError(str(e), code=EXIT_FAILED) from None
     t_mix = time.perf_counter()
     reconcile_state_file(layout, mix, step, changed)
     log.debug(

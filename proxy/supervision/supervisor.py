@@ -27,7 +27,6 @@ from typing import Any
 from proxy.fault_injection import pivot_fault
 from proxy.mixture.collapse_watch import CollapseWatch
 from proxy.mixture.controller import MixtureController
-from proxy.mixture.rebuild import HistoryRecordError
 from proxy.observation.run_watch import RunWatch
 from proxy.run_files.loss_ema import LossEma
 from proxy.run_files.phases import read_phases
@@ -493,8 +492,6 @@ class Supervisor:
             plan = plan_resume(self.layout, self.cfg, history, self.opts.from_scratch)
         except ResumeError as e:
             raise SupervisorError(str(e), code=e.code) from None
-        except HistoryRecordError as e:
-            raise SupervisorError(str(e), code=EXIT_FAILED) from None
         step, mix = plan.step, plan.mix
         if self.opts.replan and not self._replanned:
             self._replan(step)
