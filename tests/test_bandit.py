@@ -1088,8 +1088,8 @@ def test_a_slow_arm_with_nowhere_to_give_its_share_leaves_the_mixture_stratified
     box = {n: 0.1 for n in "abc"}, {n: 0.6 for n in "abc"}
     mv = conservative_mixture(list("abc"), fits, *box, s, {"a", "b"}, 2.0, 4, rule="gate", learnable_ratio=0.25)
     assert mv.slow == ("c",) and mv.lam == 0.0 and mv.target == pytest.approx(s, abs=1e-12)
-    one = conservative_mixture(list("abc"), fits, *box, s, {"a"}, 2.0, 4, rule="gate", learnable_ratio=0.25)
-    assert one.slow == ("c",) and one.lam == 1.0 and one.target["b"] > s["b"]   # b can still take it
+    one = conservative_mixture(list("abc"), fits, *box, s, {"b"}, 2.0, 4, rule="gate", learnable_ratio=0.25)
+    assert one.slow == ("c",) and one.lam == 1.0 and one.target["a"] > s["a"]   # a can still take it
     b = Bandit(list("abc"), *box, BanditConfig(warmup_steps=0, confidence_z=2.0), period_steps=10)
     b.fits, b.repeated, b.step = fits, {"a": 5, "b": 5}, 100
     b._refit()
@@ -1195,6 +1195,39 @@ def test_an_arm_the_repetition_guard_holds_does_not_set_the_fastest_rate():
     assert learnable_arms(slopes, n, 3.0, 0.25) == {"list", "docs"}
     assert learnable_arms(slopes, n, 3.0, 0.25, held={"list"}) == {"list", "docs", "docstrings"}
     assert learnable_arms({"list": (1.18, 0.02), "flat": (0.0, 0.001)}, n, 3.0, 0.25, held={"list"}) == set()
+
+
+def test_an_arm_past_one_epoch_does_not_set_the_fastest_rate_with_its_stale_slope():
+    """An arm past one epoch stops adding points to its fit, so its slope is the rate of the step
+    it passed the epoch, which the others' bending losses have since left behind: it is not the
+    measure a lowered arm must reach to learn again (docs/bandit.md#learnable-arms-keep-their-share).
+    Seen on the bench's set I at 3,000 steps (seed 2): python-docs passed one epoch at step 1,800
+    with slope 0.452, and the scrambled arm, slope 0.139 +- 0.029 at step 2,600 beside
+    repo-code's live 0.361, stayed lowered to the end. With fewer than two live arms, or none of
+    them learning, the stale slopes still set it."""
+    from proxy.mixture.loss_trend import ArmFit, conservative_mixture, learnable_arms
+    slopes = {"docs": (0.452, 0.016), "code": (0.27, 0.012), "topics": (0.14, 0.01)}
+    n = {a: 40 for a in slopes}
+    assert learnable_arms(slopes, n, 3.0, 0.25, slow={"topics"}) == {"docs", "code"}
+    assert learnable_arms(slopes, n, 3.0, 0.25, slow={"topics"}, stale={"docs"}) == set(slopes)
+    flat = {"docs": (0.452, 0.016), "code": (0.27, 0.012), "noise": (-0.01, 0.01)}
+    n3 = {a: 40 for a in flat}
+    assert learnable_arms(flat, n3, 3.0, 0.25, stale={"docs"}) == {"docs", "code"}
+    assert learnable_arms(flat, n3, 3.0, 0.25, stale={"docs", "code"}) == {"docs", "code"}
+    lone = {"docs": (0.452, 0.016), "code": (0.27, 0.012), "slow": (0.02, 0.01)}
+    assert learnable_arms(lone, n3 | {"slow": 40}, 3.0, 0.25, stale={"docs", "code"}) == {"docs", "code"}
+    # conservative_mixture passes its repeated arms as stale: the recovered arm gets its share back
+    fits = {a: ArmFit() for a in slopes}
+    for i, x in enumerate([7.0 + 0.05 * j for j in range(40)]):
+        for a, b in {"docs": 0.452, "code": 0.27, "topics": 0.1}.items():
+            fits[a].add(1024, x, 3.0 - b * x + (0.001 if i % 2 else -0.001))
+    s = {a: 1 / 3 for a in slopes}
+    box = {a: 0.1 for a in slopes}, {a: 0.6 for a in slopes}
+    args = (list(slopes), fits, *box, s)
+    kw = dict(rule="gate", learnable_ratio=0.25, slow={"topics"})
+    assert conservative_mixture(*args, set(), 3.0, 4, **kw).slow == ("topics",)
+    back = conservative_mixture(*args, {"docs"}, 3.0, 4, **kw)
+    assert back.slow == () and back.lam == 0.0 and back.target == pytest.approx(s)
 
 
 def test_the_default_policy_moves_exactly_while_some_arm_is_judged_slow_and_keeps_that_on_resume():

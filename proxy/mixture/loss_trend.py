@@ -175,12 +175,12 @@ def conservative_mixture(
 
     With learnable_ratio > 0 (the default policy's, docs/bandit.md#learnable-arms-keep-their-share)
     floors'_i = s_i for every learnable arm (`learnable_arms`, given the arms judged slow at the
-    last refit as `slow` and those the repetition guard holds as `held`), so pi takes share only
-    from slow arms, each surely learning at under learnable_ratio times the fastest rate, and
-    gives it to faster ones; that test is the evidence, and lam is 1 exactly when some arm is
-    slow and pi differs from s (the learnable arms may all be capped at s: past one epoch, or by
-    their caps; G and SE are still reported). Returns a Move; its `gain` and `gain_se` are those
-    of pi, its `slow` the arms judged slow now."""
+    last refit as `slow`, those the repetition guard holds as `held` and the `repeated` ones as
+    `stale`), so pi takes share only from slow arms, each surely learning at under
+    learnable_ratio times the fastest rate, and gives it to faster ones; that test is the
+    evidence, and lam is 1 exactly when some arm is slow and pi differs from s (the learnable
+    arms may all be capped at s: past one epoch, or by their caps; G and SE are still reported).
+    Returns a Move; its `gain` and `gain_se` are those of pi, its `slow` the arms judged slow now."""
     k = len(arms)
     fitted = {a: fits[a].slope() for a in arms if a in fits and fits[a].n >= min_periods}
     est = {a: s for a, s in fitted.items() if s is not None}
@@ -194,7 +194,9 @@ def conservative_mixture(
     if len(free) < 2 or not mass > 0 or not total > 0:
         return none
     cap = {a: (min(caps[a], stratified[a]) if a in repeated else caps[a]) for a in free}
-    keep = learnable_arms(slopes, {a: fits[a].n for a in free}, z, learnable_ratio, slow, held)
+    keep = learnable_arms(
+        slopes, {a: fits[a].n for a in free}, z, learnable_ratio, slow, held, repeated
+    )
     low = {
         a: stratified[a] if a in keep else max(floors[a], MIN_SHARE * stratified[a]) for a in free
     }
@@ -282,6 +284,7 @@ def learnable_arms(
     learnable_ratio: float,
     slow: Set[str] = frozenset(),
     held: Set[str] = frozenset(),
+    stale: Set[str] = frozenset(),
 ) -> set[str]:
     """The arms of `slopes` {arm: (b, se_b)} that learn (docs/bandit.md#learnable-arms-keep-their-share):
     the upper confidence bound b + t se_b reaches learnable_ratio times the largest slope, t being
@@ -292,8 +295,15 @@ def learnable_arms(
     tokens, does not flip back on noise alone. The largest slope is taken over the arms not in
     `held` (those the repetition guard holds, docs/bandit.md#the-repetition-guard): a trivially
     predictable source falls fastest for no real gain, and is no measure of what learning is.
-    Empty when learnable_ratio is 0 (none kept) or no such slope is positive (none learns)."""
-    top = max((b for a, (b, _) in slopes.items() if a not in held), default=0.0)
+    Nor over the `stale` arms (past one epoch: their fits stopped there, so their slopes are the
+    rates of an earlier step, which a loss that bends no longer has) while at least two other
+    arms are live and one of them learns (a lone live arm has nothing to be compared with).
+    Empty when learnable_ratio is 0 (none kept) or no slope of an arm outside `held` is
+    positive (none learns)."""
+    live = [b for a, (b, _) in slopes.items() if a not in held | stale]
+    top = max(live, default=0.0)
+    if len(live) < 2 or not top > 0:
+        top = max((b for a, (b, _) in slopes.items() if a not in held), default=0.0)
     if not learnable_ratio > 0 or not top > 0:
         return set()
     q = NormalDist().cdf(z)
