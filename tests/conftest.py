@@ -12,9 +12,3 @@ for p in (str(ROOT), str(ROOT / "tests")):
 # fail a correct test on a loaded machine, and no test may depend on the machine being quiet.
 settings.register_profile("andrea", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("andrea")
-
-
-def pytest_collection_modifyitems(items):
-    """The `slow` tests first, each file's in its own order (a stable sort): the workers
-    (pytest-xdist) then end on the short ones, not on a two-minute test begun last."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
