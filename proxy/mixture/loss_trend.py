@@ -300,7 +300,8 @@ def learnable_arms(
     arms are live and one of them learns (a lone live arm has nothing to be compared with).
     Empty when learnable_ratio is 0 (none kept) or no slope of an arm outside `held` is
     positive (none learns)."""
-    live = [b for a, (b, _) in slopes.items() if a not in held | stale]
+    not_live = set(held) | set(stale)
+    live = [b for a, (b, _) in slopes.items() if a not in not_live]
     top = max(live, default=0.0)
     if len(live) < 2 or not top > 0:
         top = max((b for a, (b, _) in slopes.items() if a not in held), default=0.0)
