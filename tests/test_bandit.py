@@ -1441,3 +1441,80 @@ def test_a_phase_begun_without_the_unigram_loss_never_mixes_it_in():
     assert Bandit.from_dict(json.loads(json.dumps(fresh.to_dict()))).control_variate is None
     fresh.observe(recs[0])
     assert Bandit.from_dict(json.loads(json.dumps(fresh.to_dict()))).control_variate is True
+
+
+def late_learner_records(n_steps, turn=400, seed=4, sigma=0.05):
+    """Records of arms "a" and "b" falling at 0.3 nats per e-fold from the start and "late",
+    flat until step `turn` and falling at that rate after it (an arm the model cannot learn
+    early on and can later: set I's scrambled arm, docs/bandit.md#where-it-stands)."""
+    recs = trend_records(n_steps, {"a": 0.3, "b": 0.3, "late": 0.0}, sigma=sigma, seed=seed)
+    for r in recs:
+        if r["step"] > turn and "late" in r["arm_loss"]:
+            r["arm_loss"]["late"] -= 0.3 * (math.log(r["step"]) - math.log(turn))
+    return recs
+
+
+def test_a_lowered_arm_that_learns_again_gets_back_the_share_it_was_denied():
+    """docs/bandit.md#lowered-arms-get-their-share-back: an arm judged slow and lowered, once it
+    learns again, is posted above its stratified share (never above its cap) until the
+    share-steps it was denied are paid back by the arms that took them; then the mixture is
+    stratified, and over the phase every arm has had its stratified share. `owed` is part of
+    `.state.json`: a bandit rebuilt from it mid-repayment decides alike."""
+    arms = ["a", "b", "late"]
+    b = Bandit(arms, {n: 0.1 for n in arms}, {n: 0.6 for n in arms}, BanditConfig(warmup_steps=50),
+               period_steps=10)
+    s = b.stratified()
+    posted_sum = {a: 0.0 for a in arms}
+    lowered = repaid_at = None
+    above = 0
+    twin = None
+    for r in late_learner_records(4000):
+        p = b.probabilities()
+        for a in arms:
+            posted_sum[a] += p[a]
+        b.observe(r)
+        assert math.fsum(b.owed.values()) == pytest.approx(0.0, abs=1e-9), r["step"]
+        p = b.probabilities()
+        assert all(0.1 - 1e-12 <= p[a] <= 0.6 + 1e-12 for a in arms), (r["step"], p)
+        if "late" in b.slow and lowered is None:
+            lowered = r["step"]
+        if lowered and "late" not in b.slow and p["late"] > s["late"] + 1e-9:
+            above += 1
+            assert b.owed["late"] > 0 and b.explain()["why"].startswith("paying back"), r["step"]
+            if twin is None:
+                twin = Bandit.from_dict(json.loads(json.dumps(b.to_dict())))
+                continue
+        if twin is not None:
+            twin.observe(r)
+            assert twin.probabilities() == p and twin.owed == b.owed, r["step"]
+        if lowered and above and repaid_at is None and b.lam == 0.0:
+            repaid_at = r["step"]
+    assert lowered is not None and above > 100, (lowered, above)
+    assert repaid_at is not None and b.probabilities() == s
+    assert abs(b.owed["late"]) < 0.01 * 4000
+    for a in arms:  # every arm had its stratified share over the phase, to the last period's
+        assert posted_sum[a] / 4000 == pytest.approx(s[a], abs=0.02), (a, posted_sum)
+
+
+def test_repayment_takes_only_from_learnable_arms_with_a_credit_and_only_what_is_owed():
+    """`repayment` (proxy/mixture/loss_trend.py): a debtor rises by owed / period at most, to its
+    cap at most; creditors fall in proportion to what they can give, to max(floor, MIN_SHARE s)
+    at most; the changes sum to zero; a slow, past-one-epoch or held arm never rises; nothing
+    moves without both a learnable debtor and a learnable creditor."""
+    from proxy.mixture.loss_trend import MIN_SHARE, repayment
+    s = {"a": 0.25, "b": 0.25, "c": 0.5}
+    floors = {"a": 0.0, "b": 0.2, "c": 0.0}
+    cap = {"a": 0.6, "b": 0.6, "c": 0.6}
+    keep = {"a", "b", "c"}
+    small = repayment(keep, {"a": 1.0, "b": -0.25, "c": -0.75}, s, floors, cap, set(), 10)
+    assert small == pytest.approx({"a": 0.1, "b": -0.025, "c": -0.075})
+    big = repayment(keep, {"a": 100.0, "b": -50.0, "c": -50.0}, s, floors, cap, set(), 10)
+    # a rises to its cap (0.35); b can give 0.05 (to its floor 0.2), c 0.45: scaled to 0.35
+    assert big["a"] == pytest.approx(0.35)
+    assert big["b"] == pytest.approx(-0.05 * 0.35 / 0.5) and big["c"] == pytest.approx(-0.45 * 0.35 / 0.5)
+    assert math.fsum(big.values()) == pytest.approx(0.0, abs=1e-15)
+    assert s["c"] + big["c"] >= MIN_SHARE * s["c"]
+    assert repayment({"b", "c"}, {"a": 1.0, "b": -0.5, "c": -0.5}, s, floors, cap, set(), 10) == {}
+    assert repayment(keep, {"a": 1.0, "b": -0.5, "c": -0.5}, s, floors, cap, {"a"}, 10) == {}
+    assert repayment({"a", "b"}, {"a": 1.0, "b": 0.0, "c": -1.0}, s, floors, cap, set(), 10) == {}
+    assert repayment(keep, {"a": 1e-9, "b": -1e-9, "c": 0.0}, s, floors, cap, set(), 10) == {}

@@ -57,9 +57,13 @@ def test_the_default_moves_only_the_noise_arms_share_replays_and_says_why(tmp_pa
     noise, docs = pol["arms"]["noise"], pol["arms"]["docs"]
     assert noise["slope"] < docs["slope"] and noise["target"] < docs["target"]
     assert all(a["periods"] >= 4 and a["slope_se"] > 0 and 0 < a["epochs"] for a in pol["arms"].values())
+    # the lowered arm is owed what the others took (docs/bandit.md#lowered-arms-get-their-share-back)
+    assert noise["owed"] > 0 > docs["owed"] and pol["arms"]["code"]["owed"] < 0
+    assert sum(a["owed"] for a in pol["arms"].values()) == pytest.approx(0.0, abs=1e-9)
     text = subprocess.run([sys.executable, "-m", "proxy", "status", "--run-dir", str(run)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60).stdout
-    assert f"policy      train_slope at step {STEPS}: moved" in text and "periods" in text, text
+    assert f"policy      train_slope at step {STEPS}: moved" in text and "owed" in text, text
+    print(text)
 
     gates = gate_changes(layout, cfg)
     assert gates and gates[0][1] is True and 100 < gates[0][0] < STEPS
@@ -71,6 +75,7 @@ def test_the_default_moves_only_the_noise_arms_share_replays_and_says_why(tmp_pa
     assert [s for s, _ in opened] == list(range(10, STEPS + 1, 10))
     assert next(s for s, v in opened if v == 1.0) == gates[0][0]
     assert acc.Scalars("arms/slope/noise")[-1].value == pytest.approx(noise["slope"])
+    assert acc.Scalars("arms/owed/noise")[-1].value == pytest.approx(noise["owed"])
 
     out = tmp_path / "p.png"
     p = subprocess.run([sys.executable, "-m", "proxy", "plot", "--run-dir", str(run), "--out", str(out)],

@@ -477,7 +477,8 @@ def _arm_lines(d: dict) -> list[str]:
 
 def _policy_lines(d: dict) -> list[str]:
     """The policy's evidence: for the default, what it waits for or why it moved, then per arm
-    the fitted slope and its standard error, fitted periods, epochs, target and posted share;
+    the fitted slope and its standard error, fitted periods, epochs, share-steps owed, target
+    and posted share;
     for an EXP3 reward, per arm the log-weight, the reward EMA and the posted share."""
     pol = d.get("policy")
     if not pol or "why" not in pol:
@@ -496,7 +497,7 @@ def _policy_lines(d: dict) -> list[str]:
     else:
         cols = [("slope", "slope", ".4f", 8), ("se", "slope_se", ".4f", 8)]
         cols += [("periods", "periods", "d", 7), ("epochs", "epochs", ".2f", 7)]
-        cols += [("target", "target", ".3f", 7)]
+        cols += [("owed", "owed", ".1f", 7), ("target", "target", ".3f", 7)]
         note = "repeated_at", "  past one epoch at step {}"
     cols.append(("posted", "posted", ".3f", 7))
     lines.append(f"            {'arm':<20}" + "".join(f" {h:>{w}}" for h, _, _, w in cols))

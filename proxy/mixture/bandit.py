@@ -35,7 +35,7 @@ from proxy.mixture.arm_bounds import check_arm_names as _check_arm_names
 from proxy.mixture.arm_bounds import check_bounds as _check_bounds
 from proxy.mixture.arm_bounds import is_real as _real
 from proxy.mixture.box_projection import project_to_box
-from proxy.mixture.loss_trend import ArmFit, conservative_mixture
+from proxy.mixture.loss_trend import OWED_EPS, ArmFit, conservative_mixture
 from proxy.mixture.reward_scaler import QuantileScaler
 from shared.data.redundancy import REPETITIVE_RATIO
 from shared.run.config import REWARDS  # the reward names
@@ -183,8 +183,9 @@ class Bandit:
 
     Default reward `train_slope` (docs/bandit.md#the-default-policy): per-arm fits of the
     pre-update training loss against ln(step) (`fits`, proxy/mixture/loss_trend.py), arms past one epoch
-    (`repeated`), and the posted p = (1 - lam) stratified + lam target, lam from a lower
-    confidence bound on the gain (Wu et al. 2016 "Conservative Bandits"); `period_steps` (the
+    (`repeated`), the share-steps each arm is owed (`owed`: stratified minus posted, summed over
+    the phase's records), and the posted p = (1 - lam) stratified + lam target, lam from the
+    learnable test (docs/bandit.md#learnable-arms-keep-their-share); `period_steps` (the
     policy period P) and `epoch_size` {arm: training windows per epoch} come from the run. The
     EXP3 machinery below serves the other two rewards.
 
@@ -249,6 +250,10 @@ class Bandit:
         self.period_sum = {a: 0.0 for a in self.arms}
         self.period_n = {a: 0 for a in self.arms}
         self.fits = {a: ArmFit() for a in self.arms}
+        # share-steps each arm is owed: the sum over the phase's records of stratified minus
+        # posted share (docs/bandit.md#lowered-arms-get-their-share-back)
+        self.owed = {a: 0.0 for a in self.arms}
+        self._gap: dict[str, float] | None = None  # stratified - posted; None: to recompute
         # fit each row's loss minus its unigram loss (docs/bandit.md#the-control-variate)? Set
         # by the phase's first record: a history without the field never mixes the two signals
         self.control_variate: bool | None = None
@@ -388,6 +393,7 @@ class Bandit:
             self.hold_decided = True
             p = self.probabilities()
             self.held = {a: p[a] for a in self.repetitive_arms()}
+            self._gap = None
         if self.config.reward == "train_slope":
             return self._fold_trend(record, n, step)
         if self.config.reward == "heldout_progress":
@@ -405,7 +411,14 @@ class Bandit:
         period discarded, and the move recomputed at once with such an arm capped at its
         stratified share); at a period end (step % period_steps == 0) after the warm-up, add
         each arm's period mean at x = ln(mid-step of the period) to its fit and recompute the
-        move. True when the posted mixture's inputs changed (docs/bandit.md#the-default-policy)."""
+        move. Each record adds stratified minus posted share to every arm's `owed`.
+        True when the posted mixture's inputs changed (docs/bandit.md#the-default-policy)."""
+        if self.target is not None and self.lam > 0.0:  # else posted is stratified: owes nothing
+            if self._gap is None:
+                p, s = self.probabilities(), self.stratified()
+                self._gap = {a: s[a] - p[a] for a in self.arms}
+            for a in self.arms:
+                self.owed[a] += self._gap[a]
         newly = [
             a
             for a in self.arms
@@ -467,9 +480,12 @@ class Bandit:
             learnable_ratio=self.config.learnable_ratio,
             slow=self.slow,
             held=set(self.held),
+            owed=self.owed,
+            period_steps=self.period_steps,
         )
         self.target, self.lam, self.gain, self.gain_se = mv.target, mv.lam, mv.gain, mv.gain_se
         self.slow = set(mv.slow)
+        self._gap = None
 
     def slopes(self) -> dict[str, tuple[float, float]]:
         """{arm: (b, se_b)} of every arm with a fit of at least 3 points (loss_trend.ArmFit.slope)."""
@@ -485,7 +501,8 @@ class Bandit:
         "held" (the repetition hold's share, or None), and "why"; for
         train_slope also "slope" and "slope_se" (nats of loss per e-fold of steps, None before
         3 fitted periods), "periods" (fitted policy periods), "epochs" (lifetime pulls over one
-        epoch's windows, None when unknown), "repeated_at" (step, or None), "target" (pi, None
+        epoch's windows, None when unknown), "repeated_at" (step, or None), "owed" (share-steps:
+        stratified minus posted share summed over the phase's steps), "target" (pi, None
         before any fit), "learnable" (kept at its stratified share or more; None before
         min_periods fitted periods). train_slope also: "z", "min_periods", "period_steps", "rule", "gain",
         "gain_se" and "bound" = gain - z gain_se (nats), "lambda", "open" (lambda > 0), and
@@ -519,6 +536,7 @@ class Bandit:
                 periods=self.fits[a].n,
                 epochs=self.pulls_lifetime[a] / e if e > 0 else None,
                 repeated_at=self.repeated.get(a),
+                owed=self.owed[a],
                 target=None if self.target is None else self.target[a],
                 learnable=(a not in self.slow)
                 if a in evidence and cfg.learnable_ratio > 0
@@ -537,11 +555,24 @@ class Bandit:
         )
         warm_end = self.phase_start_step + cfg.warmup_steps
         ready = sum(self.fits[a].n >= cfg.min_periods for a in self.arms)
-        if self.lam > 0 and cfg.learnable_ratio > 0:
+        repaying = sorted(
+            a
+            for a in self.arms
+            if self.target is not None and self.owed[a] > OWED_EPS and self.target[a] > s[a]
+        )
+        if self.lam > 0 and cfg.learnable_ratio > 0 and self.slow:
             why = (
                 f"moved: {', '.join(sorted(self.slow))} learn(s) surely slower than "
                 f"{cfg.learnable_ratio:g} times the fastest arm (slope's upper bound at "
                 f"z = {cfg.confidence_z:g}); posted = the target, which takes share only from them"
+                + (f", and pays back {', '.join(repaying)}" if repaying else "")
+            )
+        elif self.lam > 0 and repaying:
+            owed = ", ".join(f"{a} {self.owed[a]:.1f}" for a in repaying)
+            why = (
+                f"paying back: {', '.join(repaying)} learn(s) again after being lowered and "
+                f"is owed share-steps ({owed}); posted = stratified plus the debt, as fast as "
+                "the caps allow, from the arms that took its share"
             )
         elif self.lam > 0:
             why = (
@@ -683,6 +714,7 @@ class Bandit:
             self.period_sum,
             self.period_n,
             self.fits,
+            self.owed,
         )
 
     def retire(self, name: str, reason: str) -> None:
@@ -764,6 +796,7 @@ class Bandit:
         self.ema_acc[name], self.ema_n[name], self.last_probe[name] = 0.0, 0, None
         self.p_acc[name] = 0.0
         self.period_sum[name], self.period_n[name], self.fits[name] = 0.0, 0, ArmFit()
+        self.owed[name] = 0.0
         self.slow.discard(name)
         self.logw[name], self.prior[name] = average, 0.0
         if old is not None:
@@ -850,6 +883,7 @@ class Bandit:
                 "gain": self.gain,
                 "gain_se": self.gain_se,
                 "slow": sorted(self.slow),
+                "owed": dict(self.owed),
             },
         }
 
@@ -888,6 +922,7 @@ class Bandit:
             )
             b.gain, b.gain_se = float(tr.get("gain", 0.0)), float(tr.get("gain_se", 0.0))
             b.slow = {str(a) for a in tr.get("slow") or ()} & set(b.arms)
+            b.owed = {a: float(tr["owed"][a]) for a in b.arms}
             b.step = int(d["step"])
             b.version = int(d["version"])
             b.updates = int(ph.get("updates", 0))

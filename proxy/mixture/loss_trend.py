@@ -146,6 +146,8 @@ def conservative_mixture(
     learnable_ratio: float = 0.0,
     slow: Set[str] = frozenset(),
     held: Set[str] = frozenset(),
+    owed: Mapping[str, float] | None = None,
+    period_steps: int = 1,
 ) -> Move:
     """The default policy's move (docs/bandit.md#the-default-policy).
 
@@ -160,7 +162,8 @@ def conservative_mixture(
         lam  = argmax over lam in {0, 0.01, .., 1} of G(lam) - z SE(lam)   rule "max_bound"
         lam  = 1 when G - z SE > 0, else 0                              rule "gate"
                G(lam), SE(lam): G and SE at p(lam) = (1 - lam) s + lam pi instead of pi
-        lam  = 1 when some evidence arm is slow and pi != s, else 0    learnable_ratio > 0 (any rule)
+        lam  = 1 when some evidence arm is slow or paid back and pi != s, else 0
+                                                                learnable_ratio > 0 (any rule)
 
     b+ = max(b, 0). floors' keep every arm at MIN_SHARE (a tenth) of its stratified share or
     more, so no arm is starved and ln(pi_i / s_i) >= ln(MIN_SHARE). All b+ zero, or fewer than
@@ -180,6 +183,9 @@ def conservative_mixture(
     learnable_ratio times the fastest rate, and gives it to faster ones; that test is the
     evidence, and lam is 1 exactly when some arm is slow and pi differs from s (the learnable
     arms may all be capped at s: past one epoch, or by their caps; G and SE are still reported).
+    A learnable arm's floor is then moved by `repayment` of `owed` {arm: share-steps} over
+    periods of `period_steps` steps (docs/bandit.md#lowered-arms-get-their-share-back): a lowered
+    arm that learns again rises above s_i, the learnable arms that took its share fall below it.
     Returns a Move; its `gain` and `gain_se` are those of pi, its `slow` the arms judged slow now."""
     k = len(arms)
     fitted = {a: fits[a].slope() for a in arms if a in fits and fits[a].n >= min_periods}
@@ -200,6 +206,10 @@ def conservative_mixture(
     low = {
         a: stratified[a] if a in keep else max(floors[a], MIN_SHARE * stratified[a]) for a in free
     }
+    back = repayment(
+        keep, owed or {}, stratified, floors, cap, set(repeated) | set(held), period_steps
+    )
+    low.update({a: low[a] + d for a, d in back.items()})
     sub = project_to_box(
         {a: plus[a] / total for a in free},
         {a: min(1.0, low[a] / mass) for a in free},
@@ -212,7 +222,7 @@ def conservative_mixture(
     gain, se = _gain(est, logs, k)
     judged = tuple(sorted(a for a in free if a not in keep)) if learnable_ratio > 0 else ()
     if learnable_ratio > 0:  # the test is the gate; a target with nowhere to move is s itself
-        lam = 1.0 if judged and any(logs.values()) else 0.0
+        lam = 1.0 if (judged or back) and any(logs.values()) else 0.0
     elif not gain - z * se > 0:
         lam = 0.0
     elif rule == "gate":
@@ -224,6 +234,51 @@ def conservative_mixture(
     else:
         lam = max(0.0, 1.0 - z * se / gain)
     return Move(target, lam, gain, se, slopes, judged)
+
+
+OWED_EPS = 1e-6  # share-steps: a debt or credit smaller than this is rounding, not owed
+
+
+def repayment(
+    keep: Set[str],
+    owed: Mapping[str, float],
+    stratified: Mapping[str, float],
+    floors: Mapping[str, float],
+    cap: Mapping[str, float],
+    capped: Set[str],
+    period_steps: int,
+) -> dict[str, float]:
+    """{arm: change of its floor} that gives a learnable arm back the share it was denied
+    (docs/bandit.md#lowered-arms-get-their-share-back), as fast as the box allows.
+
+    `owed` {arm: share-steps}: the sum over the phase's steps of stratified minus posted share
+    (a deficit counter, as in deficit round robin: Shreedhar & Varghese, SIGCOMM 1995). A
+    debtor (in `keep`, owed > OWED_EPS, not in `capped`: arms past one epoch or held by the
+    repetition guard, which may not rise) may rise to its cap, by at most owed / `period_steps`
+    (the debt paid in one period); a creditor (in `keep`, owed < -OWED_EPS) may fall to
+    max(floor, MIN_SHARE s), by at most its credit / `period_steps`. The debtors' rises and the
+    creditors' falls are both scaled to the smaller of their totals, so the changes sum to 0 (up
+    to rounding); {} when nothing is owed or no learnable arm has a credit to pay it from.
+    `floors` and `cap` (the target's caps, `conservative_mixture`) hold every arm of `keep`."""
+    rise = {
+        a: min(cap[a] - stratified[a], owed[a] / period_steps)
+        for a in sorted(keep)
+        if owed.get(a, 0.0) > OWED_EPS and a not in capped
+    }
+    fall = {
+        a: min(stratified[a] - max(floors[a], MIN_SHARE * stratified[a]), -owed[a] / period_steps)
+        for a in sorted(keep)
+        if owed.get(a, 0.0) < -OWED_EPS
+    }
+    rise = {a: v for a, v in rise.items() if v > 0}
+    fall = {a: v for a, v in fall.items() if v > 0}
+    up, down = math.fsum(rise.values()), math.fsum(fall.values())
+    paid = min(up, down)
+    if not paid > 0:
+        return {}
+    out = {a: v * paid / up for a, v in rise.items()}
+    out.update({a: -v * paid / down for a, v in fall.items()})
+    return out
 
 
 def _gain(

@@ -349,11 +349,11 @@ def step_scalars(rec: dict, ema: float | None) -> dict:
 
 def policy_scalars(policy: dict) -> dict:
     """Tags -> values of the bandit's `explain()` (proxy/mixture/bandit.py): per arm the fitted
-    slope, its standard error, epochs and target under arms/, the gain, its lower bound and
+    slope, its standard error, epochs, share-steps owed and target under arms/, the gain, its lower bound and
     the gate (1 open, 0 closed) under policy/ (docs/bandit.md#reading-the-policy)."""
     out: dict = {}
     for arm, a in (policy.get("arms") or {}).items():
-        for key in ("slope", "slope_se", "epochs", "target"):
+        for key in ("slope", "slope_se", "epochs", "owed", "target"):
             if a.get(key) is not None:
                 out[f"arms/{key}/{arm}"] = a[key]
     if "open" in policy:

@@ -17,7 +17,7 @@ from shared.atomic_io import atomic_write_bytes, named
 from shared.checkpoint.directory import list_checkpoints
 from shared.run.layout import RunLayout
 
-SNAPSHOT_FORMAT = 5  # the snapshot layout (docs/bandit.md#state); `find_snapshot` skips others
+SNAPSHOT_FORMAT = 6  # the snapshot layout (docs/bandit.md#state); `find_snapshot` skips others
 
 
 def _append(layout: RunLayout, obj: dict) -> None:
