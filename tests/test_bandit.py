@@ -1518,3 +1518,53 @@ def test_repayment_takes_only_from_learnable_arms_with_a_credit_and_only_what_is
     assert repayment(keep, {"a": 1.0, "b": -0.5, "c": -0.5}, s, floors, cap, {"a"}, 10) == {}
     assert repayment({"a", "b"}, {"a": 1.0, "b": 0.0, "c": -1.0}, s, floors, cap, set(), 10) == {}
     assert repayment(keep, {"a": 1e-9, "b": -1e-9, "c": 0.0}, s, floors, cap, set(), 10) == {}
+
+
+@pytest.mark.parametrize("others, floor, cap", [(1, 0.1, 0.9), (3, 0.0, 0.45), (3, 0.0, 0.65), (7, 0.0, 0.6)])
+def test_a_debtor_paid_back_at_its_cap_is_posted_at_its_cap(others, floor, cap):
+    """A debtor held by its cap gets a floor of exactly its cap, never one rounding above it
+    (which the projection refuses as infeasible): a mixture of 2, 4 or 8 arms whose arm learns
+    late is paid back to the end and is stratified again."""
+    arms = [f"a{i}" for i in range(others)] + ["late"]
+    b = Bandit(arms, {n: floor for n in arms}, {n: cap for n in arms}, BanditConfig(warmup_steps=50),
+               period_steps=10)
+    recs = trend_records(3000, {a: 0.0 if a == "late" else 0.3 for a in arms}, sigma=0.05, seed=4)
+    for r in recs:
+        if r["step"] > 400 and "late" in r["arm_loss"]:
+            r["arm_loss"]["late"] -= 0.3 * (math.log(r["step"]) - math.log(400))
+    rose = 0
+    for r in recs:
+        b.observe(r)
+        p = b.probabilities()
+        rose += b.paid == {"late"} and p["late"] == pytest.approx(cap)
+    assert rose > 0 and b.lam == 0.0 and b.probabilities() == b.stratified()
+
+
+def test_only_the_learnable_test_pays_back_and_a_retired_arm_leaves_the_ledger_balanced():
+    """Under the gain's bound (learnable_ratio 0) nothing is owed and nothing is paid back,
+    whatever the posted mixture; a debtor retired mid-payback leaves its debt to the arms that
+    stay, so the ledger still sums to zero and the mixture is stratified again."""
+    arms = ["a", "b", "late"]
+    for rule in ("gate", "ratio", "max_bound"):
+        b = Bandit(arms, {n: 0.1 for n in arms}, {n: 0.6 for n in arms},
+                   BanditConfig(warmup_steps=50, learnable_ratio=0.0, lambda_rule=rule), period_steps=10)
+        moved = False
+        for r in late_learner_records(1500):
+            b.observe(r)
+            moved |= b.lam > 0
+            assert set(b.owed.values()) == {0.0} and not b.paid, (rule, r["step"])
+            assert not b.explain()["why"].startswith("paying back"), (rule, r["step"])
+        assert moved, rule
+    b = Bandit(arms, {n: 0.1 for n in arms}, {n: 0.6 for n in arms}, BanditConfig(warmup_steps=50),
+               period_steps=10)
+    recs = late_learner_records(3000)
+    for r in recs:
+        b.observe(r)
+        if b.paid:
+            break
+    assert b.paid == {"late"} and b.owed["late"] > 0
+    b.retire("late", "test")
+    assert math.fsum(b.owed.values()) == pytest.approx(0.0, abs=1e-9) and not b.paid
+    for later in recs[r["step"]:]:
+        b.observe(later)
+    assert b.lam == 0.0 and b.probabilities() == b.stratified()

@@ -35,7 +35,7 @@ from proxy.mixture.arm_bounds import check_arm_names as _check_arm_names
 from proxy.mixture.arm_bounds import check_bounds as _check_bounds
 from proxy.mixture.arm_bounds import is_real as _real
 from proxy.mixture.box_projection import project_to_box
-from proxy.mixture.loss_trend import OWED_EPS, ArmFit, conservative_mixture
+from proxy.mixture.loss_trend import ArmFit, conservative_mixture
 from proxy.mixture.reward_scaler import QuantileScaler
 from shared.data.redundancy import REPETITIVE_RATIO
 from shared.run.config import REWARDS  # the reward names
@@ -254,6 +254,7 @@ class Bandit:
         # posted share (docs/bandit.md#lowered-arms-get-their-share-back)
         self.owed = {a: 0.0 for a in self.arms}
         self._gap: dict[str, float] | None = None  # stratified - posted; None: to recompute
+        self.paid: set[str] = set()  # arms posted above stratified to pay back what they are owed
         # fit each row's loss minus its unigram loss (docs/bandit.md#the-control-variate)? Set
         # by the phase's first record: a history without the field never mixes the two signals
         self.control_variate: bool | None = None
@@ -413,7 +414,9 @@ class Bandit:
         each arm's period mean at x = ln(mid-step of the period) to its fit and recompute the
         move. Each record adds stratified minus posted share to every arm's `owed`.
         True when the posted mixture's inputs changed (docs/bandit.md#the-default-policy)."""
-        if self.target is not None and self.lam > 0.0:  # else posted is stratified: owes nothing
+        # the payback belongs to the learnable test (docs/bandit.md#lowered-arms-get-their-share-back);
+        # a posted mixture equal to stratified owes nothing
+        if self.config.learnable_ratio > 0 and self.target is not None and self.lam > 0.0:
             if self._gap is None:
                 p, s = self.probabilities(), self.stratified()
                 self._gap = {a: s[a] - p[a] for a in self.arms}
@@ -484,7 +487,7 @@ class Bandit:
             period_steps=self.period_steps,
         )
         self.target, self.lam, self.gain, self.gain_se = mv.target, mv.lam, mv.gain, mv.gain_se
-        self.slow = set(mv.slow)
+        self.slow, self.paid = set(mv.slow), set(mv.paid)
         self._gap = None
 
     def slopes(self) -> dict[str, tuple[float, float]]:
@@ -555,24 +558,25 @@ class Bandit:
         )
         warm_end = self.phase_start_step + cfg.warmup_steps
         ready = sum(self.fits[a].n >= cfg.min_periods for a in self.arms)
-        repaying = sorted(
-            a
-            for a in self.arms
-            if self.target is not None and self.owed[a] > OWED_EPS and self.target[a] > s[a]
-        )
+        paid = ", ".join(f"{a} {self.owed[a]:.1f}" for a in sorted(self.paid))
         if self.lam > 0 and cfg.learnable_ratio > 0 and self.slow:
             why = (
                 f"moved: {', '.join(sorted(self.slow))} learn(s) surely slower than "
                 f"{cfg.learnable_ratio:g} times the fastest arm (slope's upper bound at "
-                f"z = {cfg.confidence_z:g}); posted = the target, which takes share only from them"
-                + (f", and pays back {', '.join(repaying)}" if repaying else "")
+                f"z = {cfg.confidence_z:g}); posted = the target, which "
+                + (
+                    f"gives their share to faster arms and pays back {', '.join(sorted(self.paid))}"
+                    f" (lowered before, learning again) the share-steps owed ({paid}) from the "
+                    "arms that took them"
+                    if self.paid
+                    else "takes share only from them"
+                )
             )
-        elif self.lam > 0 and repaying:
-            owed = ", ".join(f"{a} {self.owed[a]:.1f}" for a in repaying)
+        elif self.lam > 0 and self.paid:
             why = (
-                f"paying back: {', '.join(repaying)} learn(s) again after being lowered and "
-                f"is owed share-steps ({owed}); posted = stratified plus the debt, as fast as "
-                "the caps allow, from the arms that took its share"
+                f"paying back: {', '.join(sorted(self.paid))} learn(s) again after being "
+                f"lowered; posted = stratified plus the share-steps owed ({paid}), as fast as "
+                "the caps allow, from the arms that took them"
             )
         elif self.lam > 0:
             why = (
@@ -720,7 +724,9 @@ class Bandit:
     def retire(self, name: str, reason: str) -> None:
         """Move arm `name` to the retired section (with `reason` and its stats); never pulled again.
 
-        The remaining arms keep their floors and caps and are re-projected. Raises
+        The remaining arms keep their floors and caps and are re-projected; the arm's `owed`
+        (negative for a credit) is settled with the arms whose balance has the other sign, in
+        proportion to it, so debts with the arm that leaves are cleared. Raises
         BanditConfigError for an unknown arm, the last arm, or when the remaining caps sum
         below 1 (the state is unchanged then). Source: docs/architecture.md#arms.
         """
@@ -755,11 +761,19 @@ class Bandit:
             "last_probe": self.last_probe[name],
         }
         self.arms = rest
+        # settle the arm's account with the arms on the other side of it, in proportion to their
+        # balances: the ledger still sums to zero (docs/bandit.md#lowered-arms-get-their-share-back)
+        own = self.owed[name]
+        other = {a: abs(self.owed[a]) for a in rest if self.owed[a] * own < 0}
+        total = math.fsum(other.values())
+        for a, v in other.items():
+            self.owed[a] += own * (v / total)
         for d in (*self._per_arm_dicts(), self.logw):
             del d[name]
         self.held.pop(name, None)
         self.repeated.pop(name, None)
         self.slow.discard(name)
+        self.paid.discard(name)
         if self.held and math.fsum(self.effective_caps().values()) < 1.0 - BOUND_SLACK:
             self.held = {}  # the holds no longer leave room for a batch: the phase's caps rule
         top = max(self.logw.values())
@@ -884,6 +898,7 @@ class Bandit:
                 "gain_se": self.gain_se,
                 "slow": sorted(self.slow),
                 "owed": dict(self.owed),
+                "paid": sorted(self.paid),
             },
         }
 
@@ -923,6 +938,7 @@ class Bandit:
             b.gain, b.gain_se = float(tr.get("gain", 0.0)), float(tr.get("gain_se", 0.0))
             b.slow = {str(a) for a in tr.get("slow") or ()} & set(b.arms)
             b.owed = {a: float(tr["owed"][a]) for a in b.arms}
+            b.paid = {str(a) for a in tr["paid"]} & set(b.arms)
             b.step = int(d["step"])
             b.version = int(d["version"])
             b.updates = int(ph.get("updates", 0))

@@ -123,7 +123,8 @@ class Move:
     """What `conservative_mixture` decides: `target` {arm: p} (the policy pi), `lam` in [0, 1],
     `gain` and `gain_se` (nats of mean loss over arms, the model's estimate of pi's gain over
     stratified and its standard error), `slopes` {arm: (b, se_b)} of the arms counted as evidence,
-    `slow` the arms judged not learnable (`learnable_arms`), sorted."""
+    `slow` the arms judged not learnable (`learnable_arms`), sorted; `paid` the arms whose floor
+    `repayment` raised above their stratified share, sorted."""
 
     target: dict[str, float]
     lam: float
@@ -131,6 +132,7 @@ class Move:
     gain_se: float
     slopes: dict[str, tuple[float, float]]
     slow: tuple[str, ...] = ()
+    paid: tuple[str, ...] = ()
 
 
 def conservative_mixture(
@@ -209,7 +211,7 @@ def conservative_mixture(
     back = repayment(
         keep, owed or {}, stratified, floors, cap, set(repeated) | set(held), period_steps
     )
-    low.update({a: low[a] + d for a, d in back.items()})
+    low.update({a: min(cap[a], low[a] + d) for a, d in back.items()})
     sub = project_to_box(
         {a: plus[a] / total for a in free},
         {a: min(1.0, low[a] / mass) for a in free},
@@ -233,7 +235,8 @@ def conservative_mixture(
         lam = 1.0
     else:
         lam = max(0.0, 1.0 - z * se / gain)
-    return Move(target, lam, gain, se, slopes, judged)
+    paid = tuple(sorted(a for a, d in back.items() if d > 0))
+    return Move(target, lam, gain, se, slopes, judged, paid)
 
 
 OWED_EPS = 1e-6  # share-steps: a debt or credit smaller than this is rounding, not owed
@@ -276,8 +279,8 @@ def repayment(
     paid = min(up, down)
     if not paid > 0:
         return {}
-    out = {a: v * paid / up for a, v in rise.items()}
-    out.update({a: -v * paid / down for a, v in fall.items()})
+    out = {a: v * (paid / up) for a, v in rise.items()}  # the ratio is 1.0 exactly when paid == up
+    out.update({a: -v * (paid / down) for a, v in fall.items()})
     return out
 
 
