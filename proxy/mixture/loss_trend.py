@@ -183,12 +183,13 @@ def conservative_mixture(
     last refit as `slow`, those the repetition guard holds as `held` and the `repeated` ones as
     `stale`), so pi takes share only from slow arms, each surely learning at under
     learnable_ratio times the fastest rate, and gives it to faster ones; that test is the
-    evidence, and lam is 1 exactly when some arm is slow and pi differs from s (the learnable
-    arms may all be capped at s: past one epoch, or by their caps; G and SE are still reported).
-    A learnable arm's floor is then moved by `repayment` of `owed` {arm: share-steps} over
+    evidence. A learnable arm's floor is moved by `repayment` of `owed` {arm: share-steps} over
     periods of `period_steps` steps (docs/bandit.md#lowered-arms-get-their-share-back): a lowered
     arm that learns again rises above s_i, the learnable arms that took its share fall below it.
-    Returns a Move; its `gain` and `gain_se` are those of pi, its `slow` the arms judged slow now."""
+    lam is 1 exactly when some arm is slow or paid back and pi differs from s (the learnable
+    arms may all be capped at s: past one epoch, or by their caps; G and SE are still reported).
+    Returns a Move; its `gain` and `gain_se` are those of pi, its `slow` the arms judged slow
+    now, its `paid` the arms paid back."""
     k = len(arms)
     fitted = {a: fits[a].slope() for a in arms if a in fits and fits[a].n >= min_periods}
     est = {a: s for a, s in fitted.items() if s is not None}
