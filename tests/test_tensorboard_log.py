@@ -40,6 +40,34 @@ def test_resume_from_an_older_step_shows_every_step_once(tmp_path):
     assert [s for s, _ in _scalars(tmp_path / "tb", "arms/p/b")] == list(range(1, 16))
 
 
+def test_files_made_within_one_second_are_read_in_the_order_they_were_made(tmp_path, monkeypatch):
+    # Every resume below makes its files in the same second (the clock is held still), so
+    # only the names' tie-break orders them; a counter compared as text ("10" before "9")
+    # made the loader read the live file before the kept one and drop the resumed steps.
+    import time
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now)
+    tb = TensorBoardLog(tmp_path / "tb")
+    tb.start(0)
+    tb.scalars(1, {"train/loss": 1.0})
+    tb.scalars(2, {"train/loss": -1.0})          # abandoned by the next resume
+    tb.close()
+    for r in range(1, 61):                       # resume from r: step r + 1 is purged
+        tb = TensorBoardLog(tmp_path / "tb")
+        assert tb.start(r) == 1
+        tb.scalars(r + 1, {"train/loss": float(r + 1)})
+        tb.scalars(r + 2, {"train/loss": -1.0})
+        tb.close()
+        if r % 10 == 0:
+            loss = _scalars(tmp_path / "tb", "train/loss")
+            assert loss == [(k, float(k)) for k in range(1, r + 2)] + [(r + 2, -1.0)], r
+    tb = TensorBoardLog(tmp_path / "tb")
+    assert tb.start(61) == 1
+    tb.close()
+    assert _scalars(tmp_path / "tb", "train/loss") == [(k, float(k)) for k in range(1, 62)]
+    assert len(list((tmp_path / "tb").iterdir())) == 2   # the kept file and the live one
+
+
 def test_a_plain_resume_rewrites_nothing(tmp_path):
     tb = TensorBoardLog(tmp_path / "tb")
     tb.start(0)

@@ -2,7 +2,7 @@
 (docs/operations.md#watching).
 
 What it is: a writer of TensorBoard event files built on the `tensorboard` package's own
-EventFileWriter and protobufs (the `[tensorboard]` extra; no torch, no TensorFlow), fed by the
+RecordWriter and protobufs (the `[tensorboard]` extra; no torch, no TensorFlow), fed by the
 proxy as it files records (`step_scalars`, `policy_scalars`, checkpoint events, sample audits).
 It also holds what proxy/observation/wandb_log.py shares: the finite-value filter, the package
 check and the backfill from the history (`replay_history`).
@@ -25,9 +25,10 @@ import collections
 import importlib
 import logging
 import os
+import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ def check_available() -> str | None:
     return package_missing(
         "tensorboard",
         "tensorboard.compat.proto.event_pb2",
-        "tensorboard.summary.writer.event_file_writer",
+        "tensorboard.summary.writer.record_writer",
     )
 
 
@@ -86,6 +87,57 @@ def read_events(path: Path) -> list[bytes]:
     return out
 
 
+def _name_second(path: Path) -> int:
+    """The creation-second field of an event file's name (events.out.tfevents.SECOND...),
+    -1 when it is not a number."""
+    field = path.name.split(".")[3:4]
+    return int(field[0]) if field and field[0].isdigit() else -1
+
+
+class EventFile:
+    """One event file being written into `logdir`: TFRecord framing by the `tensorboard`
+    package's RecordWriter, the version record first. Events are flushed when one comes
+    FLUSH_SECS or more after the last flush, and at `flush` and `close` (which also fsyncs).
+
+    Readers (TensorBoard's loader and its data server) read a directory's files in name order
+    and the name's first varying field is the creation second, so a file gets the second it is
+    made in or, when a file in `logdir` already has that second or a later one, one past the
+    newest: files made within one second are read in the order they were made (the package's
+    own names break that tie with a process-wide counter compared as text, "10" before "9")."""
+
+    def __init__(self, logdir: Path, suffix: str) -> None:
+        from tensorboard.compat.proto import event_pb2  # optional extra
+        from tensorboard.summary.writer.record_writer import RecordWriter  # optional extra
+
+        newest = max((_name_second(f) for f in logdir.glob(EVENT_GLOB)), default=-1)
+        second = max(int(time.time()), newest + 1)
+        self.path = logdir / (
+            f"events.out.tfevents.{second:010d}.{socket.gethostname()}.{os.getpid()}{suffix}"
+        )
+        self._file = open(self.path, "xb")
+        self._records = RecordWriter(self._file)
+        self._flushed = time.monotonic()
+        self.add(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    def add(self, event: Any) -> None:
+        """Append one `event_pb2.Event`."""
+        self._records.write(event.SerializeToString())
+        if time.monotonic() - self._flushed >= FLUSH_SECS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand what is buffered to the operating system."""
+        self._records.flush()
+        self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        """Flush, fsync and close the file."""
+        self.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+
 class TensorBoardLog:
     """Scalars into `logdir` (created). Call `start(step)` at each worker incarnation, then
     `scalars`; `close()` at the end. Raises RuntimeError (with the install hint) when the
@@ -97,18 +149,7 @@ class TensorBoardLog:
             raise RuntimeError(why)
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
-        self._writer: Any = None  # an EventFileWriter once started (tensorboard is optional)
-        self._n_files = 0
-
-    def _new_writer(self, suffix: str):
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter  # optional extra
-
-        self._n_files += 1
-        return EventFileWriter(
-            str(self.logdir),
-            flush_secs=FLUSH_SECS,
-            filename_suffix=f".{os.getpid()}.{self._n_files:03d}{suffix}",
-        )
+        self._writer: EventFile | None = None  # the live file once started
 
     def start(
         self, step: int, loss_path: Path | None = None, samples_path: Path | None = None
@@ -117,23 +158,24 @@ class TensorBoardLog:
         backfill what `loss_path` (.loss.json) and `samples_path` (.samples.json) hold up to
         `step` that no event file has yet (`replay_history`: the loss EMA recomputed, each
         record's own wall time), and mark the restart (SessionLog START at step + 1). Returns
-        the events purged."""
+        the events purged. The events stream from file to file (memory does not grow with the
+        history) except when the backfill wrote steps below ones the files held (TensorBoard
+        switched on mid-run, then off, then on): the files are then rewritten sorted by step,
+        which holds their events in memory once."""
         from tensorboard.compat.proto import event_pb2  # optional extra
 
         self.close()  # the previous incarnation's live file
-        events = list(self._events())
-        kept = [ev for ev in events if ev.step <= step]
-        purged = len(events) - len(kept)
+        purged = sum(1 for ev in self._events() if ev.step > step)
         if purged:
-            self._write_only(kept)
+            self._write_only(lambda events: (ev for ev in events if ev.step <= step))
         if loss_path is not None:
-            self._writer = self._new_writer(".backfill")
+            self._writer = EventFile(self.logdir, ".backfill")
             out_of_order = self._backfill(step, Path(loss_path), samples_path)
             self._writer.close()
             if out_of_order:  # readers drop what follows a step that goes back: one sorted file
-                self._write_only(sorted(self._events(), key=lambda ev: ev.step))  # stable
-        self._writer = self._new_writer("")
-        self._writer.add_event(
+                self._write_only(lambda events: sorted(events, key=lambda ev: ev.step))  # stable
+        self._writer = EventFile(self.logdir, "")
+        self._writer.add(
             event_pb2.Event(
                 step=step + 1, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)
             )
@@ -145,29 +187,27 @@ class TensorBoardLog:
             )
         return purged
 
-    def _events(self) -> Iterator[Any]:
-        """The Events of every event file, in file order (each file's version record left out)."""
+    def _events(self, files: list[Path] | None = None) -> Iterator[Any]:
+        """The Events of `files` (default: every event file, in name order, which is the order
+        they were made: `EventFile`), each file's version record left out."""
         from tensorboard.compat.proto import event_pb2  # optional extra
 
-        for f in sorted(self.logdir.glob(EVENT_GLOB)):
+        for f in sorted(self.logdir.glob(EVENT_GLOB)) if files is None else files:
             for raw in read_events(f):
                 ev = event_pb2.Event.FromString(raw)
                 if not ev.HasField("file_version"):
                     yield ev
 
-    def _write_only(self, events: list) -> None:
-        """Write `events` into a new file, closed and fsynced, then remove every other one."""
+    def _write_only(self, select: Callable[[Iterator[Any]], Iterable[Any]]) -> None:
+        """Write the events `select` picks from every file's into a new file, closed and
+        fsynced, then remove every other one."""
         files = sorted(self.logdir.glob(EVENT_GLOB))
-        w = self._new_writer(".kept")
-        for ev in events:
-            w.add_event(ev)
-        w.close()  # flushed, closed and fsynced before anything old is removed
-        kept_path = Path(w._file_name)
-        with open(kept_path, "rb") as kept:
-            os.fsync(kept.fileno())
+        out = EventFile(self.logdir, ".kept")
+        for ev in select(self._events(files)):
+            out.add(ev)
+        out.close()  # flushed and fsynced before anything old is removed
         for f in files:
-            if f != kept_path:
-                f.unlink()
+            f.unlink()
 
     def _backfill(self, step: int, loss_path: Path, samples_path: Path | None) -> bool:
         """Write the records and audits up to `step` that the event files lack; True when one
@@ -190,8 +230,7 @@ class TensorBoardLog:
             lambda s: not _in_ranges(steps, s),
             lambda s: not _in_ranges(audits, s),
         )
-        if n_steps or n_audits:
-            self._writer.flush()
+        if n_steps or n_audits:  # the caller closes (flushes) the file
             log.info(
                 "tensorboard: backfilled %d step records and %d sample audits up to step %d "
                 "from the run's history (steps already in the event files were left as "
@@ -240,7 +279,7 @@ class TensorBoardLog:
         from tensorboard.compat.proto import event_pb2  # optional extra
 
         if self._writer is not None:
-            self._writer.add_event(
+            self._writer.add(
                 event_pb2.Event(wall_time=wall_time or time.time(), step=step, summary=summary)
             )
 
