@@ -889,8 +889,9 @@ def main() -> None:
                     help="arm sets (A: the embedded defaults; B: C headers, test files, prose; C: charmap "
                          "tables, C headers, reference prose; D: two real arms and base64 noise; F: two "
                          "large arms and a small one that repeats; G: two real arms and pydoc's topics with the "
-                         "words of each line shuffled; H: two real arms and generated-file boilerplate; trap: A plus "
-                         "the repetitive arm)")
+                         "words of each line shuffled; H: two real arms and generated-file boilerplate; I: two "
+                         "real arms and pydoc's topics with the characters of each line shuffled; trap: A "
+                         "plus the repetitive arm)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run (sets A D F trap, 150 steps, seeds 1 2, no oracle): the pipeline "
                          "and the RESULT lines, not evidence; a few minutes")

@@ -52,6 +52,8 @@ def test_the_unigram_table_counts_the_train_split_only_and_a_bounded_sample_of_a
     freq = whole / whole.sum()  # the mean unigram loss of the arm's tokens, sampled vs whole
     assert float(freq @ sampled) == pytest.approx(float(freq @ exact), abs=1e-3)
     assert np.abs(sampled[:200] - exact[:200]).max() > 0, "the large arm must be sampled"
+    with pytest.raises(ValueError, match="pass vocab_size"):  # its ids past the sample's
+        unigram_table(big, segments, None)                  # would index past the table
 
 
 def test_each_rows_unigram_loss_is_its_targets_mean_under_its_own_arms_table(tmp_path):

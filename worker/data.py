@@ -184,8 +184,15 @@ def unigram_table(
     `tokens` (1-D integer array or memmap). A split longer than UNIGRAM_SAMPLE_TOKENS is
     counted on chunks of UNIGRAM_CHUNK_TOKENS evenly spaced over it, so it reads at most 4 Mi
     tokens whatever the arm's size; the same tokens give the same table. V is `vocab_size`,
-    or 1 + the largest id counted when None."""
+    or 1 + the largest id counted when None. Raises ValueError when `vocab_size` is None and
+    the split is sampled: an id the chunks miss would fall outside the table."""
     total = sum(b - a for a, b in segments)
+    if total > UNIGRAM_SAMPLE_TOKENS and vocab_size is None:
+        raise ValueError(
+            f"unigram_table: a train split of {total:,} tokens is counted on a sample "
+            f"(over {UNIGRAM_SAMPLE_TOKENS:,}), so the vocabulary cannot be read from it: "
+            "pass vocab_size (the run's, RunConfig.vocab_size)"
+        )
     if total <= UNIGRAM_SAMPLE_TOKENS:
         pieces = [(a, b) for a, b in segments]
     else:  # chunk starts in the train split's own coordinate, mapped back to token offsets
