@@ -68,6 +68,35 @@ def test_files_made_within_one_second_are_read_in_the_order_they_were_made(tmp_p
     assert len(list((tmp_path / "tb").iterdir())) == 2   # the kept file and the live one
 
 
+def test_a_purge_killed_midway_is_completed_by_the_next_start(tmp_path):
+    # kill -9 inside a purge's rewrite leaves either a half-written file or a complete kept
+    # file beside the files it copied; the next start must show every step once either way.
+    import shutil
+    logdir = tmp_path / "tb"
+    tb = TensorBoardLog(logdir)
+    tb.start(0)
+    for k in range(1, 21):
+        tb.scalars(k, {"train/loss": float(k)})
+    tb.close()
+    old = tmp_path / "old"
+    shutil.copytree(logdir, old)                       # the files before the purge
+    tb = TensorBoardLog(logdir)
+    assert tb.start(10) > 0                            # the rewrite completes here ...
+    tb.close()
+    for f in old.iterdir():                            # ... but put back what it removed,
+        shutil.copy(f, logdir / f.name)                # as a kill before its unlinks would
+    (tmp_path / ".tb.kept.partial").write_bytes(b"\x00" * 7)   # and a half-written file
+    tb = TensorBoardLog(logdir)
+    tb.start(10)
+    for k in range(11, 14):
+        tb.scalars(k, {"train/loss": 100.0 + k})
+    tb.close()
+    assert _raw_steps(logdir, "train/loss") == list(range(1, 14))   # every step once
+    assert _scalars(logdir, "train/loss") == [(k, float(k)) for k in range(1, 11)] + [
+        (k, 100.0 + k) for k in range(11, 14)]
+    assert not (tmp_path / ".tb.kept.partial").exists()
+
+
 def test_a_plain_resume_rewrites_nothing(tmp_path):
     tb = TensorBoardLog(tmp_path / "tb")
     tb.start(0)

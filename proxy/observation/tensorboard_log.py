@@ -34,12 +34,14 @@ from typing import Any
 
 from proxy.run_files.loss_ema import LossEma, finite_number
 from proxy.run_files.sidecars import read_audits
+from shared.atomic_io import fsync_dir
 from shared.run.loss_history import iter_records
 
 log = logging.getLogger("proxy")
 
 FLUSH_SECS = 2  # the writer's flush period: what "live" means, seconds
 EVENT_GLOB = "events.out.tfevents.*"
+KEPT = ".kept"  # the suffix of the file a purge or a sort rewrites the others into
 
 
 def package_missing(extra: str, *modules: str) -> str | None:
@@ -98,6 +100,8 @@ class EventFile:
     """One event file being written into `logdir`: TFRecord framing by the `tensorboard`
     package's RecordWriter, the version record first. Events are flushed when one comes
     FLUSH_SECS or more after the last flush, and at `flush` and `close` (which also fsyncs).
+    With `partial` (a path outside `logdir`, where no reader looks) the file is written there
+    and renamed into `logdir` by `close`, so readers never see it half written.
 
     Readers (TensorBoard's loader and its data server) read a directory's files in name order
     and the name's first varying field is the creation second, so a file gets the second it is
@@ -105,7 +109,7 @@ class EventFile:
     newest: files made within one second are read in the order they were made (the package's
     own names break that tie with a process-wide counter compared as text, "10" before "9")."""
 
-    def __init__(self, logdir: Path, suffix: str) -> None:
+    def __init__(self, logdir: Path, suffix: str, partial: Path | None = None) -> None:
         from tensorboard.compat.proto import event_pb2  # optional extra
         from tensorboard.summary.writer.record_writer import RecordWriter  # optional extra
 
@@ -114,7 +118,8 @@ class EventFile:
         self.path = logdir / (
             f"events.out.tfevents.{second:010d}.{socket.gethostname()}.{os.getpid()}{suffix}"
         )
-        self._file = open(self.path, "xb")
+        self._partial = partial
+        self._file = open(partial or self.path, "wb" if partial else "xb")
         self._records = RecordWriter(self._file)
         self._flushed = time.monotonic()
         self.add(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
@@ -132,10 +137,13 @@ class EventFile:
         self._flushed = time.monotonic()
 
     def close(self) -> None:
-        """Flush, fsync and close the file."""
+        """Flush, fsync and close the file (and rename a `partial` one into place)."""
         self.flush()
         os.fsync(self._file.fileno())
         self._file.close()
+        if self._partial is not None:
+            os.replace(self._partial, self.path)
+            fsync_dir(self.path.parent)
 
 
 class TensorBoardLog:
@@ -165,6 +173,7 @@ class TensorBoardLog:
         from tensorboard.compat.proto import event_pb2  # optional extra
 
         self.close()  # the previous incarnation's live file
+        self._finish_rewrite()
         purged = sum(1 for ev in self._events() if ev.step > step)
         if purged:
             self._write_only(lambda events: (ev for ev in events if ev.step <= step))
@@ -187,6 +196,17 @@ class TensorBoardLog:
             )
         return purged
 
+    def _finish_rewrite(self) -> None:
+        """Complete a `_write_only` that was killed: drop its half-written file, and remove the
+        files older than the newest kept file (by their names' creation second), which that
+        rewrite had copied but not yet removed. Nothing else ever sorts before a kept file."""
+        self._partial.unlink(missing_ok=True)
+        files = list(self.logdir.glob(EVENT_GLOB))
+        kept = max((_name_second(f) for f in files if f.name.endswith(KEPT)), default=-1)
+        for f in files:
+            if _name_second(f) < kept:
+                f.unlink()
+
     def _events(self, files: list[Path] | None = None) -> Iterator[Any]:
         """The Events of `files` (default: every event file, in name order, which is the order
         they were made: `EventFile`), each file's version record left out."""
@@ -198,11 +218,17 @@ class TensorBoardLog:
                 if not ev.HasField("file_version"):
                     yield ev
 
+    @property
+    def _partial(self) -> Path:
+        """Where `_write_only` writes its file before renaming it into the logdir."""
+        return self.logdir.parent / f".{self.logdir.name}.kept.partial"
+
     def _write_only(self, select: Callable[[Iterator[Any]], Iterable[Any]]) -> None:
-        """Write the events `select` picks from every file's into a new file, closed and
-        fsynced, then remove every other one."""
+        """Write the events `select` picks from every file's into a new file, closed, fsynced
+        and renamed into place, then remove every other one (`_finish_rewrite` completes a
+        rewrite killed before that)."""
         files = sorted(self.logdir.glob(EVENT_GLOB))
-        out = EventFile(self.logdir, ".kept")
+        out = EventFile(self.logdir, KEPT, self._partial)
         for ev in select(self._events(files)):
             out.add(ev)
         out.close()  # flushed and fsynced before anything old is removed
