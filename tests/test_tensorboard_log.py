@@ -3,11 +3,17 @@
 The writer is the real one (proxy/observation/tensorboard_log.py over the `tensorboard` package); the reader
 is TensorBoard's EventAccumulator, so "shows each step once" is what TensorBoard itself sees.
 """
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.slow  # imports tensorboard (about 1.5 s)
 
-from proxy.observation.tensorboard_log import TensorBoardLog, step_scalars  # noqa: E402
+from proxy.observation.tensorboard_log import (  # noqa: E402
+    PARTIAL_PREFIX,
+    TensorBoardLog,
+    step_scalars,
+)
 
 
 def _scalars(logdir, tag):
@@ -85,7 +91,8 @@ def test_a_purge_killed_midway_is_completed_by_the_next_start(tmp_path):
     tb.close()
     for f in old.iterdir():                            # ... but put back what it removed,
         shutil.copy(f, logdir / f.name)                # as a kill before its unlinks would
-    (tmp_path / ".tb.kept.partial").write_bytes(b"\x00" * 7)   # and a half-written file
+    partial = logdir / (PARTIAL_PREFIX + ".kept")
+    partial.write_bytes(b"\x00" * 7)                   # and a half-written file
     tb = TensorBoardLog(logdir)
     tb.start(10)
     for k in range(11, 14):
@@ -94,7 +101,96 @@ def test_a_purge_killed_midway_is_completed_by_the_next_start(tmp_path):
     assert _raw_steps(logdir, "train/loss") == list(range(1, 14))   # every step once
     assert _scalars(logdir, "train/loss") == [(k, float(k)) for k in range(1, 11)] + [
         (k, 100.0 + k) for k in range(11, 14)]
-    assert not (tmp_path / ".tb.kept.partial").exists()
+    assert not partial.exists()
+
+
+def test_a_sort_killed_midway_is_done_again_by_the_next_start(tmp_path):
+    # TensorBoard on for steps 1-3, off for 4-6, on again from 7: a start at 9 backfills 4-6
+    # below steps the files hold, so it rewrites them sorted; killed there (SIGKILL), the next
+    # start must still leave them sorted, each step once.
+    import os
+    import signal
+    import subprocess
+    import sys
+    logdir, hist = tmp_path / "tb", tmp_path / ".loss.json"
+    _history(hist, range(1, 10))
+    tb = TensorBoardLog(logdir)
+    tb.start(0)
+    for k in (1, 2, 3):
+        tb.scalars(k, {"train/loss": float(k)})
+    tb.close()
+    tb = TensorBoardLog(logdir)
+    tb.start(6)
+    for k in (7, 8, 9):
+        tb.scalars(k, {"train/loss": float(k)})
+    tb.close()
+    killed = subprocess.run([sys.executable, "-c", f"""if True:
+        import os, signal
+        from pathlib import Path
+        from proxy.observation import tensorboard_log as m
+        m.TensorBoardLog._write_only = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        m.TensorBoardLog(Path({str(logdir)!r})).start(9, Path({str(hist)!r}))
+        """], cwd=os.getcwd())
+    assert killed.returncode == -signal.SIGKILL
+    tb = TensorBoardLog(logdir)
+    tb.start(9, hist)
+    tb.close()
+    assert _raw_steps(logdir, "train/loss") == list(range(1, 10))
+    assert [s for s, _ in _scalars(logdir, "train/loss")] == list(range(1, 10))
+    assert not list(logdir.glob(PARTIAL_PREFIX + "*"))
+
+
+def test_a_step_without_a_finite_loss_is_backfilled_once(tmp_path):
+    from shared.run.loss_history import LossHistory
+    hist = tmp_path / ".loss.json"
+    with LossHistory(hist) as h:
+        for k in range(1, 6):
+            h.append({**_rec(k, float("nan") if k == 3 else float(k)), "time": 1_700_000_000.0 + k})
+    for _ in range(3):
+        tb = TensorBoardLog(tmp_path / "tb")
+        tb.start(5, hist)
+        tb.close()
+    assert _raw_steps(tmp_path / "tb", "train/lr") == [1, 2, 3, 4, 5]
+    assert _raw_steps(tmp_path / "tb", "train/loss") == [1, 2, 4, 5]
+
+
+def test_a_record_that_is_not_an_event_is_left_out(tmp_path):
+    import struct
+    logdir = tmp_path / "tb"
+    tb = TensorBoardLog(logdir)
+    tb.start(0)
+    for k in range(1, 6):
+        tb.scalars(k, {"train/loss": float(k)})
+    tb.close()
+    junk = struct.pack("<Q", 3) + b"\0" * 4 + b"\xff" * 3 + b"\0" * 4   # framed, not an Event
+    (logdir / "events.out.tfevents.0000000001.x.1").write_bytes(junk)
+    tb = TensorBoardLog(logdir)
+    assert tb.start(3) == 2                             # the purge reads past it
+    tb.close()
+    assert [s for s, _ in _scalars(logdir, "train/loss")] == [1, 2, 3]
+
+
+def test_a_logdir_on_another_file_system_is_purged_in_place(tmp_path):
+    import os
+    other = Path("/dev/shm")
+    if not other.is_dir() or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a file system other than the test's tmp_path")
+    import tempfile
+    target = Path(tempfile.mkdtemp(dir=other))
+    try:
+        (tmp_path / "tb").symlink_to(target)            # RUN/tensorboard -> another disk
+        tb = TensorBoardLog(tmp_path / "tb")
+        tb.start(0)
+        for k in range(1, 6):
+            tb.scalars(k, {"train/loss": float(k)})
+        tb.close()
+        tb = TensorBoardLog(tmp_path / "tb")
+        assert tb.start(3) == 2
+        tb.close()
+        assert [s for s, _ in _scalars(tmp_path / "tb", "train/loss")] == [1, 2, 3]
+    finally:
+        import shutil
+        shutil.rmtree(target)
 
 
 def test_a_plain_resume_rewrites_nothing(tmp_path):

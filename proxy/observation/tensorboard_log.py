@@ -41,6 +41,7 @@ log = logging.getLogger("proxy")
 
 FLUSH_SECS = 2  # the writer's flush period: what "live" means, seconds
 EVENT_GLOB = "events.out.tfevents.*"
+PARTIAL_PREFIX = ".partial"  # a file being written in the logdir, which no reader loads
 KEPT = ".kept"  # the suffix of the file a purge or a sort rewrites the others into
 
 
@@ -100,8 +101,9 @@ class EventFile:
     """One event file being written into `logdir`: TFRecord framing by the `tensorboard`
     package's RecordWriter, the version record first. Events are flushed when one comes
     FLUSH_SECS or more after the last flush, and at `flush` and `close` (which also fsyncs).
-    With `partial` (a path outside `logdir`, where no reader looks) the file is written there
-    and renamed into `logdir` by `close`, so readers never see it half written.
+    With `partial` the file is written under a name no reader loads (PARTIAL_PREFIX: no
+    "tfevents" in it) and `close` renames it to its event-file name, so readers never see it
+    half written.
 
     Readers (TensorBoard's loader and its data server) read a directory's files in name order
     and the name's first varying field is the creation second, so a file gets the second it is
@@ -109,7 +111,7 @@ class EventFile:
     newest: files made within one second are read in the order they were made (the package's
     own names break that tie with a process-wide counter compared as text, "10" before "9")."""
 
-    def __init__(self, logdir: Path, suffix: str, partial: Path | None = None) -> None:
+    def __init__(self, logdir: Path, suffix: str, partial: bool = False) -> None:
         from tensorboard.compat.proto import event_pb2  # optional extra
         from tensorboard.summary.writer.record_writer import RecordWriter  # optional extra
 
@@ -118,8 +120,8 @@ class EventFile:
         self.path = logdir / (
             f"events.out.tfevents.{second:010d}.{socket.gethostname()}.{os.getpid()}{suffix}"
         )
-        self._partial = partial
-        self._file = open(partial or self.path, "wb" if partial else "xb")
+        self.written = logdir / f"{PARTIAL_PREFIX}{suffix}" if partial else self.path
+        self._file = open(self.written, "wb" if partial else "xb")
         self._records = RecordWriter(self._file)
         self._flushed = time.monotonic()
         self.add(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
@@ -136,13 +138,14 @@ class EventFile:
         self._records.flush()
         self._flushed = time.monotonic()
 
-    def close(self) -> None:
-        """Flush, fsync and close the file (and rename a `partial` one into place)."""
+    def close(self, publish: bool = True) -> None:
+        """Flush, fsync and close the file; a `partial` one is renamed to `path` when
+        `publish`, else left at `written` for the caller."""
         self.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        if self._partial is not None:
-            os.replace(self._partial, self.path)
+        if publish and self.written != self.path:
+            os.replace(self.written, self.path)
             fsync_dir(self.path.parent)
 
 
@@ -178,11 +181,15 @@ class TensorBoardLog:
         if purged:
             self._write_only(lambda events: (ev for ev in events if ev.step <= step))
         if loss_path is not None:
-            self._writer = EventFile(self.logdir, ".backfill")
-            out_of_order = self._backfill(step, Path(loss_path), samples_path)
-            self._writer.close()
+            backfill = self._writer = EventFile(self.logdir, ".backfill", partial=True)
+            wrote, out_of_order = self._backfill(step, Path(loss_path), samples_path)
+            self._writer = None
+            backfill.close(publish=wrote and not out_of_order)
             if out_of_order:  # readers drop what follows a step that goes back: one sorted file
-                self._write_only(lambda events: sorted(events, key=lambda ev: ev.step))  # stable
+                self._write_only(
+                    lambda events: sorted(events, key=lambda ev: ev.step), backfill.written
+                )  # a stable sort
+            backfill.written.unlink(missing_ok=True)
         self._writer = EventFile(self.logdir, "")
         self._writer.add(
             event_pb2.Event(
@@ -197,10 +204,12 @@ class TensorBoardLog:
         return purged
 
     def _finish_rewrite(self) -> None:
-        """Complete a `_write_only` that was killed: drop its half-written file, and remove the
-        files older than the newest kept file (by their names' creation second), which that
-        rewrite had copied but not yet removed. Nothing else ever sorts before a kept file."""
-        self._partial.unlink(missing_ok=True)
+        """Complete a `start` that was killed: drop its unpublished files (a backfill, a
+        rewrite half written), and remove the files older than the newest kept file (by their
+        names' creation second), which that rewrite had copied but not yet removed. Nothing
+        else ever sorts before a kept file."""
+        for f in self.logdir.glob(PARTIAL_PREFIX + "*"):
+            f.unlink()
         files = list(self.logdir.glob(EVENT_GLOB))
         kept = max((_name_second(f) for f in files if f.name.endswith(KEPT)), default=-1)
         for f in files:
@@ -209,40 +218,49 @@ class TensorBoardLog:
 
     def _events(self, files: list[Path] | None = None) -> Iterator[Any]:
         """The Events of `files` (default: every event file, in name order, which is the order
-        they were made: `EventFile`), each file's version record left out."""
+        they were made: `EventFile`), each file's version record left out, and any record
+        that is not an Event (logged)."""
+        from google.protobuf.message import DecodeError  # tensorboard's dependency
         from tensorboard.compat.proto import event_pb2  # optional extra
 
         for f in sorted(self.logdir.glob(EVENT_GLOB)) if files is None else files:
-            for raw in read_events(f):
-                ev = event_pb2.Event.FromString(raw)
+            for i, raw in enumerate(read_events(f)):
+                try:
+                    ev = event_pb2.Event.FromString(raw)
+                except DecodeError:
+                    log.warning(
+                        "tensorboard: record %d of %s is not an event; left out (the history "
+                        "rebuilds what it held: delete the file to backfill it)",
+                        i,
+                        f,
+                    )
+                    continue
                 if not ev.HasField("file_version"):
                     yield ev
 
-    @property
-    def _partial(self) -> Path:
-        """Where `_write_only` writes its file before renaming it into the logdir."""
-        return self.logdir.parent / f".{self.logdir.name}.kept.partial"
-
-    def _write_only(self, select: Callable[[Iterator[Any]], Iterable[Any]]) -> None:
-        """Write the events `select` picks from every file's into a new file, closed, fsynced
-        and renamed into place, then remove every other one (`_finish_rewrite` completes a
-        rewrite killed before that)."""
+    def _write_only(
+        self, select: Callable[[Iterator[Any]], Iterable[Any]], extra: Path | None = None
+    ) -> None:
+        """Write the events `select` picks from every file's (and unpublished `extra`'s, read
+        last) into a new file, closed, fsynced and renamed into place, then remove every other
+        one (`_finish_rewrite` completes a rewrite killed before that)."""
         files = sorted(self.logdir.glob(EVENT_GLOB))
-        out = EventFile(self.logdir, KEPT, self._partial)
-        for ev in select(self._events(files)):
+        out = EventFile(self.logdir, KEPT, partial=True)
+        for ev in select(self._events(files + ([extra] if extra else []))):
             out.add(ev)
         out.close()  # flushed and fsynced before anything old is removed
         for f in files:
             f.unlink()
 
-    def _backfill(self, step: int, loss_path: Path, samples_path: Path | None) -> bool:
-        """Write the records and audits up to `step` that the event files lack; True when one
-        of them lies before a step the files hold (they then need sorting)."""
-        steps: list[list[int]] = []  # the steps holding `train/loss` in the event files
+    def _backfill(self, step: int, loss_path: Path, samples_path: Path | None) -> tuple[bool, bool]:
+        """Write the records and audits up to `step` that the event files lack. Returns
+        (whether any was written, whether one lies before a step the files hold: they then
+        need sorting)."""
+        steps: list[list[int]] = []  # the steps holding a `train/` tag in the event files
         audits: list[list[int]] = []  # those holding an `audit/samples` text; both as ranges
         for ev in self._events():
             tags = {v.tag for v in ev.summary.value}
-            if "train/loss" in tags:
+            if any(t.startswith("train/") for t in tags):  # a step record's (a NaN loss too)
                 _add_step(steps, ev.step)
             if AUDIT_TAG in tags:
                 _add_step(audits, ev.step)
@@ -265,7 +283,7 @@ class TensorBoardLog:
                 n_audits,
                 step,
             )
-        return first_new is not None and first_new < max(
+        return first_new is not None, first_new is not None and first_new < max(
             (r[1] for r in steps + audits), default=first_new
         )
 
