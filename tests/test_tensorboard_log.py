@@ -23,6 +23,15 @@ def _scalars(logdir, tag):
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
+def _first_run(logdir, n):
+    """A first incarnation that logged steps 1..n with loss = step."""
+    tb = TensorBoardLog(logdir)
+    tb.start(0)
+    for k in range(1, n + 1):
+        tb.scalars(k, {"train/loss": float(k)})
+    tb.close()
+
+
 def _rec(step, loss):
     return {"step": step, "loss": loss, "lr": 1e-3, "grad_norm": 0.5, "tokens_per_s": 1e4,
             "mfu": 0.3, "p": {"a": 0.25, "b": 0.75}, "probe": {"a": 2.0} if step % 5 == 0 else {}}
@@ -79,11 +88,7 @@ def test_a_purge_killed_midway_is_completed_by_the_next_start(tmp_path):
     # file beside the files it copied; the next start must show every step once either way.
     import shutil
     logdir = tmp_path / "tb"
-    tb = TensorBoardLog(logdir)
-    tb.start(0)
-    for k in range(1, 21):
-        tb.scalars(k, {"train/loss": float(k)})
-    tb.close()
+    _first_run(logdir, 20)
     old = tmp_path / "old"
     shutil.copytree(logdir, old)                       # the files before the purge
     tb = TensorBoardLog(logdir)
@@ -157,11 +162,7 @@ def test_a_step_without_a_finite_loss_is_backfilled_once(tmp_path):
 def test_a_record_that_is_not_an_event_is_left_out(tmp_path):
     import struct
     logdir = tmp_path / "tb"
-    tb = TensorBoardLog(logdir)
-    tb.start(0)
-    for k in range(1, 6):
-        tb.scalars(k, {"train/loss": float(k)})
-    tb.close()
+    _first_run(logdir, 5)
     junk = struct.pack("<Q", 3) + b"\0" * 4 + b"\xff" * 3 + b"\0" * 4   # framed, not an Event
     (logdir / "events.out.tfevents.0000000001.x.1").write_bytes(junk)
     tb = TensorBoardLog(logdir)
